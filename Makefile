@@ -1,0 +1,55 @@
+# Self-documenting Makefile: `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+REQ_HASH := $(shell cat requirements.txt | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(REQ_HASH)
+DEV_STAMP := $(VENV)/.dev-installed-$(REQ_HASH)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv run test test-fast lint fmt bench clean system-deps
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP) ## Create .venv and install pinned requirements (idempotent)
+
+system-deps: ## Install the Debian packages the integration tests use, when missing
+	@bash scripts/system-deps.sh
+
+run: venv ## Start the whole system on this machine (Ctrl-C stops it)
+	$(PY) -m app run
+
+test: venv system-deps ## Run the whole test suite (slow tests included)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## Run only the fast unit tests
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@rm -f $(VENV)/.dev-installed-*
+	@touch $@
+
+lint: $(DEV_STAMP) ## Ruff lint and format check, mypy on the core
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+fmt: $(DEV_STAMP) ## Apply ruff format and safe fixes
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: venv ## Run the benchmarks in bench/ and print their figures
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: ## Remove local state (.data) and caches, keep .venv
+	rm -rf .data .pytest_cache .ruff_cache .mypy_cache

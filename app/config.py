@@ -1,0 +1,175 @@
+"""Settings read once from the environment into a frozen object.
+
+Every variable is documented in the README's configuration reference; the
+``ENV_DOCS`` table below is its single source, and a test checks the README
+lists each one. Parse errors name the variable and the expected form.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (default, description). The default "" means unset.
+ENV_DOCS: dict[str, tuple[str, str]] = {
+    "KAFKA_BOOTSTRAP_SERVERS": (
+        "",
+        "Kafka cluster to use. Unset: `make run` starts the embedded Tansu broker "
+        "on a free loopback port and passes its address to every role.",
+    ),
+    "APP_PARTITIONS": ("4", "Partitions for each event and alert topic created."),
+    "APP_REPLICATION_FACTOR": ("1", "Replication factor for created topics."),
+    "APP_KAFKA_IDEMPOTENCE": (
+        "auto",
+        "`on`, `off` or `auto` (on for an external cluster, off on the embedded "
+        "broker, which rejects InitProducerId).",
+    ),
+    "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
+    "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml`)."),
+    "APP_DATASETS_DIR": ("../shared/datasets", "The real datasets used by the demo replays."),
+    "APP_WEBHOOK_URL": (
+        "",
+        "Where alert webhooks go. Unset under `make run`: the local demo receiver.",
+    ),
+    "APP_WEBHOOK_SECRET": (
+        "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24=",
+        "Standard Webhooks signing secret (`whsec_` + base64). Change it in production.",
+    ),
+    "APP_WEBHOOK_ALLOW_PRIVATE": (
+        "",
+        "Comma-separated hosts or CIDRs a webhook may reach although private or loopback.",
+    ),
+    "APP_DASHBOARD_PORT": ("8501", "Streamlit dashboard port (0 picks a free one)."),
+    "APP_RECEIVER_PORT": ("0", "Demo webhook receiver port (0 picks a free one)."),
+    "APP_REPLAY_SPEEDUP": (
+        "30000",
+        "Event-time speed-up of the demo replays (30000: five minutes of data per 10 ms).",
+    ),
+    "APP_REPLAY_LIMIT": ("25000", "Upper bound on events per demo replay."),
+    "APP_METRICS_PORT": ("0", "Prometheus /metrics port of a role (0: none; the supervisor assigns one)."),
+    "APP_LOG_LEVEL": ("INFO", "Log level of every role."),
+}
+
+
+def _get(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, ENV_DOCS[name][0])
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    raw = _get(env, name)
+    try:
+        value = int(raw)
+    except ValueError:
+        msg = f"{name}={raw!r}: expected a whole number"
+        raise ConfigError(msg) from None
+    if value < minimum:
+        msg = f"{name}={raw!r}: expected a number >= {minimum}"
+        raise ConfigError(msg)
+    return value
+
+
+def _float(env: Mapping[str, str], name: str) -> float:
+    raw = _get(env, name)
+    try:
+        value = float(raw)
+    except ValueError:
+        msg = f"{name}={raw!r}: expected a number"
+        raise ConfigError(msg) from None
+    if value <= 0:
+        msg = f"{name}={raw!r}: expected a number > 0"
+        raise ConfigError(msg)
+    return value
+
+
+def _path(env: Mapping[str, str], name: str) -> Path:
+    p = Path(_get(env, name))
+    return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Process-wide settings. Build with :meth:`from_env`; never mutate."""
+
+    bootstrap_servers: str
+    partitions: int
+    replication_factor: int
+    idempotence: str
+    data_dir: Path
+    rules_dir: Path
+    datasets_dir: Path
+    webhook_url: str
+    webhook_secret: str = field(repr=False)
+    webhook_allow_private: tuple[str, ...]
+    dashboard_port: int
+    receiver_port: int
+    replay_speedup: float
+    replay_limit: int
+    metrics_port: int
+    log_level: str
+
+    @property
+    def embedded(self) -> bool:
+        """True when no external cluster is configured."""
+        return not self.bootstrap_servers
+
+    @property
+    def enable_idempotence(self) -> bool:
+        """Idempotent producer on or off. ``auto`` is on for an external cluster;
+        the supervisor passes ``off`` to children that use the embedded broker."""
+        if self.idempotence == "auto":
+            return not self.embedded
+        return self.idempotence == "on"
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "alerts.sqlite3"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        idem = _get(env, "APP_KAFKA_IDEMPOTENCE").lower()
+        if idem not in {"on", "off", "auto"}:
+            msg = f"APP_KAFKA_IDEMPOTENCE={idem!r}: expected on, off or auto"
+            raise ConfigError(msg)
+        level = _get(env, "APP_LOG_LEVEL").upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            msg = f"APP_LOG_LEVEL={level!r}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
+            raise ConfigError(msg)
+        allow = tuple(
+            h.strip() for h in _get(env, "APP_WEBHOOK_ALLOW_PRIVATE").split(",") if h.strip()
+        )
+        return cls(
+            bootstrap_servers=_get(env, "KAFKA_BOOTSTRAP_SERVERS").strip(),
+            partitions=_int(env, "APP_PARTITIONS", minimum=1),
+            replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
+            idempotence=idem,
+            data_dir=_path(env, "APP_DATA_DIR"),
+            rules_dir=_path(env, "APP_RULES_DIR"),
+            datasets_dir=_path(env, "APP_DATASETS_DIR"),
+            webhook_url=_get(env, "APP_WEBHOOK_URL").strip(),
+            webhook_secret=_get(env, "APP_WEBHOOK_SECRET"),
+            webhook_allow_private=allow,
+            dashboard_port=_int(env, "APP_DASHBOARD_PORT"),
+            receiver_port=_int(env, "APP_RECEIVER_PORT"),
+            replay_speedup=_float(env, "APP_REPLAY_SPEEDUP"),
+            replay_limit=_int(env, "APP_REPLAY_LIMIT", minimum=1),
+            metrics_port=_int(env, "APP_METRICS_PORT"),
+            log_level=level,
+        )
+
+
+def setup_logging(level: str = "INFO") -> None:
+    """Configure the root logger once per process, one line per record."""
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
+    )

@@ -1,0 +1,269 @@
+"""Event schemas per source, validation at the boundary, and dead-letter records.
+
+An event is a flat JSON object with an RFC 3339 ``ts`` (event time) and a key
+field per source. ``Schema.decode`` turns raw bytes into an :class:`Event` or
+raises :class:`IngestDecodeError` whose reason names the field; callers route
+that to ``dlq.events`` with :func:`dlq_record`. Nothing is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, NamedTuple
+
+import orjson
+
+from app.errors import IngestDecodeError
+
+logger = logging.getLogger(__name__)
+
+FieldType = Literal["string", "double", "long", "boolean", "timestamp"]
+
+MAX_KEY_LEN = 256
+MAX_STRING_LEN = 65_536
+_MIN_TS_MS = 0  # 1970-01-01
+_MAX_TS_MS = 4_102_444_800_000  # 2100-01-01
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+class Event(NamedTuple):
+    """A validated event: its entity key, event time in epoch ms, and all its fields.
+
+    ``fields`` still holds ``ts`` as the normalised RFC 3339 UTC string.
+    """
+
+    key: str
+    ts_ms: int
+    fields: dict[str, Any]
+
+
+def parse_ts(value: object, field: str = "ts") -> int:
+    """Parse an RFC 3339 timestamp with an offset into epoch milliseconds (UTC)."""
+    if not isinstance(value, str):
+        msg = f"field '{field}' must be an RFC 3339 string, got {type(value).__name__}"
+        raise IngestDecodeError(msg, field)
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        msg = f"field '{field}' is not an RFC 3339 timestamp: {value[:64]!r}"
+        raise IngestDecodeError(msg, field) from None
+    if dt.tzinfo is None:
+        msg = f"field '{field}' has no UTC offset (use 'Z' or '+00:00'): {value[:64]!r}"
+        raise IngestDecodeError(msg, field)
+    ms = (dt - _EPOCH) // _MS
+    if not _MIN_TS_MS <= ms < _MAX_TS_MS:
+        msg = f"field '{field}' is outside 1970..2100: {value[:64]!r}"
+        raise IngestDecodeError(msg, field)
+    return ms
+
+
+def format_ts(ts_ms: int) -> str:
+    """Epoch milliseconds -> RFC 3339 UTC with millisecond precision and 'Z'."""
+    dt = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
+
+
+def _check_value(name: str, ftype: FieldType, value: object) -> object:
+    if value is None:
+        return None
+    if ftype == "double":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            msg = f"field '{name}' must be a number, got {_show(value)}"
+            raise IngestDecodeError(msg, name)
+        return float(value)
+    if ftype == "long":
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            msg = f"field '{name}' must be a whole number, got {_show(value)}"
+            raise IngestDecodeError(msg, name)
+        return value
+    if ftype == "boolean":
+        if not isinstance(value, bool):
+            msg = f"field '{name}' must be true or false, got {_show(value)}"
+            raise IngestDecodeError(msg, name)
+        return value
+    if not isinstance(value, str):
+        msg = f"field '{name}' must be a string, got {_show(value)}"
+        raise IngestDecodeError(msg, name)
+    if len(value) > MAX_STRING_LEN:
+        msg = f"field '{name}' is longer than {MAX_STRING_LEN} characters"
+        raise IngestDecodeError(msg, name)
+    return value
+
+
+def _show(value: object) -> str:
+    text = orjson.dumps(value, default=str).decode()
+    return f"{type(value).__name__} {text[:40]}"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The documented shape of one source's events.
+
+    ``fields`` excludes ``ts`` and the key, which every event has. Unknown
+    fields are rejected so that a rule can only name fields that exist.
+    """
+
+    source: str
+    key: str
+    fields: Mapping[str, FieldType]
+    doc: str = ""
+
+    def all_fields(self) -> dict[str, FieldType]:
+        """Every field a rule may name, with its type."""
+        return {self.key: "string", "ts": "timestamp", **self.fields}
+
+    def validate(self, obj: object) -> Event:
+        """Check a decoded JSON value; return the normalised event."""
+        if not isinstance(obj, dict):
+            msg = f"{self.source} event must be a JSON object, got {type(obj).__name__}"
+            raise IngestDecodeError(msg)
+        key = obj.get(self.key)
+        if not isinstance(key, str) or not key:
+            msg = f"field '{self.key}' (the key) must be a non-empty string"
+            raise IngestDecodeError(msg, self.key)
+        if len(key) > MAX_KEY_LEN:
+            msg = f"field '{self.key}' (the key) is longer than {MAX_KEY_LEN} characters"
+            raise IngestDecodeError(msg, self.key)
+        if "ts" not in obj:
+            msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
+            raise IngestDecodeError(msg, "ts")
+        ts_ms = parse_ts(obj["ts"])
+        out: dict[str, Any] = {self.key: key, "ts": format_ts(ts_ms)}
+        for name, value in obj.items():
+            if name in (self.key, "ts"):
+                continue
+            ftype = self.fields.get(name)
+            if ftype is None:
+                msg = f"unknown field '{name}' for source {self.source}"
+                raise IngestDecodeError(msg, name)
+            out[name] = _check_value(name, ftype, value)
+        return Event(key, ts_ms, out)
+
+    def decode(self, raw: bytes | str) -> Event:
+        """Parse JSON bytes and validate them."""
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            msg = f"not valid JSON: {exc}"
+            raise IngestDecodeError(msg) from None
+        return self.validate(obj)
+
+
+SENSORS = Schema(
+    source="sensors",
+    key="device_id",
+    fields={
+        "temperature": "double",
+        "humidity": "double",
+        "pressure": "double",
+        "battery": "double",
+        "voltage": "double",
+        "value": "double",
+        "lat": "double",
+        "lon": "double",
+        "speed_kmh": "double",
+        "heading": "double",
+        "status": "string",
+        "kind": "string",
+    },
+    doc="IoT sensor readings and vehicle positions; battery in percent, speed in km/h.",
+)
+
+LOGS = Schema(
+    source="logs",
+    key="host",
+    fields={
+        "client_ip": "string",
+        "method": "string",
+        "path": "string",
+        "protocol": "string",
+        "status": "long",
+        "bytes": "long",
+        "referrer": "string",
+        "user_agent": "string",
+        "level": "string",
+        "request_id": "string",
+        "component": "string",
+        "line": "long",
+        "message": "string",
+        "program": "string",
+        "pid": "long",
+        "facility": "string",
+        "severity": "string",
+        "duration_ms": "double",
+    },
+    doc="Web access logs, application logs and syslog; one event per request or message.",
+)
+
+FINANCE = Schema(
+    source="finance",
+    key="symbol",
+    fields={
+        "open": "double",
+        "high": "double",
+        "low": "double",
+        "close": "double",
+        "adj_close": "double",
+        "volume": "long",
+        "price": "double",
+        "size": "double",
+        "amount": "double",
+        "side": "string",
+        "trade_id": "string",
+        "tweet_count": "long",
+    },
+    doc="Daily OHLC bars, intraday ticks and trades (amount = price x size), tweet volume.",
+)
+
+SCHEMAS: dict[str, Schema] = {s.source: s for s in (SENSORS, LOGS, FINANCE)}
+
+
+def schema_for(source: str) -> Schema:
+    try:
+        return SCHEMAS[source]
+    except KeyError:
+        msg = f"unknown source {source!r}; expected one of {', '.join(SCHEMAS)}"
+        raise IngestDecodeError(msg) from None
+
+
+def encode(fields: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(fields)
+
+
+def dlq_record(
+    source: str,
+    reason: str,
+    raw: bytes | str,
+    *,
+    adapter: str,
+    field: str | None = None,
+    now: datetime | None = None,
+) -> bytes:
+    """The JSON body of a dead-letter record. The raw payload is kept whole:
+    as text when it is UTF-8, otherwise base64 (``raw_encoding`` says which)."""
+    if isinstance(raw, bytes):
+        try:
+            text, encoding = raw.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(raw).decode("ascii"), "base64"
+    else:
+        text, encoding = raw, "utf-8"
+    received = (now or datetime.now(tz=UTC)).isoformat().replace("+00:00", "Z")
+    return orjson.dumps(
+        {
+            "source": source,
+            "adapter": adapter,
+            "reason": reason,
+            "field": field,
+            "raw": text,
+            "raw_encoding": encoding,
+            "received_at": received,
+        }
+    )

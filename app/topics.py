@@ -1,0 +1,91 @@
+"""The Kafka topics this system owns, their keys, and how they are created.
+
+Topic names are constants here and nowhere else. ``ensure_topics`` is
+idempotent: a topic that exists already is left as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from app.errors import BrokerError
+
+logger = logging.getLogger(__name__)
+
+SENSORS = "events.sensors"
+LOGS = "events.logs"
+FINANCE = "events.finance"
+DLQ = "dlq.events"
+ALERTS = "alerts"
+DEVICES_TABLE = "tables.devices"
+WATCHLISTS_TABLE = "tables.watchlists"
+
+#: Event source name -> its topic.
+SOURCE_TOPICS: dict[str, str] = {"sensors": SENSORS, "logs": LOGS, "finance": FINANCE}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic, what its record key is, and whether it is compacted."""
+
+    name: str
+    key: str
+    compacted: bool = False
+    partitions: int | None = None  # None: the configured default
+
+    def config(self) -> dict[str, str]:
+        return {"cleanup.policy": "compact"} if self.compacted else {}
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(SENSORS, key="device_id"),
+    TopicSpec(LOGS, key="host"),
+    TopicSpec(FINANCE, key="symbol"),
+    TopicSpec(DLQ, key="source"),
+    TopicSpec(ALERTS, key="fingerprint"),
+    TopicSpec(DEVICES_TABLE, key="device_id", compacted=True, partitions=1),
+    TopicSpec(WATCHLISTS_TABLE, key="symbol", compacted=True, partitions=1),
+)
+
+
+async def ensure_topics(
+    bootstrap: str,
+    partitions: int,
+    replication_factor: int = 1,
+    specs: tuple[TopicSpec, ...] = TOPICS,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create every topic in ``specs`` that does not exist yet; return those created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(
+                name=s.name,
+                num_partitions=s.partitions or partitions,
+                replication_factor=replication_factor,
+                topic_configs=s.config(),
+            )
+            for s in specs
+            if s.name not in existing
+        ]
+        if wanted:
+            try:
+                await admin.create_topics(wanted)
+            except TopicAlreadyExistsError:
+                logger.info("topics were created concurrently by another process")
+        created = [t.name for t in wanted]
+        if created:
+            logger.info("created topics %s", ", ".join(created))
+        return created
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        msg = f"cannot create topics on {bootstrap}: {exc!r}"
+        raise BrokerError(msg) from exc
+    finally:
+        await admin.close()

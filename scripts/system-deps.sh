@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install the Debian packages that integration tests and `make run` use, only when missing.
+# Idempotent; needs root (as on CI and dev machines here) or passwordless sudo.
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+[ ${#need[@]} -eq 0 ] && exit 0
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo -n"
+echo "installing system packages: ${need[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -1,0 +1,59 @@
+"""Bounded reads from a real broker for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+
+async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float) -> list[Any]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                out.extend(records)
+            if min_count and len(out) >= min_count:
+                # drain what is already there, then stop
+                more = await consumer.getmany(timeout_ms=300)
+                for records in more.values():
+                    out.extend(records)
+                break
+    finally:
+        await consumer.stop()
+    return out
+
+
+def consume(bootstrap: str, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
+    """Records of ``topic`` from the earliest offset: stop once ``min_count`` are
+    read (0: read until ``timeout_s``). Never blocks longer than ``timeout_s`` + 1 s."""
+    return asyncio.run(_consume(bootstrap, topic, min_count, timeout_s))
+
+
+def consume_json(bootstrap: str, topic: str, **kw: Any) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value) for r in consume(bootstrap, topic, **kw)]
+
+
+def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]]) -> None:
+    """Produce (key, value) pairs and wait for every ack."""
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await p.start()
+        try:
+            futs = [await p.send(topic, value=v, key=k) for k, v in items]
+            await asyncio.gather(*futs)
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
