@@ -1,0 +1,143 @@
+"""`python -m app <command>`: the operator's command line.
+
+Commands:
+  run          start the whole system (broker, ingest, worker, delivery, dashboard)
+  rules check  validate rule files, printing every problem as file:line:col
+  backtest     run rules over recorded events and print the alert transitions
+  deliver | store-sync | receiver   run one role alone (as the supervisor does)
+  broker       run the embedded Tansu broker alone and print its address
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from app.config import Settings, setup_logging
+from app.errors import AppError, RuleConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from app.system import RunOptions, run
+
+    return run(settings, RunOptions(duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet))
+
+
+def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
+    from app.rules.loader import load_rules
+
+    try:
+        ruleset = load_rules(args.paths)
+    except RuleConfigError as exc:
+        for problem in exc.problems:
+            print(problem)
+        print(f"{len(exc.problems)} problem(s) found", file=sys.stderr)
+        return 1
+    for r in ruleset.rules:
+        print(f"{r.path}:{r.line}: {r.id}: ok (source {r.rule.source}, engine {r.engine}, version {r.version})")
+    print(f"{len(ruleset.rules)} rule(s) in {len(ruleset.files)} file(s): all valid", file=sys.stderr)
+    return 0
+
+
+def _cmd_backtest(args: argparse.Namespace, _settings: Settings) -> int:
+    from app.backtest import BacktestReport, backtest_file
+    from app.rules.loader import load_rules
+
+    try:
+        ruleset = load_rules(args.rules)
+    except RuleConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    report = BacktestReport()
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        backtest_file(ruleset, Path(args.input), out, report, time_from=args.time_from, time_to=args.time_to,
+                      source=args.source)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    for problem in report.problems[:50]:
+        print(problem, file=sys.stderr)
+    print(f"backtest: {report.events} events, {report.alerts} alert transitions, "
+          f"{report.skipped} invalid lines skipped", file=sys.stderr)
+    return 0
+
+
+def _role(module: str, **options: object) -> object:
+    def cmd(args: argparse.Namespace, settings: Settings) -> int:
+        from app.roles import run_role
+
+        mod = importlib.import_module(module)
+        return run_role(mod.run, settings, **options)
+
+    return cmd
+
+
+def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
+    from app.broker import EmbeddedBroker
+
+    with EmbeddedBroker(port=args.port or None) as b:
+        print(f"KAFKA_BOOTSTRAP_SERVERS={b.bootstrap}", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m app", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start the whole system on this machine")
+    run.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                     help="stop cleanly after this many seconds and print the counters")
+    run.add_argument("--no-dashboard", action="store_true", help="do not start Streamlit")
+    run.add_argument("--quiet", action="store_true", help="send role output only to .data/logs/")
+    run.set_defaults(func=_cmd_run)
+
+    rules = sub.add_parser("rules", help="rule tooling")
+    rsub = rules.add_subparsers(dest="rules_command", required=True)
+    check = rsub.add_parser("check", help="validate rule files; exit 1 on any problem")
+    check.add_argument("paths", nargs="+", type=Path, help="rule files or directories")
+    check.set_defaults(func=_cmd_rules_check)
+
+    bt = sub.add_parser("backtest", help="run rules over recorded events (JSON lines)")
+    bt.add_argument("--rules", nargs="+", type=Path, required=True, help="rule files or directories")
+    bt.add_argument("--input", required=True, help="JSON-lines events, e.g. from `python -m ingest convert`")
+    bt.add_argument("--source", choices=["sensors", "logs", "finance"], help="source of every line "
+                    "(default: inferred from device_id, host or symbol)")
+    bt.add_argument("--from", dest="time_from", metavar="T", help="first event time (RFC 3339), inclusive")
+    bt.add_argument("--to", dest="time_to", metavar="T", help="last event time (RFC 3339), exclusive")
+    bt.add_argument("--out", help="write the transitions here instead of stdout")
+    bt.set_defaults(func=_cmd_backtest)
+
+    sub.add_parser("deliver", help="run the webhook delivery role").set_defaults(func=_role("app.delivery"))
+    sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(func=_role("app.store_sync"))
+    rec = sub.add_parser("receiver", help="run the demo webhook receiver")
+    rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
+
+    br = sub.add_parser("broker", help="run the embedded Tansu broker alone")
+    br.add_argument("--port", type=int, default=0)
+    br.set_defaults(func=_cmd_broker)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        setup_logging(settings.log_level)
+        code: int = args.func(args, settings)
+    except AppError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return code

@@ -1,0 +1,368 @@
+"""A safe SQL expression subset, parsed with sqlglot and compiled to Python closures.
+
+Operators write conditions such as ``temperature >= 30 and site = 'lab-2'``.
+The text is parsed (never evaluated), every node is checked against a
+whitelist, every identifier against the source schema, and the tree is
+compiled to nested closures over a row mapping.
+
+NULL semantics follow Spark SQL: comparisons and arithmetic with NULL give
+NULL; AND/OR/NOT use three-valued logic; ``x IN (...)`` is NULL when ``x`` is
+NULL or when nothing matched and the list holds a NULL; division or modulo by
+zero and long overflow give NULL (Spark's ``try_*`` functions, which the Spark
+engine uses). A ``where`` clause passes only when the result is TRUE.
+
+Durations such as ``1d`` or ``15m`` are allowed as function arguments and
+become ``INTERVAL`` literals (milliseconds in Python).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from app.errors import ExpressionError
+from app.rules import functions as fn
+
+logger = logging.getLogger(__name__)
+
+Row = Mapping[str, Any]
+Eval = Callable[[Row], Any]
+
+MAX_TEXT = 4096
+MAX_NODES = 256
+MAX_IN_LIST = 1000
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+NUMERIC = frozenset({"long", "double"})
+
+_DURATION_TOKEN = re.compile(r"(?<![\w.'])(\d+)(ms|s|m|h|d|w)(?![\w'])")
+_UNIT_WORDS = {"ms": "MILLISECOND", "s": "SECOND", "m": "MINUTE", "h": "HOUR", "d": "DAY", "w": "WEEK"}
+_UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
+_UNIT_MS["WEEK"] = 7 * _UNIT_MS["DAY"]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled expression: call ``fn(row)``; ``type`` is its SQL type."""
+
+    fn: Eval
+    type: str
+    text: str
+    columns: frozenset[str]
+
+    def __call__(self, row: Row) -> Any:
+        return self.fn(row)
+
+
+def _rewrite_durations(text: str) -> str:
+    """Turn ``15m`` into ``INTERVAL '15' MINUTE`` outside string literals."""
+    parts = re.split(r"('(?:[^'\\]|\\.|'')*')", text)
+    for i in range(0, len(parts), 2):
+        parts[i] = _DURATION_TOKEN.sub(lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i])
+    return "".join(parts)
+
+
+def parse(text: str) -> exp.Expression:
+    """Parse one expression; raise ExpressionError on anything else."""
+    if not isinstance(text, str) or not text.strip():
+        msg = "expected a SQL expression, got an empty value"
+        raise ExpressionError(msg)
+    if len(text) > MAX_TEXT:
+        msg = f"expression is longer than {MAX_TEXT} characters"
+        raise ExpressionError(msg)
+    try:
+        tree = sqlglot.parse_one(_rewrite_durations(text), dialect="spark")
+    except (ParseError, TokenError) as exc:
+        msg = f"cannot parse {text!r}: {str(exc).splitlines()[0]}"
+        raise ExpressionError(msg) from None
+    if tree is None or isinstance(tree, exp.Block | exp.Query | exp.Command):
+        msg = f"{text!r} is not a single expression"
+        raise ExpressionError(msg)
+    count = sum(1 for _ in tree.walk())
+    if count > MAX_NODES:
+        msg = f"expression has {count} nodes; the limit is {MAX_NODES}"
+        raise ExpressionError(msg)
+    return tree
+
+
+def _column_name(node: exp.Column) -> str:
+    parts = [p.name for p in node.parts]
+    return ".".join(parts)
+
+
+def _long_or_none(v: int) -> int | None:
+    return v if _LONG_MIN <= v <= _LONG_MAX else None
+
+
+def _arith(op: str, ta: str, tb: str) -> tuple[Callable[[Any, Any], Any], str]:
+    both_long = ta == "long" and tb == "long"
+    if op == "add":
+        return ((lambda a, b: _long_or_none(a + b)) if both_long else (lambda a, b: a + b)), (
+            "long" if both_long else "double"
+        )
+    if op == "sub":
+        return ((lambda a, b: _long_or_none(a - b)) if both_long else (lambda a, b: a - b)), (
+            "long" if both_long else "double"
+        )
+    if op == "mul":
+        return ((lambda a, b: _long_or_none(a * b)) if both_long else (lambda a, b: a * b)), (
+            "long" if both_long else "double"
+        )
+    if op == "div":
+        return (lambda a, b: None if b == 0 else a / b), "double"
+    # mod: the sign follows the dividend, as in Spark/Java
+    return (lambda a, b: None if b == 0 else fn.sql_mod(a, b)), ("long" if both_long else "double")
+
+
+_ARITH = {exp.Add: "add", exp.Sub: "sub", exp.Mul: "mul", exp.Div: "div", exp.Mod: "mod"}
+_CMP: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
+    exp.EQ: lambda a, b: a == b,
+    exp.NEQ: lambda a, b: a != b,
+    exp.GT: lambda a, b: a > b,
+    exp.GTE: lambda a, b: a >= b,
+    exp.LT: lambda a, b: a < b,
+    exp.LTE: lambda a, b: a <= b,
+}
+
+
+class _Compiler:
+    def __init__(self, text: str, schema: Mapping[str, str], allow_intervals: bool) -> None:
+        self.text = text
+        self.schema = schema
+        self.columns: set[str] = set()
+        self.allow_intervals = allow_intervals
+
+    def fail(self, message: str) -> ExpressionError:
+        return ExpressionError(f"in {self.text!r}: {message}")
+
+    def compile(self, node: exp.Expression) -> tuple[Eval, str]:  # noqa: C901, PLR0911, PLR0912
+        if isinstance(node, exp.Paren):
+            return self.compile(node.this)
+        if isinstance(node, exp.Literal):
+            return self._literal(node)
+        if isinstance(node, exp.Boolean):
+            value = bool(node.this)
+            return (lambda _r: value), "boolean"
+        if isinstance(node, exp.Null):
+            return (lambda _r: None), "null"
+        if isinstance(node, exp.Column):
+            return self._column(node)
+        if isinstance(node, exp.Neg):
+            inner, t = self._numeric(node.this, "unary minus")
+            return (lambda r: None if (v := inner(r)) is None else -v), t
+        if isinstance(node, exp.Not):
+            inner, _ = self._boolean(node.this, "NOT")
+            return (lambda r: None if (v := inner(r)) is None else not v), "boolean"
+        if isinstance(node, exp.And | exp.Or):
+            return self._logic(node)
+        if type(node) in _CMP:
+            return self._compare(node)
+        if type(node) in _ARITH:
+            a, ta = self._numeric(node.this, "arithmetic")
+            b, tb = self._numeric(node.expression, "arithmetic")
+            op, t = _arith(_ARITH[type(node)], ta, tb)
+            return (lambda r: None if (x := a(r)) is None or (y := b(r)) is None else op(x, y)), t
+        if isinstance(node, exp.In):
+            return self._in(node)
+        if isinstance(node, exp.Between):
+            return self._between(node)
+        if isinstance(node, exp.Like | exp.ILike):
+            return self._like(node)
+        if isinstance(node, exp.Is):
+            if not isinstance(node.expression, exp.Null):
+                raise self.fail("IS is only supported as IS NULL / IS NOT NULL")
+            inner, _ = self.compile(node.this)
+            return (lambda r: inner(r) is None), "boolean"
+        if isinstance(node, exp.Interval):
+            return self._interval(node)
+        if isinstance(node, exp.Func):
+            return self._function(node)
+        raise self.fail(f"unsupported SQL construct {node.key.upper()} ({node.sql(dialect='spark')!r})")
+
+    def _literal(self, node: exp.Literal) -> tuple[Eval, str]:
+        if node.is_string:
+            s = str(node.this)
+            return (lambda _r: s), "string"
+        text = str(node.this)
+        if re.fullmatch(r"\d+", text):
+            iv = int(text)
+            if iv > _LONG_MAX:
+                raise self.fail(f"number {text} does not fit in a 64-bit integer")
+            return (lambda _r: iv), "long"
+        try:
+            fv = float(text)
+        except ValueError:
+            raise self.fail(f"bad number {text!r}") from None
+        return (lambda _r: fv), "double"
+
+    def _column(self, node: exp.Column) -> tuple[Eval, str]:
+        name = _column_name(node)
+        ftype = self.schema.get(name)
+        if ftype is None:
+            close = difflib.get_close_matches(name, list(self.schema), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise self.fail(f"unknown field '{name}'{hint}")
+        self.columns.add(name)
+        return (lambda r: r.get(name)), ftype
+
+    def _numeric(self, node: exp.Expression, what: str) -> tuple[Eval, str]:
+        f, t = self.compile(node)
+        if t == "null":
+            return f, "double"
+        if t not in NUMERIC:
+            raise self.fail(f"{what} needs numbers, but {node.sql(dialect='spark')!r} is {t}")
+        return f, t
+
+    def _boolean(self, node: exp.Expression, what: str) -> tuple[Eval, str]:
+        f, t = self.compile(node)
+        if t not in ("boolean", "null"):
+            raise self.fail(f"{what} needs a condition, but {node.sql(dialect='spark')!r} is {t}")
+        return f, "boolean"
+
+    def _logic(self, node: exp.And | exp.Or) -> tuple[Eval, str]:
+        a, _ = self._boolean(node.this, node.key.upper())
+        b, _ = self._boolean(node.expression, node.key.upper())
+        if isinstance(node, exp.And):
+
+            def and_(r: Row) -> bool | None:
+                x = a(r)
+                if x is False:
+                    return False
+                y = b(r)
+                if y is False:
+                    return False
+                return None if x is None or y is None else True
+
+            return and_, "boolean"
+
+        def or_(r: Row) -> bool | None:
+            x = a(r)
+            if x is True:
+                return True
+            y = b(r)
+            if y is True:
+                return True
+            return None if x is None or y is None else False
+
+        return or_, "boolean"
+
+    def _comparable(self, ta: str, tb: str, node: exp.Expression) -> None:
+        if "null" in (ta, tb) or ta == tb or (ta in NUMERIC and tb in NUMERIC):
+            return
+        raise self.fail(f"cannot compare {ta} with {tb} in {node.sql(dialect='spark')!r}")
+
+    def _compare(self, node: exp.Expression) -> tuple[Eval, str]:
+        a, ta = self.compile(node.this)
+        b, tb = self.compile(node.expression)
+        self._comparable(ta, tb, node)
+        op = _CMP[type(node)]
+        return (lambda r: None if (x := a(r)) is None or (y := b(r)) is None else op(x, y)), "boolean"
+
+    def _in(self, node: exp.In) -> tuple[Eval, str]:
+        if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+            raise self.fail("IN takes a list of values, not a subquery")
+        items = node.expressions
+        if len(items) > MAX_IN_LIST:
+            raise self.fail(f"IN list has {len(items)} items; the limit is {MAX_IN_LIST}")
+        x, tx = self.compile(node.this)
+        compiled = [self.compile(i) for i in items]
+        for _, ti in compiled:
+            self._comparable(tx, ti, node)
+        fns = [f for f, _ in compiled]
+        if all(isinstance(i, exp.Literal) for i in items):
+            values = frozenset(f({}) for f in fns)
+            return (lambda r: None if (v := x(r)) is None else v in values), "boolean"
+
+        def in_(r: Row) -> bool | None:
+            v = x(r)
+            if v is None:
+                return None
+            saw_null = False
+            for f in fns:
+                w = f(r)
+                if w is None:
+                    saw_null = True
+                elif w == v:
+                    return True
+            return None if saw_null else False
+
+        return in_, "boolean"
+
+    def _between(self, node: exp.Between) -> tuple[Eval, str]:
+        x, tx = self.compile(node.this)
+        lo, tl = self.compile(node.args["low"])
+        hi, th = self.compile(node.args["high"])
+        self._comparable(tx, tl, node)
+        self._comparable(tx, th, node)
+
+        def between(r: Row) -> bool | None:
+            v, a, b = x(r), lo(r), hi(r)
+            ge = None if v is None or a is None else v >= a
+            le = None if v is None or b is None else v <= b
+            if ge is False or le is False:
+                return False
+            return None if ge is None or le is None else True
+
+        return between, "boolean"
+
+    def _like(self, node: exp.Like | exp.ILike) -> tuple[Eval, str]:
+        x, tx = self.compile(node.this)
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise self.fail("LIKE needs a string literal pattern")
+        if tx not in ("string", "null"):
+            raise self.fail(f"LIKE needs a string, but {node.this.sql(dialect='spark')!r} is {tx}")
+        rx = fn.like_to_regex(str(pattern.this), ignore_case=isinstance(node, exp.ILike))
+        return (lambda r: None if (v := x(r)) is None else rx.fullmatch(v) is not None), "boolean"
+
+    def _interval(self, node: exp.Interval) -> tuple[Eval, str]:
+        if not self.allow_intervals:
+            raise self.fail("a duration is only allowed as a function argument")
+        unit = node.args.get("unit")
+        unit_name = unit.name.upper() if unit is not None else ""
+        amount = node.this
+        if unit_name not in _UNIT_MS or not isinstance(amount, exp.Literal):
+            raise self.fail(f"bad duration {node.sql(dialect='spark')!r}")
+        ms = int(str(amount.this)) * _UNIT_MS[unit_name]
+        return (lambda _r: ms), "interval"
+
+    def _function(self, node: exp.Func) -> tuple[Eval, str]:
+        name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+        if isinstance(node, exp.AggFunc):
+            raise self.fail(f"aggregate function {name}() belongs in 'aggregate:', not in a condition")
+        spec = fn.FUNCTIONS.get(name)
+        if spec is None:
+            allowed = ", ".join(sorted(fn.FUNCTIONS))
+            raise self.fail(f"function {name}() is not allowed; allowed functions: {allowed}")
+        args = fn.call_args(node)
+        compiled = [self.compile(a) for a in args]
+        types = [t for _, t in compiled]
+        try:
+            result_type = spec.check(types)
+        except TypeError as exc:
+            raise self.fail(f"{name}(): {exc}") from None
+        return spec.build([f for f, _ in compiled], types), result_type
+
+
+def compile_expr(
+    text: str, schema: Mapping[str, str], *, boolean: bool = False, allow_intervals: bool = False
+) -> Compiled:
+    """Compile ``text`` against ``schema`` (field name -> type).
+
+    With ``boolean=True`` the expression must be a condition. Raises
+    :class:`ExpressionError` naming the problem; never evaluates any code.
+    """
+    tree = parse(text)
+    comp = _Compiler(text, schema, allow_intervals)
+    f, t = comp.compile(tree)
+    if boolean and t not in ("boolean", "null"):
+        msg = f"in {text!r}: expected a condition (true/false), but the expression is {t}"
+        raise ExpressionError(msg)
+    return Compiled(fn=f, type=t, text=text, columns=frozenset(comp.columns))

@@ -1,0 +1,254 @@
+"""The whitelist of functions a rule expression may call, with Spark SQL semantics.
+
+Each function declares how to type-check its arguments and how to build a
+NULL-propagating closure. Geo functions use geopy's geodesic distance on the
+WGS-84 ellipsoid; the Spark engine wraps these same Python functions, so both
+engines give identical results.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from functools import lru_cache
+from typing import Any
+
+from geopy.distance import geodesic
+from sqlglot import exp
+
+Eval = Callable[[Any], Any]
+NUMERIC = frozenset({"long", "double"})
+
+
+def sql_mod(a: float, b: float) -> float:
+    """Remainder whose sign follows the dividend (Spark/Java), not Python's floor mod."""
+    if isinstance(a, int) and isinstance(b, int):
+        r = abs(a) % abs(b)
+        return r if a >= 0 else -r
+    return math.fmod(a, b)
+
+
+def round_half_up(x: float, digits: int = 0) -> float:
+    """Spark's ROUND: half away from zero, on the decimal value as written."""
+    q = Decimal(1).scaleb(-digits)
+    return float(Decimal(repr(float(x))).quantize(q, rounding=ROUND_HALF_UP))
+
+
+@lru_cache(maxsize=512)
+def like_to_regex(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
+    """SQL LIKE -> regex: ``%`` any run, ``_`` one character, ``\\`` escapes."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+
+
+def distance_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float | None:
+    """Geodesic distance in km (geopy, WGS-84). NULL for out-of-range coordinates."""
+    if not (-90 <= lat1 <= 90 and -90 <= lat2 <= 90 and -180 <= lon1 <= 180 and -180 <= lon2 <= 180):
+        return None
+    return float(geodesic((lat1, lon1), (lat2, lon2)).km)
+
+
+def inside_radius(lat: float, lon: float, clat: float, clon: float, radius_km: float) -> bool | None:
+    d = distance_km(lat, lon, clat, clon)
+    return None if d is None else d <= radius_km
+
+
+@lru_cache(maxsize=256)
+def parse_polygon(text: str) -> tuple[tuple[float, float], ...]:
+    """``'lat lon, lat lon, ...'`` (at least three vertices) -> vertex tuple."""
+    points = []
+    for pair in text.split(","):
+        parts = pair.split()
+        if len(parts) != 2:  # noqa: PLR2004
+            msg = f"polygon vertex {pair.strip()!r} is not 'lat lon'"
+            raise ValueError(msg)
+        points.append((float(parts[0]), float(parts[1])))
+    if len(points) < 3:  # noqa: PLR2004
+        msg = "a polygon needs at least three 'lat lon' vertices"
+        raise ValueError(msg)
+    return tuple(points)
+
+
+def inside_polygon(lat: float, lon: float, polygon: str) -> bool:
+    """Even-odd ray casting on (lat, lon) treated as planar; fine for geofences
+    far from the poles and the antimeridian."""
+    pts = parse_polygon(polygon)
+    inside = False
+    j = len(pts) - 1
+    for i, (yi, xi) in enumerate(pts):
+        yj, xj = pts[j]
+        if (yi > lat) != (yj > lat):
+            x_cross = (xj - xi) * (lat - yi) / (yj - yi) + xi
+            if lon < x_cross:
+                inside = not inside
+        j = i
+    return inside
+
+
+Checker = Callable[[list[str]], str]
+Builder = Callable[[list[Eval], list[str]], Eval]
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    name: str
+    check: Checker
+    build: Builder
+    doc: str
+
+
+def _arity(types: list[str], lo: int, hi: int | None = None) -> None:
+    hi = lo if hi is None else hi
+    if not lo <= len(types) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        msg = f"takes {want} arguments, got {len(types)}"
+        raise TypeError(msg)
+
+
+def _all(types: list[str], allowed: frozenset[str], what: str) -> None:
+    for i, t in enumerate(types, 1):
+        if t != "null" and t not in allowed:
+            msg = f"argument {i} must be {what}, got {t}"
+            raise TypeError(msg)
+
+
+def _strict(py: Callable[..., Any]) -> Builder:
+    """NULL in, NULL out: the usual SQL function contract."""
+
+    def build(args: list[Eval], _types: list[str]) -> Eval:
+        def call(r: Any) -> Any:
+            vals = [a(r) for a in args]
+            if any(v is None for v in vals):
+                return None
+            return py(*vals)
+
+        return call
+
+    return build
+
+
+def _numeric_fn(name: str, py: Callable[..., Any], result: str | None, lo: int, hi: int | None, doc: str) -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, lo, hi)
+        _all(types, NUMERIC, "a number")
+        if result is not None:
+            return result
+        return "long" if types and types[0] == "long" else "double"
+
+    return FunctionSpec(name, check, _strict(py), doc)
+
+
+def _string_fn(name: str, py: Callable[..., Any], result: str, doc: str) -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, 1)
+        _all(types, frozenset({"string"}), "a string")
+        return result
+
+    return FunctionSpec(name, check, _strict(py), doc)
+
+
+def _coalesce() -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, 1, 64)
+        real = {t for t in types if t != "null"}
+        if len(real - NUMERIC) > 1 or (real & NUMERIC and real - NUMERIC):
+            msg = f"arguments must share one type, got {', '.join(types)}"
+            raise TypeError(msg)
+        if real <= NUMERIC and real:
+            return "long" if real == {"long"} else "double"
+        return next(iter(real), "null")
+
+    def build(args: list[Eval], _t: list[str]) -> Eval:
+        def call(r: Any) -> Any:
+            for a in args:
+                v = a(r)
+                if v is not None:
+                    return v
+            return None
+
+        return call
+
+    return FunctionSpec("coalesce", check, build, "first non-NULL argument")
+
+
+def _extreme(name: str, pick: Callable[[Sequence[Any]], Any]) -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, 2, 64)
+        _all(types, NUMERIC, "a number")
+        return "long" if all(t == "long" for t in types if t != "null") else "double"
+
+    def build(args: list[Eval], _t: list[str]) -> Eval:
+        def call(r: Any) -> Any:
+            vals = [v for a in args if (v := a(r)) is not None]
+            return pick(vals) if vals else None
+
+        return call
+
+    return FunctionSpec(name, check, build, f"{name} of the non-NULL arguments (Spark skips NULLs)")
+
+
+def _geo(name: str, py: Callable[..., Any], n: int, result: str, doc: str) -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, n)
+        _all(types, NUMERIC, "a number")
+        return result
+
+    return FunctionSpec(name, check, _strict(py), doc)
+
+
+def _polygon() -> FunctionSpec:
+    def check(types: list[str]) -> str:
+        _arity(types, 3)
+        _all(types[:2], NUMERIC, "a number")
+        if types[2] != "string":
+            msg = "argument 3 must be a polygon string 'lat lon, lat lon, ...'"
+            raise TypeError(msg)
+        return "boolean"
+
+    return FunctionSpec("inside_polygon", check, _strict(inside_polygon), "point inside a lat/lon polygon")
+
+
+FUNCTIONS: dict[str, FunctionSpec] = {
+    s.name: s
+    for s in (
+        _numeric_fn("abs", abs, None, 1, 1, "absolute value"),
+        _numeric_fn("round", lambda x, d=0: round_half_up(x, int(d)), "double", 1, 2, "round half up"),
+        _numeric_fn("floor", lambda x: math.floor(x), "long", 1, 1, "largest integer <= x"),
+        _numeric_fn("ceil", lambda x: math.ceil(x), "long", 1, 1, "smallest integer >= x"),
+        _string_fn("lower", str.lower, "string", "lower case"),
+        _string_fn("upper", str.upper, "string", "upper case"),
+        _string_fn("length", len, "long", "number of characters"),
+        _string_fn("trim", lambda s: s.strip(" "), "string", "strip spaces"),
+        _coalesce(),
+        _extreme("greatest", max),
+        _extreme("least", min),
+        _geo("distance_km", distance_km, 4, "double", "geodesic km between (lat1, lon1) and (lat2, lon2)"),
+        _geo("inside_radius", inside_radius, 5, "boolean", "(lat, lon) within radius_km of (clat, clon)"),
+        _polygon(),
+    )
+}
+
+
+def call_args(node: exp.Func) -> list[exp.Expression]:
+    """A function call's arguments in positional order, for any sqlglot Func class."""
+    if isinstance(node, exp.Anonymous):
+        return list(node.expressions)
+    out: list[exp.Expression] = []
+    for key in node.arg_types:
+        value = node.args.get(key)
+        if isinstance(value, list):
+            out.extend(v for v in value if isinstance(v, exp.Expression))
+        elif isinstance(value, exp.Expression):
+            out.append(value)
+    return out

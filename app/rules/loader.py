@@ -1,0 +1,209 @@
+"""Load rule files into compiled rules, collecting every problem like promtool.
+
+``load_rules(paths)`` accepts files and directories (``*.yaml``/``*.yml``),
+returns a :class:`RuleSet`, and raises :class:`RuleConfigError` listing every
+problem as ``file:line:col: rule-id: message`` when anything is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from app.errors import ExpressionError, RuleConfigError, RuleProblem
+from app.events import Schema, schema_for
+from app.rules.expr import Compiled, compile_expr
+from app.rules.model import Engine, Rule, RuleFile, dump_canonical
+from app.rules.template import placeholders
+from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
+
+logger = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    """A validated rule with its compiled condition, version and engine."""
+
+    rule: Rule
+    version: str
+    engine: Engine
+    path: str
+    schema: Schema
+    where: Compiled
+    line: int = 1
+
+    @property
+    def id(self) -> str:
+        return self.rule.id
+
+    def runs_on(self, engine: str) -> bool:
+        return self.engine in (engine, "both")
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Every rule loaded from a set of files, in file order."""
+
+    rules: tuple[CompiledRule, ...] = ()
+    files: Mapping[str, str] = field(default_factory=dict)  # path -> content sha256
+
+    def for_source(self, source: str, engine: str = "faust") -> list[CompiledRule]:
+        return [r for r in self.rules if r.rule.source == source and r.runs_on(engine)]
+
+    def get(self, rule_id: str) -> CompiledRule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+
+def rule_version(rule: Rule, engine: str) -> str:
+    """12 hex digits that change whenever anything about the rule changes."""
+    blob = orjson.dumps({"rule": dump_canonical(rule), "engine": engine}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _pydantic_message(err: Mapping[str, Any]) -> str:
+    kind = err.get("type", "")
+    loc = err.get("loc", ())
+    if kind == "extra_forbidden":
+        return f"unknown key '{loc[-1]}'"
+    if kind == "missing":
+        return f"missing required key '{loc[-1]}'"
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind.startswith("literal_error") or kind in ("string_pattern_mismatch", "greater_than_equal"):
+        return f"'{loc[-1]}': {msg} (got {err.get('input')!r})"
+    return f"'{loc[-1]}': {msg}" if loc else msg
+
+
+class _FileLoader:
+    def __init__(self, path: str, positions: Positions, data: Any) -> None:
+        self.path = path
+        self.positions = positions
+        self.data = data
+        self.problems: list[RuleProblem] = []
+
+    def rule_id_at(self, index: int) -> str | None:
+        try:
+            rid = self.data["rules"][index]["id"]
+        except (KeyError, IndexError, TypeError):
+            return None
+        return rid if isinstance(rid, str) else None
+
+    def add(self, loc: tuple[str | int, ...], message: str) -> None:
+        line, col = position_of(self.positions, loc)
+        rid = self.rule_id_at(loc[1]) if len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int) else None
+        self.problems.append(RuleProblem(self.path, line, col, rid, message))
+
+    def compile_rule(self, index: int, rule: Rule, engine: Engine) -> CompiledRule | None:
+        base = ("rules", index)
+        schema = schema_for(rule.source)
+        fields = schema.all_fields()
+        before = len(self.problems)
+        for i, g in enumerate(rule.group_by):
+            if g not in fields:
+                self.add((*base, "group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
+        where: Compiled | None = None
+        try:
+            where = compile_expr(rule.where, fields, boolean=True)
+        except ExpressionError as exc:
+            self.add((*base, "where"), str(exc))
+        known = set(fields)
+        for name, template in rule.annotations.items():
+            try:
+                unknown = [p for p in placeholders(template) if p not in known]
+            except ValueError as exc:
+                self.add((*base, "annotations", name), str(exc))
+                continue
+            if unknown:
+                self.add((*base, "annotations", name), f"template names unknown field(s): {', '.join(unknown)}")
+        if len(self.problems) > before or where is None:
+            return None
+        line, _ = position_of(self.positions, (*base, "id"))
+        return CompiledRule(rule, rule_version(rule, engine), engine, self.path, schema, where, line)
+
+    def load(self) -> list[CompiledRule]:
+        if not isinstance(self.data, dict):
+            self.add((), "a rule file must be a mapping with a 'rules:' list")
+            return []
+        try:
+            parsed = RuleFile.model_validate(self.data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                self.add(tuple(err["loc"]), _pydantic_message(err))
+            return []
+        compiled = [self.compile_rule(i, r, parsed.effective_engine(r)) for i, r in enumerate(parsed.rules)]
+        return [c for c in compiled if c is not None]
+
+
+def load_text(text: str, path: str) -> tuple[list[CompiledRule], list[RuleProblem]]:
+    """Compile one file's text. Returns the good rules and every problem found."""
+    try:
+        data, positions = load_with_positions(text)
+    except YamlProblem as exc:
+        return [], [RuleProblem(path, exc.line, exc.col, None, exc.message)]
+    loader = _FileLoader(path, positions, data)
+    rules = loader.load()
+    return rules, loader.problems
+
+
+def rule_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand directories to their ``*.yaml``/``*.yml`` files (sorted), skipping rule tests."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out.extend(
+                sorted(f for f in p.rglob("*") if f.suffix in (".yaml", ".yml") and not _is_test_file(f))
+            )
+        else:
+            out.append(p)
+    return out
+
+
+def _is_test_file(path: Path) -> bool:
+    return path.name.endswith((".test.yaml", ".test.yml")) or "tests" in path.parts[-2:-1]
+
+
+def load_rules(paths: Iterable[Path | str]) -> RuleSet:
+    """Load and compile every rule file under ``paths``; raise on any problem."""
+    problems: list[RuleProblem] = []
+    rules: list[CompiledRule] = []
+    files: dict[str, str] = {}
+    seen: dict[str, CompiledRule] = {}
+    for f in rule_files(Path(p) for p in paths):
+        name = str(f)
+        try:
+            raw = f.read_bytes()
+        except OSError as exc:
+            problems.append(RuleProblem(name, 1, 1, None, f"cannot read file: {exc.strerror}"))
+            continue
+        if len(raw) > MAX_FILE_BYTES:
+            problems.append(RuleProblem(name, 1, 1, None, f"file is larger than {MAX_FILE_BYTES} bytes"))
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(RuleProblem(name, 1, 1, None, f"file is not UTF-8: {exc.reason}"))
+            continue
+        files[name] = hashlib.sha256(raw).hexdigest()
+        good, bad = load_text(text, name)
+        problems.extend(bad)
+        for r in good:
+            if r.id in seen:
+                problems.append(
+                    RuleProblem(
+                        name, r.line, 1, r.id, f"duplicate rule id; first defined at {seen[r.id].path}:{seen[r.id].line}"
+                    )
+                )
+                continue
+            seen[r.id] = r
+            rules.append(r)
+    if problems:
+        raise RuleConfigError(problems)
+    return RuleSet(tuple(rules), files)

@@ -1,0 +1,175 @@
+"""A small process supervisor: start roles, restart crashed ones, stop them in order.
+
+:mod:`app.system` decides which roles make up the product; this module only
+runs processes:
+- start every role as a child process in its own process group;
+- restart a child that exits non-zero (exponential backoff, at most
+  ``MAX_RESTARTS`` in ``RESTART_WINDOW_S``); a one-shot child (a replay)
+  that exits 0 is done;
+- on stop, SIGTERM the roles stage by stage (producers first) and SIGKILL
+  whatever outlives its grace period, including grandchildren in its group.
+
+The supervisor never touches a role's internals; roles are plain commands
+that also run alone against an external Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from app.config import Settings
+
+logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+STOP_GRACE_S = 6.0
+
+
+@dataclass
+class Role:
+    """A child process the supervisor owns."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    one_shot: bool = False  # exits 0 when its work is done (replays)
+    stage: int = 1  # stop order: lower stages stop first
+    url: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+    next_start: float = 0.0
+    done: bool = False
+    exit_code: int | None = None
+
+
+def _pump(stream: IO[bytes], prefix: str, log_file: IO[bytes]) -> None:
+    """Copy a child's output to our stdout with a role prefix, and to its log file."""
+    for line in iter(stream.readline, b""):
+        log_file.write(line)
+        log_file.flush()
+        sys.stdout.write(f"[{prefix}] {line.decode('utf-8', 'replace')}")
+        sys.stdout.flush()
+    stream.close()
+    log_file.close()
+
+
+class Supervisor:
+    """Owns the broker and the role processes. Not thread-safe; drive it from one thread."""
+
+    def __init__(self, settings: Settings, roles: list[Role], log_dir: Path, quiet: bool = False) -> None:
+        self.settings = settings
+        self.roles = roles
+        self.log_dir = log_dir
+        self.quiet = quiet
+        self._stopping = False
+
+    def _spawn(self, role: Role) -> None:
+        env = dict(os.environ)
+        env.update(role.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        log_file = (self.log_dir / f"{role.name}.log").open("ab")
+        role.proc = subprocess.Popen(  # noqa: S603 - argv built by us, no shell
+            role.argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert role.proc.stdout is not None  # noqa: S101 - PIPE was requested
+        if self.quiet:
+            threading.Thread(target=_drain, args=(role.proc.stdout, log_file), daemon=True).start()
+        else:
+            args = (role.proc.stdout, role.name, log_file)
+            threading.Thread(target=_pump, args=args, daemon=True).start()
+        logger.info("started %s (pid %d)", role.name, role.proc.pid)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for role in self.roles:
+            self._spawn(role)
+
+    def poll(self) -> None:
+        """Reap exited children and restart the ones that failed."""
+        now = time.monotonic()
+        for role in self.roles:
+            if role.done or self._stopping:
+                continue
+            if role.proc is None:
+                if now >= role.next_start:
+                    self._spawn(role)
+                continue
+            code = role.proc.poll()
+            if code is None:
+                continue
+            role.exit_code = code
+            role.proc = None
+            if code == 0 and role.one_shot:
+                logger.info("%s finished", role.name)
+                role.done = True
+                continue
+            role.restarts = [t for t in role.restarts if now - t < RESTART_WINDOW_S]
+            if len(role.restarts) >= MAX_RESTARTS:
+                logger.error("%s exited with %d and crashed %d times in %.0fs; giving up", role.name,
+                             code, MAX_RESTARTS, RESTART_WINDOW_S)
+                role.done = True
+                continue
+            delay = min(2 ** len(role.restarts), 30)
+            role.restarts.append(now)
+            role.next_start = now + delay
+            logger.warning("%s exited with %d; restarting in %ds", role.name, code, delay)
+
+    def stop_stage(self, stage: int, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every live child of ``stage``, wait, then SIGKILL the rest."""
+        procs = [r for r in self.roles if r.stage == stage and r.proc is not None]
+        for r in procs:
+            _signal_group(r.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for r in procs:
+            assert r.proc is not None  # noqa: S101
+            try:
+                r.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0fs; killing it", r.name, grace_s)
+                _signal_group(r.proc, signal.SIGKILL)
+                r.proc.wait(5)
+            r.exit_code = r.proc.returncode
+            # the group may still hold grandchildren (a JVM, a browser): none may survive
+            _signal_group(r.proc, signal.SIGKILL)
+            r.proc = None
+
+    def stop(self, between_stages: Callable[[int], None] | None = None) -> None:
+        self._stopping = True
+        for stage in sorted({r.stage for r in self.roles}):
+            self.stop_stage(stage)
+            if between_stages:
+                between_stages(stage)
+
+
+def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:
+    for line in iter(stream.readline, b""):
+        log_file.write(line)
+    stream.close()
+    log_file.close()
+
+
+def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
+    """Signal a child's whole process group (its pgid is its pid: start_new_session)."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+

@@ -1,0 +1,191 @@
+"""`python -m app run`: the whole system on one machine, under one supervisor.
+
+Starts the embedded Tansu broker unless ``KAFKA_BOOTSTRAP_SERVERS`` is set,
+creates the topics, and runs these roles as child processes (stop order in
+brackets, producers first):
+
+- [1] ``replay-sensors``: the NAB machine-temperature series -> events.sensors
+- [1] ``replay-logs``: the real Apache access log -> events.logs
+- [2] ``worker``: the Faust rule worker
+- [3] ``deliver``: alerts -> signed webhooks, with retries
+- [3] ``store-sync``: alerts -> the SQLite alert store
+- [4] ``receiver``: the local demo webhook receiver
+- [4] ``dashboard``: Streamlit, reading the alert store
+
+At the end it prints one JSON line of counters (see :func:`counters`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.broker import EmbeddedBroker, free_port
+from app.config import PROJECT_ROOT, Settings
+from app.kafka import end_offsets
+from app.supervisor import Role, Supervisor
+from app.topics import ALERTS, DLQ, SOURCE_TOPICS, ensure_topics
+
+logger = logging.getLogger(__name__)
+
+NAB_FILE = "nab/data/realKnownCause/machine_temperature_system_failure.csv"
+APACHE_FILE = "apache_logs/apache_logs"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    duration_s: float | None = None
+    dashboard: bool = True
+    quiet: bool = False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, "-m", *args]
+
+
+def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Role]:
+    """The product's roles with their commands, environments and URLs."""
+    base_env = {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    if settings.embedded and settings.idempotence == "auto":
+        base_env["APP_KAFKA_IDEMPOTENCE"] = "off"  # Tansu rejects InitProducerId
+    receiver_port = settings.receiver_port or free_port()
+    receiver_url = f"http://127.0.0.1:{receiver_port}"
+    webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
+    speed, limit = str(settings.replay_speedup), str(settings.replay_limit)
+    roles: list[Role] = []
+    nab = settings.datasets_dir / NAB_FILE
+    apache = settings.datasets_dir / APACHE_FILE
+    if nab.exists():
+        roles.append(Role("replay-sensors", _py("ingest", "replay", str(nab), "--format", "nab",
+                                                "--device", "machine-temp-1", "--field", "temperature",
+                                                "--topic", SOURCE_TOPICS["sensors"], "--speedup", speed,
+                                                "--limit", limit), one_shot=True, stage=1))
+    else:
+        logger.warning("no sensor replay: %s is missing", nab)
+    if apache.exists():
+        roles.append(Role("replay-logs", _py("ingest", "replay", str(apache), "--format", "apache",
+                                             "--host", "www-1", "--topic", SOURCE_TOPICS["logs"],
+                                             "--speedup", speed, "--limit", limit), one_shot=True, stage=1))
+    else:
+        logger.warning("no log replay: %s is missing", apache)
+    roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
+    roles.append(Role("deliver", _py("app", "deliver"), env={"APP_WEBHOOK_URL": webhook_url}, stage=3))
+    roles.append(Role("store-sync", _py("app", "store-sync"), stage=3))
+    roles.append(Role("receiver", _py("app", "receiver"), env={"APP_RECEIVER_PORT": str(receiver_port)},
+                      stage=4, url=f"{receiver_url}/webhook (stats: {receiver_url}/stats)"))
+    if opts.dashboard:
+        port = settings.dashboard_port if settings.dashboard_port and _port_free(settings.dashboard_port) else free_port()
+        roles.append(Role("dashboard", _py("streamlit", "run", str(PROJECT_ROOT / "dashboard" / "app.py"),
+                                           "--server.port", str(port), "--server.address", "127.0.0.1",
+                                           "--server.headless", "true", "--browser.gatherUsageStats", "false"),
+                          stage=4, url=f"http://127.0.0.1:{port}"))
+    for role in roles:
+        role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
+    return roles
+
+
+def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own loopback URL
+            data: dict[str, Any] = orjson.loads(resp.read())
+            return data
+    except (OSError, ValueError):
+        return None
+
+
+def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
+    """Events per topic, DLQ, alerts (records ever written) and webhooks the receiver got."""
+    topics = [*SOURCE_TOPICS.values(), DLQ, ALERTS]
+    try:
+        ends = asyncio.run(end_offsets(bootstrap, topics))
+    except Exception as exc:  # the counters are a report; a failure must not hide the exit
+        logger.warning("could not read topic offsets: %s", exc)
+        ends = {}
+    return {
+        "events": {t: ends.get(t) for t in SOURCE_TOPICS.values()},
+        "dlq": ends.get(DLQ),
+        "alerts": ends.get(ALERTS),
+        "webhooks_delivered": None if receiver_stats is None else receiver_stats.get("unique_alerts"),
+        "webhook_requests": None if receiver_stats is None else receiver_stats.get("received"),
+        "duration_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _print_urls(bootstrap: str, roles: list[Role], embedded: bool) -> None:
+    lines = [f"  kafka       {bootstrap}{' (embedded Tansu)' if embedded else ''}"]
+    for r in roles:
+        if r.url:
+            lines.append(f"  {r.name:<11} {r.url}")
+    for r in roles:
+        lines.append(f"  metrics     http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics ({r.name})")
+    print("streamalert is starting:\n" + "\n".join(lines), flush=True)
+
+
+def run(settings: Settings, opts: RunOptions) -> int:
+    """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
+    started = time.monotonic()
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("received %s, stopping everything", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    broker = EmbeddedBroker(log_path=settings.data_dir / "logs" / "broker.log") if settings.embedded else None
+    (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if broker is not None:
+        broker.start()
+    bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
+    sup: Supervisor | None = None
+    try:
+        asyncio.run(ensure_topics(bootstrap, settings.partitions, settings.replication_factor))
+        roles = build_roles(settings, bootstrap, opts)
+        sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
+        sup.start()
+        _print_urls(bootstrap, roles, broker is not None)
+        deadline = None if opts.duration_s is None else started + opts.duration_s
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            sup.poll()
+            stop.wait(0.2)
+        receiver = next((r for r in roles if r.name == "receiver"), None)
+        stats: dict[str, Any] | None = None
+
+        def after_stage(stage: int) -> None:
+            nonlocal stats
+            if stage == 3 and receiver is not None:  # deliveries are done; the receiver still runs
+                port = receiver.env["APP_RECEIVER_PORT"]
+                stats = _http_json(f"http://127.0.0.1:{port}/stats")
+
+        sup.stop(after_stage)
+        sup = None
+        print(orjson.dumps(counters(bootstrap, stats, started)).decode(), flush=True)
+        return 0
+    finally:
+        if sup is not None:
+            sup.stop()
+        if broker is not None:
+            broker.stop()
