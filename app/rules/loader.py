@@ -129,17 +129,29 @@ class _FileLoader:
         return CompiledRule(rule, rule_version(rule, engine), engine, self.path, schema, where, line)
 
     def load(self) -> list[CompiledRule]:
+        """Validate the file level, then each rule on its own, so that one bad
+        rule does not hide the problems of the others."""
         if not isinstance(self.data, dict):
             self.add((), "a rule file must be a mapping with a 'rules:' list")
             return []
         try:
-            parsed = RuleFile.model_validate(self.data)
+            top = RuleFile.model_validate(self.data)
         except ValidationError as exc:
             for err in exc.errors():
                 self.add(tuple(err["loc"]), _pydantic_message(err))
             return []
-        compiled = [self.compile_rule(i, r, parsed.effective_engine(r)) for i, r in enumerate(parsed.rules)]
-        return [c for c in compiled if c is not None]
+        compiled: list[CompiledRule] = []
+        for i, raw in enumerate(top.rules):
+            try:
+                rule = Rule.model_validate(raw)
+            except ValidationError as exc:
+                for err in exc.errors():
+                    self.add(("rules", i, *err["loc"]), _pydantic_message(err))
+                continue
+            c = self.compile_rule(i, rule, rule.engine or top.engine)
+            if c is not None:
+                compiled.append(c)
+        return compiled
 
 
 def load_text(text: str, path: str) -> tuple[list[CompiledRule], list[RuleProblem]]:

@@ -69,13 +69,11 @@ class Rule(_Frozen):
 
 
 class RuleFile(_Frozen):
-    """The top level of a rule file."""
+    """The top level of a rule file. Each item of ``rules`` is validated on its
+    own as a :class:`Rule`, so one bad rule does not hide another's problems."""
 
-    rules: list[Rule] = Field(min_length=1)
+    rules: list[Any] = Field(min_length=1)
     engine: Engine = "faust"
-
-    def effective_engine(self, rule: Rule) -> Engine:
-        return rule.engine or self.engine
 
 
 def dump_canonical(rule: Rule) -> dict[str, Any]:

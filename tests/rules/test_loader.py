@@ -1,0 +1,101 @@
+"""Rule loading: golden good and bad files, every problem reported with file:line:col."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from app.errors import RuleConfigError
+from app.rules.loader import load_rules
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def problems_of(path: Path) -> list[str]:
+    with pytest.raises(RuleConfigError) as info:
+        load_rules([path])
+    return [str(p) for p in info.value.problems]
+
+
+def test_good_file_loads_with_engines_and_versions() -> None:
+    rs = load_rules([GOLDEN / "threshold.good.yaml"])
+    assert [r.id for r in rs.rules] == ["hot", "forbidden", "big-trade"]
+    hot = rs.get("hot")
+    assert hot is not None and hot.rule.for_ms == 15 * 60_000 and hot.line == 3
+    assert [r.id for r in rs.for_source("finance", "spark")] == ["big-trade"]
+    assert rs.for_source("sensors", "spark") == []
+    assert len({r.version for r in rs.rules}) == 3
+
+
+def test_version_changes_when_the_rule_changes(tmp_path: Path) -> None:
+    text = (GOLDEN / "threshold.good.yaml").read_text()
+    a = tmp_path / "a.yaml"
+    a.write_text(text)
+    v1 = load_rules([a]).get("hot")
+    a.write_text(text.replace("temperature > 100", "temperature > 101"))
+    v2 = load_rules([a]).get("hot")
+    assert v1 is not None and v2 is not None and v1.version != v2.version
+
+
+def test_every_problem_is_reported_with_position() -> None:
+    path = GOLDEN / "many-problems.bad.yaml"
+    got = problems_of(path)
+    p = str(path)
+    assert any(s.startswith(f"{p}:2:") and "Bad Id" in s for s in got), got
+    # the pydantic phase reports every structural problem at once
+    assert any(s.startswith(f"{p}:8:") and "typo" in s and "duration" in s for s in got), got
+    assert any(s.startswith(f"{p}:12:") and "unknown key 'windw'" in s for s in got), got
+    assert any(s.startswith(f"{p}:14:") and "metrics" in s for s in got), got
+    # a structural problem in one rule does not hide semantic problems in another
+    assert any(s.startswith(f"{p}:19:") and "bad-group" in s and "'site'" in s for s in got), got
+    assert any(s.startswith(f"{p}:21:") and "nope" in s for s in got), got
+
+
+def test_semantic_problems_are_all_reported(tmp_path: Path) -> None:
+    f = tmp_path / "sem.yaml"
+    f.write_text(
+        "rules:\n"
+        "  - id: typo\n    source: sensors\n    where: temprature > 100\n"
+        "  - id: bad-group\n    source: sensors\n    where: temperature > 1\n"
+        "    group_by: [site]\n    annotations:\n      summary: '{{ nope }}'\n"
+    )
+    got = problems_of(f)
+    assert f"{f}:4:12: typo: in 'temprature > 100': unknown field 'temprature'; did you mean 'temperature'?" in got
+    assert any(s.startswith(f"{f}:8:") and "bad-group" in s and "'site'" in s for s in got), got
+    assert any(s.startswith(f"{f}:10:") and "nope" in s for s in got), got
+
+
+def test_yaml_syntax_and_duplicate_keys() -> None:
+    assert any("invalid YAML" in s for s in problems_of(GOLDEN / "yaml-syntax.bad.yaml"))
+    dup = problems_of(GOLDEN / "duplicate-key.bad.yaml")
+    assert any(":5:5:" in s and "duplicate key 'where'" in s for s in dup), dup
+
+
+def test_duplicate_rule_ids_across_files(tmp_path: Path) -> None:
+    for name in ("a.yaml", "b.yaml"):
+        (tmp_path / name).write_text("rules:\n  - id: same\n    source: sensors\n    where: temperature > 1\n")
+    got = problems_of(tmp_path)
+    assert any("b.yaml:2:" in s and "duplicate rule id" in s and "a.yaml:2" in s for s in got), got
+
+
+def test_shipped_rule_packs_are_valid() -> None:
+    rs = load_rules([PROJECT_ROOT / "rules"])
+    assert rs.rules
+
+
+@pytest.mark.slow
+def test_rules_check_cli_exit_codes() -> None:
+    ok = subprocess.run([sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "threshold.good.yaml")],
+                        capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert "hot: ok" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "many-problems.bad.yaml")],
+                         capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+    assert bad.returncode == 1
+    lines = [line for line in bad.stdout.splitlines() if line]
+    assert len(lines) >= 4
+    assert all(line.startswith(str(GOLDEN / "many-problems.bad.yaml") + ":") for line in lines)

@@ -1,0 +1,66 @@
+"""Event schemas: what is accepted, normalised, and rejected with a reason naming the field."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.errors import IngestDecodeError
+from app.events import FINANCE, LOGS, SENSORS, dlq_record, format_ts, parse_ts
+
+
+def test_valid_sensor_event_is_normalised_to_utc() -> None:
+    ev = SENSORS.decode(b'{"device_id": "m-1", "ts": "2013-12-02T22:15:00+01:00", "temperature": 74}')
+    assert ev.key == "m-1"
+    assert ev.fields["ts"] == "2013-12-02T21:15:00.000Z"
+    assert ev.fields["temperature"] == 74.0 and isinstance(ev.fields["temperature"], float)
+    assert ev.ts_ms == parse_ts("2013-12-02T21:15:00Z")
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "fragment"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1, 2]", None, "must be a JSON object"),
+        (b'{"ts": "2020-01-01T00:00:00Z"}', "device_id", "the key"),
+        (b'{"device_id": "d", "temperature": 1}', "ts", "'ts'"),
+        (b'{"device_id": "d", "ts": "2020-01-01 00:00:00"}', "ts", "no UTC offset"),
+        (b'{"device_id": "d", "ts": "yesterday"}', "ts", "not an RFC 3339"),
+        (b'{"device_id": "d", "ts": "2020-01-01T00:00:00Z", "temperature": "hot"}', "temperature", "number"),
+        (b'{"device_id": "d", "ts": "2020-01-01T00:00:00Z", "temperature": true}', "temperature", "number"),
+        (b'{"device_id": "d", "ts": "2020-01-01T00:00:00Z", "colour": "red"}', "colour", "unknown field"),
+        (b'{"device_id": "d", "ts": "2020-01-01T00:00:00Z", "lat": {"a": 1}}', "lat", "number"),
+    ],
+)
+def test_invalid_events_name_the_field(raw: bytes, field: str | None, fragment: str) -> None:
+    with pytest.raises(IngestDecodeError) as info:
+        SENSORS.decode(raw)
+    assert info.value.field == field
+    assert fragment in info.value.reason
+
+
+def test_long_fields_reject_fractions_but_accept_integral_floats() -> None:
+    ok = LOGS.validate({"host": "h", "ts": "2015-05-17T10:05:03Z", "status": 403.0})
+    assert ok.fields["status"] == 403 and isinstance(ok.fields["status"], int)
+    with pytest.raises(IngestDecodeError, match="whole number"):
+        LOGS.validate({"host": "h", "ts": "2015-05-17T10:05:03Z", "status": 403.5})
+
+
+def test_null_measurements_are_allowed() -> None:
+    ev = FINANCE.validate({"symbol": "AAPL", "ts": "2000-01-03T00:00:00Z", "close": None})
+    assert ev.fields["close"] is None
+
+
+def test_dlq_record_keeps_non_utf8_payload_whole() -> None:
+    raw = b"\xff\xfe garbage"
+    rec = orjson.loads(dlq_record("sensors", "bad", raw, adapter="test", field="x"))
+    assert rec["raw_encoding"] == "base64"
+    import base64
+
+    assert base64.b64decode(rec["raw"]) == raw
+    assert rec["reason"] == "bad" and rec["source"] == "sensors" and rec["field"] == "x"
+
+
+def test_format_ts_round_trips() -> None:
+    ms = parse_ts("2014-01-07T02:55:00.123Z")
+    assert format_ts(ms) == "2014-01-07T02:55:00.123Z"
