@@ -5,6 +5,7 @@ Commands:
   rules check  validate rule files, printing every problem as file:line:col
   backtest     run rules over recorded events and print the alert transitions
   deliver | store-sync | receiver   run one role alone (as the supervisor does)
+  topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
   broker       run the embedded Tansu broker alone and print its address
 """
 
@@ -80,6 +81,20 @@ def _role(module: str, **options: object) -> object:
     return cmd
 
 
+def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from app.topics import ensure_topics
+
+    if not settings.bootstrap_servers:
+        print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
+        return 2
+    created = asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions,
+                                        settings.replication_factor))
+    print(f"created: {', '.join(created) or 'nothing (all topics exist)'}")
+    return 0
+
+
 def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
     from app.broker import EmbeddedBroker
 
@@ -124,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(func=_role("app.store_sync"))
     rec = sub.add_parser("receiver", help="run the demo webhook receiver")
     rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
+
+    sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
 
     br = sub.add_parser("broker", help="run the embedded Tansu broker alone")
     br.add_argument("--port", type=int, default=0)

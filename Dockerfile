@@ -1,0 +1,36 @@
+# streamalert: one image for every role. The entry point runs the supervisor;
+# override the command to run one role (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    APP_DATA_DIR=/var/lib/streamalert \
+    APP_DATASETS_DIR=/data/datasets
+
+# Java for the PySpark engine; tini reaps zombies and forwards signals.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
+ && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 10001 streamalert \
+ && mkdir -p /var/lib/streamalert /data/datasets \
+ && chown -R streamalert:streamalert /var/lib/streamalert
+
+WORKDIR /opt/streamalert
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+COPY app ./app
+COPY agents ./agents
+COPY ingest ./ingest
+COPY dashboard ./dashboard
+COPY rules ./rules
+
+USER streamalert
+ENV PYSPARK_PYTHON=/usr/local/bin/python \
+    PYSPARK_DRIVER_PYTHON=/usr/local/bin/python
+EXPOSE 8501
+ENTRYPOINT ["/usr/bin/tini", "--", "python", "-m", "app"]
+CMD ["run"]
