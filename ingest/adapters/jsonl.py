@@ -1,0 +1,27 @@
+"""JSON lines (one event object per line) as raw payloads for the publisher.
+
+The lines are not parsed here: the publisher decodes and validates each one
+with its source schema, so a malformed line reaches the dead-letter topic with
+the schema's reason and the line exactly as read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from ingest.model import read_lines
+
+logger = logging.getLogger(__name__)
+
+ADAPTER = "jsonl"
+
+
+def jsonl_lines(path: str) -> Iterator[bytes]:
+    """Each non-blank line of ``path`` as bytes, without its line ending, in file order.
+
+    Blank (whitespace-only) lines are not events and are skipped.
+    """
+    for _number, raw in read_lines(path):
+        if raw.strip():
+            yield raw

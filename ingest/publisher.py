@@ -1,0 +1,190 @@
+"""Validated, bounded publishing of events to one topic, with a dead-letter path.
+
+Lifecycle: ``async with Publisher(settings, topic, source, adapter) as pub:``
+starts a producer from :func:`app.kafka.make_producer`; each ``await
+pub.publish(item)`` validates ``item`` with the source schema and sends the
+normalised event keyed by its key, or sends a :func:`app.events.dlq_record` to
+``dlq.events`` keyed by the source. Leaving the block flushes and awaits every
+delivery. One publisher belongs to one event loop; it is not thread-safe.
+
+Backpressure: at most ``max_in_flight`` sends are outstanding; ``publish``
+waits for deliveries beyond that. Counters are both Prometheus metrics (per
+process) and plain attributes (per publisher). ``produced`` and ``dead_lettered``
+count broker acknowledgements, so after close they are what is on the topics.
+Kafka record timestamps are left at produce time on purpose: event time lives in
+``ts``, and 2013 record timestamps would be deleted at once by topic retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from prometheus_client import Counter, Gauge
+
+from app import topics
+from app.config import Settings
+from app.errors import BrokerError, ConfigError, IngestDecodeError
+from app.events import Event, dlq_record, encode, schema_for
+from app.kafka import make_producer
+
+logger = logging.getLogger(__name__)
+
+NO_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at a cluster"
+MAX_DLQ_RAW = 512 * 1024  # bytes of raw payload kept in a dead-letter record
+
+ACCEPTED = Counter("ingest_accepted_total", "Events that passed validation", ["source", "adapter"])
+REJECTED = Counter("ingest_rejected_total", "Inputs sent to the dead-letter topic", ["source", "adapter"])
+PRODUCED = Counter("ingest_produced_total", "Records acknowledged by the broker", ["topic"])
+IN_FLIGHT = Gauge("ingest_in_flight", "Records sent but not yet acknowledged")
+
+
+class Publisher:
+    """Publishes ``source`` events to ``topic``; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        source: str,
+        adapter: str,
+        *,
+        max_in_flight: int = 1000,
+        start_timeout_s: float = 30.0,
+        close_timeout_s: float = 60.0,
+    ) -> None:
+        self.schema = schema_for(source)
+        self.topic, self.source, self.adapter = topic, source, adapter
+        self._settings = settings
+        self._max_in_flight = max(1, max_in_flight)
+        self._start_timeout_s, self._close_timeout_s = start_timeout_s, close_timeout_s
+        self._producer: AIOKafkaProducer | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+        self.accepted = self.rejected = 0  # validated / dead-lettered inputs
+        self.produced = self.dead_lettered = 0  # acknowledged on topic / on dlq.events
+        self.failed = 0  # records the broker never acknowledged
+        self.last_error: BaseException | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def __aenter__(self) -> Publisher:
+        if not self._settings.bootstrap_servers:
+            raise ConfigError(NO_BOOTSTRAP)
+        producer = make_producer(self._settings)
+        try:
+            await asyncio.wait_for(producer.start(), self._start_timeout_s)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            await producer.stop()
+            msg = f"cannot start a producer on {self._settings.bootstrap_servers}: {exc!r}"
+            if self._settings.enable_idempotence:
+                msg += " (with the embedded Tansu broker, set APP_KAFKA_IDEMPOTENCE=off)"
+            raise BrokerError(msg) from exc
+        self._producer = producer
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def publish(self, item: object) -> Event | None:
+        """Validate and send ``item``; return the event, or None if it was dead-lettered."""
+        event = await self.admit(item)
+        if event is not None:
+            await self.send(event)
+        return event
+
+    async def admit(self, item: object) -> Event | None:
+        """Validate ``item`` (raw JSON as bytes or str, or a decoded object)
+        without sending it. Invalid input is dead-lettered here and None returned."""
+        try:
+            event = self.schema.decode(item) if isinstance(item, bytes | str) else self.schema.validate(item)
+        except IngestDecodeError as exc:
+            raw = item if isinstance(item, bytes | str) else orjson.dumps(item, default=str)
+            await self.reject(exc.reason, raw, field=exc.field)
+            return None
+        self.accepted += 1
+        ACCEPTED.labels(self.source, self.adapter).inc()
+        return event
+
+    async def send(self, event: Event) -> None:
+        """Send an already validated event keyed by ``event.key``; an event too
+        large for the producer is dead-lettered instead."""
+        value = encode(event.fields)
+        try:
+            await self._send(self.topic, event.key.encode(), value, dead_letter=False)
+        except MessageSizeTooLargeError as exc:
+            await self.reject(f"event too large to produce: {exc}", value)
+
+    async def reject(self, reason: str, raw: bytes | str, *, field: str | None = None) -> None:
+        """Send a dead-letter record for input that cannot become an event."""
+        data = raw.encode() if isinstance(raw, str) else raw
+        if len(data) > MAX_DLQ_RAW:
+            reason = f"{reason} (raw truncated to {MAX_DLQ_RAW} of {len(data)} bytes)"
+            data = data[:MAX_DLQ_RAW]
+        self.rejected += 1
+        REJECTED.labels(self.source, self.adapter).inc()
+        record = dlq_record(self.source, reason, data, adapter=self.adapter, field=field)
+        await self._send(topics.DLQ, self.source.encode(), record, dead_letter=True)
+
+    async def _send(self, topic: str, key: bytes, value: bytes, *, dead_letter: bool) -> None:
+        if self._producer is None:
+            msg = "Publisher used outside `async with` (or after close)"
+            raise RuntimeError(msg)
+        while len(self._pending) >= self._max_in_flight:
+            await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            fut = await self._producer.send(topic, value=value, key=key)
+        except MessageSizeTooLargeError:
+            raise
+        except KafkaError as exc:
+            msg = f"cannot send to {topic}: {exc!r}"
+            raise BrokerError(msg) from exc
+        self._pending.add(fut)
+        IN_FLIGHT.inc()
+        fut.add_done_callback(lambda f: self._on_done(topic, dead_letter, f))
+
+    def _on_done(self, topic: str, dead_letter: bool, fut: asyncio.Future[Any]) -> None:
+        self._pending.discard(fut)
+        IN_FLIGHT.dec()
+        exc = None if fut.cancelled() else fut.exception()
+        if fut.cancelled() or exc is not None:
+            self.failed += 1
+            self.last_error = exc or asyncio.CancelledError()
+            logger.error("delivery to %s failed: %r", topic, self.last_error)
+            return
+        PRODUCED.labels(topic).inc()
+        if dead_letter:
+            self.dead_lettered += 1
+        else:
+            self.produced += 1
+
+    async def close(self) -> None:
+        """Flush, await every outstanding delivery (bounded by ``close_timeout_s``)
+        and stop the producer. Safe to call twice. Deliveries that fail or time
+        out are counted in ``failed``; close itself does not raise for them."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            await asyncio.wait_for(self._drain(producer), self._close_timeout_s)
+        except (TimeoutError, KafkaError) as exc:
+            self.last_error = exc
+            logger.error("flushing %d records to %s failed: %r", len(self._pending), self.topic, exc)
+        finally:
+            await producer.stop()
+            for fut in list(self._pending):
+                fut.cancel()
+            await asyncio.sleep(0)  # let the done callbacks of cancelled futures run
+
+    async def _drain(self, producer: AIOKafkaProducer) -> None:
+        await producer.flush()
+        if self._pending:
+            await asyncio.wait(list(self._pending))

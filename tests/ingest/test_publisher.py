@@ -1,0 +1,79 @@
+"""Publisher against the real embedded broker: keys, dead letters, bounded in-flight."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app import topics
+from app.config import Settings
+from app.errors import ConfigError
+from ingest.publisher import Publisher
+from tests.conftest import make_settings
+from tests.kafka_helpers import consume, consume_json
+
+
+def _reading(i: int) -> dict[str, object]:
+    return {"device_id": f"dev-{i % 3}", "ts": f"2014-01-01T00:{i % 60:02d}:00Z", "temperature": i}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_valid_events_are_keyed_and_normalised(settings: Settings) -> None:
+    async def run() -> Publisher:
+        async with Publisher(settings, topics.SENSORS, "sensors", "test", max_in_flight=3) as pub:
+            for i in range(200):
+                assert await pub.publish(_reading(i)) is not None
+                assert pub.in_flight <= 3
+        return pub
+
+    pub = asyncio.run(run())
+    assert (pub.accepted, pub.produced, pub.rejected, pub.failed, pub.in_flight) == (200, 200, 0, 0, 0)
+    records = consume(settings.bootstrap_servers, topics.SENSORS, min_count=200)
+    assert len(records) == 200
+    for r in records:
+        value = orjson.loads(r.value)
+        assert r.key == value["device_id"].encode()
+        assert value["ts"].endswith(".000Z")
+        assert isinstance(value["temperature"], float)  # normalised from int
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_invalid_input_goes_to_the_dlq_with_reason_and_raw(settings: Settings) -> None:
+    bad_raw = b'{"device_id": "d", "ts": "2014-01-01T00:00:00Z", "temperature": "hot"}'
+
+    async def run() -> Publisher:
+        async with Publisher(settings, topics.SENSORS, "sensors", "test") as pub:
+            assert await pub.publish(bad_raw) is None
+            assert await pub.publish({"device_id": "d", "ts": "2014-01-01T00:00:00Z", "colour": 1}) is None
+            assert await pub.publish('{"device_id": "d", "ts": "2014-01-01T00:00:00Z"}') is not None
+        return pub
+
+    pub = asyncio.run(run())
+    assert (pub.accepted, pub.produced, pub.rejected, pub.dead_lettered) == (1, 1, 2, 2)
+    dlq = consume(settings.bootstrap_servers, topics.DLQ, min_count=2)
+    assert [r.key for r in dlq] == [b"sensors", b"sensors"]
+    first, second = (orjson.loads(r.value) for r in dlq)
+    assert (first["field"], first["raw"], first["adapter"]) == ("temperature", bad_raw.decode(), "test")
+    assert "must be a number" in first["reason"]
+    assert second["field"] == "colour"
+    assert orjson.loads(second["raw"]) == {"device_id": "d", "ts": "2014-01-01T00:00:00Z", "colour": 1}
+    assert len(consume_json(settings.bootstrap_servers, topics.SENSORS, min_count=1)) == 1
+
+
+@pytest.mark.timeout(10)
+def test_no_bootstrap_servers_is_a_clear_config_error(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+
+    async def run() -> None:
+        async with Publisher(settings, topics.SENSORS, "sensors", "test"):
+            pass
+
+    with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS is not set"):
+        asyncio.run(run())
