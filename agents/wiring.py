@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 import faust
+from faust.types import TableT
 from prometheus_client import Counter, Histogram
 
 from app import metrics
@@ -58,7 +59,7 @@ class TableStore:
     the partition of the event being processed.
     """
 
-    def __init__(self, table: faust.Table) -> None:
+    def __init__(self, table: TableT[str, State]) -> None:
         self.table = table
 
     def get(self, key: str) -> State | None:
@@ -73,7 +74,9 @@ def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
-def _register_source(app: faust.App, settings: Settings, source: str, topic_name: str, ruleset: RuleSet) -> None:
+def _register_source(
+    app: faust.App, settings: Settings, source: str, topic_name: str, ruleset: RuleSet
+) -> None:
     schema = schema_for(source)
     topic = app.topic(topic_name, key_serializer="raw", value_serializer="raw")
     alerts = app.topic(ALERTS, key_serializer="raw", value_serializer="raw")

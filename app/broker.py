@@ -9,6 +9,7 @@ lives in memory only: a stopped broker loses every topic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from aiokafka import AIOKafkaClient
 from aiokafka.errors import KafkaError
@@ -59,7 +61,7 @@ async def probe(bootstrap: str, timeout_s: float = 5.0) -> bool:
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
-    except (KafkaError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, KafkaError, OSError):
         return False
     else:
         return True
@@ -82,18 +84,14 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         url = f"tcp://{self.bootstrap}"
-        log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
+        argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+        with contextlib.ExitStack() as stack:
+            log: IO[bytes] | int = subprocess.DEVNULL
+            if self._log_path is not None:
+                log = stack.enter_context(self._log_path.open("ab"))
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

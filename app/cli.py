@@ -16,6 +16,7 @@ import importlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.config import Settings, setup_logging
@@ -27,7 +28,9 @@ logger = logging.getLogger(__name__)
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from app.system import RunOptions, run
 
-    return run(settings, RunOptions(duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet))
+    return run(
+        settings, RunOptions(duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet)
+    )
 
 
 def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
@@ -41,7 +44,9 @@ def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
         print(f"{len(exc.problems)} problem(s) found", file=sys.stderr)
         return 1
     for r in ruleset.rules:
-        print(f"{r.path}:{r.line}: {r.id}: ok (source {r.rule.source}, engine {r.engine}, version {r.version})")
+        print(
+            f"{r.path}:{r.line}: {r.id}: ok (source {r.rule.source}, engine {r.engine}, version {r.version})"
+        )
     print(f"{len(ruleset.rules)} rule(s) in {len(ruleset.files)} file(s): all valid", file=sys.stderr)
     return 0
 
@@ -57,21 +62,34 @@ def _cmd_backtest(args: argparse.Namespace, _settings: Settings) -> int:
             print(problem, file=sys.stderr)
         return 1
     report = BacktestReport()
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        backtest_file(ruleset, Path(args.input), out, report, time_from=args.time_from, time_to=args.time_to,
-                      source=args.source)
+        backtest_file(
+            ruleset,
+            Path(args.input),
+            out,
+            report,
+            time_from=args.time_from,
+            time_to=args.time_to,
+            source=args.source,
+        )
     finally:
         if out is not sys.stdout:
             out.close()
-    for problem in report.problems[:50]:
-        print(problem, file=sys.stderr)
-    print(f"backtest: {report.events} events, {report.alerts} alert transitions, "
-          f"{report.skipped} invalid lines skipped", file=sys.stderr)
+    for line in report.problems[:50]:
+        print(line, file=sys.stderr)
+    print(
+        f"backtest: {report.events} events, {report.alerts} alert transitions, "
+        f"{report.skipped} invalid lines skipped",
+        file=sys.stderr,
+    )
     return 0
 
 
-def _role(module: str, **options: object) -> object:
+Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def _role(module: str, **options: object) -> Command:
     def cmd(args: argparse.Namespace, settings: Settings) -> int:
         from app.roles import run_role
 
@@ -89,8 +107,9 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
         return 2
-    created = asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions,
-                                        settings.replication_factor))
+    created = asyncio.run(
+        ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor)
+    )
     print(f"created: {', '.join(created) or 'nothing (all topics exist)'}")
     return 0
 
@@ -108,13 +127,19 @@ def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m app", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="start the whole system on this machine")
-    run.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                     help="stop cleanly after this many seconds and print the counters")
+    run.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop cleanly after this many seconds and print the counters",
+    )
     run.add_argument("--no-dashboard", action="store_true", help="do not start Streamlit")
     run.add_argument("--quiet", action="store_true", help="send role output only to .data/logs/")
     run.set_defaults(func=_cmd_run)
@@ -128,15 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     bt = sub.add_parser("backtest", help="run rules over recorded events (JSON lines)")
     bt.add_argument("--rules", nargs="+", type=Path, required=True, help="rule files or directories")
     bt.add_argument("--input", required=True, help="JSON-lines events, e.g. from `python -m ingest convert`")
-    bt.add_argument("--source", choices=["sensors", "logs", "finance"], help="source of every line "
-                    "(default: inferred from device_id, host or symbol)")
+    bt.add_argument(
+        "--source",
+        choices=["sensors", "logs", "finance"],
+        help="source of every line (default: inferred from device_id, host or symbol)",
+    )
     bt.add_argument("--from", dest="time_from", metavar="T", help="first event time (RFC 3339), inclusive")
     bt.add_argument("--to", dest="time_to", metavar="T", help="last event time (RFC 3339), exclusive")
     bt.add_argument("--out", help="write the transitions here instead of stdout")
     bt.set_defaults(func=_cmd_backtest)
 
     sub.add_parser("deliver", help="run the webhook delivery role").set_defaults(func=_role("app.delivery"))
-    sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(func=_role("app.store_sync"))
+    sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
+        func=_role("app.store_sync")
+    )
     rec = sub.add_parser("receiver", help="run the demo webhook receiver")
     rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
 

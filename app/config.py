@@ -144,9 +144,7 @@ class Settings:
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             msg = f"APP_LOG_LEVEL={level!r}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
             raise ConfigError(msg)
-        allow = tuple(
-            h.strip() for h in _get(env, "APP_WEBHOOK_ALLOW_PRIVATE").split(",") if h.strip()
-        )
+        allow = tuple(h.strip() for h in _get(env, "APP_WEBHOOK_ALLOW_PRIVATE").split(",") if h.strip())
         return cls(
             bootstrap_servers=_get(env, "KAFKA_BOOTSTRAP_SERVERS").strip(),
             partitions=_int(env, "APP_PARTITIONS", minimum=1),

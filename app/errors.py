@@ -44,9 +44,7 @@ class RuleProblem:
 
     __slots__ = ("col", "line", "message", "path", "rule_id")
 
-    def __init__(
-        self, path: str, line: int, col: int, rule_id: str | None, message: str
-    ) -> None:
+    def __init__(self, path: str, line: int, col: int, rule_id: str | None, message: str) -> None:
         self.path = path
         self.line = line
         self.col = col
@@ -68,9 +66,7 @@ class ExpressionError(AppError):
 class NotifierError(AppError):
     """A notification could not be delivered. ``retryable`` says whether to try again."""
 
-    def __init__(
-        self, message: str, *, retryable: bool, retry_after: float | None = None
-    ) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after

@@ -98,7 +98,7 @@ async def high_watermarks(
                         marks[tp] = max(marks[tp], hw)
                         pending.remove(tp)
         return marks
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, KafkaError, OSError) as exc:
         msg = f"cannot read end offsets from {bootstrap}: {exc!r}"
         raise BrokerError(msg) from exc
     finally:

@@ -121,8 +121,13 @@ class Supervisor:
                 continue
             role.restarts = [t for t in role.restarts if now - t < RESTART_WINDOW_S]
             if len(role.restarts) >= MAX_RESTARTS:
-                logger.error("%s exited with %d and crashed %d times in %.0fs; giving up", role.name,
-                             code, MAX_RESTARTS, RESTART_WINDOW_S)
+                logger.error(
+                    "%s exited with %d and crashed %d times in %.0fs; giving up",
+                    role.name,
+                    code,
+                    MAX_RESTARTS,
+                    RESTART_WINDOW_S,
+                )
                 role.done = True
                 continue
             delay = min(2 ** len(role.restarts), 30)
@@ -172,4 +177,3 @@ def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> 
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-

@@ -79,16 +79,55 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
     if nab.exists():
-        roles.append(Role("replay-sensors", _py("ingest", "replay", str(nab), "--format", "nab",
-                                                "--device", "machine-temp-1", "--field", "temperature",
-                                                "--topic", SOURCE_TOPICS["sensors"], "--speedup", speed,
-                                                "--limit", limit), one_shot=True, stage=1))
+        roles.append(
+            Role(
+                "replay-sensors",
+                _py(
+                    "ingest",
+                    "replay",
+                    str(nab),
+                    "--format",
+                    "nab",
+                    "--device",
+                    "machine-temp-1",
+                    "--field",
+                    "temperature",
+                    "--topic",
+                    SOURCE_TOPICS["sensors"],
+                    "--speedup",
+                    speed,
+                    "--limit",
+                    limit,
+                ),
+                one_shot=True,
+                stage=1,
+            )
+        )
     else:
         logger.warning("no sensor replay: %s is missing", nab)
     if apache.exists():
-        roles.append(Role("replay-logs", _py("ingest", "replay", str(apache), "--format", "apache",
-                                             "--host", "www-1", "--topic", SOURCE_TOPICS["logs"],
-                                             "--speedup", speed, "--limit", limit), one_shot=True, stage=1))
+        roles.append(
+            Role(
+                "replay-logs",
+                _py(
+                    "ingest",
+                    "replay",
+                    str(apache),
+                    "--format",
+                    "apache",
+                    "--host",
+                    "www-1",
+                    "--topic",
+                    SOURCE_TOPICS["logs"],
+                    "--speedup",
+                    speed,
+                    "--limit",
+                    limit,
+                ),
+                one_shot=True,
+                stage=1,
+            )
+        )
     else:
         logger.warning("no log replay: %s is missing", apache)
     roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
@@ -97,14 +136,41 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join((*settings.webhook_allow_private, "127.0.0.1"))
     roles.append(Role("deliver", _py("app", "deliver"), env=deliver_env, stage=3))
     roles.append(Role("store-sync", _py("app", "store-sync"), stage=3))
-    roles.append(Role("receiver", _py("app", "receiver"), env={"APP_RECEIVER_PORT": str(receiver_port)},
-                      stage=4, url=f"{receiver_url}/webhook (stats: {receiver_url}/stats)"))
+    roles.append(
+        Role(
+            "receiver",
+            _py("app", "receiver"),
+            env={"APP_RECEIVER_PORT": str(receiver_port)},
+            stage=4,
+            url=f"{receiver_url}/webhook (stats: {receiver_url}/stats)",
+        )
+    )
     if opts.dashboard:
-        port = settings.dashboard_port if settings.dashboard_port and _port_free(settings.dashboard_port) else free_port()
-        roles.append(Role("dashboard", _py("streamlit", "run", str(PROJECT_ROOT / "dashboard" / "app.py"),
-                                           "--server.port", str(port), "--server.address", "127.0.0.1",
-                                           "--server.headless", "true", "--browser.gatherUsageStats", "false"),
-                          stage=4, url=f"http://127.0.0.1:{port}"))
+        port = (
+            settings.dashboard_port
+            if settings.dashboard_port and _port_free(settings.dashboard_port)
+            else free_port()
+        )
+        roles.append(
+            Role(
+                "dashboard",
+                _py(
+                    "streamlit",
+                    "run",
+                    str(PROJECT_ROOT / "dashboard" / "app.py"),
+                    "--server.port",
+                    str(port),
+                    "--server.address",
+                    "127.0.0.1",
+                    "--server.headless",
+                    "true",
+                    "--browser.gatherUsageStats",
+                    "false",
+                ),
+                stage=4,
+                url=f"http://127.0.0.1:{port}",
+            )
+        )
     for role in roles:
         role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles

@@ -84,7 +84,7 @@ async def ensure_topics(
         if created:
             logger.info("created topics %s", ", ".join(created))
         return created
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, KafkaError, OSError) as exc:
         msg = f"cannot create topics on {bootstrap}: {exc!r}"
         raise BrokerError(msg) from exc
     finally:

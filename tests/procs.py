@@ -21,8 +21,15 @@ T = TypeVar("T")
 def role(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``python -m <args>`` in its own process group; SIGTERM it (then SIGKILL) on exit."""
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", *args], env=env, cwd=PROJECT_ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:

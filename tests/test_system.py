@@ -26,15 +26,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return child_env(APP_DATA_DIR=str(tmp_path / "data"), APP_REPLAY_SPEEDUP="100000",
-                     APP_REPLAY_LIMIT="5000", APP_DASHBOARD_PORT="0", **extra)
+    return child_env(
+        APP_DATA_DIR=str(tmp_path / "data"),
+        APP_REPLAY_SPEEDUP="100000",
+        APP_REPLAY_LIMIT="5000",
+        APP_DASHBOARD_PORT="0",
+        **extra,
+    )
 
 
 def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "app", "run", "--duration", "35", "--no-dashboard", "--quiet"],
-                          env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "run", "--duration", "35", "--no-dashboard", "--quiet"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counters = orjson.loads(proc.stdout.strip().splitlines()[-1])
     assert counters["events"]["events.sensors"] == 5000
@@ -50,11 +61,20 @@ def test_sigterm_stops_everything_within_10s(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
     log = (tmp_path / "run.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app", "run"], env=env, cwd=PROJECT_ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "run"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        text = wait_for(lambda: "dashboard   http" in (t := (tmp_path / "run.log").read_text()) and t,
-                        timeout_s=30, what="the URL banner")
+        text = wait_for(
+            lambda: "dashboard   http" in (t := (tmp_path / "run.log").read_text()) and t,
+            timeout_s=30,
+            what="the URL banner",
+        )
         url = text.split("dashboard   ")[1].split()[0]
         wait_for(lambda: _ok(f"{url}/_stcore/health"), timeout_s=60, what="streamlit health")
         time.sleep(3)  # let the worker join its group and alerts start flowing

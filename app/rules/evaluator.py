@@ -139,7 +139,9 @@ class ThresholdLogic:
             ready = st["n"] >= self.consecutive and ev.ts_ms - st["since"] >= self.for_ms
             if st["firing"] is None and ready:
                 st["firing"] = st["since"]
-                alerts.append(build_alert(self.rule, "firing", group, row, st["since"], None, ev.ts_ms, values))
+                alerts.append(
+                    build_alert(self.rule, "firing", group, row, st["since"], None, ev.ts_ms, values)
+                )
             if alerts or st["n"] <= self.consecutive:
                 store.put(key, st)
             return alerts, False
@@ -199,4 +201,3 @@ def run_backtest(ruleset: RuleSet, events: list[tuple[str, Event]], engine: str 
     for source, e in events:
         out.extend(ev.process(source, e))
     return out
-

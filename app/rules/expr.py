@@ -65,7 +65,9 @@ def _rewrite_durations(text: str) -> str:
     """Turn ``15m`` into ``INTERVAL '15' MINUTE`` outside string literals."""
     parts = re.split(r"('(?:[^'\\]|\\.|'')*')", text)
     for i in range(0, len(parts), 2):
-        parts[i] = _DURATION_TOKEN.sub(lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i])
+        parts[i] = _DURATION_TOKEN.sub(
+            lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i]
+        )
     return "".join(parts)
 
 
@@ -82,7 +84,7 @@ def parse(text: str) -> exp.Expression:
     except (ParseError, TokenError) as exc:
         msg = f"cannot parse {text!r}: {str(exc).splitlines()[0]}"
         raise ExpressionError(msg) from None
-    if tree is None or isinstance(tree, exp.Block | exp.Query | exp.Command):
+    if not isinstance(tree, exp.Expression) or isinstance(tree, exp.Block | exp.Query | exp.Command):
         msg = f"{text!r} is not a single expression"
         raise ExpressionError(msg)
     count = sum(1 for _ in tree.walk())
@@ -121,7 +123,13 @@ def _arith(op: str, ta: str, tb: str) -> tuple[Callable[[Any, Any], Any], str]:
     return (lambda a, b: None if b == 0 else fn.sql_mod(a, b)), ("long" if both_long else "double")
 
 
-_ARITH = {exp.Add: "add", exp.Sub: "sub", exp.Mul: "mul", exp.Div: "div", exp.Mod: "mod"}
+_ARITH: dict[type[exp.Expression], str] = {
+    exp.Add: "add",
+    exp.Sub: "sub",
+    exp.Mul: "mul",
+    exp.Div: "div",
+    exp.Mod: "mod",
+}
 _CMP: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
     exp.EQ: lambda a, b: a == b,
     exp.NEQ: lambda a, b: a != b,
@@ -142,7 +150,7 @@ class _Compiler:
     def fail(self, message: str) -> ExpressionError:
         return ExpressionError(f"in {self.text!r}: {message}")
 
-    def compile(self, node: exp.Expression) -> tuple[Eval, str]:  # noqa: C901, PLR0911, PLR0912
+    def compile(self, node: exp.Expression) -> tuple[Eval, str]:
         if isinstance(node, exp.Paren):
             return self.compile(node.this)
         if isinstance(node, exp.Literal):

@@ -70,11 +70,11 @@ def parse_polygon(text: str) -> tuple[tuple[float, float], ...]:
     points = []
     for pair in text.split(","):
         parts = pair.split()
-        if len(parts) != 2:  # noqa: PLR2004
+        if len(parts) != 2:
             msg = f"polygon vertex {pair.strip()!r} is not 'lat lon'"
             raise ValueError(msg)
         points.append((float(parts[0]), float(parts[1])))
-    if len(points) < 3:  # noqa: PLR2004
+    if len(points) < 3:
         msg = "a polygon needs at least three 'lat lon' vertices"
         raise ValueError(msg)
     return tuple(points)
@@ -138,7 +138,9 @@ def _strict(py: Callable[..., Any]) -> Builder:
     return build
 
 
-def _numeric_fn(name: str, py: Callable[..., Any], result: str | None, lo: int, hi: int | None, doc: str) -> FunctionSpec:
+def _numeric_fn(
+    name: str, py: Callable[..., Any], result: str | None, lo: int, hi: int | None, doc: str
+) -> FunctionSpec:
     def check(types: list[str]) -> str:
         _arity(types, lo, hi)
         _all(types, NUMERIC, "a number")

@@ -98,7 +98,11 @@ class _FileLoader:
 
     def add(self, loc: tuple[str | int, ...], message: str) -> None:
         line, col = position_of(self.positions, loc)
-        rid = self.rule_id_at(loc[1]) if len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int) else None
+        rid = (
+            self.rule_id_at(loc[1])
+            if len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int)
+            else None
+        )
         self.problems.append(RuleProblem(self.path, line, col, rid, message))
 
     def compile_rule(self, index: int, rule: Rule, engine: Engine) -> CompiledRule | None:
@@ -122,7 +126,9 @@ class _FileLoader:
                 self.add((*base, "annotations", name), str(exc))
                 continue
             if unknown:
-                self.add((*base, "annotations", name), f"template names unknown field(s): {', '.join(unknown)}")
+                self.add(
+                    (*base, "annotations", name), f"template names unknown field(s): {', '.join(unknown)}"
+                )
         if len(self.problems) > before or where is None:
             return None
         line, _ = position_of(self.positions, (*base, "id"))
@@ -210,7 +216,11 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
             if r.id in seen:
                 problems.append(
                     RuleProblem(
-                        name, r.line, 1, r.id, f"duplicate rule id; first defined at {seen[r.id].path}:{seen[r.id].line}"
+                        name,
+                        r.line,
+                        1,
+                        r.id,
+                        f"duplicate rule id; first defined at {seen[r.id].path}:{seen[r.id].line}",
                     )
                 )
                 continue

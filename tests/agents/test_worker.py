@@ -44,7 +44,10 @@ def receiver_stats(port: int) -> dict[str, Any] | None:
 
 def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_path: Path) -> None:
     lines = nab_lines(N_EVENTS)
-    bad = [b"{this is not json", b'{"device_id": "machine-temp-1", "ts": "2013-12-11T05:00:00Z", "temperature": "hot"}']
+    bad = [
+        b"{this is not json",
+        b'{"device_id": "machine-temp-1", "ts": "2013-12-11T05:00:00Z", "temperature": "hot"}',
+    ]
     # the malformed records sit in the middle: everything after them must still be processed
     stream = [*lines[:1000], *bad, *lines[1000:]]
     produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in stream])
@@ -56,18 +59,28 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
     assert len(expected) >= 4, "the first 3000 NAB rows hold several overheat episodes"
 
     port = free_port()
-    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(tmp_path / "data"),
-                    APP_KAFKA_IDEMPOTENCE="off", APP_PARTITIONS="2", APP_RECEIVER_PORT=str(port),
-                    APP_WEBHOOK_URL=f"http://127.0.0.1:{port}/webhook", APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1")
+    env = child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+        APP_DATA_DIR=str(tmp_path / "data"),
+        APP_KAFKA_IDEMPOTENCE="off",
+        APP_PARTITIONS="2",
+        APP_RECEIVER_PORT=str(port),
+        APP_WEBHOOK_URL=f"http://127.0.0.1:{port}/webhook",
+        APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1",
+    )
     with (
         role(["app", "receiver"], env, tmp_path / "receiver.log"),
         role(["agents", "worker", "--loglevel", "info"], env, tmp_path / "worker.log"),
         role(["app", "deliver"], env, tmp_path / "deliver.log"),
     ):
         alerts = wait_for(
-            lambda: (a := consume_json(broker.bootstrap, "alerts", min_count=len(expected), timeout_s=3))
-            and len(a) >= len(expected) and a,
-            timeout_s=90, what="alerts on the topic",
+            lambda: (
+                (a := consume_json(broker.bootstrap, "alerts", min_count=len(expected), timeout_s=3))
+                and len(a) >= len(expected)
+                and a
+            ),
+            timeout_s=90,
+            what="alerts on the topic",
         )
         assert [a["alert_id"] for a in alerts] == [a.alert_id for a in expected]
         assert {a["status"] for a in alerts} == {"firing", "resolved"}
@@ -75,8 +88,11 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
         assert first["rule_id"] == "machine-overheat" and first["labels"]["device_id"] == "machine-temp-1"
         assert first["starts_at"] == "2013-12-11T05:05:00.000Z"
 
-        stats = wait_for(lambda: (s := receiver_stats(port)) and s.get("unique_alerts", 0) >= len(expected) and s,
-                         timeout_s=60, what="webhooks at the receiver")
+        stats = wait_for(
+            lambda: (s := receiver_stats(port)) and s.get("unique_alerts", 0) >= len(expected) and s,
+            timeout_s=60,
+            what="webhooks at the receiver",
+        )
         assert stats["bad_signature"] == 0
         received = {a["alert_id"] for a in stats["recent"]}
         assert received <= {a.alert_id for a in expected}

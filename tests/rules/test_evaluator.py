@@ -71,14 +71,19 @@ def test_for_resets_when_the_condition_breaks(tmp_path: Path) -> None:
 
 def test_consecutive_needs_n_in_a_row(tmp_path: Path) -> None:
     rs = rules(tmp_path, HOT.replace("    severity", "    consecutive: 3\n    severity"))
-    out = run_backtest(rs, [sensor(0, 101), sensor(1, 101), sensor(2, 50), sensor(3, 101), sensor(4, 101),
-                            sensor(5, 101)])
+    out = run_backtest(
+        rs, [sensor(0, 101), sensor(1, 101), sensor(2, 50), sensor(3, 101), sensor(4, 101), sensor(5, 101)]
+    )
     assert statuses(out) == [("firing", "2024-01-01T00:03:00.000Z", None)]
 
 
 def test_groups_are_independent(tmp_path: Path) -> None:
     out = run_backtest(rules(tmp_path, HOT), [sensor(0, 101, "a"), sensor(1, 101, "b"), sensor(2, 50, "a")])
-    assert [(a.labels["device_id"], a.status) for a in out] == [("a", "firing"), ("b", "firing"), ("a", "resolved")]
+    assert [(a.labels["device_id"], a.status) for a in out] == [
+        ("a", "firing"),
+        ("b", "firing"),
+        ("a", "resolved"),
+    ]
 
 
 def test_null_never_fires_and_late_events_are_skipped(tmp_path: Path) -> None:
@@ -109,8 +114,18 @@ def nab_events() -> list[tuple[str, Event]]:
     with path.open() as f:
         for row in csv.DictReader(f):
             ts = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
-            out.append(("sensors", SENSORS.validate(
-                {"device_id": "machine-temp-1", "ts": ts.isoformat(), "temperature": float(row["value"])})))
+            out.append(
+                (
+                    "sensors",
+                    SENSORS.validate(
+                        {
+                            "device_id": "machine-temp-1",
+                            "ts": ts.isoformat(),
+                            "temperature": float(row["value"]),
+                        }
+                    ),
+                )
+            )
     return out
 
 
@@ -127,4 +142,3 @@ def test_real_nab_series_is_deterministic_and_fires_in_labelled_failures() -> No
     resolved = {a.starts_at for a in first if a.rule_id == "machine-overheat" and a.status == "resolved"}
     assert len({a.starts_at for a in overheat} - resolved) <= 1
     assert overheat[0].starts_at == "2013-12-11T05:05:00.000Z"
-

@@ -60,8 +60,15 @@ def test_distance_uses_geodesic_km() -> None:
     # Berlin -> Potsdam is about 26-27 km
     d = distance_km(52.52, 13.405, 52.39, 13.065)
     assert 25 < d < 28
-    assert ev("distance_km(lat, lon, device.depot_lat, device.depot_lon) > 5",
-              lat=52.52, lon=13.405, **{"device.depot_lat": 52.39, "device.depot_lon": 13.065}) is True
+    assert (
+        ev(
+            "distance_km(lat, lon, device.depot_lat, device.depot_lon) > 5",
+            lat=52.52,
+            lon=13.405,
+            **{"device.depot_lat": 52.39, "device.depot_lon": 13.065},
+        )
+        is True
+    )
 
 
 def test_columns_are_reported() -> None:

@@ -64,7 +64,10 @@ def test_semantic_problems_are_all_reported(tmp_path: Path) -> None:
         "    group_by: [site]\n    annotations:\n      summary: '{{ nope }}'\n"
     )
     got = problems_of(f)
-    assert f"{f}:4:12: typo: in 'temprature > 100': unknown field 'temprature'; did you mean 'temperature'?" in got
+    assert (
+        f"{f}:4:12: typo: in 'temprature > 100': unknown field 'temprature'; did you mean 'temperature'?"
+        in got
+    )
     assert any(s.startswith(f"{f}:8:") and "bad-group" in s and "'site'" in s for s in got), got
     assert any(s.startswith(f"{f}:10:") and "nope" in s for s in got), got
 
@@ -77,7 +80,9 @@ def test_yaml_syntax_and_duplicate_keys() -> None:
 
 def test_duplicate_rule_ids_across_files(tmp_path: Path) -> None:
     for name in ("a.yaml", "b.yaml"):
-        (tmp_path / name).write_text("rules:\n  - id: same\n    source: sensors\n    where: temperature > 1\n")
+        (tmp_path / name).write_text(
+            "rules:\n  - id: same\n    source: sensors\n    where: temperature > 1\n"
+        )
     got = problems_of(tmp_path)
     assert any("b.yaml:2:" in s and "duplicate rule id" in s and "a.yaml:2" in s for s in got), got
 
@@ -89,12 +94,22 @@ def test_shipped_rule_packs_are_valid() -> None:
 
 @pytest.mark.slow
 def test_rules_check_cli_exit_codes() -> None:
-    ok = subprocess.run([sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "threshold.good.yaml")],
-                        capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+    ok = subprocess.run(
+        [sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "threshold.good.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "hot: ok" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "many-problems.bad.yaml")],
-                         capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "app", "rules", "check", str(GOLDEN / "many-problems.bad.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+    )
     assert bad.returncode == 1
     lines = [line for line in bad.stdout.splitlines() if line]
     assert len(lines) >= 4
