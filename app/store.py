@@ -1,0 +1,264 @@
+"""The durable SQLite alert store: every transition once, and the current state per alert.
+
+Tables:
+
+- ``transitions``: one row per ``alert_id`` (the primary key), holding the
+  whole alert as JSON. Applying an alert whose id is already there changes
+  nothing, so replays and redeliveries are harmless.
+- ``alerts``: the current state per ``(rule_id, fingerprint)`` (the
+  fingerprint alone hashes only the labels, so two rules with equal labels
+  would collide).
+
+Ordering rule: a transition replaces the current state only if its
+``(starts_at, event_ts, status rank)`` is greater, compared as instants (not
+strings) with rank pending < firing < resolved. A late, older transition
+(say the resolution of the previous episode arriving after the next one
+fired) is still recorded in ``transitions`` but never overwrites newer state.
+
+Concurrency: WAL mode; one writer process and any number of readers in
+other processes (``readonly=True``). Writes run in ``BEGIN IMMEDIATE``
+transactions with ``synchronous=FULL``, so once :meth:`AlertStore.apply_many`
+returns the batch survives a crash and a power loss. A connection belongs to
+the thread that opened it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.alerts import Alert
+
+logger = logging.getLogger(__name__)
+
+STATUS_RANK = {"pending": 0, "firing": 1, "resolved": 2}
+SCHEMA_VERSION = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transitions (
+    alert_id TEXT PRIMARY KEY, rule_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL, severity TEXT NOT NULL, event_us INTEGER NOT NULL,
+    recorded_at TEXT NOT NULL, alert TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS transitions_by_time ON transitions (event_us);
+CREATE INDEX IF NOT EXISTS transitions_by_rule ON transitions (rule_id, event_us);
+CREATE TABLE IF NOT EXISTS alerts (
+    rule_id TEXT NOT NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL,
+    severity TEXT NOT NULL, labels TEXT NOT NULL, annotations TEXT NOT NULL,
+    starts_at TEXT NOT NULL, ends_at TEXT, alert_id TEXT NOT NULL, values_json TEXT NOT NULL,
+    event_ts TEXT NOT NULL, rule_version TEXT NOT NULL, updated_at TEXT NOT NULL,
+    starts_us INTEGER NOT NULL, event_us INTEGER NOT NULL, status_rank INTEGER NOT NULL,
+    PRIMARY KEY (rule_id, fingerprint));
+CREATE INDEX IF NOT EXISTS alerts_by_status ON alerts (status, starts_us);
+"""
+_UPSERT = """
+INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+ON CONFLICT (rule_id, fingerprint) DO UPDATE SET
+    status=excluded.status, severity=excluded.severity, labels=excluded.labels,
+    annotations=excluded.annotations, starts_at=excluded.starts_at, ends_at=excluded.ends_at,
+    alert_id=excluded.alert_id, values_json=excluded.values_json, event_ts=excluded.event_ts,
+    rule_version=excluded.rule_version, updated_at=excluded.updated_at,
+    starts_us=excluded.starts_us, event_us=excluded.event_us, status_rank=excluded.status_rank
+WHERE (excluded.starts_us, excluded.event_us, excluded.status_rank)
+    > (alerts.starts_us, alerts.event_us, alerts.status_rank)
+"""
+_CURRENT_COLS = (
+    "rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at, "
+    "alert_id, values_json, event_ts, rule_version, updated_at"
+)
+
+
+def _micros(value: str, what: str, alert_id: str) -> int:
+    try:
+        ts = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        msg = f"alert {alert_id}: {what}={value!r} is not an RFC 3339 time"
+        raise ValueError(msg) from None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return (ts - _EPOCH) // _MICROSECOND  # exact, unlike float timestamps
+
+
+def order_key(alert: Alert) -> tuple[int, int, int]:
+    """``(starts_at µs, event_ts µs, status rank)``: the ordering rule above.
+    Raises ValueError naming the alert and field when a time does not parse."""
+    if alert.status not in STATUS_RANK:
+        msg = f"alert {alert.alert_id}: unknown status {alert.status!r}"
+        raise ValueError(msg)
+    return (
+        _micros(alert.starts_at, "starts_at", alert.alert_id),
+        _micros(alert.event_ts, "event_ts", alert.alert_id),
+        STATUS_RANK[alert.status],
+    )
+
+
+@dataclass(frozen=True)
+class CurrentAlert:
+    """The latest state of one alert (rule and label set). Times are RFC 3339."""
+
+    rule_id: str
+    fingerprint: str
+    status: str
+    severity: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    ends_at: str | None
+    alert_id: str
+    values: dict[str, Any]
+    event_ts: str
+    rule_version: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Current alerts counted by ``matrix[status][severity]``."""
+
+    matrix: dict[str, dict[str, int]]
+
+    @property
+    def by_status(self) -> dict[str, int]:
+        return {s: sum(row.values()) for s, row in self.matrix.items()}
+
+    @property
+    def by_severity(self) -> dict[str, int]:
+        return dict(sum((Counter(row) for row in self.matrix.values()), Counter()))
+
+
+def _utcnow() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+class AlertStore:
+    """One connection to the store at ``path``; see the module docstring.
+
+    ``readonly=True`` never creates or changes anything and raises
+    FileNotFoundError when the file does not exist yet.
+    """
+
+    def __init__(
+        self, path: Path | str, readonly: bool = False, *, now: Callable[[], datetime] = _utcnow
+    ) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        self._now = now
+        if readonly:
+            if not self.path.exists():
+                msg = f"alert store {self.path} does not exist yet"
+                raise FileNotFoundError(msg)
+            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+            self._conn.execute("PRAGMA query_only=ON")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        if not readonly:
+            with self._write():  # executescript would commit outside our transaction
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    self._conn.execute(stmt)
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def apply(self, alert: Alert) -> bool:
+        """Record one transition; True if its ``alert_id`` was new."""
+        return self.apply_many([alert]) == 1
+
+    def apply_many(self, alerts: Iterable[Alert]) -> int:
+        """Record transitions in one durable transaction; return how many were new.
+
+        Raises ValueError (before writing anything) if any alert has an
+        unknown status or an unparseable time.
+        """
+        batch = [(a, order_key(a)) for a in alerts]
+        if not batch:
+            return 0
+        stamp = self._now().isoformat()
+        new = 0
+        with self._write():
+            for alert, (starts_us, event_us, rank) in batch:
+                row = (alert.alert_id, alert.rule_id, alert.fingerprint, alert.status, alert.severity)
+                cur = self._conn.execute(
+                    "INSERT OR IGNORE INTO transitions VALUES (?,?,?,?,?,?,?,?)",
+                    (*row, event_us, stamp, alert.to_json().decode()),
+                )
+                if cur.rowcount == 0:
+                    continue
+                new += 1
+                self._conn.execute(_UPSERT, (*_state(alert, stamp), starts_us, event_us, rank))
+        return new
+
+    def current(self, status: str | None = None, limit: int = 500) -> list[CurrentAlert]:
+        """Current alerts, most recently started first; only ``status`` if given."""
+        where, args = ("WHERE status = ?", [status]) if status else ("", [])
+        rows = self._conn.execute(
+            f"SELECT {_CURRENT_COLS} FROM alerts {where} ORDER BY starts_us DESC LIMIT ?",  # noqa: S608
+            [*args, limit],
+        ).fetchall()
+        return [_current(r) for r in rows]
+
+    def history(self, limit: int = 100, rule_id: str | None = None) -> list[Alert]:
+        """Recorded transitions, newest event time first (ties: latest recorded first)."""
+        where, args = ("WHERE rule_id = ?", [rule_id]) if rule_id else ("", [])
+        rows = self._conn.execute(
+            f"SELECT alert FROM transitions {where} ORDER BY event_us DESC, rowid DESC LIMIT ?",  # noqa: S608
+            [*args, limit],
+        ).fetchall()
+        return [Alert.from_json(r[0]) for r in rows]
+
+    def counts(self) -> Counts:
+        """Current alerts counted by status and severity."""
+        matrix: dict[str, dict[str, int]] = {}
+        for status, severity, n in self._conn.execute(
+            "SELECT status, severity, COUNT(*) FROM alerts GROUP BY status, severity"
+        ):
+            matrix.setdefault(status, {})[severity] = n
+        return Counts(matrix)
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        self._conn.close()
+
+    def __enter__(self) -> AlertStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _state(a: Alert, stamp: str) -> tuple[Any, ...]:
+    """The ``alerts`` row of ``a`` in column order, without the ordering columns."""
+    labels, annotations, values = _dumps(a.labels), _dumps(a.annotations), _dumps(a.values)
+    return (a.rule_id, a.fingerprint, a.status, a.severity, labels, annotations, a.starts_at,
+            a.ends_at, a.alert_id, values, a.event_ts, a.rule_version, stamp)  # fmt: skip
+
+
+def _current(row: tuple[Any, ...]) -> CurrentAlert:
+    fields = list(row)
+    for i in (4, 5, 9):  # labels, annotations, values
+        fields[i] = orjson.loads(fields[i])
+    return CurrentAlert(*fields)
+
+
+def _dumps(value: object) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

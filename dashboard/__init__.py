@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: a read-only view of the alert store (``dashboard/app.py``)."""

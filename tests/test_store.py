@@ -1,0 +1,149 @@
+"""The SQLite alert store (idempotency, ordering, readers) and the store-sync role on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app import store_sync
+from app.alerts import Alert
+from app.broker import EmbeddedBroker
+from app.config import PROJECT_ROOT, Settings
+from app.store import AlertStore
+from app.topics import ALERTS
+from tests.kafka_helpers import produce
+from tests.test_delivery import committed
+
+
+def episode(status: str, start: str, event: str, device: str = "d1", rule_id: str = "hot") -> Alert:
+    return Alert.build(
+        rule_id=rule_id,
+        rule_version="1",
+        status=status,  # type: ignore[arg-type]
+        severity="warning" if status == "pending" else "critical",
+        labels={"device_id": device},
+        annotations={"summary": f"{device} is hot"},
+        starts_at=start,
+        ends_at=event if status == "resolved" else None,
+        source="sensors",
+        event_ts=event,
+        values={"temp": 90},
+    )
+
+
+T0, T1, T2, T3 = (f"2024-05-01T10:0{i}:00Z" for i in range(4))
+
+
+def test_apply_is_idempotent(tmp_path: Path) -> None:
+    with AlertStore(tmp_path / "s" / "alerts.sqlite3") as store:
+        alert = episode("firing", T0, T0)
+        assert store.apply(alert) is True
+        assert store.apply(alert) is False
+        assert store.apply_many([alert, alert]) == 0
+        assert [a.alert_id for a in store.history()] == [alert.alert_id]
+        assert store.history()[0] == alert
+        assert store.counts().by_status == {"firing": 1}
+
+
+def test_newer_transition_wins_and_a_late_older_one_does_not_overwrite(tmp_path: Path) -> None:
+    with AlertStore(tmp_path / "a.db") as store:
+        store.apply_many([episode("pending", T0, T0), episode("firing", T0, T1)])
+        assert store.current()[0].status == "firing"
+        store.apply(episode("firing", T2, T2))  # the next episode
+        store.apply(episode("resolved", T0, T1))  # the old episode's resolution, late
+        (cur,) = store.current()
+        assert (cur.status, cur.starts_at) == ("firing", T2)
+        assert len(store.history()) == 4
+        store.apply(episode("resolved", T2, T3))
+        store.apply(episode("pending", T2, T2))  # late and older within the episode
+        assert store.current()[0].status == "resolved"
+        assert store.current("firing") == []
+
+
+def test_times_compare_as_instants_not_strings(tmp_path: Path) -> None:
+    with AlertStore(tmp_path / "a.db") as store:
+        # As strings "…00.500Z" < "…00Z", but it is the later instant.
+        store.apply(episode("firing", "2024-05-01T10:00:00.500Z", "2024-05-01T10:00:00.500Z"))
+        store.apply(episode("firing", T0, T0))
+        assert store.current()[0].starts_at == "2024-05-01T10:00:00.500Z"
+
+
+def test_current_history_and_counts_queries(tmp_path: Path) -> None:
+    with AlertStore(tmp_path / "a.db") as store:
+        store.apply_many(
+            [episode("firing", T0, T0, "d1"), episode("firing", T1, T1, "d2"),
+             episode("pending", T2, T2, "d3"), episode("firing", T0, T0, "d1", rule_id="cold")]
+        )  # fmt: skip
+        assert [c.labels["device_id"] for c in store.current("firing")] == ["d2", "d1", "d1"]
+        assert store.counts().matrix == {"firing": {"critical": 3}, "pending": {"warning": 1}}
+        assert store.counts().by_severity == {"critical": 3, "warning": 1}
+        assert [a.labels["device_id"] for a in store.history(limit=2)] == ["d3", "d2"]
+        assert [a.rule_id for a in store.history(rule_id="cold")] == ["cold"]
+
+
+def test_a_bad_batch_writes_nothing(tmp_path: Path) -> None:
+    with AlertStore(tmp_path / "a.db") as store:
+        bad = episode("firing", "yesterday", T0)
+        with pytest.raises(ValueError, match=f"alert {bad.alert_id}: starts_at='yesterday'"):
+            store.apply_many([episode("firing", T0, T0), bad])
+        assert store.history() == []
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_readers_in_other_processes_see_committed_writes(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    with pytest.raises(FileNotFoundError):
+        AlertStore(path, readonly=True)
+    reader = (
+        "import sys; from app.store import AlertStore; s = AlertStore(sys.argv[1], readonly=True); "
+        "print(len(s.history()), s.counts().by_status.get('firing', 0))"
+    )
+    with AlertStore(path) as writer:
+        writer.apply_many([episode("firing", T0, T0, f"d{i}") for i in range(5)])
+        out = subprocess.run(
+            [sys.executable, "-c", reader, str(path)], cwd=PROJECT_ROOT, capture_output=True, text=True,
+            timeout=60, check=True,
+        )  # fmt: skip
+        assert out.stdout.split() == ["5", "5"]
+        ro = AlertStore(path, readonly=True)
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            ro.apply(episode("firing", T3, T3))
+        ro.close()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_store_sync_role_applies_the_topic_once_and_commits(
+    broker: EmbeddedBroker, settings: Settings
+) -> None:
+    alerts = [episode("firing", T0, T0, f"d{i}") for i in range(30)]
+    alerts += [episode("resolved", T0, T1, f"d{i}") for i in range(10)]
+    records = [(a.fingerprint.encode(), a.to_json()) for a in alerts]
+    produce(broker.bootstrap, ALERTS, [*records, records[0], (b"x", b"not json")])
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(store_sync.run(settings, stop, max_batch=16))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not task.done():
+            if settings.store_path.exists():
+                with AlertStore(settings.store_path, readonly=True) as ro:
+                    if len(ro.history(limit=1000)) >= len(alerts):
+                        break
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # let the duplicate and the bad record be read too
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    with AlertStore(settings.store_path, readonly=True) as ro:
+        assert len(ro.history(limit=1000)) == len(alerts)
+        assert ro.counts().by_status == {"firing": 20, "resolved": 10}
+    assert committed(broker.bootstrap, store_sync.GROUP_ID) == len(records) + 2
