@@ -7,6 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    PYTHONPATH=/opt/streamalert \
     APP_DATA_DIR=/var/lib/streamalert \
     APP_DATASETS_DIR=/data/datasets
 

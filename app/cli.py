@@ -163,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--out", help="write the transitions here instead of stdout")
     bt.set_defaults(func=_cmd_backtest)
 
-    sub.add_parser("deliver", help="run the webhook delivery role").set_defaults(func=_role("app.delivery"))
+    sub.add_parser("deliver", help="run the webhook delivery role").set_defaults(
+        func=lambda a, s: _role("app.delivery", external_url=s.external_url)(a, s)
+    )
     sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
         func=_role("app.store_sync")
     )

@@ -48,6 +48,11 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "",
         "Comma-separated hosts or CIDRs a webhook may reach although private or loopback.",
     ),
+    "APP_EXTERNAL_URL": (
+        "",
+        "Base URL of the dashboard, for absolute links in webhooks (`generatorURL`, `externalURL`). "
+        "Unset under `make run`: the local dashboard.",
+    ),
     "APP_DASHBOARD_PORT": ("8501", "Streamlit dashboard port (0 picks a free one)."),
     "APP_RECEIVER_PORT": ("0", "Demo webhook receiver port (0 picks a free one)."),
     "APP_REPLAY_SPEEDUP": (
@@ -109,6 +114,7 @@ class Settings:
     webhook_url: str
     webhook_secret: str = field(repr=False)
     webhook_allow_private: tuple[str, ...]
+    external_url: str
     dashboard_port: int
     receiver_port: int
     replay_speedup: float
@@ -156,6 +162,7 @@ class Settings:
             webhook_url=_get(env, "APP_WEBHOOK_URL").strip(),
             webhook_secret=_get(env, "APP_WEBHOOK_SECRET"),
             webhook_allow_private=allow,
+            external_url=_get(env, "APP_EXTERNAL_URL").strip().rstrip("/"),
             dashboard_port=_int(env, "APP_DASHBOARD_PORT"),
             receiver_port=_int(env, "APP_RECEIVER_PORT"),
             replay_speedup=_float(env, "APP_REPLAY_SPEEDUP"),

@@ -146,31 +146,26 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         )
     )
     if opts.dashboard:
-        port = (
+        dash_port = (
             settings.dashboard_port
             if settings.dashboard_port and _port_free(settings.dashboard_port)
             else free_port()
         )
+        dash_url = f"http://127.0.0.1:{dash_port}"
         roles.append(
             Role(
                 "dashboard",
                 _py(
-                    "streamlit",
-                    "run",
-                    str(PROJECT_ROOT / "dashboard" / "app.py"),
-                    "--server.port",
-                    str(port),
-                    "--server.address",
-                    "127.0.0.1",
-                    "--server.headless",
-                    "true",
-                    "--browser.gatherUsageStats",
-                    "false",
+                    "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
+                    "--server.port", str(dash_port), "--server.address", "127.0.0.1",
+                    "--server.headless", "true", "--browser.gatherUsageStats", "false",
                 ),
                 stage=4,
-                url=f"http://127.0.0.1:{port}",
+                url=dash_url,
             )
-        )
+        )  # fmt: skip
+        if not settings.external_url:
+            deliver_env["APP_EXTERNAL_URL"] = dash_url
     for role in roles:
         role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles
