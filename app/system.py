@@ -159,6 +159,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
                     "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
                     "--server.port", str(dash_port), "--server.address", "127.0.0.1",
                     "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                    "--client.toolbarMode", "viewer",
                 ),
                 stage=4,
                 url=dash_url,

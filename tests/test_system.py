@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from app.config import PROJECT_ROOT
+from tests.browser.cdp import chromium_path, visit
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
 from tests.procs import processes_with_env, stop, wait_for
 
@@ -57,7 +58,7 @@ def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path
     assert (tmp_path / "data" / "alerts.sqlite3").exists()
 
 
-def test_sigterm_stops_everything_within_10s(tmp_path: Path) -> None:
+def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
     log = (tmp_path / "run.log").open("wb")
@@ -77,7 +78,14 @@ def test_sigterm_stops_everything_within_10s(tmp_path: Path) -> None:
         )
         url = text.split("dashboard   ")[1].split()[0]
         wait_for(lambda: _ok(f"{url}/_stcore/health"), timeout_s=60, what="streamlit health")
-        time.sleep(3)  # let the worker join its group and alerts start flowing
+        if chromium_path() is not None:  # what an operator sees: real alerts on the page
+            shot = tmp_path / "dashboard.png"
+            page = visit(url, "machine-overheat", timeout_s=60, screenshot=shot)
+            assert "machine-overheat" in page, page[:2000]
+            assert "machine-temp-1" in page
+            assert shot.stat().st_size > 10_000
+        else:
+            time.sleep(3)  # no browser here: at least let alerts start flowing
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(15)
