@@ -55,7 +55,7 @@ class Page:
 
 
 async def _visit(url: str, wait_for: str, timeout_s: float, shot: Path | None, port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:  # noqa: S310
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
         targets = json.loads(resp.read())
     ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
     async with websockets.connect(ws_url, max_size=50_000_000) as ws:
@@ -94,7 +94,7 @@ def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | N
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1).close()  # noqa: S310
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1).close()
                     break
                 except OSError:
                     time.sleep(0.2)
