@@ -1,0 +1,99 @@
+"""The supervisor with real child processes: restart on crash, one-shot roles, staged stop
+that also kills grandchildren."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.supervisor import Role, Supervisor
+from tests.conftest import make_settings
+from tests.procs import processes_with_env, wait_for
+
+pytestmark = [pytest.mark.slow]
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def supervisor(tmp_path: Path, roles: list[Role]) -> Supervisor:
+    return Supervisor(make_settings(tmp_path), roles, tmp_path / "logs", quiet=True)
+
+
+def test_crashed_role_is_restarted_and_one_shot_role_is_not(tmp_path: Path) -> None:
+    counter = tmp_path / "starts"
+    crash = Role("crasher", py(f"open({str(counter)!r}, 'a').write('x'); raise SystemExit(3)"))
+    once = Role("once", py("print('done')"), one_shot=True)
+    sup = supervisor(tmp_path, [crash, once])
+    sup.start()
+    try:
+
+        def started_three_times() -> bool | None:
+            sup.poll()
+            return (counter.exists() and len(counter.read_text()) >= 3) or None
+
+        wait_for(started_three_times, timeout_s=20, interval_s=0.1, what="three starts of the crashing role")
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            sup.poll()
+            time.sleep(0.05)
+        assert once.done and once.exit_code == 0
+        assert crash.exit_code == 3 and not crash.done
+        assert len(crash.restarts) >= 2
+    finally:
+        sup.stop()
+
+
+def test_gives_up_after_too_many_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.supervisor.MAX_RESTARTS", 2)
+    crash = Role("crasher", py("raise SystemExit(1)"))
+    sup = supervisor(tmp_path, [crash])
+    sup.start()
+    try:
+        for _ in range(200):
+            sup.poll()
+            for r in sup.roles:
+                r.next_start = 0  # skip the backoff wait in this test
+            if crash.done:
+                break
+            time.sleep(0.05)
+        assert crash.done and crash.exit_code == 1
+    finally:
+        sup.stop()
+
+
+def test_stop_terminates_children_and_grandchildren_in_stage_order(tmp_path: Path) -> None:
+    marker = f"SUPERVISOR_TEST_{os.getpid()}_{tmp_path.name}"
+    order = tmp_path / "order"
+    # a child that ignores nothing but spawns a long-lived grandchild in its group
+    parent_code = (
+        "import subprocess, sys, signal, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"def bye(*_):\n    open({str(order)!r}, 'a').write(sys.argv[1] + '\\n'); raise SystemExit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "time.sleep(600)\n"
+    )
+    first = Role("first", [*py(parent_code), "first"], stage=1, env={marker: "1"})
+    second = Role("second", [*py(parent_code), "second"], stage=2, env={marker: "1"})
+    stubborn = Role(
+        "stubborn",
+        py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"),
+        stage=2,
+        env={marker: "1"},
+    )
+    sup = supervisor(tmp_path, [second, stubborn, first])
+    sup.start()
+    wait_for(
+        lambda: len(processes_with_env(marker)) >= 5 or None, timeout_s=20, what="children and grandchildren"
+    )
+    started = time.monotonic()
+    for stage in (1, 2):
+        sup.stop_stage(stage, grace_s=2.0)
+    assert time.monotonic() - started < 10
+    assert order.read_text().split() == ["first", "second"]
+    assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")
