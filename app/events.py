@@ -68,7 +68,7 @@ def format_ts(ts_ms: int) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
 
 
-def _check_value(name: str, ftype: FieldType, value: object) -> object:
+def check_value(name: str, ftype: FieldType, value: object) -> object:
     if value is None:
         return None
     if ftype == "double":
@@ -143,7 +143,7 @@ class Schema:
             if ftype is None:
                 msg = f"unknown field '{name}' for source {self.source}"
                 raise IngestDecodeError(msg, name)
-            out[name] = _check_value(name, ftype, value)
+            out[name] = check_value(name, ftype, value)
         return Event(key, ts_ms, out)
 
     def decode(self, raw: bytes | str) -> Event:

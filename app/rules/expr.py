@@ -48,14 +48,25 @@ _UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_00
 _UNIT_MS["WEEK"] = 7 * _UNIT_MS["DAY"]
 
 
+#: Resolves a stateful function call (``pct_change(x, 1d)``, ``prev(n)``) to the
+#: name and type of a synthetic column the evaluator computes and puts in the row.
+#: Raises ValueError with the expected form when the call is malformed.
+Synthetic = Callable[[str, list[exp.Expression]], "tuple[str, str] | None"]
+
+
 @dataclass(frozen=True)
 class Compiled:
-    """A compiled expression: call ``fn(row)``; ``type`` is its SQL type."""
+    """A compiled expression: call ``fn(row)``; ``type`` is its SQL type.
+
+    ``columns`` are the fields it reads; ``synthetic`` the computed columns
+    (see :data:`Synthetic`) the caller must provide in the row.
+    """
 
     fn: Eval
     type: str
     text: str
     columns: frozenset[str]
+    synthetic: frozenset[str] = frozenset()
 
     def __call__(self, row: Row) -> Any:
         return self.fn(row)
@@ -141,11 +152,15 @@ _CMP: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
 
 
 class _Compiler:
-    def __init__(self, text: str, schema: Mapping[str, str], allow_intervals: bool) -> None:
+    def __init__(
+        self, text: str, schema: Mapping[str, str], allow_intervals: bool, synthetic: Synthetic | None
+    ) -> None:
         self.text = text
         self.schema = schema
         self.columns: set[str] = set()
+        self.synthetic_cols: set[str] = set()
         self.allow_intervals = allow_intervals
+        self.synthetic = synthetic
 
     def fail(self, message: str) -> ExpressionError:
         return ExpressionError(f"in {self.text!r}: {message}")
@@ -345,6 +360,15 @@ class _Compiler:
         name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
         if isinstance(node, exp.AggFunc):
             raise self.fail(f"aggregate function {name}() belongs in 'aggregate:', not in a condition")
+        if self.synthetic is not None:
+            try:
+                resolved = self.synthetic(name, fn.call_args(node))
+            except ValueError as exc:
+                raise self.fail(f"{name}(): {exc}") from None
+            if resolved is not None:
+                col, col_type = resolved
+                self.synthetic_cols.add(col)
+                return (lambda r: r.get(col)), col_type
         spec = fn.FUNCTIONS.get(name)
         if spec is None:
             allowed = ", ".join(sorted(fn.FUNCTIONS))
@@ -360,7 +384,12 @@ class _Compiler:
 
 
 def compile_expr(
-    text: str, schema: Mapping[str, str], *, boolean: bool = False, allow_intervals: bool = False
+    text: str,
+    schema: Mapping[str, str],
+    *,
+    boolean: bool = False,
+    allow_intervals: bool = False,
+    synthetic: Synthetic | None = None,
 ) -> Compiled:
     """Compile ``text`` against ``schema`` (field name -> type).
 
@@ -368,9 +397,11 @@ def compile_expr(
     :class:`ExpressionError` naming the problem; never evaluates any code.
     """
     tree = parse(text)
-    comp = _Compiler(text, schema, allow_intervals)
+    comp = _Compiler(text, schema, allow_intervals, synthetic)
     f, t = comp.compile(tree)
     if boolean and t not in ("boolean", "null"):
         msg = f"in {text!r}: expected a condition (true/false), but the expression is {t}"
         raise ExpressionError(msg)
-    return Compiled(fn=f, type=t, text=text, columns=frozenset(comp.columns))
+    return Compiled(
+        fn=f, type=t, text=text, columns=frozenset(comp.columns), synthetic=frozenset(comp.synthetic_cols)
+    )

@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from app.errors import ExpressionError, RuleConfigError, RuleProblem
+from app.errors import RuleConfigError, RuleProblem
 from app.events import Schema, schema_for
-from app.rules.expr import Compiled, compile_expr
+from app.rules.compile import RuleParts, compile_parts
+from app.rules.expr import Compiled
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
-from app.rules.template import placeholders
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 
 logger = logging.getLogger(__name__)
@@ -31,15 +31,21 @@ MAX_FILE_BYTES = 1_000_000
 
 @dataclass(frozen=True)
 class CompiledRule:
-    """A validated rule with its compiled condition, version and engine."""
+    """A validated rule with its compiled parts, version and engine.
+
+    ``where`` is the compiled condition (None for kinds without one);
+    ``parts`` holds everything else the evaluator needs (aggregates, having,
+    sequence steps, branch arms, joins, stateful functions).
+    """
 
     rule: Rule
     version: str
     engine: Engine
     path: str
     schema: Schema
-    where: Compiled
+    where: Compiled | None
     line: int = 1
+    parts: RuleParts | None = None
 
     @property
     def id(self) -> str:
@@ -108,31 +114,13 @@ class _FileLoader:
     def compile_rule(self, index: int, rule: Rule, engine: Engine) -> CompiledRule | None:
         base = ("rules", index)
         schema = schema_for(rule.source)
-        fields = schema.all_fields()
-        before = len(self.problems)
-        for i, g in enumerate(rule.group_by):
-            if g not in fields:
-                self.add((*base, "group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
-        where: Compiled | None = None
-        try:
-            where = compile_expr(rule.where, fields, boolean=True)
-        except ExpressionError as exc:
-            self.add((*base, "where"), str(exc))
-        known = set(fields)
-        for name, template in rule.annotations.items():
-            try:
-                unknown = [p for p in placeholders(template) if p not in known]
-            except ValueError as exc:
-                self.add((*base, "annotations", name), str(exc))
-                continue
-            if unknown:
-                self.add(
-                    (*base, "annotations", name), f"template names unknown field(s): {', '.join(unknown)}"
-                )
-        if len(self.problems) > before or where is None:
+        parts = compile_parts(rule, schema, lambda path, msg: self.add((*base, *path), msg))
+        if parts is None:
             return None
         line, _ = position_of(self.positions, (*base, "id"))
-        return CompiledRule(rule, rule_version(rule, engine), engine, self.path, schema, where, line)
+        return CompiledRule(
+            rule, rule_version(rule, engine), engine, self.path, schema, parts.where, line, parts
+        )
 
     def load(self) -> list[CompiledRule]:
         """Validate the file level, then each rule on its own, so that one bad

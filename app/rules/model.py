@@ -1,37 +1,117 @@
 """Frozen, typed rule models parsed from YAML, with durations converted at the boundary.
 
 A rule file holds ``rules:`` (a list) and may set a file-wide ``engine``.
-Unknown keys are errors. Semantic checks that need the source schema
-(expressions, group_by fields, template names) happen in
-:mod:`app.rules.compile`, which reports them against the same YAML paths.
+Unknown keys are errors. A rule's *kind* follows from the keys it uses (see
+:attr:`Rule.kind`); combining two kinds is an error. Semantic checks that
+need the source schema (expressions, fields, templates) happen in
+:mod:`app.rules.loader`, which reports them against the same YAML paths.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from app.rules.durations import parse_duration
 
 Severity = Literal["critical", "warning", "info"]
 Engine = Literal["faust", "spark", "both"]
 Source = Literal["sensors", "logs", "finance"]
+Kind = Literal["threshold", "window", "absence", "change", "new_term", "sequence", "branch"]
+LatePolicy = Literal["drop", "side", "amend"]
 
 #: A duration in milliseconds, written as ``30s``, ``15m``, ``1h``...
 DurationMs = Annotated[int, BeforeValidator(parse_duration)]
 
 _ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 _LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$"
+_NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,63}$"
+_TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,200}$"
+
+#: Event alerts (change, new term, sequence, session windows) resolve on their own
+#: this long (event time) after their last trigger unless a rule says otherwise.
+DEFAULT_RESOLVE_AFTER_MS = 5 * 60_000
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+class WindowSpec(_Frozen):
+    """Event-time window. ``tumbling``: fixed ``size``; ``hopping``: ``size``
+    every ``advance``; ``sliding``: the trailing ``size`` before every event and
+    every expiry; ``session``: events closer than ``gap``."""
+
+    type: Literal["tumbling", "hopping", "sliding", "session"]
+    size: DurationMs | None = None
+    advance: DurationMs | None = None
+    gap: DurationMs | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> WindowSpec:
+        need = {"tumbling": {"size"}, "sliding": {"size"}, "hopping": {"size", "advance"}, "session": {"gap"}}
+        given = {k for k in ("size", "advance", "gap") if getattr(self, k) is not None}
+        if given != need[self.type]:
+            want = " and ".join(sorted(need[self.type]))
+            msg = f"a {self.type} window takes {want} (got {', '.join(sorted(given)) or 'nothing'})"
+            raise ValueError(msg)
+        if self.type == "hopping" and self.size and self.advance:
+            if self.advance > self.size or self.size % self.advance:
+                msg = "a hopping window's size must be a whole multiple of its advance"
+                raise ValueError(msg)
+        return self
+
+    @property
+    def step(self) -> int:
+        """Distance between consecutive window starts (tumbling: size)."""
+        return int(self.advance or self.size or 0)
+
+
+class EnrichSpec(_Frozen):
+    """Join each event with a row of a registry table, fields named ``<as>.<column>``."""
+
+    table: Literal["devices", "watchlists"]
+    on: str
+    as_: str = Field(alias="as", pattern=_NAME_PATTERN)
+    missing: Literal["skip", "null"] = "skip"
+
+
+class NewTermSpec(_Frozen):
+    field: str
+    horizon: DurationMs = 7 * 86_400_000
+
+
+class SequenceStep(_Frozen):
+    name: str = Field(pattern=_NAME_PATTERN)
+    where: str
+    times: int = Field(default=1, ge=1, le=1000)
+    absent: bool = False
+
+
+class BranchArm(_Frozen):
+    when: str | None = None
+    to: str | None = Field(default=None, pattern=_TOPIC_PATTERN)
+    otherwise: str | None = Field(default=None, pattern=_TOPIC_PATTERN)
+
+    @model_validator(mode="after")
+    def _shape(self) -> BranchArm:
+        if self.otherwise is not None and (self.when is not None or self.to is not None):
+            msg = "a branch arm is either {when, to} or {otherwise}"
+            raise ValueError(msg)
+        if self.otherwise is None and (self.when is None or self.to is None):
+            msg = "a branch arm needs both 'when' and 'to' (or just 'otherwise')"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def topic(self) -> str:
+        return str(self.to or self.otherwise)
+
+
 class Rule(_Frozen):
-    """One alerting rule. Without ``for``/``consecutive`` it fires on the first
-    matching event of its group and resolves on the first non-matching one."""
+    """One rule. See the README's rule reference for every key."""
 
     id: str = Field(pattern=_ID_PATTERN)
     description: str = ""
@@ -40,16 +120,34 @@ class Rule(_Frozen):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     group_by: tuple[str, ...] = ()
-    where: str
+    enrich: tuple[EnrichSpec, ...] = ()
+    where: str | None = None
+    engine: Engine | None = None
+    # threshold lifecycle
     for_ms: DurationMs = Field(default=0, alias="for")
     consecutive: int = Field(default=1, ge=1, le=10_000)
-    engine: Engine | None = None
+    keep_firing_for: DurationMs = 0
+    clear: str | None = None
+    # windows
+    window: WindowSpec | None = None
+    aggregate: dict[str, str] = Field(default_factory=dict)
+    having: str | None = None
+    allowed_lateness: DurationMs = 0
+    late_policy: LatePolicy = "drop"
+    # absence, change, new term, sequence
+    absent_for: DurationMs | None = None
+    expect_from: Literal["devices"] | None = None
+    change: str | None = None
+    new_term: NewTermSpec | None = None
+    sequence: tuple[SequenceStep, ...] = ()
+    within: DurationMs | None = None
+    resolve_after: DurationMs = DEFAULT_RESOLVE_AFTER_MS
+    # routing of events
+    branch: tuple[BranchArm, ...] = ()
 
     @field_validator("labels")
     @classmethod
     def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
-        import re
-
         for name in value:
             if not re.match(_LABEL_PATTERN, name):
                 msg = f"label name {name!r} must match {_LABEL_PATTERN}"
@@ -66,6 +164,84 @@ class Rule(_Frozen):
             msg = "group_by lists a field twice"
             raise ValueError(msg)
         return value
+
+    @field_validator("aggregate")
+    @classmethod
+    def _aggregate_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.match(_NAME_PATTERN, name):
+                msg = f"aggregate name {name!r} must match {_NAME_PATTERN}"
+                raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Rule:
+        markers = {
+            "window": self.window is not None,
+            "absent_for": self.absent_for is not None,
+            "change": self.change is not None,
+            "new_term": self.new_term is not None,
+            "sequence": bool(self.sequence),
+            "branch": bool(self.branch),
+        }
+        used = [k for k, v in markers.items() if v]
+        if len(used) > 1:
+            msg = f"a rule has one kind, but this one combines {' and '.join(used)}"
+            raise ValueError(msg)
+        kind = self.kind
+        if kind == "threshold" and self.where is None:
+            msg = "a threshold rule needs 'where' (or one of window, absent_for, change, new_term, sequence, branch)"
+            raise ValueError(msg)
+        if kind == "window":
+            if not self.aggregate or self.having is None:
+                msg = "a window rule needs 'aggregate' and 'having'"
+                raise ValueError(msg)
+        elif self.aggregate or self.having is not None:
+            msg = "'aggregate' and 'having' belong to window rules"
+            raise ValueError(msg)
+        if kind == "sequence":
+            if self.within is None:
+                msg = "a sequence needs 'within'"
+                raise ValueError(msg)
+            if any(s.absent for s in self.sequence[:-1]) or self.sequence[0].absent:
+                msg = "only the last step of a sequence (after the first) may be 'absent'"
+                raise ValueError(msg)
+            if len(self.sequence) < 2:  # noqa: PLR2004
+                msg = "a sequence needs at least two steps"
+                raise ValueError(msg)
+        elif self.within is not None:
+            msg = "'within' belongs to sequence rules"
+            raise ValueError(msg)
+        if kind == "branch" and not any(a.when is not None for a in self.branch):
+            msg = "a branch needs at least one arm with 'when'"
+            raise ValueError(msg)
+        if kind == "branch" and sum(a.otherwise is not None for a in self.branch) > 1:
+            msg = "a branch has at most one 'otherwise' arm"
+            raise ValueError(msg)
+        if self.expect_from is not None and kind != "absence":
+            msg = "'expect_from' belongs to absent_for rules"
+            raise ValueError(msg)
+        lifecycle = self.for_ms or self.consecutive != 1 or self.clear is not None
+        if lifecycle and kind not in ("threshold", "window"):
+            msg = "'for', 'consecutive' and 'clear' apply to threshold and window rules"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def kind(self) -> Kind:
+        if self.window is not None:
+            return "window"
+        if self.absent_for is not None:
+            return "absence"
+        if self.change is not None:
+            return "change"
+        if self.new_term is not None:
+            return "new_term"
+        if self.sequence:
+            return "sequence"
+        if self.branch:
+            return "branch"
+        return "threshold"
 
 
 class RuleFile(_Frozen):

@@ -33,7 +33,12 @@ def _build(node: yaml.Node, path: Path, positions: Positions, loader: yaml.SafeL
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            # keys are names: take a plain scalar as written, so `on:` stays "on"
+            # instead of YAML 1.1's boolean True (the "Norway problem")
+            if isinstance(key_node, yaml.ScalarNode) and key_node.style is None:
+                key = key_node.value
+            else:
+                key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str | int | float | bool):
                 line, col = _pos(key_node)
                 raise YamlProblem(line, col, "mapping keys must be plain scalars")

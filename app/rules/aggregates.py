@@ -1,0 +1,158 @@
+"""Window aggregates: ``count(*)``, ``count(x)``, ``count(distinct x)``, ``sum``, ``avg``,
+``min``, ``max`` and exact ``percentile(x, p)``, with SQL semantics.
+
+Aggregates skip NULL inputs; over no (non-NULL) input ``count`` is 0 and the
+others are NULL, as in Spark. Accumulator states are plain JSON data so they
+can live in a Faust table and survive a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlglot import exp
+
+from app.errors import ExpressionError
+from app.rules.expr import Compiled, compile_expr, parse
+from app.rules.functions import call_args
+
+#: Per-window cap on values kept by count(distinct) and percentile, to bound memory.
+MAX_VALUES = 100_000
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """One named aggregate, e.g. ``avg_t: avg(temperature)``."""
+
+    name: str
+    func: str  # count_star, count, count_distinct, sum, avg, min, max, percentile
+    arg: Compiled | None
+    param: float | None
+    type: str
+    text: str
+
+    def init(self) -> Any:
+        if self.func in ("count_star", "count"):
+            return 0
+        if self.func in ("sum", "avg"):
+            return [0, 0]
+        if self.func in ("count_distinct", "percentile"):
+            return []
+        return None  # min, max
+
+    def add(self, state: Any, row: Row) -> Any:
+        if self.func == "count_star":
+            return state + 1
+        assert self.arg is not None  # noqa: S101 - every other function has an argument
+        v = self.arg(row)
+        if v is None:
+            return state
+        if self.func == "count":
+            return state + 1
+        if self.func in ("sum", "avg"):
+            return [state[0] + v, state[1] + 1]
+        if self.func == "min":
+            return v if state is None or v < state else state
+        if self.func == "max":
+            return v if state is None or v > state else state
+        if self.func == "count_distinct":
+            key = _distinct_key(v)
+            if key not in state and len(state) < MAX_VALUES:
+                state.append(key)
+            return state
+        if len(state) < MAX_VALUES:  # percentile
+            state.append(v)
+        return state
+
+    def result(self, state: Any) -> Any:
+        if self.func in ("count_star", "count"):
+            return state
+        if self.func == "sum":
+            return None if state[1] == 0 else state[0]
+        if self.func == "avg":
+            return None if state[1] == 0 else state[0] / state[1]
+        if self.func == "count_distinct":
+            return len(state)
+        if self.func == "percentile":
+            return percentile(sorted(state), float(self.param or 0.0)) if state else None
+        return state
+
+
+def _distinct_key(v: Any) -> Any:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Exact percentile with linear interpolation between closest ranks (Spark's ``percentile``)."""
+    if len(values) == 1:
+        return float(values[0])
+    pos = p * (len(values) - 1)
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return float(values[lo] + (values[hi] - values[lo]) * (pos - lo))
+
+
+_SIMPLE: dict[type[exp.Expression], str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+
+
+def compile_aggregate(name: str, text: str, schema: Mapping[str, str]) -> AggSpec:
+    """Parse ``text`` (one aggregate call) against the source ``schema``."""
+    node = parse(text)
+
+    def arg_of(n: exp.Expression) -> Compiled:
+        compiled = compile_expr(n.sql(dialect="spark"), schema)
+        if compiled.type == "boolean":
+            msg = f"in {text!r}: aggregate argument must be a value, not a condition"
+            raise ExpressionError(msg)
+        return compiled
+
+    if isinstance(node, exp.Count):
+        inner = node.this
+        if isinstance(inner, exp.Star):
+            return AggSpec(name, "count_star", None, None, "long", text)
+        if isinstance(inner, exp.Distinct):
+            return AggSpec(name, "count_distinct", arg_of(inner.expressions[0]), None, "long", text)
+        return AggSpec(name, "count", arg_of(inner), None, "long", text)
+    for cls, func in _SIMPLE.items():
+        if isinstance(node, cls):
+            arg = arg_of(node.this)
+            if func in ("sum", "avg") and arg.type not in ("long", "double"):
+                msg = f"in {text!r}: {func}() needs a number"
+                raise ExpressionError(msg)
+            rtype = "double" if func == "avg" or (func == "sum" and arg.type == "double") else arg.type
+            return AggSpec(name, func, arg, None, rtype, text)
+    fname = node.name.lower() if isinstance(node, exp.Anonymous) else ""
+    if isinstance(node, exp.Func) and (fname in ("percentile", "count_distinct") or _is_percentile(node)):
+        args = call_args(node)
+        if fname == "count_distinct" and len(args) == 1:
+            return AggSpec(name, "count_distinct", arg_of(args[0]), None, "long", text)
+        if len(args) == 2 and isinstance(args[1], exp.Literal) and not args[1].is_string:  # noqa: PLR2004
+            p = float(str(args[1].this))
+            if 0.0 <= p <= 1.0:
+                arg = arg_of(args[0])
+                if arg.type in ("long", "double"):
+                    return AggSpec(name, "percentile", arg, p, "double", text)
+        msg = f"in {text!r}: expected percentile(field, p) with 0 <= p <= 1"
+        raise ExpressionError(msg)
+    allowed = "count(*), count(x), count(distinct x), sum, avg, min, max, percentile(x, p)"
+    msg = f"in {text!r}: expected one aggregate call: {allowed}"
+    raise ExpressionError(msg)
+
+
+def _is_percentile(node: exp.Expression) -> bool:
+    return type(node).__name__.lower() in ("percentilecont", "percentile", "quantile")
+
+
+AggFn = Callable[[Row], Any]
+
+
+def empty_results(specs: list[AggSpec]) -> dict[str, Any]:
+    """The aggregates of an empty window (count 0, the rest NULL)."""
+    return {s.name: s.result(s.init()) for s in specs}

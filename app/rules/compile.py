@@ -1,0 +1,170 @@
+"""Semantic compilation of a validated :class:`Rule`: expressions, aggregates,
+joins and stateful functions, checked against the source schema.
+
+Problems are reported through a callback with the YAML path of the offending
+value, so the loader can print ``file:line:col`` for each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from app.errors import ExpressionError
+from app.events import Schema
+from app.rules.aggregates import AggSpec, compile_aggregate
+from app.rules.expr import Compiled, compile_expr
+from app.rules.model import Rule
+from app.rules.template import placeholders
+from app.tables import TABLES, enriched_fields
+
+Report = Callable[[tuple[str | int, ...], str], None]
+
+_UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
+_UNIT_MS["WEEK"] = 7 * _UNIT_MS["DAY"]
+
+
+@dataclass(frozen=True)
+class PctChange:
+    """``pct_change(field, lookback)``: percent change against the newest value
+    at least ``lookback_ms`` older, per group. Computed into column ``column``."""
+
+    column: str
+    field: str
+    lookback_ms: int
+
+
+@dataclass(frozen=True)
+class RuleParts:
+    fields: dict[str, str]
+    where: Compiled | None = None
+    clear: Compiled | None = None
+    aggs: tuple[AggSpec, ...] = ()
+    having: Compiled | None = None
+    steps: tuple[Compiled, ...] = ()
+    arms: tuple[tuple[Compiled | None, str], ...] = ()
+    pct_changes: tuple[PctChange, ...] = field(default_factory=tuple)
+
+
+def _interval_ms(node: exp.Expression) -> int:
+    unit = node.args.get("unit")
+    if not isinstance(node, exp.Interval) or unit is None or not isinstance(node.this, exp.Literal):
+        msg = "expected a duration such as 1d, 15m or 1h as the second argument"
+        raise ValueError(msg)
+    name = unit.name.upper()
+    if name not in _UNIT_MS:
+        msg = f"unsupported duration unit {name}"
+        raise ValueError(msg)
+    return int(str(node.this.this)) * _UNIT_MS[name]
+
+
+def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | None:
+    """Compile everything the evaluator needs; report each problem; None if any."""
+    problems = 0
+
+    def fail(path: tuple[str | int, ...], message: str) -> None:
+        nonlocal problems
+        problems += 1
+        report(path, message)
+
+    fields: dict[str, str] = dict(enriched_fields(schema, rule.enrich))
+    seen_as: set[str] = set()
+    for i, spec in enumerate(rule.enrich):
+        if spec.on not in schema.all_fields():
+            fail(("enrich", i, "on"), f"join field '{spec.on}' is not in the {rule.source} schema")
+        if spec.as_ in seen_as or spec.as_ in fields:
+            fail(("enrich", i, "as"), f"'{spec.as_}' is used twice or clashes with a field")
+        seen_as.add(spec.as_)
+        if spec.table not in TABLES:
+            fail(("enrich", i, "table"), f"unknown table '{spec.table}'")
+    for i, g in enumerate(rule.group_by):
+        if g not in fields:
+            fail(("group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
+
+    pct: dict[str, PctChange] = {}
+
+    def synthetic_where(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
+        if name != "pct_change":
+            return None
+        if len(args) != 2 or not isinstance(args[0], exp.Column):  # noqa: PLR2004
+            msg = "expected pct_change(field, lookback), e.g. pct_change(adj_close, 1d)"
+            raise ValueError(msg)
+        fname = args[0].name
+        if fields.get(fname) not in ("long", "double"):
+            msg = f"'{fname}' is not a numeric field of the {rule.source} schema"
+            raise ValueError(msg)
+        lookback = _interval_ms(args[1])
+        col = f"pct_change({fname}, {lookback}ms)"
+        pct[col] = PctChange(col, fname, lookback)
+        return col, "double"
+
+    def expr(path: tuple[str | int, ...], text: str | None, **kw: object) -> Compiled | None:
+        if text is None:
+            return None
+        try:
+            return compile_expr(text, kw.pop("schema", fields), boolean=True, allow_intervals=True, **kw)  # type: ignore[arg-type]
+        except ExpressionError as exc:
+            fail(path, str(exc))
+            return None
+
+    where = expr(("where",), rule.where, synthetic=synthetic_where if rule.kind == "threshold" else None)
+    clear = expr(("clear",), rule.clear)
+
+    aggs: list[AggSpec] = []
+    for name, text in rule.aggregate.items():
+        if name in fields:
+            fail(("aggregate", name), f"aggregate name '{name}' clashes with a field")
+            continue
+        try:
+            aggs.append(compile_aggregate(name, text, fields))
+        except ExpressionError as exc:
+            fail(("aggregate", name), str(exc))
+    having = None
+    if rule.having is not None and len(aggs) == len(rule.aggregate):
+        agg_types = {a.name: a.type for a in aggs}
+        having_schema = {**{g: fields[g] for g in rule.group_by if g in fields}, **agg_types}
+
+        def synthetic_having(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
+            if name != "prev":
+                return None
+            if len(args) != 1 or not isinstance(args[0], exp.Column) or args[0].name not in agg_types:
+                msg = f"expected prev(<aggregate name>), one of {', '.join(agg_types)}"
+                raise ValueError(msg)
+            return f"prev.{args[0].name}", agg_types[args[0].name]
+
+        having = expr(("having",), rule.having, schema=having_schema, synthetic=synthetic_having)
+
+    steps = tuple(expr(("sequence", i, "where"), s.where) for i, s in enumerate(rule.sequence))
+    arms = tuple((expr(("branch", i, "when"), a.when), a.topic) for i, a in enumerate(rule.branch))
+    for path, fname in (
+        (("change",), rule.change),
+        (("new_term", "field"), rule.new_term and rule.new_term.field),
+    ):
+        if fname is not None and fname not in fields:
+            fail(path, f"field '{fname}' is not in the {rule.source} schema")
+    if rule.expect_from is not None and rule.group_by != (schema.key,):
+        fail(("expect_from",), f"expect_from needs group_by: [{schema.key}]")
+
+    known = set(fields) | {a.name for a in aggs} | {"previous", "count", "window_start", "window_end"}
+    for name, template in rule.annotations.items():
+        try:
+            unknown = [p for p in placeholders(template) if p not in known]
+        except ValueError as exc:
+            fail(("annotations", name), str(exc))
+            continue
+        if unknown:
+            fail(("annotations", name), f"template names unknown field(s): {', '.join(unknown)}")
+    if problems:
+        return None
+    return RuleParts(
+        fields=fields,
+        where=where,
+        clear=clear,
+        aggs=tuple(aggs),
+        having=having,
+        steps=tuple(s for s in steps if s is not None),
+        arms=arms,
+        pct_changes=tuple(pct.values()),
+    )

@@ -1,0 +1,122 @@
+"""Registry tables for stream-table enrichment: their schemas and an in-memory view.
+
+Tables live in compacted topics (``tables.devices`` keyed by device_id,
+``tables.watchlists`` keyed by symbol). A record's value is a flat JSON row;
+a null value (tombstone) deletes the key. Rules join with them through
+``enrich:`` and see the columns as ``<as>.<column>``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.errors import IngestDecodeError
+from app.events import FieldType, Schema, check_value
+from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    name: str
+    topic: str
+    key: str
+    columns: Mapping[str, FieldType]
+
+    def validate(self, obj: object) -> dict[str, Any]:
+        """A row with its key, typed; unknown columns are rejected (IngestDecodeError)."""
+        if not isinstance(obj, dict):
+            msg = f"{self.name} row must be a JSON object"
+            raise IngestDecodeError(msg)
+        key = obj.get(self.key)
+        if not isinstance(key, str) or not key:
+            msg = f"{self.name} row needs a non-empty string '{self.key}'"
+            raise IngestDecodeError(msg, self.key)
+        row: dict[str, Any] = {self.key: key}
+        for name, value in obj.items():
+            if name == self.key:
+                continue
+            ftype = self.columns.get(name)
+            if ftype is None:
+                msg = f"unknown column '{name}' for table {self.name}"
+                raise IngestDecodeError(msg, name)
+            row[name] = check_value(name, ftype, value)
+        return row
+
+
+DEVICES = TableSchema(
+    "devices",
+    DEVICES_TABLE,
+    "device_id",
+    {
+        "site": "string",
+        "owner": "string",
+        "kind": "string",
+        "lat": "double",
+        "lon": "double",
+        "depot_lat": "double",
+        "depot_lon": "double",
+        "geofence_km": "double",
+        "max_temp": "double",
+        "min_temp": "double",
+        "battery_min": "double",
+    },
+)
+
+WATCHLISTS = TableSchema(
+    "watchlists",
+    WATCHLISTS_TABLE,
+    "symbol",
+    {
+        "list": "string",
+        "owner": "string",
+        "note": "string",
+        "max_trade_amount": "double",
+        "min_pct_move": "double",
+    },
+)
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (DEVICES, WATCHLISTS)}
+
+
+def enriched_fields(schema: Schema, enrich: Iterable[Any]) -> dict[str, FieldType]:
+    """The fields a rule may name: the source's plus ``<as>.<column>`` of each join."""
+    fields = schema.all_fields()
+    for spec in enrich:
+        table = TABLES[spec.table]
+        fields[f"{spec.as_}.{table.key}"] = "string"
+        for col, ftype in table.columns.items():
+            fields[f"{spec.as_}.{col}"] = ftype
+    return fields
+
+
+@dataclass
+class Tables:
+    """The current rows of every table, as the worker or a backtest sees them."""
+
+    rows: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {n: {} for n in TABLES})
+
+    def get(self, table: str, key: str) -> dict[str, Any] | None:
+        return self.rows.get(table, {}).get(key)
+
+    def keys(self, table: str) -> list[str]:
+        return sorted(self.rows.get(table, {}))
+
+    def apply(self, table: str, key: str, value: bytes | None) -> None:
+        """Apply one record of a table topic: a row, or a tombstone (None)."""
+        if value is None:
+            self.rows[table].pop(key, None)
+            return
+        row = TABLES[table].validate(orjson.loads(value))
+        self.rows[table][row[TABLES[table].key]] = row
+
+    def load_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        for r in rows:
+            row = TABLES[table].validate(dict(r))
+            self.rows[table][row[TABLES[table].key]] = row
