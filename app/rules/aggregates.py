@@ -133,7 +133,7 @@ def compile_aggregate(name: str, text: str, schema: Mapping[str, str]) -> AggSpe
         args = call_args(node)
         if fname == "count_distinct" and len(args) == 1:
             return AggSpec(name, "count_distinct", arg_of(args[0]), None, "long", text)
-        if len(args) == 2 and isinstance(args[1], exp.Literal) and not args[1].is_string:  # noqa: PLR2004
+        if len(args) == 2 and isinstance(args[1], exp.Literal) and not args[1].is_string:
             p = float(str(args[1].this))
             if 0.0 <= p <= 1.0:
                 arg = arg_of(args[0])

@@ -88,7 +88,7 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
     def synthetic_where(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
         if name != "pct_change":
             return None
-        if len(args) != 2 or not isinstance(args[0], exp.Column):  # noqa: PLR2004
+        if len(args) != 2 or not isinstance(args[0], exp.Column):
             msg = "expected pct_change(field, lookback), e.g. pct_change(adj_close, 1d)"
             raise ValueError(msg)
         fname = args[0].name

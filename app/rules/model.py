@@ -190,7 +190,10 @@ class Rule(_Frozen):
             raise ValueError(msg)
         kind = self.kind
         if kind == "threshold" and self.where is None:
-            msg = "a threshold rule needs 'where' (or one of window, absent_for, change, new_term, sequence, branch)"
+            msg = (
+                "a threshold rule needs 'where' "
+                "(or one of window, absent_for, change, new_term, sequence, branch)"
+            )
             raise ValueError(msg)
         if kind == "window":
             if not self.aggregate or self.having is None:
@@ -206,7 +209,7 @@ class Rule(_Frozen):
             if any(s.absent for s in self.sequence[:-1]) or self.sequence[0].absent:
                 msg = "only the last step of a sequence (after the first) may be 'absent'"
                 raise ValueError(msg)
-            if len(self.sequence) < 2:  # noqa: PLR2004
+            if len(self.sequence) < 2:
                 msg = "a sequence needs at least two steps"
                 raise ValueError(msg)
         elif self.within is not None:
