@@ -1,9 +1,14 @@
-"""``python -m ingest``: convert real data to JSON lines, or replay a file onto Kafka.
+"""``python -m ingest``: every ingest adapter as a command. This module is the wiring.
 
-Exit codes: 0 success (also a replay stopped by SIGTERM/SIGINT), 1 some input
-lines could not be converted or some records were not delivered, 2 bad usage
-or configuration. Converted events and the replay summary go to stdout, one
-JSON object per line; diagnostics go to stderr.
+Commands: ``convert`` (a dataset to JSON lines), ``replay`` (a file onto a
+topic), ``tail`` (follow a log file), ``syslog`` (UDP/TCP receiver), ``http``
+(ingest endpoint), ``mqtt`` (MQTT bridge), ``simulate`` (fleet or market) and
+``registry`` (device registry and watchlists). Each one that publishes prints
+one JSON summary line on stdout when it ends (also after SIGTERM/SIGINT).
+
+Exit codes: 0 success (also an adapter stopped by SIGTERM/SIGINT), 1 some
+input lines could not be converted or some records were not delivered, 2 bad
+usage or configuration. Diagnostics go to stderr.
 """
 
 from __future__ import annotations
@@ -13,37 +18,53 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from typing import BinaryIO
 
 import orjson
 
-from app.config import Settings, setup_logging
+from app.config import Settings
 from app.errors import AppError, ConfigError
-from app.metrics import serve
 from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_events
+from ingest.adapters.logfile import log_events
+from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.ohlc import SYMBOLS
-from ingest.model import Converter, ConvertError, IngestArgError
-from ingest.publisher import NO_BOOTSTRAP
-from ingest.replay import ReplayItem, ReplayOptions, ReplaySummary, open_input, replay, source_for_topic
+from ingest.cliargs import positive, timezone
+from ingest.httpd import cli as http_cli
+from ingest.model import Converter, ConvertError
+from ingest.mqtt import cli as mqtt_cli
+from ingest.registry import cli as registry_cli
+from ingest.replay import ReplayOptions, ReplaySummary, open_input, replay, source_for_topic
+from ingest.runtime import run_adapter
+from ingest.sim import cli as sim_cli
+from ingest.syslogd import cli as syslog_cli
+from ingest.tail import cli as tail_cli
 
 logger = logging.getLogger(__name__)
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The commands that live next to their integration, in the order of ``--help``.
+COMMANDS = (tail_cli, syslog_cli, http_cli, mqtt_cli, sim_cli, registry_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ingest",
-        description="Convert real data to JSON-lines events, or replay a file onto Kafka.",
+        description="Ingest real data into validated events on Kafka: files, logs, syslog, HTTP, MQTT, "
+        "simulations and reference tables.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{convert,replay}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_convert(commands)
+    _add_replay(commands)
+    for module in COMMANDS:
+        module.add_parser(commands)
+    return parser
 
+
+def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     convert = commands.add_parser("convert", help="convert a dataset to JSON-lines events")
     convert.description = "Convert a real dataset to JSON-lines events; bad lines are reported as FILE:LINE."
-    kinds = convert.add_subparsers(dest="kind", required=True, metavar="{nab,apache,ohlc}")
+    kinds = convert.add_subparsers(dest="kind", required=True, metavar="{nab,apache,ohlc,log}")
     nab = kinds.add_parser("nab", help="NAB timestamp,value CSV -> sensors events")
     nab.add_argument("file", help="NAB CSV file (naive timestamps are UTC)")
     nab.add_argument("--device", required=True, help="device_id of every event")
@@ -53,9 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     apache.add_argument("--host", required=True, help="host of every event (the key)")
     ohlc = kinds.add_parser("ohlc", help="daily bars from bokeh_sampledata.stocks -> finance events")
     ohlc.add_argument("--symbol", required=True, help=f"one of {', '.join(SYMBOLS)}")
-    for sub in (nab, apache, ohlc):
+    log = kinds.add_parser("log", help="a log file in any tail format -> logs events (stack traces joined)")
+    log.add_argument("file", help="log file")
+    log.add_argument("--format", required=True, choices=list(LOG_FORMATS), help="line format")
+    log.add_argument("--host", help="host of every event (required by formats whose lines carry none)")
+    log.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of zone-less times (UTC)")
+    for sub in (nab, apache, ohlc, log):
         sub.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+        sub.set_defaults(run=_convert)
 
+
+def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp = commands.add_parser("replay", help="validate and publish a file to an event topic")
     rp.description = (
         "Publish FILE to an event topic, validated against the topic's schema; invalid lines go to "
@@ -66,24 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--format", default="jsonl", choices=list(FORMAT_SOURCES), help="input format (jsonl)")
     rp.add_argument("--device", help="device_id, with --format nab")
     rp.add_argument("--field", help="sensors field for the value, with --format nab")
-    rp.add_argument("--host", help="host, with --format apache")
+    rp.add_argument("--host", help="host, with the log formats whose lines carry none")
+    rp.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of zone-less log times (UTC)")
     rp.add_argument(
         "--speedup",
-        type=_positive(float),
+        type=positive(float),
         metavar="X",
         help="divide event-time gaps by X (one wait is capped at 5 s); default: as fast as possible",
     )
-    rp.add_argument("--limit", type=_positive(int), metavar="N", help="publish at most N events")
+    rp.add_argument("--limit", type=positive(int), metavar="N", help="publish at most N events")
     rp.add_argument("--live", action="store_true", help="shift event times so the first event is now")
-    return parser
+    rp.set_defaults(run=_replay)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "convert":
-            return _convert(args)
-        return _replay(args)
+        code: int = args.run(args)
+        return code
     except BrokenPipeError:
         # stdout was closed early (e.g. `| head`): silence the flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -102,6 +131,8 @@ def _convert(args: argparse.Namespace) -> int:
         results, name = nab_events(args.file, device=args.device, field=args.field), args.file
     elif args.kind == "apache":
         results, name = apache_events(args.file, host=args.host), args.file
+    elif args.kind == "log":
+        results, name = log_events(args.file, args.format, host=args.host, tz=args.tz), args.file
     else:
         results, name = ohlc_events(args.symbol), "bokeh_sampledata.stocks"
     errors = 0
@@ -128,62 +159,15 @@ def _output(path: str | None) -> Iterator[BinaryIO]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    # Until the event loop takes over, remember a stop request instead of dying.
-    early: list[int] = []
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: early.append(signum))
-    settings = Settings.from_env()
-    setup_logging(settings.log_level)
-    if not settings.bootstrap_servers:
-        raise ConfigError(NO_BOOTSTRAP)
-    source = source_for_topic(args.topic)
-    if not os.path.isfile(args.file):
-        msg = f"{args.file}: no such file"
-        raise IngestArgError(msg)
-    items = open_input(args.file, args.format, source, device=args.device, field=args.field, host=args.host)
-    serve(settings.metrics_port)
-    options = ReplayOptions(speedup=args.speedup, limit=args.limit, live=args.live)
-    summary = asyncio.run(_replay_until_signal(settings, items, args.topic, args.format, options, early))
-    sys.stdout.buffer.write(summary.to_json() + b"\n")
-    sys.stdout.flush()
-    return 1 if summary.failed else 0
+    def body(settings: Settings, stop: asyncio.Event) -> Awaitable[ReplaySummary]:
+        source = source_for_topic(args.topic)
+        if not os.path.isfile(args.file):
+            msg = f"{args.file}: no such file"
+            raise ConfigError(msg)
+        items = open_input(
+            args.file, args.format, source, device=args.device, field=args.field, host=args.host, tz=args.tz
+        )
+        options = ReplayOptions(speedup=args.speedup, limit=args.limit, live=args.live)
+        return replay(settings, items, topic=args.topic, adapter=args.format, options=options, stop=stop)
 
-
-async def _replay_until_signal(
-    settings: Settings,
-    items: Iterator[ReplayItem],
-    topic: str,
-    adapter: str,
-    options: ReplayOptions,
-    early: list[int],
-) -> ReplaySummary:
-    """Run the replay with SIGTERM and SIGINT setting its stop event (also when
-    one arrived during start-up, as recorded in ``early``)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
-    if early:
-        stop.set()
-    try:
-        return await replay(settings, items, topic=topic, adapter=adapter, options=options, stop=stop)
-    finally:
-        for sig in _STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse ``type`` accepting numbers > 0 of ``kind``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            msg = f"expected a number > 0, got {text!r}"
-            raise argparse.ArgumentTypeError(msg) from None
-        if value <= 0:
-            msg = f"expected a number > 0, got {text!r}"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return parse
+    return run_adapter(body)

@@ -7,6 +7,14 @@ normalised event keyed by its key, or sends a :func:`app.events.dlq_record` to
 ``dlq.events`` keyed by the source. Leaving the block flushes and awaits every
 delivery. One publisher belongs to one event loop; it is not thread-safe.
 
+Acknowledgements: :meth:`send`, :meth:`reject` and :meth:`send_record` return
+the record's delivery future, which resolves once the broker acknowledged it
+(``acks=all``) or fails; callers that answer a client only after the broker
+has the data (the HTTP endpoint, the file tailer's position, the MQTT bridge's
+PUBACK) await these. :meth:`flush` awaits everything sent so far. Callers that
+validate first and publish later (all-or-nothing batches) use :meth:`check`
+and :meth:`accept` instead of :meth:`admit`.
+
 Backpressure: at most ``max_in_flight`` sends are outstanding; ``publish``
 waits for deliveries beyond that. Counters are both Prometheus metrics (per
 process) and plain attributes (per publisher). ``produced`` and ``dead_lettered``
@@ -20,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -32,6 +40,7 @@ from app.config import Settings
 from app.errors import BrokerError, ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, encode, schema_for
 from app.kafka import make_producer
+from ingest.model import ConvertError
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +51,9 @@ ACCEPTED = Counter("ingest_accepted_total", "Events that passed validation", ["s
 REJECTED = Counter("ingest_rejected_total", "Inputs sent to the dead-letter topic", ["source", "adapter"])
 PRODUCED = Counter("ingest_produced_total", "Records acknowledged by the broker", ["topic"])
 IN_FLIGHT = Gauge("ingest_in_flight", "Records sent but not yet acknowledged")
+
+#: A record's delivery: resolves to its RecordMetadata once the broker acknowledged it.
+Delivery: TypeAlias = asyncio.Future[Any]
 
 
 class Publisher:
@@ -62,6 +74,8 @@ class Publisher:
         self.topic, self.source, self.adapter = topic, source, adapter
         self._settings = settings
         self._max_in_flight = max(1, max_in_flight)
+        self._room = asyncio.Event()  # set while fewer than max_in_flight are pending
+        self._room.set()
         self._start_timeout_s, self._close_timeout_s = start_timeout_s, close_timeout_s
         self._producer: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Future[Any]] = set()
@@ -69,6 +83,9 @@ class Publisher:
         self.produced = self.dead_lettered = 0  # acknowledged on topic / on dlq.events
         self.failed = 0  # records the broker never acknowledged
         self.last_error: BaseException | None = None
+        self._accepted_metric = ACCEPTED.labels(source, adapter)
+        self._rejected_metric = REJECTED.labels(source, adapter)
+        self._produced_metric = {t: PRODUCED.labels(t) for t in (topic, topics.DLQ)}
 
     @property
     def in_flight(self) -> int:
@@ -105,41 +122,89 @@ class Publisher:
         """Validate ``item`` (raw JSON as bytes or str, or a decoded object)
         without sending it. Invalid input is dead-lettered here and None returned."""
         try:
-            event = self.schema.decode(item) if isinstance(item, bytes | str) else self.schema.validate(item)
+            event = self.check(item)
         except IngestDecodeError as exc:
             raw = item if isinstance(item, bytes | str) else orjson.dumps(item, default=str)
             await self.reject(exc.reason, raw, field=exc.field)
             return None
+        return self.accept(event)
+
+    async def submit(self, item: object, *, where: str = "") -> Delivery:
+        """Validate and send ``item``, or dead-letter it (also a ConvertError, with
+        ``where`` and its reason); return the delivery future either way, so the
+        caller can track the acknowledgement of every input in order."""
+        if isinstance(item, ConvertError):
+            prefix = f"{where}: " if where else (f"line {item.line}: " if item.line else "")
+            return await self.reject(prefix + item.reason, item.raw, field=item.field)
+        try:
+            event = self.check(item)
+        except IngestDecodeError as exc:
+            raw = item if isinstance(item, bytes | str) else orjson.dumps(item, default=str)
+            reason = f"{where}: {exc.reason}" if where else exc.reason
+            return await self.reject(reason, raw, field=exc.field)
+        return await self.send(self.accept(event))
+
+    def check(self, item: object) -> Event:
+        """Validate ``item`` with the source schema and return the event; raises
+        IngestDecodeError with the reason and field. No side effect, no counter."""
+        return self.schema.decode(item) if isinstance(item, bytes | str) else self.schema.validate(item)
+
+    def accept(self, event: Event) -> Event:
+        """Count an event validated with :meth:`check` as accepted; returns it."""
         self.accepted += 1
-        ACCEPTED.labels(self.source, self.adapter).inc()
+        self._accepted_metric.inc()
         return event
 
-    async def send(self, event: Event) -> None:
+    async def send(self, event: Event) -> Delivery:
         """Send an already validated event keyed by ``event.key``; an event too
-        large for the producer is dead-lettered instead."""
+        large for the producer is dead-lettered instead. Returns the delivery
+        future (of the dead-letter record in that case)."""
         value = encode(event.fields)
         try:
-            await self._send(self.topic, event.key.encode(), value, dead_letter=False)
+            return await self._send(self.topic, event.key.encode(), value, dead_letter=False)
         except MessageSizeTooLargeError as exc:
-            await self.reject(f"event too large to produce: {exc}", value)
+            return await self.reject(f"event too large to produce: {exc}", value)
 
-    async def reject(self, reason: str, raw: bytes | str, *, field: str | None = None) -> None:
-        """Send a dead-letter record for input that cannot become an event."""
+    async def send_record(self, key: str, value: bytes | None, *, topic: str | None = None) -> Delivery:
+        """Send a record that the caller validated by its own rules (a table row,
+        or ``None``: a tombstone on a compacted topic), keyed by ``key``, to
+        ``topic`` (default: the publisher's). Counted as accepted and produced."""
+        self.accepted += 1
+        self._accepted_metric.inc()
+        return await self._send(topic or self.topic, key.encode(), value, dead_letter=False)
+
+    async def reject(self, reason: str, raw: bytes | str, *, field: str | None = None) -> Delivery:
+        """Send a dead-letter record for input that cannot become an event;
+        returns its delivery future."""
         data = raw.encode() if isinstance(raw, str) else raw
         if len(data) > MAX_DLQ_RAW:
             reason = f"{reason} (raw truncated to {MAX_DLQ_RAW} of {len(data)} bytes)"
             data = data[:MAX_DLQ_RAW]
         self.rejected += 1
-        REJECTED.labels(self.source, self.adapter).inc()
+        self._rejected_metric.inc()
         record = dlq_record(self.source, reason, data, adapter=self.adapter, field=field)
-        await self._send(topics.DLQ, self.source.encode(), record, dead_letter=True)
+        return await self._send(topics.DLQ, self.source.encode(), record, dead_letter=True)
 
-    async def _send(self, topic: str, key: bytes, value: bytes, *, dead_letter: bool) -> None:
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every record sent so far is acknowledged or failed; True
+        when all of them were acknowledged (``failed`` did not grow). Raises
+        TimeoutError after ``timeout_s``; the records stay in flight."""
+        if self._producer is None:
+            msg = "Publisher used outside `async with` (or after close)"
+            raise RuntimeError(msg)
+        failed = self.failed
+        pending = list(self._pending)
+        if pending:
+            await asyncio.wait_for(asyncio.wait(pending), timeout_s)
+        return self.failed == failed
+
+    async def _send(self, topic: str, key: bytes, value: bytes | None, *, dead_letter: bool) -> Delivery:
         if self._producer is None:
             msg = "Publisher used outside `async with` (or after close)"
             raise RuntimeError(msg)
         while len(self._pending) >= self._max_in_flight:
-            await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+            self._room.clear()
+            await self._room.wait()
         try:
             fut = await self._producer.send(topic, value=value, key=key)
         except MessageSizeTooLargeError:
@@ -150,17 +215,23 @@ class Publisher:
         self._pending.add(fut)
         IN_FLIGHT.inc()
         fut.add_done_callback(lambda f: self._on_done(topic, dead_letter, f))
+        return fut
 
     def _on_done(self, topic: str, dead_letter: bool, fut: asyncio.Future[Any]) -> None:
         self._pending.discard(fut)
         IN_FLIGHT.dec()
+        if len(self._pending) < self._max_in_flight:
+            self._room.set()
         exc = None if fut.cancelled() else fut.exception()
         if fut.cancelled() or exc is not None:
             self.failed += 1
             self.last_error = exc or asyncio.CancelledError()
             logger.error("delivery to %s failed: %r", topic, self.last_error)
             return
-        PRODUCED.labels(topic).inc()
+        metric = self._produced_metric.get(topic) or self._produced_metric.setdefault(
+            topic, PRODUCED.labels(topic)
+        )
+        metric.inc()
         if dead_letter:
             self.dead_lettered += 1
         else:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, tzinfo
 from typing import Any
 
 import orjson
@@ -23,9 +24,12 @@ import orjson
 from app.config import Settings
 from app.topics import SOURCE_TOPICS
 from ingest.adapters import FORMAT_SOURCES, apache_events, jsonl_lines, nab_events
+from ingest.adapters.logfile import log_events
+from ingest.adapters.logformats import LOG_FORMATS
 from ingest.model import ConvertError, IngestArgError
 from ingest.pacing import MAX_SLEEP_S, Pacer, Rebaser
 from ingest.publisher import Publisher
+from ingest.runtime import stopped_within
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +41,14 @@ _YIELD_EVERY = 256  # items between explicit yields, so signal handlers get to r
 class ReplayOptions:
     """``speedup``: divide event-time gaps by this (None: no waiting at all);
     ``limit``: stop after this many events were sent (None: whole input);
-    ``live``: rebase event times so the first event is now."""
+    ``live``: rebase event times so the first event is now;
+    ``rate``: send at most this many events per wall-clock second (None: no cap)."""
 
     speedup: float | None = None
     limit: int | None = None
     live: bool = False
     max_sleep_s: float = MAX_SLEEP_S
+    rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,14 @@ def source_for_topic(topic: str) -> str:
 
 
 def open_input(
-    path: str, fmt: str, source: str, *, device: str | None, field: str | None, host: str | None
+    path: str,
+    fmt: str,
+    source: str,
+    *,
+    device: str | None,
+    field: str | None,
+    host: str | None,
+    tz: tzinfo = UTC,
 ) -> Iterator[ReplayItem]:
     """The items of ``path`` read as ``fmt``; IngestArgError when the format does
     not produce ``source`` events or its options are missing or stray."""
@@ -84,19 +97,24 @@ def open_input(
         msg = f"--format {fmt} produces {produces} events, but the topic takes {source} events"
         raise IngestArgError(msg)
     given = {"--device": device, "--field": field, "--host": host}
-    needed = {"nab": ("--device", "--field"), "apache": ("--host",)}.get(fmt, ())
+    needed: tuple[str, ...] = {"nab": ("--device", "--field")}.get(fmt, ())
+    if fmt in LOG_FORMATS and LOG_FORMATS[fmt].needs_host:
+        needed = ("--host",)
+    optional = ("--host",) if fmt == "syslog" else ()
     for option, value in given.items():
         if option in needed and not value:
             msg = f"--format {fmt} needs {' and '.join(needed)}"
             raise IngestArgError(msg)
-        if option not in needed and value is not None:
+        if option not in needed and option not in optional and value is not None:
             msg = f"{option} does not apply to --format {fmt}"
             raise IngestArgError(msg)
     if fmt == "nab":
         return nab_events(path, device=device or "", field=field or "")
     if fmt == "apache":
         return apache_events(path, host=host or "")
-    return jsonl_lines(path)
+    if fmt == "jsonl":
+        return jsonl_lines(path)
+    return log_events(path, fmt, host=host, tz=tz)
 
 
 async def replay(
@@ -134,8 +152,11 @@ async def replay(
             event = await pub.admit(item)
             if event is None:
                 continue
-            wait = pacer.delay(event.ts_ms, clock()) if pacer else 0.0
-            if wait > 0 and await _stopped_within(stop, wait):
+            now = clock()
+            wait = pacer.delay(event.ts_ms, now) if pacer else 0.0
+            if opts.rate:
+                wait = max(wait, started + sent / opts.rate - now)
+            if wait > 0 and await stopped_within(stop, wait):
                 interrupted = True
                 break
             await pub.send(rebaser.apply(event) if rebaser else event)
@@ -152,12 +173,3 @@ async def replay(
         " (stopped)" if interrupted else "",
     )
     return summary
-
-
-async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
-    """Wait up to ``seconds``; True as soon as ``stop`` is set."""
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True

@@ -18,11 +18,13 @@ import re
 from datetime import UTC, datetime, timedelta, timezone
 
 from app.events import LOGS, format_ts
+from ingest.adapters.logbase import LineContext, LineParseError
 from ingest.model import (
     Converter,
     ConvertError,
     ConvertResult,
     IngestArgError,
+    Record,
     checked,
     decode_line,
     epoch_ms,
@@ -78,6 +80,15 @@ def parse_line(text: str, *, host: str, number: int = 0, raw: bytes | None = Non
     except _Bad as exc:
         return ConvertError(ADAPTER, number, raw, str(exc.args[0]))
     return checked(LOGS, ADAPTER, number, raw, record)
+
+
+def parse_record(text: str, ctx: LineContext) -> Record:
+    """Parse one line into an (unvalidated) logs record keyed by ``ctx.host``;
+    raises LineParseError. The :class:`~ingest.adapters.logformats.LogFormat` entry point."""
+    try:
+        return _parse(text, ctx.host or "")
+    except _Bad as exc:
+        raise LineParseError(str(exc.args[0])) from None
 
 
 def _parse(text: str, host: str) -> dict[str, object]:

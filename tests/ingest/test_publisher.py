@@ -11,6 +11,7 @@ import pytest
 from app import topics
 from app.config import Settings
 from app.errors import ConfigError
+from ingest.model import ConvertError
 from ingest.publisher import Publisher
 from tests.conftest import make_settings
 from tests.kafka_helpers import consume, consume_json
@@ -77,3 +78,30 @@ def test_no_bootstrap_servers_is_a_clear_config_error(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS is not set"):
         asyncio.run(run())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_submit_returns_a_delivery_for_events_errors_and_dead_letters(settings: Settings) -> None:
+    async def run() -> tuple[Publisher, list[str], bool]:
+        async with Publisher(settings, topics.SENSORS, "sensors", "test") as pub:
+            event = pub.check(_reading(1))  # validates without sending or counting
+            assert (pub.accepted, pub.in_flight) == (0, 0)
+            deliveries = [
+                await pub.submit(_reading(2), where="here"),
+                await pub.submit(ConvertError("test", 7, b"junk", "bad line", "ts"), where="f.log byte 10"),
+                await pub.submit({"device_id": "d", "ts": "x"}, where="f.log byte 20"),
+                await pub.send(pub.accept(event)),
+            ]
+            all_acked = await pub.flush(timeout_s=30)
+            assert all(d.done() for d in deliveries)
+            return pub, [d.result().topic for d in deliveries], all_acked
+
+    pub, landed, all_acked = asyncio.run(run())
+    assert all_acked
+    assert landed == [topics.SENSORS, topics.DLQ, topics.DLQ, topics.SENSORS]
+    assert (pub.accepted, pub.produced, pub.rejected, pub.dead_lettered) == (2, 2, 2, 2)
+    dead = consume_json(settings.bootstrap_servers, topics.DLQ, min_count=2)
+    assert dead[0]["reason"] == "f.log byte 10: bad line"
+    assert dead[1]["reason"].startswith("f.log byte 20: field 'ts' is not an RFC 3339 timestamp")

@@ -138,3 +138,17 @@ def test_topic_decides_the_source_and_format_must_match() -> None:
         open_input("x.log", "apache", "logs", device=None, field=None, host=None)
     with pytest.raises(IngestArgError, match="--host does not apply"):
         open_input("x.jsonl", "jsonl", "logs", device=None, field=None, host="h")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_rate_caps_events_per_second(settings: Settings, tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "rate.jsonl", _readings(40, step_s=1))
+
+    started = time.monotonic()
+    summary = _run(settings, jsonl_lines(path), topics.SENSORS, "jsonl", rate=200.0)
+    elapsed = time.monotonic() - started
+
+    assert summary.published == 40
+    assert elapsed >= 39 / 200

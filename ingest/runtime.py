@@ -1,0 +1,134 @@
+"""Run one ingest adapter as a process: settings, signals, metrics, one summary line.
+
+:func:`run_adapter` is the shared ``main`` of every command that publishes:
+it reads :class:`~app.config.Settings` from the environment, serves
+``/metrics`` on ``APP_METRICS_PORT`` when non-zero, and runs
+``body(settings, stop)`` in an event loop. The first SIGTERM or SIGINT sets
+``stop`` (also one that arrives during start-up); the adapter then stops
+accepting input, flushes and returns its summary. A second signal is left to
+the default handler, so a stuck adapter can still be killed. The summary is
+printed to stdout as one JSON line; the exit code is 0, or 1 when some records
+were never acknowledged by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import orjson
+
+from app.config import Settings, setup_logging
+from app.errors import ConfigError
+from app.metrics import serve
+from ingest.publisher import NO_BOOTSTRAP, Publisher
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+T = TypeVar("T")
+
+
+class Summary(Protocol):
+    """What an adapter returns: counts, serialisable as the final stdout line."""
+
+    @property
+    def failed(self) -> int: ...
+
+    def to_json(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """Acknowledged counts of one adapter run: ``published`` on ``topic``,
+    ``dlq`` on dlq.events, ``failed`` never acknowledged, plus adapter-specific
+    ``extra`` counters (lines read, requests served, ...)."""
+
+    adapter: str
+    topic: str
+    published: int
+    dlq: int
+    failed: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pub: Publisher, **extra: Any) -> AdapterSummary:
+        return cls(pub.adapter, pub.topic, pub.produced, pub.dead_lettered, pub.failed, extra)
+
+    def to_json(self) -> bytes:
+        head = {"adapter": self.adapter, "topic": self.topic, "published": self.published}
+        return orjson.dumps({**head, "dlq": self.dlq, "failed": self.failed, **self.extra})
+
+
+Body = Callable[[Settings, asyncio.Event], Awaitable[Summary]]
+
+
+def run_adapter(body: Body) -> int:
+    """Run ``body`` until it returns (by itself, or after a stop signal); print
+    its summary; return the exit code. ConfigError when no Kafka is configured."""
+    early: list[int] = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
+    settings = Settings.from_env()
+    setup_logging(settings.log_level)
+    if not settings.bootstrap_servers:
+        raise ConfigError(NO_BOOTSTRAP)
+    serve(settings.metrics_port)
+    summary = asyncio.run(_until_signal(body, settings, early))
+    sys.stdout.buffer.write(summary.to_json() + b"\n")
+    sys.stdout.flush()
+    return 1 if summary.failed else 0
+
+
+async def _until_signal(body: Body, settings: Settings, early: list[int]) -> Summary:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        logger.info("received %s, stopping: flushing what was accepted", sig.name)
+        stop.set()
+        loop.remove_signal_handler(sig)
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    if early:
+        stop.set()
+    try:
+        return await body(settings, stop)
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def take_batch(queue: asyncio.Queue[T], stop: asyncio.Event, limit: int = 1000) -> list[T]:
+    """Wait until ``queue`` has items or ``stop`` is set; return up to ``limit``
+    items at once (empty only when stopped), so a busy consumer does not pay
+    for a wait per item."""
+    items: list[T] = []
+    if queue.empty():
+        getter = asyncio.ensure_future(queue.get())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not getter.done():
+            getter.cancel()
+            return items
+        items.append(getter.result())
+    while len(items) < limit and not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds``; True as soon as ``stop`` is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
