@@ -1,35 +1,49 @@
 """The one place where Faust agents, topics and tables are registered.
 
-One agent per source topic decodes each record with the source schema
-(invalid records go to ``dlq.events`` with the reason, and the agent goes
-on), runs the pure :class:`~app.rules.evaluator.Evaluator`, and produces every
-alert transition to ``alerts`` keyed by fingerprint.
+Per source (sensors, logs, finance) two agents:
 
-Per-key rule state lives in one Faust table per source topic, so the
-table's changelog partitions line up with the topic's partitions and a
-restarted or rebalanced worker resumes the state of the partitions it owns.
+* ``evaluate-<source>`` reads the source topic, decodes each record with the
+  source schema (invalid ones go to ``dlq.events`` with the reason, and the
+  agent goes on), runs the source's *direct* stream (rules grouped by the
+  topic key, and branches) and forwards the event, re-keyed by group values,
+  to ``streamalert-rules-<source>-regroup`` for each other grouping;
+* ``regroup-<source>`` reads that topic and runs those rules, so one group's
+  events always meet on one partition.
 
-Delivery guarantee: at least once. Faust commits a source offset only after
-the agent has finished with the record, and alert ids are deterministic, so
-a replay after a crash re-emits the same ids, which downstream dedups.
+Each topic's per-key rule state lives in its own Faust table, co-partitioned
+with it; a restarted or rebalanced worker resumes the state (windows,
+pending ``for:``, absences) of the partitions it owns and re-arms their
+timers. Registry tables (``tables.devices``, ``tables.watchlists``) are read
+whole by every worker before any event is evaluated. Rule files are watched:
+a valid edit takes effect within ~2 s; an invalid one is logged with every
+problem and the last good rules keep running.
+
+Delivery guarantee: at least once. Faust commits a source offset after the
+agent finished with the record; alert ids are deterministic, so a replay
+after a crash re-emits the same ids, which downstream dedups.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+import orjson
 from faust.types import TableT
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from app import metrics
 from app.config import Settings
-from app.errors import IngestDecodeError
-from app.events import dlq_record, schema_for
-from app.rules.evaluator import Evaluator, State
+from app.errors import IngestDecodeError, RuleConfigError
+from app.events import Event, dlq_record, schema_for
+from app.kafka import make_consumer
+from app.rules.evaluator import LATE_TOPIC, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
-from app.topics import ALERTS, DLQ, SOURCE_TOPICS
+from app.tables import TABLES, Tables
+from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
 
 logger = logging.getLogger(__name__)
 
@@ -39,24 +53,30 @@ logger = logging.getLogger(__name__)
 REBALANCE_TIMEOUT_S = 3.0
 SESSION_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
+RELOAD_INTERVAL_S = 1.0
 
 EVENTS = Counter("worker_events_total", "Events consumed by the rule worker", ["source"])
 DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
 ALERTS_OUT = Counter("worker_alerts_total", "Alert transitions produced", ["rule", "status"])
-LATE = Counter("worker_late_events_total", "Events skipped as late by a stateful rule", ["source"])
+LATE = Counter("worker_late_events_total", "Events a stateful rule could not use (late)", ["source"])
+ROUTED = Counter("worker_routed_total", "Events routed by branch rules", ["topic"])
+RELOADS = Counter("worker_rule_reloads_total", "Rule reloads", ["outcome"])
+RULES = Gauge("worker_rules", "Rules loaded")
 EVAL_SECONDS = Histogram(
-    "worker_eval_seconds",
-    "Time to evaluate all rules on one event",
-    ["source"],
+    "worker_eval_seconds", "Time to evaluate all rules on one event", ["source"],
     buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2),
-)
+)  # fmt: skip
+
+
+def regroup_topic(source: str) -> str:
+    return f"streamalert-rules-{source}-regroup"
 
 
 class TableStore:
-    """A :class:`~app.rules.evaluator.StateStore` over a Faust table.
+    """A :class:`~app.rules.logic.base.StateStore` over a Faust table.
 
-    ``put`` must run inside stream iteration: Faust writes the changelog to
-    the partition of the event being processed.
+    ``put``/``delete`` must run inside stream iteration: Faust writes the
+    changelog to the partition of the event being processed.
     """
 
     def __init__(self, table: TableT[str, State]) -> None:
@@ -69,49 +89,160 @@ class TableStore:
     def put(self, key: str, value: State) -> None:
         self.table[key] = value
 
+    def delete(self, key: str) -> None:
+        self.table.pop(key, None)
+
+
+@dataclass
+class Runtime:
+    """The swappable part: the current rules and their engine."""
+
+    settings: Settings
+    ruleset: RuleSet
+    tables: Tables
+    stores: dict[str, TableStore]
+    engine: Engine = field(init=False)
+    restored: set[tuple[str, int]] = field(default_factory=set)
+    tables_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rejected: dict[str, str] | None = None  # file hashes of the last rejected edit, logged once
+
+    def __post_init__(self) -> None:
+        self.engine = self.build(self.ruleset)
+
+    def build(self, ruleset: RuleSet) -> Engine:
+        return Engine(ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions,
+                      stores=lambda name: self.stores[name.split(".by.")[0] + (".regroup" if ".by." in name else "")])  # fmt: skip
+
+    def swap(self, ruleset: RuleSet) -> None:
+        self.ruleset, self.engine = ruleset, self.build(ruleset)
+        self.restored.clear()
+        RULES.set(len(ruleset.rules))
+
+    def stream(self, source: str, name: str) -> Stream | None:
+        return next((s for s in self.engine.streams.get(source, ()) if s.name == name), None)
+
+    def ensure_restored(self, stream: Stream, store: TableStore, partition: int) -> None:
+        """Re-arm the timers of a partition's persisted state, once per partition and rule set."""
+        if (stream.name, partition) in self.restored:
+            return
+        self.restored.add((stream.name, partition))
+        stream.evaluator.restore((k, v) for k, v in list(store.table.items()) if v.get("p") == partition)
+
 
 def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
-def _register_source(
-    app: faust.App, settings: Settings, source: str, topic_name: str, ruleset: RuleSet
-) -> None:
+_TOPICS: dict[str, Any] = {}
+
+
+def _topic(app: faust.App, name: str) -> Any:
+    if name not in _TOPICS:
+        _TOPICS[name] = app.topic(name, key_serializer="raw", value_serializer="raw")
+    return _TOPICS[name]
+
+
+async def _emit(app: faust.App, out: Output, source: str) -> None:
+    for alert in out.alerts:
+        ALERTS_OUT.labels(alert.rule_id, alert.status).inc()
+        await _topic(app, ALERTS).send(key=alert.fingerprint.encode(), value=alert.to_json())
+    for topic, key, value in out.routed:
+        ROUTED.labels(topic).inc()
+        await _topic(app, topic).send(key=key, value=value)
+    for rule_id, value in out.late:
+        LATE.labels(source).inc()
+        await _topic(app, LATE_TOPIC).send(key=rule_id.encode(), value=value)
+
+
+def _register_source(app: faust.App, rt: Runtime, source: str, topic_name: str) -> None:
     schema = schema_for(source)
     topic = app.topic(topic_name, key_serializer="raw", value_serializer="raw")
-    alerts = app.topic(ALERTS, key_serializer="raw", value_serializer="raw")
+    regroup = app.topic(regroup_topic(source), key_serializer="raw", value_serializer="raw")
     dlq = app.topic(DLQ, key_serializer="raw", value_serializer="raw")
-    table = app.Table(
-        f"rule-state-{source}",
-        default=None,
-        partitions=settings.partitions,
-        key_type=str,
-        help="per-(rule, group) evaluator state; JSON values, changelog-backed",
-    )
-    evaluator = Evaluator(ruleset, TableStore(table), engine="faust")
-    events_c, dlq_c, late_c = EVENTS.labels(source), DLQ_EVENTS.labels(source), LATE.labels(source)
-    timer = EVAL_SECONDS.labels(source)
+    direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
+    events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), EVAL_SECONDS.labels(source)
+    direct_name = stream_name(source, None)
 
     async def evaluate(stream: Any) -> None:
-        async for raw in stream:
+        await rt.tables_ready.wait()
+        async for event in stream.events():
+            raw = event.value
             events_c.inc()
             try:
-                event = schema.decode(raw)
+                ev = schema.decode(raw)
             except IngestDecodeError as exc:
                 dlq_c.inc()
                 record = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
                 await dlq.send(key=source.encode(), value=record)
                 continue
-            late_before = evaluator.stats.late
+            partition = event.message.partition
+            out = Output()
+            for s in rt.engine.streams.get(source, ()):
+                if not s.evaluator.rules:
+                    continue
+                if s.name == direct_name:
+                    rt.ensure_restored(s, direct_store, partition)
+                    with timer.time():
+                        out.extend(s.evaluator.process(ev, partition))
+                else:
+                    body = orjson.dumps({"s": s.name, "e": ev.fields})
+                    await regroup.send(key=s.key_of(ev), value=body)
+            await _emit(app, out, source)
+
+    async def evaluate_regrouped(stream: Any) -> None:
+        await rt.tables_ready.wait()
+        async for event in stream.events():
+            msg = orjson.loads(event.value)
+            s = rt.stream(source, msg["s"])
+            if s is None:
+                continue  # its rules were removed by a reload
+            ev: Event = schema.validate(msg["e"])
+            partition = event.message.partition
+            rt.ensure_restored(s, regroup_store, partition)
             with timer.time():
-                transitions = evaluator.process(source, event)
-            if evaluator.stats.late != late_before:
-                late_c.inc()
-            for alert in transitions:
-                ALERTS_OUT.labels(alert.rule_id, alert.status).inc()
-                await alerts.send(key=alert.fingerprint.encode(), value=alert.to_json())
+                out = s.evaluator.process(ev, partition)
+            await _emit(app, out, source)
 
     app.agent(topic, name=f"evaluate-{source}")(evaluate)
+    app.agent(regroup, name=f"regroup-{source}")(evaluate_regrouped)
+
+
+async def _follow_tables(settings: Settings, rt: Runtime) -> None:
+    """Read every registry table topic from the start, then keep following it."""
+    from app.kafka import high_watermarks
+
+    topics = [t.topic for t in TABLES.values()]
+    by_topic = {t.topic: t.name for t in TABLES.values()}
+    marks = await high_watermarks(settings.bootstrap_servers, topics)
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        consumer.assign(list(marks))
+        await consumer.seek_to_beginning(*marks)
+        pending = {tp for tp, end in marks.items() if end > 0}
+        if not pending:
+            rt.tables_ready.set()
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, records in batch.items():
+                for r in records:
+                    try:
+                        rt.tables.apply(by_topic[tp.topic], (r.key or b"").decode(), r.value)
+                    except (IngestDecodeError, ValueError) as exc:
+                        logger.warning("ignored bad row in %s at offset %d: %s", tp.topic, r.offset, exc)
+                    if tp in pending and r.offset + 1 >= marks[tp]:
+                        pending.discard(tp)
+            if not pending and not rt.tables_ready.is_set():
+                logger.info("registry tables loaded: %s", {n: len(v) for n, v in rt.tables.rows.items()})
+                rt.tables_ready.set()
+    finally:
+        await consumer.stop()
+
+
+def _extra_topics(ruleset: RuleSet, settings: Settings) -> tuple[TopicSpec, ...]:
+    names = {regroup_topic(s) for s in SOURCE_TOPICS} | {LATE_TOPIC}
+    names |= {topic for r in ruleset.rules for topic in (a.topic for a in r.rule.branch)}
+    return tuple(TopicSpec(n, key="", partitions=settings.partitions) for n in sorted(names))
 
 
 def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) -> faust.App:
@@ -120,10 +251,13 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     if not settings.bootstrap_servers:
         msg = "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at a cluster"
         raise SystemExit(msg)
+    watch = ruleset is None
     if ruleset is None:
         ruleset = load_rules([settings.rules_dir])
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+                              specs=_extra_topics(ruleset, settings)))  # fmt: skip
     app = faust.App(
         "streamalert-rules",
         broker=_broker_urls(settings.bootstrap_servers),
@@ -140,11 +274,61 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         broker_session_timeout=SESSION_TIMEOUT_S,
         broker_heartbeat_interval=HEARTBEAT_S,
     )
+    stores: dict[str, TableStore] = {}
+    for source in SOURCE_TOPICS:
+        for name in (source, f"{source}.regroup"):
+            table = app.Table(f"rule-state-{name.replace('.', '-')}", default=None, partitions=settings.partitions,
+                              key_type=str, help="per-(rule, group) evaluator state")  # fmt: skip
+            stores[name] = TableStore(table)
+    rt = Runtime(settings, ruleset, Tables(), stores)
+    RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
-        _register_source(app, settings, source, topic_name, ruleset)
+        _register_source(app, rt, source, topic_name)
 
     @app.task
-    async def _serve_metrics() -> None:
+    async def _start() -> None:
         metrics.serve(settings.metrics_port)
 
+    @app.task
+    async def _tables() -> None:
+        await _follow_tables(settings, rt)
+
+    if watch:
+
+        @app.timer(RELOAD_INTERVAL_S)
+        async def _reload() -> None:
+            await _maybe_reload(settings, rt)
+
     return app
+
+
+async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
+    """Swap in edited rules when they are valid; keep the last good ones otherwise."""
+    from app.rules.loader import rule_files
+
+    files = {str(f): f for f in rule_files([settings.rules_dir])}
+    try:
+        current = {name: _sha(path.read_bytes()) for name, path in files.items()}
+    except OSError:
+        return  # a file vanished between listing and reading: next tick
+    if current == dict(rt.ruleset.files):
+        return
+    try:
+        ruleset = load_rules([settings.rules_dir])
+    except RuleConfigError as exc:
+        if current != rt.rejected:
+            RELOADS.labels("rejected").inc()
+            logger.error("rule files rejected, keeping the last good rules:\n%s", exc)
+            rt.rejected = current
+        return
+    await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+                        specs=_extra_topics(ruleset, settings))  # fmt: skip
+    rt.swap(ruleset)
+    RELOADS.labels("applied").inc()
+    logger.info("reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules))
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

@@ -20,8 +20,9 @@ import orjson
 from app.alerts import Alert
 from app.errors import IngestDecodeError
 from app.events import SCHEMAS, Event, parse_ts
-from app.rules.evaluator import Evaluator
+from app.rules.evaluator import Engine
 from app.rules.loader import RuleSet
+from app.tables import Tables
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class BacktestReport:
     events: int = 0
     skipped: int = 0
     alerts: int = 0
+    routed: int = 0
+    late: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -71,17 +74,26 @@ def backtest(
     time_from: str | None = None,
     time_to: str | None = None,
     engine: str = "faust",
+    partitions: int = 1,
+    tables: Tables | None = None,
 ) -> list[Alert]:
-    """Evaluate ``events`` in order; write each transition to ``out`` as one JSON line."""
+    """Evaluate ``events`` in order; write each transition to ``out`` as one JSON line.
+
+    ``partitions`` emulates the topic's partition count: per-partition event-time
+    clocks decide when windows close and timers fire, exactly as in the worker.
+    """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
-    ev = Evaluator(ruleset, engine=engine)
+    eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables)
     alerts: list[Alert] = []
     for source, e in events:
         if (lo is not None and e.ts_ms < lo) or (hi is not None and e.ts_ms >= hi):
             continue
         report.events += 1
-        for a in ev.process(source, e):
+        result = eng.process(source, e)
+        report.routed += len(result.routed)
+        report.late += len(result.late)
+        for a in result.alerts:
             alerts.append(a)
             out.write(orjson.dumps(backtest_line(a)).decode() + "\n")
     report.alerts = len(alerts)

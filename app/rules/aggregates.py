@@ -46,10 +46,17 @@ class AggSpec:
         return None  # min, max
 
     def add(self, state: Any, row: Row) -> Any:
+        """Fold one row in."""
+        return self.add_value(state, self.input(row))
+
+    def input(self, row: Row) -> Any:
+        """The value this aggregate reads from a row (None for count(*))."""
+        return None if self.arg is None else self.arg(row)
+
+    def add_value(self, state: Any, v: Any) -> Any:
+        """Fold in a value already read with :meth:`input`."""
         if self.func == "count_star":
             return state + 1
-        assert self.arg is not None  # noqa: S101 - every other function has an argument
-        v = self.arg(row)
         if v is None:
             return state
         if self.func == "count":

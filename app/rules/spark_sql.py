@@ -38,22 +38,35 @@ from sqlglot import exp
 from app.errors import ExpressionError
 from app.rules import functions as fn
 from app.rules.expr import parse
+from app.rules.model import Rule
 
 logger = logging.getLogger(__name__)
 
+#: Rule-model fields the Spark engine implements (threshold rules).
+SPARK_RULE_FIELDS = frozenset(
+    {"id", "description", "source", "severity", "labels", "annotations", "group_by", "where", "for_ms"}
+    | {"consecutive", "engine"}
+)
 UDF_NAMES: dict[str, str] = {
     "distance_km": "sa_distance_km",
     "inside_radius": "sa_inside_radius",
     "inside_polygon": "sa_inside_polygon",
 }
-_TRY = {
+_TRY: dict[type[exp.Expression], str] = {
     exp.Add: "try_add",
     exp.Sub: "try_subtract",
     exp.Mul: "try_multiply",
     exp.Div: "try_divide",
     exp.Mod: "try_mod",
 }
-_CMP = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+_CMP: dict[type[exp.Expression], str] = {
+    exp.EQ: "=",
+    exp.NEQ: "<>",
+    exp.GT: ">",
+    exp.GTE: ">=",
+    exp.LT: "<",
+    exp.LTE: "<=",
+}
 _NULL_ARG = {n: "CAST(NULL AS STRING)" for n in ("lower", "upper", "trim", "length")}
 _UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
 _UNIT_MS["WEEK"] = 7 * _UNIT_MS["DAY"]
@@ -102,9 +115,10 @@ def _double_literal(value: float) -> str:
 
 
 class _Translator:
-    def __init__(self, text: str, schema: Mapping[str, str]) -> None:
+    def __init__(self, text: str, schema: Mapping[str, str], qualifier: str | None) -> None:
         self.text = text
         self.schema = schema
+        self.prefix = f"`{qualifier}`." if qualifier else ""
         self.columns: set[str] = set()
 
     def unsupported(self, what: str) -> SparkUnsupportedError:
@@ -138,7 +152,7 @@ class _Translator:
                 msg = f"in {self.text!r}: unknown field '{name}'"
                 raise ExpressionError(msg)
             self.columns.add(name)
-            return ".".join(f"`{p.name}`" for p in node.parts), self.schema[name]
+            return self.prefix + ".".join(f"`{p.name}`" for p in node.parts), self.schema[name]
         if isinstance(node, exp.Neg):
             x, t = self.numeric(node.this)
             return (f"try_subtract(0L, {x})" if t == "long" else f"(- {x})"), t
@@ -246,9 +260,35 @@ class _Translator:
             raise SparkUnsupportedError(msg) from None
 
 
-def to_spark_sql(text: str, schema: Mapping[str, str]) -> SparkExpr:
+def to_spark_sql(text: str, schema: Mapping[str, str], qualifier: str | None = None) -> SparkExpr:
     """Translate ``text`` (already accepted by :func:`app.rules.expr.compile_expr`
-    against ``schema``) to Spark SQL. Raises :class:`SparkUnsupportedError`."""
-    tr = _Translator(text, schema)
+    against ``schema``) to Spark SQL; field ``f`` becomes `` `f` ``, or
+    `` `qualifier`.`f` `` to read it from a struct column. Raises
+    :class:`SparkUnsupportedError` for what Spark cannot run."""
+    tr = _Translator(text, schema, qualifier)
     sql, t = tr.sql(parse(text))
     return SparkExpr(sql=sql, type=t, columns=frozenset(tr.columns))
+
+
+def spark_problems(rule: Rule, schema: Mapping[str, str]) -> list[str]:
+    """Why ``rule`` cannot run on the Spark engine (empty: it can).
+
+    Any rule-model field outside :data:`SPARK_RULE_FIELDS` that is set to a
+    non-default value is refused by name, so a feature added to the model is
+    rejected here until the Spark engine learns it; never silently ignored.
+    """
+    kind = getattr(rule, "kind", "threshold")
+    if kind != "threshold":
+        return [f"{kind} rules are not supported on the spark engine yet"]
+    problems = []
+    for name, info in type(rule).model_fields.items():
+        if name in SPARK_RULE_FIELDS:
+            continue
+        if getattr(rule, name) != info.get_default(call_default_factory=True):
+            problems.append(f"'{info.alias or name}' is not supported on the spark engine")
+    if rule.where is not None:
+        try:
+            to_spark_sql(rule.where, schema)
+        except ExpressionError as exc:
+            problems.append(str(exc))
+    return problems

@@ -9,7 +9,7 @@ from typing import Any
 
 from app.alerts import Alert, alert_id, fingerprint
 from app.events import SENSORS, Event
-from app.rules.evaluator import Evaluator, run_backtest
+from app.rules.evaluator import Engine, run_backtest
 from app.rules.loader import RuleSet, load_rules
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 
@@ -87,25 +87,25 @@ def test_groups_are_independent(tmp_path: Path) -> None:
 
 
 def test_null_never_fires_and_late_events_are_skipped(tmp_path: Path) -> None:
-    ev = Evaluator(rules(tmp_path, HOT))
-    assert ev.process(*sensor(0, None)) == []
-    assert [a.status for a in ev.process(*sensor(5, 101))] == ["firing"]
-    assert ev.process(*sensor(3, 50)) == []  # late: would otherwise resolve
-    assert ev.stats.late == 1
-    assert [a.status for a in ev.process(*sensor(6, 50))] == ["resolved"]
+    eng = Engine(rules(tmp_path, HOT))
+    assert eng.process(*sensor(0, None)).alerts == []
+    assert [a.status for a in eng.process(*sensor(5, 101)).alerts] == ["firing"]
+    assert eng.process(*sensor(3, 50)).alerts == []  # late: would otherwise resolve
+    assert eng.stats.late == 1
+    assert [a.status for a in eng.process(*sensor(6, 50)).alerts] == ["resolved"]
 
 
 def test_a_failing_rule_is_recorded_and_others_still_run(tmp_path: Path) -> None:
     rs = rules(tmp_path, HOT + HOT.replace("id: hot", "id: hot2"))
-    ev = Evaluator(rs)
+    eng = Engine(rs)
 
     def boom(_row: Any) -> Any:
         raise ZeroDivisionError("boom")
 
-    object.__setattr__(ev._by_source["sensors"][0].rule.where, "fn", boom)
-    out = ev.process(*sensor(0, 101))
+    object.__setattr__(eng.streams["sensors"][0].evaluator.rules[0].where, "fn", boom)
+    out = eng.process(*sensor(0, 101)).alerts
     assert [a.rule_id for a in out] == ["hot2"]
-    assert "ZeroDivisionError" in ev.stats.per_rule_errors["hot"]
+    assert "ZeroDivisionError" in eng.stats.per_rule_errors["hot"]
 
 
 def nab_events() -> list[tuple[str, Event]]:

@@ -1,0 +1,158 @@
+"""What every rule kind's logic shares: the state store, the alert builder and the
+contract the evaluator drives.
+
+Contract (bytewax's StatefulLogic, adapted):
+
+* ``on_event(store, key, group, ev, row) -> (alerts, late)`` runs for each
+  event of the rule's stream, in arrival order. ``late`` is True when the
+  event was too old to apply; the evaluator counts it and applies the rule's
+  late policy.
+* ``on_clock(store, key, clock_ms) -> alerts`` runs when the partition's
+  event-time clock (the newest event time seen on it) has reached the state's
+  ``due`` time. It closes windows, fires absences and ends event alerts.
+* State is a small JSON-able dict per (rule, group) holding at least ``g``
+  (the group values) and, when a timer is pending, ``due``. ``store.put`` is
+  called whenever the state must survive a restart.
+
+Every time in an alert comes from event time, never from the wall clock or
+from when a timer happened to run, so ids are identical across engines,
+replays and partitionings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from app.alerts import Alert, Status
+from app.events import Event, format_ts
+from app.rules.loader import CompiledRule
+from app.rules.template import render
+
+State = dict[str, Any]
+Result = tuple[list[Alert], bool]
+
+
+class StateStore(Protocol):
+    """Where per-key state lives: a dict in tests and backtests, a Faust table live."""
+
+    def get(self, key: str) -> State | None: ...
+
+    def put(self, key: str, value: State) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class DictStore:
+    """An in-memory :class:`StateStore`."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, State] = {}
+
+    def get(self, key: str) -> State | None:
+        return self.data.get(key)
+
+    def put(self, key: str, value: State) -> None:
+        self.data[key] = value
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def items(self) -> list[tuple[str, State]]:
+        return list(self.data.items())
+
+
+class Logic(Protocol):
+    rule: CompiledRule
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any]
+    ) -> Result: ...
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]: ...
+
+
+def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple("" if row.get(g) is None else str(row.get(g)) for g in rule.rule.group_by)
+
+
+def state_key(rule: CompiledRule, group: tuple[str, ...]) -> str:
+    return "\x1f".join((rule.id, *group))
+
+
+def build_alert(
+    rule: CompiledRule,
+    status: Status,
+    group: tuple[str, ...],
+    row: Mapping[str, Any],
+    starts_at_ms: int,
+    ends_at_ms: int | None,
+    event_ts_ms: int,
+    values: Mapping[str, Any],
+) -> Alert:
+    """An alert transition with labels from the rule and group, annotations rendered."""
+    r = rule.rule
+    labels = {"alertname": r.id, "severity": r.severity, **r.labels}
+    labels.update(zip(r.group_by, group, strict=True))
+    context = {**row, **values}
+    annotations = {k: render(v, context) for k, v in r.annotations.items()}
+    if r.description and "description" not in annotations:
+        annotations["description"] = r.description
+    return Alert.build(
+        rule_id=r.id,
+        rule_version=rule.version,
+        status=status,
+        severity=r.severity,
+        labels=labels,
+        annotations=annotations,
+        starts_at=format_ts(starts_at_ms),
+        ends_at=None if ends_at_ms is None else format_ts(ends_at_ms),
+        source=r.source,
+        event_ts=format_ts(event_ts_ms),
+        values=values,
+    )
+
+
+def group_row(rule: CompiledRule, group: tuple[str, ...]) -> dict[str, Any]:
+    """The group fields as a row, for alerts raised by a timer (no event at hand)."""
+    return dict(zip(rule.rule.group_by, group, strict=True))
+
+
+class OneShot:
+    """Event alerts (change, new term, sequence, session): fire on a trigger,
+    resolve ``resolve_after`` (event time) after the last trigger. A trigger
+    while firing extends it and counts, without a second notification."""
+
+    def __init__(self, rule: CompiledRule) -> None:
+        self.rule = rule
+        self.resolve_after = rule.rule.resolve_after
+
+    def trigger(
+        self, st: State, group: tuple[str, ...], row: Mapping[str, Any], start_ms: int, at_ms: int,
+        values: Mapping[str, Any],
+    ) -> list[Alert]:  # fmt: skip
+        until = at_ms + self.resolve_after
+        if st.get("fire") is not None:
+            st["until"] = max(st["until"], until)
+            st["count"] = st.get("count", 1) + 1
+            return []
+        st["fire"], st["until"], st["count"] = start_ms, until, 1
+        st["fv"] = dict(values)
+        return [build_alert(self.rule, "firing", group, row, start_ms, None, at_ms, values)]
+
+    def expire(self, st: State, group: tuple[str, ...], clock_ms: int) -> list[Alert]:
+        if st.get("fire") is None or clock_ms < st["until"]:
+            return []
+        started, until = st["fire"], st["until"]
+        values = {**st.get("fv", {}), "count": st.get("count", 1)}
+        st["fire"] = None
+        st.pop("fv", None)
+        return [
+            build_alert(
+                self.rule, "resolved", group, group_row(self.rule, group), started, until, until, values
+            )
+        ]
+
+    @staticmethod
+    def due(st: State) -> int | None:
+        return st["until"] if st.get("fire") is not None else None

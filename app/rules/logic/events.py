@@ -1,0 +1,238 @@
+"""Absence, change, new term and sequence rules.
+
+* **Absence** (``absent_for: T``): a group fires when the partition clock
+  minus ``allowed_lateness`` passes its last event + T (``starts_at`` = that
+  instant) and resolves on its next event. With ``expect_from: devices``,
+  registry keys never seen start their wait when the evaluator first learns
+  of them.
+* **Change** (``change: field``): an event alert when the field's value
+  differs from the group's previous non-NULL value.
+* **New term** (``new_term: {field, horizon, warmup}``): an event alert when
+  a value was not seen in the group within ``horizon``; the first
+  ``horizon`` after a group's first event only learns, so a restart of the
+  history does not flag every value as new.
+* **Sequence**: steps in order within ``within`` of the first step's first
+  event (other events in between are ignored); a final ``absent: true`` step
+  fires when ``within`` passes without it.
+
+Event alerts resolve ``resolve_after`` after their last trigger. Late events
+(older than the newest one seen for the rule and group) are skipped, except
+for absence, where an old event simply does not move ``last`` back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.alerts import Alert
+from app.events import Event
+from app.rules.loader import CompiledRule
+from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row
+
+MAX_TERMS = 100_000
+
+
+class AbsenceLogic:
+    def __init__(self, rule: CompiledRule) -> None:
+        self.rule = rule
+        self.absent_ms = int(rule.rule.absent_for or 0)
+        self.lateness = rule.rule.allowed_lateness
+
+    def expect(self, store: StateStore, key: str, group: tuple[str, ...], since_ms: int) -> None:
+        """Start waiting for a key known from the registry but never seen."""
+        if store.get(key) is None:
+            store.put(key, {"g": list(group), "last": since_ms, "fire": None, "due": self._due(since_ms)})
+
+    def _due(self, last: int) -> int:
+        return last + self.absent_ms + self.lateness
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if self.rule.where is not None and self.rule.where(row) is not True:
+            return [], False
+        st = store.get(key)
+        alerts: list[Alert] = []
+        if st is not None and st["fire"] is not None and ev.ts_ms >= st["fire"]:
+            values = {"silent_since": st["last"]}
+            alerts.append(
+                build_alert(self.rule, "resolved", group, row, st["fire"], ev.ts_ms, ev.ts_ms, values)
+            )
+            st["fire"] = None
+        if st is not None and ev.ts_ms <= st["last"] and not alerts:
+            return [], False  # an old event: nothing moves
+        last = max(ev.ts_ms, st["last"]) if st is not None else ev.ts_ms
+        store.put(key, {"g": list(group), "last": last, "fire": None, "due": self._due(last)})
+        return alerts, False
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None or st["fire"] is not None or clock_ms < self._due(st["last"]):
+            return []
+        group = tuple(st["g"])
+        start = st["last"] + self.absent_ms
+        st["fire"], st["due"] = start, None
+        store.put(key, st)
+        values = {"silent_since": st["last"]}
+        return [
+            build_alert(self.rule, "firing", group, group_row(self.rule, group), start, None, start, values)
+        ]
+
+
+class _EventAlert:
+    def __init__(self, rule: CompiledRule) -> None:
+        self.rule = rule
+        self.oneshot = OneShot(rule)
+
+    def _state(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event
+    ) -> tuple[State | None, bool]:
+        st = store.get(key)
+        if st is not None and ev.ts_ms < st["last"]:
+            return st, True
+        return st or {"g": list(group), "last": ev.ts_ms, "fire": None}, False
+
+    def _save(self, store: StateStore, key: str, st: State) -> None:
+        st["due"] = OneShot.due(st)
+        store.put(key, st)
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None:
+            return []
+        alerts = self.oneshot.expire(st, tuple(st["g"]), clock_ms)
+        if alerts:
+            self._save(store, key, st)
+        return alerts
+
+
+class ChangeLogic(_EventAlert):
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        self.field = str(rule.rule.change)
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if self.rule.where is not None and self.rule.where(row) is not True:
+            return [], False
+        st, late = self._state(store, key, group, ev)
+        if late or st is None:
+            return [], late
+        value = row.get(self.field)
+        if value is None:
+            return [], False
+        previous = st.get("val")
+        st["last"], st["val"] = ev.ts_ms, value
+        alerts: list[Alert] = []
+        if previous is not None and previous != value:
+            values = {self.field: value, "previous": previous}
+            alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, values)
+        if alerts or previous != value:
+            self._save(store, key, st)
+        return alerts, False
+
+
+class NewTermLogic(_EventAlert):
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        assert rule.rule.new_term is not None  # noqa: S101
+        self.field = rule.rule.new_term.field
+        self.horizon = rule.rule.new_term.horizon
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if self.rule.where is not None and self.rule.where(row) is not True:
+            return [], False
+        st, late = self._state(store, key, group, ev)
+        if late or st is None:
+            return [], late
+        value = row.get(self.field)
+        if value is None:
+            return [], False
+        term = str(value)
+        terms: dict[str, int] = st.setdefault("terms", {})
+        first = st.setdefault("first", ev.ts_ms)
+        seen = terms.get(term)
+        st["last"] = ev.ts_ms
+        alerts: list[Alert] = []
+        learning = ev.ts_ms < first + self.horizon
+        if not learning and (seen is None or ev.ts_ms - seen > self.horizon):
+            alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, {self.field: value})
+        terms[term] = ev.ts_ms
+        if len(terms) > MAX_TERMS or (len(terms) % 1000 == 0):
+            cutoff = ev.ts_ms - self.horizon
+            st["terms"] = dict(
+                sorted(((t, s) for t, s in terms.items() if s >= cutoff), key=lambda x: -x[1])[:MAX_TERMS]
+            )
+        self._save(store, key, st)
+        return alerts, False
+
+
+class SequenceLogic(_EventAlert):
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        assert rule.parts is not None  # noqa: S101
+        self.steps = rule.rule.sequence
+        self.conds = rule.parts.steps
+        self.within = int(rule.rule.within or 0)
+        self.negative = self.steps[-1].absent
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        st, late = self._state(store, key, group, ev)
+        if late or st is None:
+            return [], late
+        st["last"] = ev.ts_ms
+        step, count, first = st.get("step", 0), st.get("count", 0), st.get("first")
+        if first is not None and ev.ts_ms - first > self.within:
+            step, count, first = 0, 0, None  # too slow: start over
+        alerts: list[Alert] = []
+        waiting = self.negative and step == len(self.steps) - 1
+        if waiting:
+            if self.conds[-1](row) is True:
+                step, count, first = 0, 0, None  # it did follow in time: no alert
+        elif self.conds[step](row) is True:
+            if step == 0 and count == 0:
+                first = ev.ts_ms
+            count += 1
+            if count >= self.steps[step].times:
+                step, count = step + 1, 0
+            if step == len(self.steps):  # every (positive) step completed
+                values = {"steps": ",".join(s.name for s in self.steps), "first_at": first}
+                alerts = self.oneshot.trigger(st, group, row, int(first or ev.ts_ms), ev.ts_ms, values)
+                step, count, first = 0, 0, None
+        st.update(step=step, count=count, first=first)
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return alerts, False
+
+    def _due(self, st: State) -> int | None:
+        times = [d] if (d := OneShot.due(st)) is not None else []
+        if self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None:
+            times.append(st["first"] + self.within)
+        return min(times) if times else None
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None:
+            return []
+        group = tuple(st["g"])
+        alerts = self.oneshot.expire(st, group, clock_ms)
+        if self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None:
+            deadline = st["first"] + self.within
+            if clock_ms >= deadline:
+                values = {"missing": self.steps[-1].name, "first_at": st["first"]}
+                row = group_row(self.rule, group)
+                alerts += self.oneshot.trigger(st, group, row, st["first"], deadline, values)
+                st.update(step=0, count=0, first=None)
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return alerts

@@ -1,0 +1,355 @@
+"""Windowed aggregates in event time: tumbling, hopping, sliding and session windows.
+
+The watermark of a rule is the partition clock minus ``allowed_lateness``.
+
+* **Tumbling/hopping**: each event adds to the accumulators of every window
+  containing it. A window is evaluated once the watermark reaches its end
+  (``late_policy: amend`` evaluates it at its end and again for each late
+  event until end + lateness, and may then raise an alert it did not raise
+  on time). ``having`` over the aggregates (and ``prev(x)``, the previous
+  window's value) drives the same lifecycle as a threshold rule, one window
+  at a time: ``starts_at`` is the first active window's start, ``ends_at`` the
+  last active window's end. A firing group whose next window has no events
+  is evaluated on an empty window (count 0, other aggregates NULL).
+* **Sliding**: the trailing ``size`` is evaluated at every change point (each
+  event time and each expiry time) in time order, once the watermark passes
+  it, so arrival order within the lateness does not matter.
+* **Session**: events closer than ``gap`` form a session; when the watermark
+  passes its last event + gap it is evaluated, and a match raises an event
+  alert (see :class:`~app.rules.logic.base.OneShot`).
+
+Events older than the watermark for every window they belong to are late.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from typing import Any
+
+from app.alerts import Alert
+from app.events import Event
+from app.rules.aggregates import AggSpec
+from app.rules.loader import CompiledRule
+from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row
+
+MAX_EMPTY_STEPS = 10_000
+
+
+class _Aggregating:
+    def __init__(self, rule: CompiledRule) -> None:
+        assert rule.parts is not None and rule.parts.having is not None  # noqa: S101
+        assert rule.rule.window is not None  # noqa: S101
+        self.rule = rule
+        self.aggs: tuple[AggSpec, ...] = rule.parts.aggs
+        self.having = rule.parts.having
+        self.where = rule.where
+        self.window = rule.rule.window
+        self.lateness = rule.rule.allowed_lateness
+
+    def results(self, states: list[Any]) -> dict[str, Any]:
+        return {a.name: a.result(s) for a, s in zip(self.aggs, states, strict=True)}
+
+    def empty(self) -> list[Any]:
+        return [a.init() for a in self.aggs]
+
+    def fold(self, states: list[Any], row: Mapping[str, Any]) -> list[Any]:
+        return [a.add(s, row) for a, s in zip(self.aggs, states, strict=True)]
+
+    def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
+        row: dict[str, Any] = {**group_row(self.rule, group), **aggs}
+        for name in aggs:
+            row[f"prev.{name}"] = None if prev is None else prev.get(name)
+        return self.having(row) is True
+
+    def passes(self, row: Mapping[str, Any]) -> bool:
+        return self.where is None or self.where(row) is True
+
+
+class TumblingLogic(_Aggregating):
+    """Tumbling and hopping windows (tumbling: advance = size)."""
+
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        self.size = int(self.window.size or 0)
+        self.step = self.window.step
+        self.amend = rule.rule.late_policy == "amend"
+        self.for_ms = rule.rule.for_ms
+        self.consecutive = rule.rule.consecutive
+
+    def _starts(self, ts: int) -> list[int]:
+        last = ts - ts % self.step
+        return [last - k * self.step for k in range(self.size // self.step)]
+
+    def _eval_at(self, start: int) -> int:
+        """When a window is first evaluated (watermark at its end)."""
+        return start + self.size + (0 if self.amend else self.lateness)
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if not self.passes(row):
+            return [], False
+        st = store.get(key) or {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
+        alerts: list[Alert] = []
+        added = False
+        for start in self._starts(ev.ts_ms):
+            end = start + self.size
+            if end + self.lateness <= clock_ms:
+                continue  # closed for good
+            w = st["w"].get(str(start))
+            if w is None:
+                if self.amend and end <= clock_ms:
+                    w = {"a": self.empty(), "done": True}
+                else:
+                    w = {"a": self.empty(), "done": False}
+            w["a"] = self.fold(w["a"], row)
+            st["w"][str(start)] = w
+            added = True
+            if w["done"] and st["fire"] is None:  # amend: a late event may raise the alert
+                aggs = self.results(w["a"])
+                if self.active(group, aggs, self._prev(st, start)):
+                    alerts += self._fire(st, group, start, aggs, force=True)
+        if not added:
+            return [], True
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return alerts, False
+
+    def _prev(self, st: State, start: int) -> dict[str, Any] | None:
+        prev = st.get("prev")
+        if prev is not None and prev[0] == start - self.step:
+            return dict(prev[1])
+        return self.results(self.empty())
+
+    def _fire(
+        self, st: State, group: tuple[str, ...], start: int, aggs: dict, force: bool = False
+    ) -> list[Alert]:
+        end = start + self.size
+        st["n"] += 1
+        if st["since"] is None:
+            st["since"] = start
+        st["la"] = start
+        ready = st["n"] >= self.consecutive and end - st["since"] >= self.for_ms
+        if st["fire"] is None and (ready or force):
+            st["fire"] = st["since"]
+            values = {**aggs, "window_start": start, "window_end": end}
+            return [
+                build_alert(
+                    self.rule, "firing", group, group_row(self.rule, group), st["since"], None, end, values
+                )
+            ]
+        return []
+
+    def _evaluate(self, st: State, group: tuple[str, ...], start: int, accs: list[Any]) -> list[Alert]:
+        aggs = self.results(accs)
+        alerts: list[Alert] = []
+        if self.active(group, aggs, self._prev(st, start)):
+            alerts = self._fire(st, group, start, aggs)
+        else:
+            if st["fire"] is not None:
+                ended = st["la"] + self.size
+                values = {**aggs, "window_start": start, "window_end": start + self.size}
+                row = group_row(self.rule, group)
+                alerts = [
+                    build_alert(
+                        self.rule, "resolved", group, row, st["fire"], ended, start + self.size, values
+                    )
+                ]
+            st["fire"], st["n"], st["since"] = None, 0, None
+        st["prev"] = [start, aggs]
+        return alerts
+
+    def _due(self, st: State) -> int | None:
+        times = [self._eval_at(int(s)) for s, w in st["w"].items() if not w["done"]]
+        times += [int(s) + self.size + self.lateness for s, w in st["w"].items() if w["done"]]
+        if st["fire"] is not None and st["la"] is not None:
+            times.append(self._eval_at(st["la"] + self.step))
+        return min(times) if times else None
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None:
+            return []
+        group = tuple(st["g"])
+        alerts: list[Alert] = []
+        ready = sorted(
+            int(s) for s, w in st["w"].items() if not w["done"] and self._eval_at(int(s)) <= clock_ms
+        )
+        for start in ready:
+            alerts += self._empty_until(st, group, start, clock_ms)
+            alerts += self._evaluate(st, group, start, st["w"][str(start)]["a"])
+            if self.amend:
+                st["w"][str(start)]["done"] = True
+            else:
+                del st["w"][str(start)]
+        alerts += self._empty_until(st, group, None, clock_ms)
+        for s in [
+            s for s, w in st["w"].items() if w["done"] and int(s) + self.size + self.lateness <= clock_ms
+        ]:
+            del st["w"][s]
+        st["due"] = self._due(st)
+        if not st["w"] and st["fire"] is None:
+            store.delete(key)
+        else:
+            store.put(key, st)
+        return alerts
+
+    def _empty_until(
+        self, st: State, group: tuple[str, ...], before: int | None, clock_ms: int
+    ) -> list[Alert]:
+        """Evaluate the empty windows after the last active one while the group fires."""
+        alerts: list[Alert] = []
+        for _ in range(MAX_EMPTY_STEPS):
+            if st["fire"] is None or st["la"] is None:
+                break
+            nxt = st["la"] + self.step
+            if (before is not None and nxt >= before) or self._eval_at(nxt) > clock_ms or str(nxt) in st["w"]:
+                break
+            alerts += self._evaluate(st, group, nxt, self.empty())
+        return alerts
+
+
+class SlidingLogic(_Aggregating):
+    """The trailing window of ``size`` at every change point, in time order."""
+
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        self.size = int(self.window.size or 0)
+        self.for_ms = rule.rule.for_ms
+        self.consecutive = rule.rule.consecutive
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if not self.passes(row):
+            return [], False
+        st = store.get(key) or {"g": list(group), "ev": [], "t": None, "fire": None, "n": 0, "since": None}
+        if st["t"] is not None and ev.ts_ms <= st["t"]:
+            return [], True
+        inputs = [a.input(row) for a in self.aggs]
+        bisect.insort(st["ev"], [ev.ts_ms, inputs])
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return [], False
+
+    def _due(self, st: State) -> int | None:
+        t = st["t"] if st["t"] is not None else -(2**62)
+        points = [e[0] for e in st["ev"] if e[0] > t] + [
+            e[0] + self.size for e in st["ev"] if e[0] + self.size > t
+        ]
+        return min(points) + self.lateness if points else None
+
+    def _window(self, st: State, p: int) -> list[Any]:
+        accs = self.empty()
+        for ts, inputs in st["ev"]:
+            if p - self.size < ts <= p:
+                accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs, strict=True)]
+        return accs
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None:
+            return []
+        group = tuple(st["g"])
+        wm = clock_ms - self.lateness
+        t = st["t"] if st["t"] is not None else -(2**62)
+        points = sorted(
+            {e[0] for e in st["ev"] if t < e[0] <= wm}
+            | {e[0] + self.size for e in st["ev"] if t < e[0] + self.size <= wm}
+        )
+        alerts: list[Alert] = []
+        row = group_row(self.rule, group)
+        for p in points:
+            aggs = self.results(self._window(st, p))
+            if self.active(group, aggs, None):
+                st["n"] += 1
+                if st["since"] is None:
+                    st["since"] = p
+                if st["fire"] is None and st["n"] >= self.consecutive and p - st["since"] >= self.for_ms:
+                    st["fire"] = st["since"]
+                    alerts.append(build_alert(self.rule, "firing", group, row, st["since"], None, p, aggs))
+            else:
+                if st["fire"] is not None:
+                    alerts.append(build_alert(self.rule, "resolved", group, row, st["fire"], p, p, aggs))
+                st["fire"], st["n"], st["since"] = None, 0, None
+        st["t"] = max(t, wm)
+        st["ev"] = [e for e in st["ev"] if e[0] > st["t"] - self.size]
+        st["due"] = self._due(st)
+        if not st["ev"] and st["fire"] is None:
+            store.delete(key)
+        else:
+            store.put(key, st)
+        return alerts
+
+
+class SessionLogic(_Aggregating):
+    """Sessions of events closer than ``gap``; a matching session is an event alert."""
+
+    def __init__(self, rule: CompiledRule) -> None:
+        super().__init__(rule)
+        self.gap = int(self.window.gap or 0)
+        self.oneshot = OneShot(rule)
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if not self.passes(row):
+            return [], False
+        st = store.get(key) or {"g": list(group), "ev": [], "t": None, "s": None, "fire": None}
+        if st["t"] is not None and ev.ts_ms <= st["t"]:
+            return [], True
+        inputs = [a.input(row) for a in self.aggs]
+        bisect.insort(st["ev"], [ev.ts_ms, inputs])
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return [], False
+
+    def _due(self, st: State) -> int | None:
+        times = [st["ev"][0][0] + self.lateness] if st["ev"] else []
+        if st["s"] is not None:
+            times.append(st["s"][1] + self.gap + self.lateness)
+        if (d := OneShot.due(st)) is not None:
+            times.append(d)
+        return min(times) if times else None
+
+    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        st = store.get(key)
+        if st is None:
+            return []
+        group = tuple(st["g"])
+        wm = clock_ms - self.lateness
+        alerts = self.oneshot.expire(st, group, clock_ms)
+        while st["ev"] and st["ev"][0][0] <= wm:
+            ts, inputs = st["ev"].pop(0)
+            s = st["s"]
+            if s is not None and ts - s[1] > self.gap:
+                alerts += self._close(st, group)
+                s = None
+            if s is None:
+                s = [ts, ts, self.empty()]
+            s[1] = max(s[1], ts)
+            s[2] = [a.add_value(acc, v) for a, acc, v in zip(self.aggs, s[2], inputs, strict=True)]
+            st["s"] = s
+            st["t"] = ts
+        if st["s"] is not None and wm >= st["s"][1] + self.gap:
+            alerts += self._close(st, group)
+        alerts += self.oneshot.expire(st, group, clock_ms)
+        st["due"] = self._due(st)
+        if not st["ev"] and st["s"] is None and st["fire"] is None:
+            store.delete(key)
+        else:
+            store.put(key, st)
+        return alerts
+
+    def _close(self, st: State, group: tuple[str, ...]) -> list[Alert]:
+        start, last, accs = st["s"]
+        st["s"] = None
+        aggs = self.results(accs)
+        if not self.active(group, aggs, None):
+            return []
+        values = {**aggs, "window_start": start, "window_end": last + self.gap}
+        return self.oneshot.trigger(st, group, group_row(self.rule, group), start, last + self.gap, values)
