@@ -101,6 +101,7 @@ class Tables:
     """The current rows of every table, as the worker or a backtest sees them."""
 
     rows: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {n: {} for n in TABLES})
+    version: int = 0  # bumped on every change, so readers know to look again
 
     def get(self, table: str, key: str) -> dict[str, Any] | None:
         return self.rows.get(table, {}).get(key)
@@ -110,6 +111,7 @@ class Tables:
 
     def apply(self, table: str, key: str, value: bytes | None) -> None:
         """Apply one record of a table topic: a row, or a tombstone (None)."""
+        self.version += 1
         if value is None:
             self.rows[table].pop(key, None)
             return
@@ -117,6 +119,7 @@ class Tables:
         self.rows[table][row[TABLES[table].key]] = row
 
     def load_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.version += 1
         for r in rows:
             row = TABLES[table].validate(dict(r))
             self.rows[table][row[TABLES[table].key]] = row
