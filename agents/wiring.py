@@ -110,8 +110,13 @@ class Runtime:
         self.engine = self.build(self.ruleset)
 
     def build(self, ruleset: RuleSet) -> Engine:
-        return Engine(ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions,
-                      stores=lambda name: self.stores[name.split(".by.")[0] + (".regroup" if ".by." in name else "")])  # fmt: skip
+        def store_of(stream: str) -> TableStore:
+            source, _, grouping = stream.partition(".by.")
+            return self.stores[f"{source}.regroup" if grouping else source]
+
+        return Engine(
+            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of
+        )
 
     def swap(self, ruleset: RuleSet) -> None:
         self.ruleset, self.engine = ruleset, self.build(ruleset)
@@ -277,8 +282,13 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     stores: dict[str, TableStore] = {}
     for source in SOURCE_TOPICS:
         for name in (source, f"{source}.regroup"):
-            table = app.Table(f"rule-state-{name.replace('.', '-')}", default=None, partitions=settings.partitions,
-                              key_type=str, help="per-(rule, group) evaluator state")  # fmt: skip
+            table = app.Table(
+                f"rule-state-{name.replace('.', '-')}",
+                default=None,
+                partitions=settings.partitions,
+                key_type=str,
+                help="per-(rule, group) evaluator state",
+            )
             stores[name] = TableStore(table)
     rt = Runtime(settings, ruleset, Tables(), stores)
     RULES.set(len(ruleset.rules))
@@ -325,7 +335,9 @@ async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
                         specs=_extra_topics(ruleset, settings))  # fmt: skip
     rt.swap(ruleset)
     RELOADS.labels("applied").inc()
-    logger.info("reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules))
+    logger.info(
+        "reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules)
+    )
 
 
 def _sha(data: bytes) -> str:

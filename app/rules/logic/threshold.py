@@ -101,12 +101,13 @@ class ThresholdLogic:
             changed = True
         if st["fire"] is not None:
             cleared = (self.clear(row) is True) if self.clear is not None else not holds
-            if not cleared:
-                if st.get("kf") is not None:
+            if st.get("kf") is not None:
+                if holds:  # the condition came back before kf: keep firing
                     st["kf"], changed = None, True
+            elif not cleared:
+                pass
             elif self.keep_ms:
-                if st.get("kf") is None:
-                    st["kf"], changed = ev.ts_ms + self.keep_ms, True
+                st["kf"], changed = ev.ts_ms + self.keep_ms, True
             else:
                 alerts.append(self._resolve(st, group, row, ev.ts_ms, values))
                 changed = True
