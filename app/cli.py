@@ -3,8 +3,11 @@
 Commands:
   run          start the whole system (broker, ingest, worker, delivery, dashboard)
   rules check  validate rule files, printing every problem as file:line:col
-  backtest     run rules over recorded events and print the alert transitions
-  deliver | store-sync | receiver   run one role alone (as the supervisor does)
+  backtest     run rules over recorded events and print the alert transitions (--engine spark too)
+  spark        run the Spark engine: rules with engine spark/both on Structured Streaming
+  dispatch | store-sync | receiver   run one role alone (as the supervisor does)
+  alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
+  routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
   broker       run the embedded Tansu broker alone and print its address
 """
@@ -49,6 +52,20 @@ def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
         )
     print(f"{len(ruleset.rules)} rule(s) in {len(ruleset.files)} file(s): all valid", file=sys.stderr)
     return 0
+
+
+def _cmd_rules_test(args: argparse.Namespace, _settings: Settings) -> int:
+    from app.rules.ruletest import run_tests
+
+    report = run_tests(args.paths)
+    for r in report.results:
+        mark = "ok  " if r.ok else "FAIL"
+        print(f"{mark} {r.file}: {r.name}")
+        if not r.ok:
+            print("\n".join(f"     {line}" for line in r.detail.splitlines()))
+    n, bad = len(report.results), len(report.failed)
+    print(f"{n - bad} passed, {bad} failed", file=sys.stderr)
+    return 1 if bad or not n else 0
 
 
 def _cmd_backtest(args: argparse.Namespace, _settings: Settings) -> int:
@@ -149,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = rsub.add_parser("check", help="validate rule files; exit 1 on any problem")
     check.add_argument("paths", nargs="+", type=Path, help="rule files or directories")
     check.set_defaults(func=_cmd_rules_check)
+    rtest = rsub.add_parser("test", help="run rule unit tests (*.test.yaml); exit 1 on a failure")
+    rtest.add_argument("paths", nargs="+", type=Path, help="test files or directories")
+    rtest.set_defaults(func=_cmd_rules_test)
 
     bt = sub.add_parser("backtest", help="run rules over recorded events (JSON lines)")
     bt.add_argument("--rules", nargs="+", type=Path, required=True, help="rule files or directories")
@@ -162,10 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--to", dest="time_to", metavar="T", help="last event time (RFC 3339), exclusive")
     bt.add_argument("--out", help="write the transitions here instead of stdout")
     bt.set_defaults(func=_cmd_backtest)
+    from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
 
-    sub.add_parser("deliver", help="run the webhook delivery role").set_defaults(
-        func=lambda a, s: _role("app.delivery", external_url=s.external_url)(a, s)
+    register_spark_commands(sub, bt)
+
+    sub.add_parser("dispatch", help="run the alert dispatcher (routing, outbox delivery)").set_defaults(
+        func=_role("app.dispatch_role")
     )
+    sub.add_parser("deliver", help="alias of dispatch (kept for existing layouts)").set_defaults(
+        func=_role("app.dispatch_role")
+    )
+    from app.alerts_cli import register as register_alert_commands
+
+    register_alert_commands(sub)
     sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
         func=_role("app.store_sync")
     )

@@ -35,6 +35,10 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
     "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml`)."),
+    "APP_ROUTES_FILE": (
+        "config/routes.yaml",
+        "The dispatcher's routes and receivers file (routing tree, grouping, inhibition, delivery).",
+    ),
     "APP_DATASETS_DIR": ("../shared/datasets", "The real datasets used by the demo replays."),
     "APP_WEBHOOK_URL": (
         "",
@@ -110,6 +114,7 @@ class Settings:
     idempotence: str
     data_dir: Path
     rules_dir: Path
+    routes_file: Path
     datasets_dir: Path
     webhook_url: str
     webhook_secret: str = field(repr=False)
@@ -139,6 +144,11 @@ class Settings:
     def store_path(self) -> Path:
         return self.data_dir / "alerts.sqlite3"
 
+    @property
+    def dispatch_path(self) -> Path:
+        """The dispatcher's state file (groups, notification log, silences, acks, outbox)."""
+        return self.data_dir / "dispatch.sqlite3"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -158,6 +168,7 @@ class Settings:
             idempotence=idem,
             data_dir=_path(env, "APP_DATA_DIR"),
             rules_dir=_path(env, "APP_RULES_DIR"),
+            routes_file=_path(env, "APP_ROUTES_FILE"),
             datasets_dir=_path(env, "APP_DATASETS_DIR"),
             webhook_url=_get(env, "APP_WEBHOOK_URL").strip(),
             webhook_secret=_get(env, "APP_WEBHOOK_SECRET"),

@@ -1,30 +1,25 @@
-"""The ``deliver`` role: alerts from the ``alerts`` topic to the signed webhook.
+"""Delivery from the durable outbox: one sender per receiver, and the Kafka publisher.
 
-Lifecycle: :func:`run` joins consumer group ``delivery``, then per poll takes
-up to ``max_batch`` alerts (all partitions together, offset order kept within
-each partition), sends them as one signed webhook message under the retry
-policy, and commits the polled offsets only after the message was delivered
-or given up. It returns after ``stop`` is set: an HTTP attempt in progress
-finishes (bounded by ``timeout_s``), a retry wait is cut short and its alerts
-stay uncommitted, then the consumer and HTTP client are closed.
+:class:`OutboxSender` drains one receiver's pending outbox messages in order
+(FIFO per receiver, so a receiver's outage never delays another's). Per
+message, one attempt at a time through the receiver's notifier:
 
-Only statuses in ``statuses`` are sent (default firing and resolved, as
-Prometheus never notifies pending alerts); the rest are committed as skipped.
-An alert id delivered or given up among the last ``dedup_window`` ids is not
-sent again (duplicates on the topic come from producer retries and replays).
-Two failures are about the endpoint, not the alerts: a 410 Gone and a URL
-the SSRF guard refuses. After either, the role pauses until restart without
-committing that message, so it and every later alert stay in Kafka for a
-corrected configuration. A URL that is not http(s) with a host fails
-:func:`run` at once with ConfigError.
+- success: the row becomes ``delivered`` and a ``delivered`` event is queued
+  for the notifications topic, in one transaction;
+- a retryable failure (5xx, 429, timeout, connection error, Kafka error): the
+  next attempt is scheduled by the one :class:`~app.notify.RetryPolicy`
+  (exponential backoff with full jitter, ``Retry-After`` honoured) and
+  persisted, so a restart keeps the schedule;
+- a non-retryable failure (another 4xx, a redirect), or a retry that would
+  end past ``max_age`` since the message was queued: the row becomes
+  ``dead`` (the dead-letter list) with the reason, logged at ERROR;
+- a 410 Gone, an SSRF refusal or a webhook without URL make the *receiver*
+  unusable: logged at ERROR once, its messages stay pending (so a corrected
+  configuration delivers them after a restart) until ``max_age``, then dead.
 
-Delivery is at least once: a crash, or a rebalance before the commit, sends
-the uncommitted alerts again. ``webhook-id`` is stable across the retries of
-one message, but a restart may group alerts differently, so ``alert_id`` is
-the key receivers should dedup on. Known limit until the durable outbox exists: alerts the policy
-gives up on are logged at ERROR with their alert ids and counted as failed,
-then committed; nothing keeps them for a later attempt. While one message is
-retried, no other alert is sent (head-of-line blocking).
+A kill -9 during an attempt leaves the row pending; the next run sends the
+same body under the same ``webhook-id``. :class:`Publisher` produces the
+rows of the ``publish`` table in order and deletes them once acknowledged.
 """
 
 from __future__ import annotations
@@ -32,195 +27,198 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Collection, Iterable
-from typing import Literal
+from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+import orjson
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge, Histogram
 
-from app.alerts import Alert
-from app.config import Settings
+from app.dispatch.base import Clock, wall_clock
+from app.dispatch.db import DispatchDB, OutboxRow
 from app.errors import NotifierError
-from app.kafka import make_consumer
-from app.notify import RetryAbortedError, RetryPolicy, SSRFBlockedError, WebhookNotifier
-from app.topics import ALERTS
+from app.notify import RetryPolicy, SSRFBlockedError
+from app.notify.receivers import Notifier
+from app.topics import NOTIFICATIONS
 
 logger = logging.getLogger(__name__)
 
-GROUP_ID = "delivery"
-Outcome = Literal["done", "aborted", "paused"]
-DELIVERED_STATUSES = ("firing", "resolved")
-
 DELIVERIES = Counter(
     "webhook_deliveries",
-    "Webhook messages (one request carrying a batch of alerts) by outcome: delivered, "
-    "failed (given up or refused) and retried (a failed attempt that will be retried).",
+    "Notification attempts by outcome: delivered, retried (will be retried) and failed (dead-lettered).",
     ["outcome"],
 )
 ALERTS_SENT = Counter(
-    "webhook_alerts",
-    "Alerts read by the delivery role by outcome: delivered, failed, skipped (status not "
-    "delivered), duplicate (alert id sent recently) and invalid (undecodable record).",
-    ["outcome"],
+    "webhook_alerts", "Alerts in delivered or dead-lettered messages, by outcome.", ["outcome"]
 )
 DELIVERY_SECONDS = Histogram(
     "webhook_delivery_seconds",
-    "Duration of one webhook HTTP attempt, in seconds.",
+    "Duration of one delivery attempt, in seconds.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-INFLIGHT = Gauge("webhook_inflight", "Webhook HTTP attempts in progress.")
+INFLIGHT = Gauge("webhook_inflight", "Delivery attempts in progress.")
 PAUSED = Gauge(
     "webhook_delivery_paused",
-    "1 while delivery is paused until restart: the receiver answered 410 Gone or the SSRF guard "
-    "refused the URL.",
+    "1 per receiver that is unusable until restart (410 Gone, SSRF refusal or no URL).",
+    ["receiver"],
 )
 for _outcome in ("delivered", "failed", "retried"):
     DELIVERIES.labels(_outcome)
-for _outcome in ("delivered", "failed", "skipped", "duplicate", "invalid"):
+for _outcome in ("delivered", "failed"):
     ALERTS_SENT.labels(_outcome)
 
 
-async def run(
-    settings: Settings,
-    stop: asyncio.Event,
-    *,
-    policy: RetryPolicy | None = None,
-    max_batch: int = 50,
-    timeout_s: float = 10.0,
-    statuses: Collection[str] = DELIVERED_STATUSES,
-    poll_ms: int = 500,
-    dedup_window: int = 10_000,
-    external_url: str = "",
-) -> None:
-    """Deliver alerts until ``stop`` is set; see the module docstring.
+def log_record(row: OutboxRow, event: str, at: float, reason: str = "") -> tuple[str, bytes, bytes]:
+    """A ``delivered``/``dead`` event for the notifications topic (same key as its ``queued``)."""
+    m = row.message
+    value = {
+        "event": event, "msg_id": m.msg_id, "receiver": m.receiver, "group_key": m.group_key, "at": at,
+        "queued_at": m.created_at, "attempts": row.attempts + 1, "alert_ids": list(m.alert_ids),
+        "notice": m.notice, "reason": reason,
+    }  # fmt: skip
+    return (NOTIFICATIONS, m.group_key.encode(), orjson.dumps(value))
 
-    Options: ``policy`` (default ``RetryPolicy()``: 1 s base, 60 s cap, 10
-    attempts, 15 min), ``max_batch`` alerts per message, ``timeout_s`` per HTTP
-    attempt, ``statuses`` to send, ``poll_ms`` per poll (the stop latency while
-    idle), ``dedup_window`` alert ids remembered and ``external_url`` (makes
-    the payload's ``generatorURL`` absolute). With an empty
-    ``settings.webhook_url`` it logs that delivery is disabled and only waits.
-    """
-    if not settings.webhook_url:
-        logger.warning("webhook delivery disabled: APP_WEBHOOK_URL is empty; idling until stop")
-        await stop.wait()
-        return
-    policy = policy or RetryPolicy()
-    PAUSED.set(0)
-    notifier = WebhookNotifier(
-        settings.webhook_url,
-        settings.webhook_secret,
-        timeout_s,
-        allow_private=settings.webhook_allow_private,
-        external_url=external_url,
-    )
-    # The consumer must not leave the group while one message is being retried.
-    budget_s = (policy.max_age_s or 86_400) + policy.cap_s + timeout_s + 60
-    consumer = make_consumer(settings, ALERTS, group_id=GROUP_ID, max_poll_interval_ms=int(budget_s * 1000))
-    recent: OrderedDict[str, None] = OrderedDict()
-    try:
-        await consumer.start()
-        logger.info("delivering alerts to %s (batch <= %d)", notifier.safe_url, max_batch)
+
+class OutboxSender:
+    """Delivers one receiver's outbox; see the module docstring. ``wake`` is set when new
+    messages were committed; the sender clears it."""
+
+    def __init__(
+        self,
+        db: DispatchDB,
+        receiver: str,
+        notifier: Notifier | None,
+        policy: RetryPolicy,
+        *,
+        max_age_s: float,
+        clock: Clock = wall_clock,
+        on_published: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.db = db
+        self.receiver = receiver
+        self.notifier = notifier
+        self.policy = policy
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self.on_published = on_published
+        self.wake = asyncio.Event()
+        self.unusable = "" if notifier is not None else "no URL configured"
+        PAUSED.labels(receiver).set(0 if notifier is not None else 1)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop``; an attempt in progress finishes first (bounded by its timeout)."""
+        if self.unusable:
+            logger.error(
+                "RECEIVER %s UNUSABLE: %s; its messages wait in the outbox", self.receiver, self.unusable
+            )
         while not stop.is_set():
-            polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)
-            if not polled:
+            row = self.db.next_pending(self.receiver)
+            now = self.clock()
+            if row is None:
+                await self._wait(stop, 1.0)
                 continue
-            alerts = _decode(polled, statuses, recent)
-            outcome = await _send(alerts, notifier, policy, stop) if alerts else "done"
-            if outcome == "aborted":
-                break
-            if outcome == "paused":
-                PAUSED.set(1)
-                logger.error("delivery paused until restart; alerts stay uncommitted in Kafka")
-                await stop.wait()
-                break
-            _remember(recent, (a.alert_id for a in alerts), dedup_window)
-            await _commit(consumer, polled)
-    finally:
-        await consumer.stop()
-        await notifier.aclose()
-        logger.info("delivery stopped")
-
-
-def _decode(
-    polled: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
-    statuses: Collection[str],
-    recent: OrderedDict[str, None],
-) -> list[Alert]:
-    """The alerts of one poll worth sending, in offset order per partition, once each."""
-    alerts: dict[str, Alert] = {}
-    for tp, records in polled.items():
-        for rec in records:
-            try:
-                alert = Alert.from_json(rec.value or b"")
-            except (ValueError, TypeError, KeyError) as exc:
-                ALERTS_SENT.labels("invalid").inc()
-                logger.error("skipping undecodable alert at %s:%d@%d: %s", *tp, rec.offset, exc)
+            expires = row.message.created_at + self.max_age_s
+            if self.unusable:
+                if now >= expires:
+                    self._dead(row, now, f"receiver unusable: {self.unusable}")
+                else:
+                    await self._wait(stop, min(expires - now, 1.0))
                 continue
-            if alert.status not in statuses:
-                ALERTS_SENT.labels("skipped").inc()
-            elif alert.alert_id in recent or alert.alert_id in alerts:
-                ALERTS_SENT.labels("duplicate").inc()
-            else:
-                alerts[alert.alert_id] = alert
-    return list(alerts.values())
+            if row.next_at > now:
+                await self._wait(stop, min(row.next_at - now, 1.0))
+                continue
+            await self._attempt(row, now)
 
-
-def _remember(recent: OrderedDict[str, None], ids: Iterable[str], window: int) -> None:
-    for alert_id in ids:
-        recent[alert_id] = None
-        recent.move_to_end(alert_id)
-    while len(recent) > window:
-        recent.popitem(last=False)
-
-
-async def _commit(
-    consumer: AIOKafkaConsumer, polled: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
-) -> None:
-    """Commit past the polled records; a failure (say, a rebalance) is logged, not raised."""
-    try:
-        await consumer.commit({tp: records[-1].offset + 1 for tp, records in polled.items()})
-    except KafkaError as exc:
-        logger.warning("offset commit failed (%r); these alerts may be delivered again", exc)
-
-
-async def _send(
-    alerts: list[Alert], notifier: WebhookNotifier, policy: RetryPolicy, stop: asyncio.Event
-) -> Outcome:
-    """One message under the policy: ``done`` (delivered or given up, so commit),
-    ``aborted`` (stop during a retry wait) or ``paused`` (the endpoint is unusable)."""
-
-    async def attempt() -> None:
+    async def _attempt(self, row: OutboxRow, now: float) -> None:
+        assert self.notifier is not None  # noqa: S101 - unusable handled by run
         INFLIGHT.inc()
         started = time.perf_counter()
         try:
-            await notifier.send(alerts)
+            await self.notifier.deliver(row.message.msg_id, row.message.body, row.message.group_key)
+        except NotifierError as err:
+            self._failed(row, err)
+            return
         finally:
             INFLIGHT.dec()
             DELIVERY_SECONDS.observe(time.perf_counter() - started)
+        done = self.clock()
+        self.db.finish(row.message.msg_id, "delivered", done, publish=[log_record(row, "delivered", done)])
+        self.on_published()
+        DELIVERIES.labels("delivered").inc()
+        ALERTS_SENT.labels("delivered").inc(len(row.message.alert_ids))
+        logger.debug("delivered %s to %s", row.message.msg_id, self.receiver)
 
-    def on_retry(n: int, err: NotifierError, wait: float) -> None:
+    def _failed(self, row: OutboxRow, err: NotifierError) -> None:
+        now = self.clock()
+        if isinstance(err, SSRFBlockedError) or (self.notifier is not None and self.notifier.disabled):
+            self.unusable = str(err)
+            PAUSED.labels(self.receiver).set(1)
+            logger.error("RECEIVER %s DISABLED until restart: %s", self.receiver, err)
+            self.db.reschedule(row.message.msg_id, now, str(err))
+            return
+        wait = self.policy.next_delay(row.attempts + 1, err, now - row.message.created_at)
+        if wait is None or now + wait > row.message.created_at + self.max_age_s:
+            self._dead(row, now, str(err))
+            return
         DELIVERIES.labels("retried").inc()
         logger.warning(
-            "webhook attempt %d for %d alert(s) failed, retry in %.2fs: %s", n, len(alerts), wait, err
-        )
+            "%s attempt %d of %s failed, retry in %.2fs: %s",
+            self.receiver, row.attempts + 1, row.message.msg_id, wait, err,
+        )  # fmt: skip
+        self.db.reschedule(row.message.msg_id, now + wait, str(err))
 
-    try:
-        await policy.run(attempt, stop=stop, on_retry=on_retry)
-    except RetryAbortedError:
-        logger.info("stopping: %d alert(s) left uncommitted for the next run", len(alerts))
-        return "aborted"
-    except NotifierError as err:
+    def _dead(self, row: OutboxRow, now: float, reason: str) -> None:
+        self.db.finish(row.message.msg_id, "dead", now, reason, [log_record(row, "dead", now, reason)])
+        self.on_published()
         DELIVERIES.labels("failed").inc()
-        if notifier.disabled or isinstance(err, SSRFBlockedError):
-            logger.error("webhook endpoint unusable: %s", err)
-            return "paused"
-        ALERTS_SENT.labels("failed").inc(len(alerts))
-        ids = " ".join(a.alert_id for a in alerts)
-        logger.error("gave up delivering %d alert(s) [%s]: %s", len(alerts), ids, err)
-        return "done"
-    DELIVERIES.labels("delivered").inc()
-    ALERTS_SENT.labels("delivered").inc(len(alerts))
-    return "done"
+        ALERTS_SENT.labels("failed").inc(len(row.message.alert_ids))
+        logger.error(
+            "DEAD LETTER %s to %s after %d attempt(s), alerts [%s]: %s",
+            row.message.msg_id, self.receiver, row.attempts + 1, " ".join(row.message.alert_ids), reason,
+        )  # fmt: skip
+
+    async def _wait(self, stop: asyncio.Event, seconds: float) -> None:
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=max(seconds, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+        self.wake.clear()
+
+
+class Publisher:
+    """Produces the ``publish`` table's records in order; deletes them once acknowledged."""
+
+    def __init__(self, db: DispatchDB, producer: AIOKafkaProducer) -> None:
+        self.db = db
+        self.producer = producer
+        self.wake = asyncio.Event()
+
+    async def flush(self) -> int:
+        """Publish everything queued now; return how many records. KafkaError propagates."""
+        rows = self.db.to_publish()
+        if not rows:
+            return 0
+        futures = [await self.producer.send(topic, value, key=key) for _, topic, key, value in rows]
+        await asyncio.gather(*futures)
+        self.db.published(rows[-1][0])
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                if await self.flush():
+                    continue
+            except KafkaError as exc:
+                logger.warning("publishing to Kafka failed (%r); retrying in 1s", exc)
+            try:
+                await asyncio.wait_for(self.wake.wait(), 1.0)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+        try:
+            await asyncio.wait_for(self.flush(), 5.0)
+        except (KafkaError, TimeoutError) as exc:
+            logger.warning("could not publish the last records (%r); they go out on the next start", exc)

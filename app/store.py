@@ -15,6 +15,14 @@ strings) with rank pending < firing < resolved. A late, older transition
 (say the resolution of the previous episode arriving after the next one
 fired) is still recorded in ``transitions`` but never overwrites newer state.
 
+Operator state, for the CLI and the dashboard: ``commands`` (every command
+once, by ``cmd_id``), ``acks``, ``silences`` (from the commands topic) and
+``notifications`` (each notification's latest state, queued, delivered or
+dead, from the notifications topic; ``dead`` rows are the dead-letter
+list). ``offsets`` holds the next offset per topic partition, written in
+the same transaction as the rows, so store-sync resumes exactly and a lost
+store is rebuilt by replaying the topics from the beginning.
+
 Concurrency: WAL mode; one writer process and any number of readers in
 other processes (``readonly=True``). Writes run in ``BEGIN IMMEDIATE``
 transactions with ``synchronous=FULL``, so once :meth:`AlertStore.apply_many`
@@ -37,11 +45,12 @@ from typing import Any
 import orjson
 
 from app.alerts import Alert
+from app.store_ops import OperatorRecords
 
 logger = logging.getLogger(__name__)
 
 STATUS_RANK = {"pending": 0, "firing": 1, "resolved": 2}
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _SCHEMA = """
@@ -59,7 +68,20 @@ CREATE TABLE IF NOT EXISTS alerts (
     starts_us INTEGER NOT NULL, event_us INTEGER NOT NULL, status_rank INTEGER NOT NULL,
     PRIMARY KEY (rule_id, fingerprint));
 CREATE INDEX IF NOT EXISTS alerts_by_status ON alerts (status, starts_us);
+CREATE TABLE IF NOT EXISTS commands (cmd_id TEXT PRIMARY KEY, type TEXT NOT NULL, at TEXT NOT NULL,
+    command TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS acks (fingerprint TEXT NOT NULL, starts_at TEXT NOT NULL, by TEXT NOT NULL,
+    comment TEXT NOT NULL, at TEXT NOT NULL, PRIMARY KEY (fingerprint, starts_at));
+CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, matchers TEXT NOT NULL, starts_at TEXT NOT NULL,
+    ends_at TEXT NOT NULL, created_by TEXT NOT NULL, comment TEXT NOT NULL, ended_by TEXT);
+CREATE TABLE IF NOT EXISTS notifications (msg_id TEXT PRIMARY KEY, receiver TEXT NOT NULL,
+    group_key TEXT NOT NULL, notice TEXT NOT NULL, status TEXT NOT NULL, alert_ids TEXT NOT NULL,
+    queued_at REAL NOT NULL, updated_at REAL NOT NULL, attempts INTEGER NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS notifications_by_status ON notifications (status, updated_at);
+CREATE TABLE IF NOT EXISTS offsets (topic TEXT NOT NULL, partition INTEGER NOT NULL, next INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition));
 """
+
 _UPSERT = """
 INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 ON CONFLICT (rule_id, fingerprint) DO UPDATE SET
@@ -139,7 +161,7 @@ def _utcnow() -> datetime:
     return datetime.now(tz=UTC)
 
 
-class AlertStore:
+class AlertStore(OperatorRecords):
     """One connection to the store at ``path``; see the module docstring.
 
     ``readonly=True`` never creates or changes anything and raises
@@ -190,12 +212,31 @@ class AlertStore:
         Raises ValueError (before writing anything) if any alert has an
         unknown status or an unparseable time.
         """
+        return self.apply_batch(alerts)
+
+    def apply_batch(
+        self,
+        alerts: Iterable[Alert] = (),
+        commands: Iterable[dict[str, Any]] = (),
+        notifications: Iterable[dict[str, Any]] = (),
+        offsets: dict[tuple[str, int], int] | None = None,
+    ) -> int:
+        """Record transitions, validated commands, notification events and the consumed
+        offsets in one durable transaction; return how many transitions were new.
+        Raises ValueError (writing nothing) for an alert with a bad status or time."""
         batch = [(a, order_key(a)) for a in alerts]
-        if not batch:
+        cmds, events = list(commands), list(notifications)
+        if not (batch or cmds or events or offsets):
             return 0
         stamp = self._now().isoformat()
         new = 0
         with self._write():
+            for cmd in cmds:
+                self._command(cmd)
+            for ev in events:
+                self._notification(ev)
+            for (topic, part), nxt in (offsets or {}).items():
+                self._conn.execute("INSERT OR REPLACE INTO offsets VALUES (?,?,?)", (topic, part, nxt))
             for alert, (starts_us, event_us, rank) in batch:
                 row = (alert.alert_id, alert.rule_id, alert.fingerprint, alert.status, alert.severity)
                 cur = self._conn.execute(
@@ -207,6 +248,29 @@ class AlertStore:
                 new += 1
                 self._conn.execute(_UPSERT, (*_state(alert, stamp), starts_us, event_us, rank))
         return new
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The next offset to consume per (topic, partition), as kept with the data."""
+        return {(t, p): n for t, p, n in self._conn.execute("SELECT topic, partition, next FROM offsets")}
+
+    def find(self, ident: str) -> list[CurrentAlert]:
+        """Current alerts whose fingerprint or alert id starts with ``ident`` (or whose
+        transition history holds that alert id)."""
+        like = ident.replace("%", "").replace("_", "") + "%"
+        rows = self._conn.execute(
+            f"SELECT {_CURRENT_COLS} FROM alerts WHERE fingerprint LIKE ? OR alert_id LIKE ? "  # noqa: S608
+            "OR fingerprint IN (SELECT fingerprint FROM transitions WHERE alert_id LIKE ?) LIMIT 20",
+            (like, like, like),
+        ).fetchall()
+        return [_current(r) for r in rows]
+
+    def transitions_of(self, rule_id: str, fingerprint: str, limit: int = 100) -> list[Alert]:
+        rows = self._conn.execute(
+            "SELECT alert FROM transitions WHERE rule_id=? AND fingerprint=? "
+            "ORDER BY event_us DESC, rowid DESC LIMIT ?",
+            (rule_id, fingerprint, limit),
+        ).fetchall()
+        return [Alert.from_json(r[0]) for r in rows]
 
     def current(self, status: str | None = None, limit: int = 500) -> list[CurrentAlert]:
         """Current alerts, most recently started first; only ``status`` if given."""

@@ -1,34 +1,44 @@
-"""The ``store-sync`` role: the ``alerts`` topic into the SQLite alert store.
+"""The ``store-sync`` role: the ``alerts``, ``commands`` and ``notifications`` topics into the SQLite store.
 
 Lifecycle: :func:`run` opens the store at ``settings.store_path`` (creating
-it), joins consumer group ``alert-store`` and, per poll of up to
-``max_batch`` records, applies every decodable alert in one durable SQLite
-transaction, then commits the polled offsets. A crash between the two
-re-applies the batch on restart, which the store ignores (``alert_id`` is
-its key), so the store converges to exactly one row per transition.
-Undecodable records and alerts the store rejects (bad times or status) are
-logged, counted as invalid and committed. On ``stop`` it finishes the
-current batch, then closes the consumer and the store.
+it), assigns itself every partition of the three topics and starts each at
+the offset kept in the store, or at the beginning when the store has none
+(first start, or the file was lost: the store is then rebuilt from the
+topics). Per poll of up to ``max_batch`` records it applies every usable
+alert, command and notification event *and the new offsets* in one durable
+SQLite transaction, so a crash at any point resumes exactly where the kept
+data ends. Offsets are also committed to Kafka (group ``alert-store``, best
+effort) for lag monitoring. Unusable records are logged, counted as invalid
+and skipped. On ``stop`` it finishes the current batch, then closes.
+
+One store-sync per store file: it does not join a consumer group, so two
+instances would both apply everything (harmless, as every write is
+idempotent, but wasteful).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from typing import Any
 
-from aiokafka import ConsumerRecord, TopicPartition
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
 from app.alerts import Alert
 from app.config import Settings
-from app.kafka import make_consumer
+from app.dispatch.commands import parse_command
+from app.kafka import high_watermarks, make_consumer
 from app.store import AlertStore, order_key
-from app.topics import ALERTS
+from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 
 logger = logging.getLogger(__name__)
 
 GROUP_ID = "alert-store"
+TOPICS = (ALERTS, COMMANDS, NOTIFICATIONS)
 
 APPLIED = Counter(
     "store_alerts_applied",
@@ -36,46 +46,84 @@ APPLIED = Counter(
     "(alert_id already stored, so nothing changed).",
     ["result"],
 )
-INVALID = Counter("store_alerts_invalid", "Records on the alerts topic the store could not use.")
+INVALID = Counter("store_alerts_invalid", "Records on the store's topics the store could not use.")
+OPERATOR = Counter("store_records_applied", "Commands and notification events applied.", ["topic"])
 for _result in ("new", "duplicate"):
     APPLIED.labels(_result)
 
+Polled = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
-def decode_batch(polled: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> list[Alert]:
-    """The usable alerts of a poll, in offset order per partition; logs and counts the rest."""
-    out: list[Alert] = []
+
+def decode_batch(polled: Polled) -> tuple[list[Alert], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(alerts, commands, notification events) of a poll, in offset order per partition;
+    logs and counts the records that are not usable."""
+    alerts: list[Alert] = []
+    commands: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     for tp, records in polled.items():
         for rec in records:
             try:
-                alert = Alert.from_json(rec.value or b"")
-                order_key(alert)
+                if tp.topic == ALERTS:
+                    alert = Alert.from_json(rec.value or b"")
+                    order_key(alert)
+                    alerts.append(alert)
+                elif tp.topic == COMMANDS:
+                    commands.append(parse_command(rec.value or b"").model_dump())
+                else:
+                    event = orjson.loads(rec.value or b"")
+                    if not isinstance(event, dict):
+                        msg = "a notification event is a JSON object"
+                        raise ValueError(msg)
+                    events.append(event)
             except (ValueError, TypeError, KeyError) as exc:
                 INVALID.inc()
-                logger.error("skipping unusable alert at %s:%d@%d: %s", *tp, rec.offset, exc)
-                continue
-            out.append(alert)
-    return out
+                logger.error("skipping unusable record at %s:%d@%d: %s", *tp, rec.offset, exc)
+    return alerts, commands, events
+
+
+async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: str) -> None:
+    """Assign every partition of :data:`TOPICS` at the store's offset, or the beginning (also
+    when the kept offset lies past the partition's end: the topic was recreated)."""
+    await consumer.topics()
+    tps = [TopicPartition(t, p) for t in TOPICS for p in sorted(consumer.partitions_for_topic(t) or ())]
+    consumer.assign(tps)
+    kept = store.offsets()
+    marks = await high_watermarks(bootstrap, list(TOPICS))
+    for tp in tps:
+        at = kept.get((tp.topic, tp.partition))
+        if at is not None and at > marks.get(tp, 0):
+            logger.warning("%s:%d was recreated (ends before the kept offset %d); reading it from the start",
+                           tp.topic, tp.partition, at)  # fmt: skip
+            at = None
+        if at is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, at)
+    if not kept:
+        logger.info("the store has no offsets: reading the topics from the beginning")
 
 
 async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, poll_ms: int = 500) -> None:
-    """Keep the alert store in sync with the ``alerts`` topic until ``stop`` is set."""
+    """Keep the alert store in sync with its topics until ``stop`` is set."""
     store = AlertStore(settings.store_path)
-    consumer = make_consumer(settings, ALERTS, group_id=GROUP_ID)
+    consumer = make_consumer(settings, group_id=GROUP_ID)
     try:
         await consumer.start()
-        logger.info("syncing alerts into %s", settings.store_path)
+        await assign_from_store(consumer, store, settings.bootstrap_servers)
+        logger.info("syncing %s into %s", ", ".join(TOPICS), settings.store_path)
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)
             if not polled:
                 continue
-            alerts = decode_batch(polled)
-            new = store.apply_many(alerts)
+            alerts, commands, events = decode_batch(polled)
+            offsets = {(tp.topic, tp.partition): recs[-1].offset + 1 for tp, recs in polled.items()}
+            new = store.apply_batch(alerts, commands, events, offsets)
             APPLIED.labels("new").inc(new)
             APPLIED.labels("duplicate").inc(len(alerts) - new)
-            try:
+            OPERATOR.labels(COMMANDS).inc(len(commands))
+            OPERATOR.labels(NOTIFICATIONS).inc(len(events))
+            with contextlib.suppress(KafkaError):
                 await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in polled.items()})
-            except KafkaError as exc:
-                logger.warning("offset commit failed (%r); the batch will be re-applied (no-op)", exc)
     finally:
         await consumer.stop()
         store.close()

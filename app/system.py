@@ -7,7 +7,8 @@ brackets, producers first):
 - [1] ``replay-sensors``: the NAB machine-temperature series -> events.sensors
 - [1] ``replay-logs``: the real Apache access log -> events.logs
 - [2] ``worker``: the Faust rule worker
-- [3] ``deliver``: alerts -> signed webhooks, with retries
+- [3] ``dispatch``: alerts + commands -> routing, grouping, silences, inhibition,
+  acks -> durable outbox -> signed webhooks
 - [3] ``store-sync``: alerts -> the SQLite alert store
 - [4] ``receiver``: the local demo webhook receiver
 - [4] ``dashboard``: Streamlit, reading the alert store
@@ -35,7 +36,7 @@ from app.broker import EmbeddedBroker, free_port
 from app.config import PROJECT_ROOT, Settings
 from app.kafka import end_offsets
 from app.supervisor import Role, Supervisor
-from app.topics import ALERTS, DLQ, SOURCE_TOPICS, ensure_topics
+from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join((*settings.webhook_allow_private, "127.0.0.1"))
-    roles.append(Role("deliver", _py("app", "deliver"), env=deliver_env, stage=3))
+    roles.append(Role("dispatch", _py("app", "dispatch"), env=deliver_env, stage=3))
     roles.append(Role("store-sync", _py("app", "store-sync"), stage=3))
     roles.append(
         Role(
@@ -183,7 +184,7 @@ def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
 
 def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
     """Events per topic, DLQ, alerts (records ever written) and webhooks the receiver got."""
-    topics = [*SOURCE_TOPICS.values(), DLQ, ALERTS]
+    topics = [*SOURCE_TOPICS.values(), DLQ, ALERTS, NOTIFICATIONS]
     try:
         ends = asyncio.run(end_offsets(bootstrap, topics))
     except Exception as exc:  # the counters are a report; a failure must not hide the exit
@@ -193,6 +194,7 @@ def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: flo
         "events": {t: ends.get(t) for t in SOURCE_TOPICS.values()},
         "dlq": ends.get(DLQ),
         "alerts": ends.get(ALERTS),
+        "notification_log": ends.get(NOTIFICATIONS),
         "webhooks_delivered": None if receiver_stats is None else receiver_stats.get("unique_alerts"),
         "webhook_requests": None if receiver_stats is None else receiver_stats.get("received"),
         "duration_s": round(time.monotonic() - started, 1),

@@ -22,6 +22,8 @@ LOGS = "events.logs"
 FINANCE = "events.finance"
 DLQ = "dlq.events"
 ALERTS = "alerts"
+COMMANDS = "commands"
+NOTIFICATIONS = "notifications"
 DEVICES_TABLE = "tables.devices"
 WATCHLISTS_TABLE = "tables.watchlists"
 
@@ -48,9 +50,17 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(FINANCE, key="symbol"),
     TopicSpec(DLQ, key="source"),
     TopicSpec(ALERTS, key="fingerprint"),
+    TopicSpec(COMMANDS, key="fingerprint or silence id"),
+    TopicSpec(NOTIFICATIONS, key="group key"),
     TopicSpec(DEVICES_TABLE, key="device_id", compacted=True, partitions=1),
     TopicSpec(WATCHLISTS_TABLE, key="symbol", compacted=True, partitions=1),
 )
+
+
+def receiver_topic_spec(topic: str) -> TopicSpec:
+    """The spec of a Kafka receiver's notification topic (``alerts.<receiver>`` by default),
+    created by the dispatcher at start for every kafka receiver in the routes file."""
+    return TopicSpec(topic, key="group key")
 
 
 async def ensure_topics(

@@ -1,4 +1,4 @@
-"""Streamlit page over the alert store: firing alerts, counts and recent transitions.
+"""Streamlit page over the alert store: firing alerts, counts, transitions, silences and dead letters.
 
 Run with ``streamlit run dashboard/streamlit_app.py``. It opens the SQLite store at
 ``Settings.from_env().store_path`` read-only on every refresh (every
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,28 @@ def history_rows(store: AlertStore, limit: int = HISTORY_LIMIT) -> list[dict[str
     ]
 
 
-def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None:
-    """(firing, counts, history) rows from the store, or None while it has nothing to show."""
+def operator_rows(store: AlertStore) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(active silences, dead letters): what operators muted, and what could not be delivered."""
+    now = datetime.now(tz=UTC).isoformat()
+    silences = [
+        {"id": s["id"], "matchers": " ".join(s["matchers"]), "ends": s["ends_at"], "by": s["created_by"],
+         "comment": s["comment"]}
+        for s in store.silences(active_at=now)
+    ]  # fmt: skip
+    dead = [
+        {"message": n["msg_id"], "receiver": n["receiver"], "alerts": len(n["alert_ids"]),
+         "attempts": n["attempts"], "reason": n["reason"]}
+        for n in store.notifications(status="dead", limit=HISTORY_LIMIT)
+    ]  # fmt: skip
+    return silences, dead
+
+
+Rows = list[dict[str, Any]]
+
+
+def load(path: Path) -> tuple[Rows, Rows, Rows, Rows, Rows] | None:
+    """(firing, counts, history, silences, dead letters) rows from the store, or None while
+    it has nothing to show."""
     try:
         store = AlertStore(path, readonly=True)
     except (FileNotFoundError, sqlite3.Error):
@@ -80,7 +101,8 @@ def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[d
         history = history_rows(store)
         if not history:
             return None
-        return firing_rows(store.current("firing")), count_rows(store.counts()), history
+        silences, dead = operator_rows(store)
+        return firing_rows(store.current("firing")), count_rows(store.counts()), history, silences, dead
     except sqlite3.OperationalError:  # the writer has not created the tables yet
         return None
     finally:
@@ -94,7 +116,7 @@ def live(path: Path) -> None:
     if data is None:
         st.info(NO_ALERTS)
         return
-    firing, counts, history = data
+    firing, counts, history, silences, dead = data
     st.metric("firing", len(firing))
     st.subheader("Firing alerts")
     if firing:
@@ -105,6 +127,16 @@ def live(path: Path) -> None:
     st.dataframe(counts, hide_index=True, width="content")
     st.subheader("Recent transitions")
     st.dataframe(history, hide_index=True)
+    st.subheader("Active silences")
+    if silences:
+        st.dataframe(silences, hide_index=True)
+    else:
+        st.write("no active silence (add one with `python -m app alerts silence`)")
+    st.subheader("Dead letters")
+    if dead:
+        st.dataframe(dead, hide_index=True)
+    else:
+        st.write("no undeliverable notification")
 
 
 def main() -> None:

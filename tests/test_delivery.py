@@ -1,4 +1,4 @@
-"""The delivery role end to end: real broker, real receiver role, real HTTP."""
+"""Outbox delivery end to end: real broker, the dispatch role, the real receiver role, real HTTP."""
 
 from __future__ import annotations
 
@@ -15,12 +15,17 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import REGISTRY
 
-from app import delivery, receiver
+from app import dispatch_role, receiver
 from app.broker import EmbeddedBroker
 from app.config import Settings
+from app.delivery import OutboxSender
+from app.dispatch.db import DispatchDB
+from app.dispatch.messages import OutboxMessage
 from app.notify import RetryPolicy
 from app.topics import ALERTS
 from tests.conftest import make_settings
+from tests.dispatch.harness import write_routes
+from tests.dispatch.helpers import SECRET
 from tests.kafka_helpers import produce
 from tests.notify.servers import make_alert
 
@@ -70,18 +75,19 @@ def run_pair(
     caplog: pytest.LogCaptureFixture,
     until: Callable[[dict[str, Any]], bool],
     receiver_opts: dict[str, Any],
-    delivery_opts: dict[str, Any],
+    policy: RetryPolicy | None = None,
     settle_s: float = 1.0,
+    tmp_path: Path | None = None,
 ) -> tuple[dict[str, Any], float]:
-    """Run receiver and delivery roles until ``until(/stats)`` holds (at most
-    40 s), wait ``settle_s`` for strays, stop both; return (/stats, stop seconds)."""
+    """Run the receiver and dispatch roles until ``until(/stats)`` holds (at most 40 s),
+    wait ``settle_s`` for strays, stop both; return (/stats, dispatcher stop seconds)."""
 
     async def main() -> tuple[dict[str, Any], float]:
         stop_rx, stop_tx = asyncio.Event(), asyncio.Event()
         rx = asyncio.create_task(receiver.run(settings, stop_rx, **receiver_opts))
         url = await _receiver_url(caplog)
-        cfg = Settings(**{**settings.__dict__, "webhook_url": url})
-        tx = asyncio.create_task(delivery.run(cfg, stop_tx, **delivery_opts))
+        routes = write_routes((tmp_path or settings.data_dir.parent) / "routes.yaml", url)
+        tx = asyncio.create_task(dispatch_role.run(settings, stop_tx, routes_file=routes, policy=policy))
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not tx.done():
             if until(await _stats(url)):
@@ -102,14 +108,23 @@ def run_pair(
 
 
 def fast_policy(**kw: Any) -> RetryPolicy:
-    return RetryPolicy(**{"base_s": 0.02, "cap_s": 0.1, "max_attempts": 6, **kw})
+    return RetryPolicy(**{"base_s": 0.02, "cap_s": 0.1, "max_attempts": None, "max_age_s": None, **kw})
 
 
 @pytest.fixture
 def loopback_settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     return make_settings(
-        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
-    )
+        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1",
+        APP_WEBHOOK_SECRET=SECRET,
+    )  # fmt: skip
+
+
+def outbox(settings: Settings) -> dict[str, int]:
+    db = DispatchDB(settings.dispatch_path, readonly=True)
+    try:
+        return db.counts()
+    finally:
+        db.close()
 
 
 @pytest.mark.slow
@@ -117,32 +132,30 @@ def loopback_settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 def test_every_alert_reaches_the_receiver_exactly_once(
     broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    alerts = [make_alert(i) for i in range(40)] + [make_alert(i, "resolved") for i in range(20)]
+    alerts = [make_alert(i) for i in range(40)] + [make_alert(i, "resolved") for i in range(40, 60)]
     pending = make_alert(99, "pending")
     records = [(a.fingerprint.encode(), a.to_json()) for a in [*alerts, pending]]
     produce(broker.bootstrap, ALERTS, [*records, records[0], (b"k", b"{broken")])
     delivered_before = metric("webhook_alerts_total", outcome="delivered")
 
     stats, stopped_in = run_pair(
-        loopback_settings,
-        caplog,
-        lambda s: s["unique_alerts"] >= len(alerts),
-        {"fail_first": 2},
-        {"policy": fast_policy(), "max_batch": 16},
+        loopback_settings, caplog, lambda s: s["unique_alerts"] >= 40, {"fail_first": 2}, fast_policy()
     )
-    assert stats["unique_alerts"] == len(alerts)
-    assert stats["alerts"] == len(alerts), "an alert arrived twice"
+    # resolutions of alerts never notified as firing are not sent (Alertmanager's dedup rule)
+    assert stats["unique_alerts"] == 40
+    assert stats["alerts"] == 40, "an alert arrived twice"
     assert stats["failed_on_purpose"] == 2
     assert pending.alert_id not in {r["alert_id"] for r in stats["recent"]}
-    assert metric("webhook_alerts_total", outcome="delivered") - delivered_before == len(alerts)
+    assert metric("webhook_alerts_total", outcome="delivered") - delivered_before == 40
     assert metric("webhook_inflight") == 0
     assert stopped_in < 5
-    assert committed(broker.bootstrap, delivery.GROUP_ID) == len(records) + 2
+    assert outbox(loopback_settings) == {"delivered": 40}
+    assert committed(broker.bootstrap, dispatch_role.GROUP_ID) == len(records) + 2
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_given_up_alerts_are_logged_counted_and_committed(
+def test_refused_messages_are_dead_lettered_and_logged(
     broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     alert = make_alert(1)
@@ -154,9 +167,8 @@ def test_given_up_alerts_are_logged_counted_and_committed(
         stop_rx, stop_tx = asyncio.Event(), asyncio.Event()
         rx = asyncio.create_task(receiver.run(wrong, stop_rx))  # verifies with another secret: 401
         url = await _receiver_url(caplog)
-        tx = asyncio.create_task(
-            delivery.run(Settings(**{**loopback_settings.__dict__, "webhook_url": url}), stop_tx)
-        )
+        routes = write_routes(loopback_settings.data_dir.parent / "routes.yaml", url)
+        tx = asyncio.create_task(dispatch_role.run(loopback_settings, stop_tx, routes_file=routes))
         deadline = time.monotonic() + 30
         while metric("webhook_deliveries_total", outcome="failed") == failed_before:
             assert time.monotonic() < deadline and not tx.done()
@@ -168,59 +180,67 @@ def test_given_up_alerts_are_logged_counted_and_committed(
     with caplog.at_level(logging.INFO):
         asyncio.run(asyncio.wait_for(main(), 60))
     assert any(alert.alert_id in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
-    assert committed(broker.bootstrap, delivery.GROUP_ID) == 1
+    assert outbox(loopback_settings) == {"dead": 1}
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_stop_during_retries_leaves_the_alert_uncommitted(
-    broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
+def test_stop_during_retries_keeps_the_message_pending(
+    broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     produce(broker.bootstrap, ALERTS, [(b"k", make_alert(1).to_json())])
     stats, stopped_in = run_pair(
-        loopback_settings,
-        caplog,
-        until=lambda s: s["failed_on_purpose"] >= 1,
-        receiver_opts={"fail_first": 1000},
-        delivery_opts={"policy": RetryPolicy(base_s=30.0, cap_s=60.0)},
-        settle_s=0.2,
-    )
+        loopback_settings, caplog, lambda s: s["failed_on_purpose"] >= 1, {"fail_first": 1000},
+        RetryPolicy(base_s=30.0, cap_s=60.0, max_attempts=None, max_age_s=None), settle_s=0.2,
+    )  # fmt: skip
     assert stats["alerts"] == 0 and stats["failed_on_purpose"] >= 1
     assert stopped_in < 3
-    assert committed(broker.bootstrap, delivery.GROUP_ID) == 0
+    assert outbox(loopback_settings) == {"pending": 1}
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_a_refused_url_pauses_delivery_without_committing(
+def test_a_refused_url_disables_the_receiver_and_keeps_its_messages(
     broker: EmbeddedBroker, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     produce(broker.bootstrap, ALERTS, [(b"k", make_alert(1).to_json())])
+    cfg = Settings(**{**settings.__dict__, "webhook_secret": SECRET})
     stats, stopped_in = run_pair(  # no APP_WEBHOOK_ALLOW_PRIVATE: 127.0.0.1 is refused
-        settings,
-        caplog,
-        until=lambda s: metric("webhook_delivery_paused") == 1,
-        receiver_opts={},
-        delivery_opts={"policy": fast_policy()},
+        cfg, caplog, lambda s: metric("webhook_delivery_paused", receiver="ops") == 1, {}, fast_policy(),
         settle_s=0.2,
-    )
+    )  # fmt: skip
     assert stats["received"] == 0
     assert stopped_in < 3
-    assert any("SSRF" in r.getMessage() or "non-public" in r.getMessage() for r in caplog.records)
-    assert committed(broker.bootstrap, delivery.GROUP_ID) == 0
+    assert any("non-public" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    assert outbox(cfg) == {"pending": 1}
 
 
-def test_empty_webhook_url_idles_until_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    settings = make_settings(tmp_path, KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1")
+def test_a_receiver_without_url_waits_then_dead_letters_at_max_age(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = DispatchDB(tmp_path / "d.sqlite3")
+    clock = [1000.0]
+    msg = OutboxMessage("msg_1", "default", "g", 1000.0, b"{}", ("a1",))
+    db.commit([], {}, [msg])
+    sender = OutboxSender(db, "default", None, fast_policy(), max_age_s=60, clock=lambda: clock[0])
 
     async def main() -> None:
         stop = asyncio.Event()
-        task = asyncio.create_task(delivery.run(settings, stop))
+        task = asyncio.create_task(sender.run(stop))
         await asyncio.sleep(0.3)
-        assert not task.done()
+        assert db.counts() == {"pending": 1}
+        clock[0] += 61
+        sender.wake.set()
+        for _ in range(50):
+            if db.counts() == {"dead": 1}:
+                break
+            await asyncio.sleep(0.05)
         stop.set()
-        await asyncio.wait_for(task, 2)
+        await asyncio.wait_for(task, 3)
 
     with caplog.at_level(logging.WARNING, logger="app.delivery"):
         asyncio.run(main())
-    assert any("delivery disabled" in r.getMessage() for r in caplog.records)
+    (dead,) = db.outbox("dead")
+    assert dead.last_error == "receiver unusable: no URL configured"
+    assert any("UNUSABLE: no URL configured" in r.getMessage() for r in caplog.records)
+    db.close()

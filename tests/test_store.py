@@ -147,3 +147,57 @@ def test_store_sync_role_applies_the_topic_once_and_commits(
         assert len(ro.history(limit=1000)) == len(alerts)
         assert ro.counts().by_status == {"firing": 20, "resolved": 10}
     assert committed(broker.bootstrap, store_sync.GROUP_ID) == len(records) + 2
+
+
+def test_operator_records_are_applied_once_and_notifications_only_move_forward(tmp_path: Path) -> None:
+    ack = {"type": "ack", "cmd_id": "c1", "at": "2024-05-01T10:00:00Z", "fingerprint": "fp1",
+           "starts_at": T0, "by": "ann", "comment": "mine"}  # fmt: skip
+    sil = {"type": "silence", "cmd_id": "c2", "at": "2024-05-01T10:00:00Z", "silence_id": "s1",
+           "matchers": ['device_id="d1"'], "starts_at": T0, "ends_at": T3, "by": "bob"}  # fmt: skip
+    uns = {"type": "unsilence", "cmd_id": "c3", "at": T2, "silence_id": "s1", "by": "eve"}
+    queued = {"event": "queued", "msg_id": "m1", "receiver": "ops", "group_key": "g", "at": 1.0,
+              "alert_ids": ["a1", "a2"]}  # fmt: skip
+    dead = {**queued, "event": "dead", "at": 2.0, "attempts": 3, "reason": "answered 400"}
+    with AlertStore(tmp_path / "a.db") as store:
+        store.apply_batch(commands=[ack, sil], notifications=[queued, dead], offsets={("commands", 0): 2})
+        store.apply_batch(commands=[ack, uns], notifications=[queued], offsets={("commands", 0): 4})
+        assert [a["by"] for a in store.acks()] == ["ann"]
+        (silence,) = store.silences()
+        assert (silence["ends_at"], silence["ended_by"]) == (T2, "eve")
+        assert store.silences(active_at=T1) != [] and store.silences(active_at=T2) == []
+        (note,) = store.notifications(status="dead")
+        assert (note["alert_ids"], note["reason"], note["attempts"]) == (["a1", "a2"], "answered 400", 3)
+        assert store.notifications(alert_id="a2") == [note]
+        assert store.offsets() == {("commands", 0): 4}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_lost_store_is_rebuilt_from_the_topics(broker: EmbeddedBroker, settings: Settings) -> None:
+    alerts = [episode("firing", T0, T0, f"d{i}") for i in range(5)] + [episode("resolved", T0, T1, "d0")]
+    produce(broker.bootstrap, ALERTS, [(a.fingerprint.encode(), a.to_json()) for a in alerts])
+
+    def sync_once() -> None:
+        async def main() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if settings.store_path.exists():
+                    with AlertStore(settings.store_path, readonly=True) as ro:
+                        if len(ro.history(limit=100)) >= len(alerts):
+                            break
+                await asyncio.sleep(0.1)
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+        asyncio.run(asyncio.wait_for(main(), 40))
+
+    sync_once()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{settings.store_path}{suffix}").unlink(missing_ok=True)
+    sync_once()
+    with AlertStore(settings.store_path, readonly=True) as ro:
+        assert len(ro.history(limit=100)) == len(alerts)
+        assert ro.counts().by_status == {"firing": 4, "resolved": 1}
+        assert sum(ro.offsets().values()) == len(alerts)

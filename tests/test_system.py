@@ -52,7 +52,10 @@ def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path
     assert counters["events"]["events.sensors"] == 5000
     assert counters["events"]["events.logs"] == 5000
     assert counters["alerts"] > 0
-    assert counters["webhooks_delivered"] == counters["alerts"]
+    # the dispatcher groups transitions (Alertmanager semantics): an alert that fired and
+    # resolved within one group interval is notified in its latest state only
+    assert 0 < counters["webhooks_delivered"] <= counters["alerts"]
+    assert counters["notification_log"] > 0
     assert counters["dlq"] == 0  # the first 5000 log lines are all well-formed
     assert processes_with_env(env["APP_DATA_DIR"]) == []
     assert (tmp_path / "data" / "alerts.sqlite3").exists()

@@ -2,7 +2,9 @@
 
 Import what you need from here; the sub-modules are the seams:
 :mod:`~app.notify.payload` (body), :mod:`~app.notify.webhook` (one attempt),
-:mod:`~app.notify.retry` (the policy), :mod:`~app.notify.ssrf` (where we may connect).
+:mod:`~app.notify.retry` (the policy), :mod:`~app.notify.ssrf` (where we may connect),
+:mod:`~app.notify.receivers` (the transport of each receiver type, imported on its own
+because it depends on the dispatcher's config models).
 """
 
 from __future__ import annotations

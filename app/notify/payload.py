@@ -61,14 +61,23 @@ def _absolute(url: str, external_url: str) -> str:
 
 
 def build_payload(
-    alerts: Sequence[Alert], *, receiver: str = "webhook", external_url: str = ""
+    alerts: Sequence[Alert],
+    *,
+    receiver: str = "webhook",
+    external_url: str = "",
+    group_key: str | None = None,
+    group_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The v4 payload for ``alerts`` (one notification). ``status`` is
-    ``resolved`` when every alert is resolved, else ``firing``."""
+    ``resolved`` when every alert is resolved, else ``firing``. The dispatcher
+    passes its aggregation group's key and labels; without them the group is
+    the rule (``alertname``) when all alerts share one."""
     labels = [alert_labels(a) for a in alerts]
-    rules = {a.rule_id for a in alerts}
-    group_labels = {"alertname": next(iter(rules))} if len(rules) == 1 else {}
-    group_key = "{}:{" + ",".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
+    if group_labels is None:
+        rules = {a.rule_id for a in alerts}
+        group_labels = {"alertname": next(iter(rules))} if len(rules) == 1 else {}
+    if group_key is None:
+        group_key = "{}:{" + ",".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
     items = [
         {
             "status": a.status,
@@ -92,7 +101,7 @@ def build_payload(
         "truncatedAlerts": 0,
         "status": "resolved" if all(a.status == "resolved" for a in alerts) else "firing",
         "receiver": receiver,
-        "groupLabels": group_labels,
+        "groupLabels": dict(group_labels),
         "commonLabels": _common(labels),
         "commonAnnotations": _common([a.annotations for a in alerts]),
         "externalURL": external_url,
@@ -100,6 +109,27 @@ def build_payload(
     }
 
 
-def encode(payload: Mapping[str, Any]) -> bytes:
+def alertmanager_alerts(alerts: Sequence[Alert], *, external_url: str = "") -> list[dict[str, Any]]:
+    """The body of a push to Alertmanager's ``POST /api/v2/alerts`` (postable alerts).
+
+    A firing alert carries no ``endsAt``: Alertmanager then keeps it active for
+    its ``resolve_timeout``, so a route to an Alertmanager should repeat
+    within that time. A resolved alert carries its ``endsAt``.
+    """
+    out = []
+    for a in alerts:
+        item: dict[str, Any] = {
+            "labels": alert_labels(a),
+            "annotations": dict(a.annotations),
+            "startsAt": a.starts_at,
+            "generatorURL": _absolute(a.generator_url, external_url),
+        }
+        if a.status == "resolved" and a.ends_at:
+            item["endsAt"] = a.ends_at
+        out.append(item)
+    return out
+
+
+def encode(payload: Mapping[str, Any] | Sequence[Any]) -> bytes:
     """Compact UTF-8 JSON; deterministic for a deterministic payload."""
     return orjson.dumps(payload)

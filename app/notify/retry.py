@@ -72,6 +72,20 @@ class RetryPolicy:
             return max(0.0, error.retry_after)
         return self.backoff(retry)
 
+    def next_delay(self, attempt: int, error: NotifierError, elapsed_s: float) -> float | None:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based), or None to give
+        up: the error is not retryable, ``max_attempts`` were made, or the wait would end past
+        ``max_age_s`` after the first attempt (``elapsed_s`` ago). The durable outbox uses
+        this to schedule its next attempt; :meth:`run` uses it between in-memory attempts."""
+        if not error.retryable:
+            return None
+        wait = self.delay(attempt, error)
+        if self.max_attempts is not None and attempt >= self.max_attempts:
+            return None
+        if self.max_age_s is not None and elapsed_s + wait > self.max_age_s:
+            return None
+        return wait
+
     async def run(
         self,
         op: Callable[[], Awaitable[T]],
@@ -92,12 +106,8 @@ class RetryPolicy:
             try:
                 return await op()
             except NotifierError as err:
-                if not err.retryable:
-                    raise
-                wait = self.delay(attempt, err)
-                if self.max_attempts is not None and attempt >= self.max_attempts:
-                    raise
-                if self.max_age_s is not None and self.clock() - started + wait > self.max_age_s:
+                wait = self.next_delay(attempt, err, self.clock() - started)
+                if wait is None:
                     raise
                 if on_retry is not None:
                     on_retry(attempt, err, wait)

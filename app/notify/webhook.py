@@ -17,9 +17,14 @@ attempt) and ``webhook-signature`` (``v1,`` HMAC-SHA256). The client ignores
 proxy environment variables, which would defeat the pinning. Logs and errors
 show the URL redacted and never the secret.
 
+:meth:`send` builds the body from alerts; :meth:`deliver` sends a body and
+message id fixed earlier (the durable outbox stores both, so a redelivery
+after a crash is byte-identical under the same ``webhook-id``). With
+``secret=None`` requests are not signed (the Alertmanager API push).
+
 Lifecycle: create (ConfigError for a URL that is not http(s) with a host, or
-a secret that is not base64), ``await send(...)`` any number of times from
-one event loop, then ``await aclose()`` (or use ``async with``).
+a secret that is not base64), ``await send(...)``/``deliver(...)`` any number
+of times from one event loop, then ``await aclose()`` (or use ``async with``).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class WebhookNotifier:
     def __init__(
         self,
         url: str,
-        secret: str,
+        secret: str | None,
         timeout: float = 10.0,
         headers: Mapping[str, str] | None = None,
         allow_private: Iterable[str] = (),
@@ -77,12 +82,14 @@ class WebhookNotifier:
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
             msg = f"webhook URL {self.safe_url} must be http:// or https:// with a host"
             raise ConfigError(msg)
-        try:
-            self._signer = Webhook(secret)
-        except (EmptyWebhookSecretError, ValueError):  # binascii.Error is a ValueError
-            msg = "webhook secret must be non-empty base64, optionally prefixed with whsec_"
-            raise ConfigError(msg) from None
-        self._secrets = [*url_secrets(url), secret, *(headers or {}).values()]
+        self._signer: Webhook | None = None
+        if secret is not None:
+            try:
+                self._signer = Webhook(secret)
+            except (EmptyWebhookSecretError, ValueError):  # binascii.Error is a ValueError
+                msg = "webhook secret must be non-empty base64, optionally prefixed with whsec_"
+                raise ConfigError(msg) from None
+        self._secrets = [*url_secrets(url), secret or "", *(headers or {}).values()]
         self._headers = dict(headers or {})
         self._timeout = timeout
         self._receiver = receiver
@@ -114,11 +121,15 @@ class WebhookNotifier:
         for which failures raise which :class:`NotifierError`. No-op when empty."""
         if not alerts:
             return
+        body = encode(build_payload(alerts, receiver=self._receiver, external_url=self._external_url))
+        await self.deliver(webhook_id(alerts), body)
+
+    async def deliver(self, msg_id: str, body: bytes, key: str = "") -> None:
+        """POST ``body`` (JSON) once under ``msg_id``; same outcomes as :meth:`send`.
+        ``key`` is accepted for the Notifier protocol and unused."""
         if self.disabled:
             msg = f"webhook {self.safe_url} is disabled after 410 Gone; fix the URL and restart"
             raise NotifierError(msg, retryable=False)
-        body = encode(build_payload(alerts, receiver=self._receiver, external_url=self._external_url))
-        msg_id = webhook_id(alerts)
         target = await self._guard.pin(self._url)
         stamp = self._now().replace(microsecond=0)
         headers = {
@@ -128,8 +139,9 @@ class WebhookNotifier:
             "User-Agent": USER_AGENT,
             "webhook-id": msg_id,
             "webhook-timestamp": str(int(stamp.timestamp())),
-            "webhook-signature": self._signer.sign(msg_id, stamp, body.decode()),
         }
+        if self._signer is not None:
+            headers["webhook-signature"] = self._signer.sign(msg_id, stamp, body.decode())
         try:
             async with self._client.stream(
                 "POST",

@@ -52,8 +52,16 @@ def test_firing_alerts_counts_and_transitions_are_shown(data_dir: Path) -> None:
             [alert("pump-7", "firing"), alert("pump-9", "firing", "warning", "2024-05-01T10:02:00Z"),
              alert("fan-1", "firing"), alert("fan-1", "resolved")]
         )  # fmt: skip
+        store.apply_batch(
+            commands=[{"type": "silence", "cmd_id": "c1", "at": "2024-05-01T10:00:00Z", "silence_id": "s1",
+                       "matchers": ['device_id="fan-1"'], "starts_at": "2024-05-01T10:00:00Z",
+                       "ends_at": "2999-01-01T00:00:00Z", "by": "ann", "comment": "swap"}],
+            notifications=[{"event": "dead", "msg_id": "m1", "receiver": "ops", "group_key": "g", "at": 1.0,
+                            "alert_ids": ["a1"], "attempts": 2, "reason": "answered 400"}],
+        )  # fmt: skip
     at = run_page()
-    firing, counts, history = (df.value for df in at.dataframe)
+    firing, counts, history, silences, dead = (df.value for df in at.dataframe)
+    assert list(silences["matchers"]) == ['device_id="fan-1"'] and list(dead["reason"]) == ["answered 400"]
     assert list(firing["labels"]) == ["device_id=pump-9", "device_id=pump-7"]
     assert list(firing["summary"]) == ["pump-9 runs hot", "pump-7 runs hot"]
     assert list(firing["severity"]) == ["warning", "critical"]

@@ -1,0 +1,233 @@
+"""`python -m app alerts ...`: the operator's alert commands (``routes ...`` is in :mod:`app.routes_cli`).
+
+Reads (``list``, ``show``, ``silences``, ``dead-letters``) open the alert
+store read-only; writes (``ack``, ``silence``, ``unsilence``, ``resolve``)
+produce one command to the ``commands`` topic (KAFKA_BOOTSTRAP_SERVERS must
+be set), which the dispatcher applies and store-sync records, and print it.
+An alert is named by a prefix of its fingerprint or of one of its alert ids.
+Exit codes: 0 done, 2 usage or configuration error (nothing matches, no store,
+no broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+from app.config import Settings
+from app.dispatch.commands import (
+    AckCommand,
+    Command,
+    ResolveCommand,
+    SilenceCommand,
+    UnsilenceCommand,
+    command_key,
+)
+from app.dispatch.matchers import matches_all, parse_matchers
+from app.errors import ConfigError
+from app.rules.durations import parse_duration
+from app.store import AlertStore, CurrentAlert
+
+logger = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def _store(settings: Settings) -> AlertStore:
+    try:
+        return AlertStore(settings.store_path, readonly=True)
+    except FileNotFoundError:
+        msg = f"no alert store at {settings.store_path} yet (is store-sync running?)"
+        raise ConfigError(msg) from None
+
+
+def _one(store: AlertStore, ident: str) -> CurrentAlert:
+    found = store.find(ident)
+    if len(found) != 1:
+        what = "no alert" if not found else f"{len(found)} alerts"
+        msg = f"{what} match {ident!r}; give more of the fingerprint or alert id"
+        raise ConfigError(msg)
+    return found[0]
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
+
+
+def _send(settings: Settings, cmd: Command) -> int:
+    from app.kafka import make_producer
+    from app.topics import COMMANDS
+
+    if not settings.bootstrap_servers:
+        print("error: KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                COMMANDS, cmd.model_dump_json().encode(), key=command_key(cmd).encode()
+            )
+        finally:
+            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    print(cmd.model_dump_json())
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        acked = {(a["fingerprint"], a["starts_at"]) for a in store.acks()}
+        silences = [(s["id"], parse_matchers(s["matchers"])) for s in store.silences(active_at=_now())]
+        rows = store.current(None if args.status == "all" else args.status, limit=args.limit)
+    for a in rows:
+        state = a.status
+        if (a.fingerprint, a.starts_at) in acked or (a.fingerprint, "") in acked:
+            state += "+acked"
+        labels = {**a.labels, "alertname": a.labels.get("alertname", a.rule_id), "severity": a.severity}
+        if any(matches_all(m, labels) for _, m in silences):
+            state += "+silenced"
+        cols = (a.fingerprint, f"{state:<24}", f"{a.severity:<8}", f"{a.rule_id:<24}", f"{a.starts_at:<24}")
+        print("  ".join(cols), _labels(a.labels))
+    print(f"{len(rows)} alert(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        cur = _one(store, args.id)
+        history = store.transitions_of(cur.rule_id, cur.fingerprint)
+        info: dict[str, Any] = {
+            "current": cur.__dict__,
+            "transitions": [h.to_dict() for h in history],
+            "acks": [a for a in store.acks() if a["fingerprint"] == cur.fingerprint],
+            "notifications": [n for h in history for n in store.notifications(alert_id=h.alert_id)],
+        }
+    print(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        cur = _one(store, args.id)
+    episode = "" if args.all_episodes else cur.starts_at
+    cmd = AckCommand(
+        fingerprint=cur.fingerprint, rule_id=cur.rule_id, starts_at=episode, at=_now(), by=args.by,
+        comment=args.comment,
+    )  # fmt: skip
+    return _send(settings, cmd)
+
+
+def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        cur = _one(store, args.id)
+    cmd = ResolveCommand(
+        fingerprint=cur.fingerprint, starts_at=cur.starts_at, at=_now(), by=args.by, comment=args.comment
+    )
+    return _send(settings, cmd)
+
+
+def cmd_silence(args: argparse.Namespace, settings: Settings) -> int:
+    start = datetime.fromisoformat(args.start) if args.start else datetime.now(tz=UTC)
+    start = start if start.tzinfo else start.replace(tzinfo=UTC)
+    if args.end:
+        end = datetime.fromisoformat(args.end)
+        end = end if end.tzinfo else end.replace(tzinfo=UTC)
+    else:
+        end = start + timedelta(milliseconds=parse_duration(args.duration))
+    if end <= start:
+        print("error: the silence must end after it starts", file=sys.stderr)
+        return 2
+    cmd = SilenceCommand(
+        matchers=tuple(args.matchers), starts_at=start.isoformat(), ends_at=end.isoformat(),
+        at=_now(), by=args.by, comment=args.comment,
+    )  # fmt: skip
+    return _send(settings, cmd)
+
+
+def cmd_unsilence(args: argparse.Namespace, settings: Settings) -> int:
+    return _send(settings, UnsilenceCommand(silence_id=args.silence_id, at=_now(), by=args.by))
+
+
+def cmd_silences(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        rows = store.silences(active_at=None if args.all else _now())
+    for s in rows:
+        print(f"{s['id']}  {s['starts_at']} .. {s['ends_at']}  {s['created_by']}  {' '.join(s['matchers'])}  "
+              f"# {s['comment']}")  # fmt: skip
+    print(f"{len(rows)} silence(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
+    with _store(settings) as store:
+        rows = store.notifications(status="dead", limit=args.limit)
+    for n in rows:
+        print(f"{n['msg_id']}  {n['receiver']}  attempts={n['attempts']}  alerts={','.join(n['alert_ids'])}  "
+              f"{n['reason']}")  # fmt: skip
+    print(f"{len(rows)} dead letter(s)", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add the ``alerts`` and ``routes`` commands to the top-level subparsers ``sub``."""
+    from app.routes_cli import register as register_routes
+
+    register_routes(sub)
+    user = _user()
+    alerts = sub.add_parser("alerts", help="list, show, ack, silence, unsilence or resolve alerts")
+    asub = alerts.add_subparsers(dest="alerts_command", required=True)
+    p = asub.add_parser("list", help="current alerts from the store")
+    p.add_argument("--status", default="firing", choices=["firing", "pending", "resolved", "all"])
+    p.add_argument("--limit", type=int, default=200)
+    p.set_defaults(func=cmd_list)
+    p = asub.add_parser("show", help="one alert: state, transitions, acks, notifications (JSON)")
+    p.add_argument("id", help="a prefix of the fingerprint or of an alert id")
+    p.set_defaults(func=cmd_show)
+    for name, fn, text in (
+        ("ack", cmd_ack, "acknowledge an alert"),
+        ("resolve", cmd_resolve, "resolve by hand"),
+    ):
+        p = asub.add_parser(name, help=text)
+        p.add_argument("id", help="a prefix of the fingerprint or of an alert id")
+        p.add_argument("--by", default=user)
+        p.add_argument("--comment", default="")
+        if name == "ack":
+            p.add_argument("--all-episodes", action="store_true", help="also later episodes of this alert")
+        p.set_defaults(func=fn)
+    p = asub.add_parser("silence", help="silence alerts matching every matcher")
+    p.add_argument("matchers", nargs="+", help='e.g. severity=critical device_id=~"pump-.*"')
+    p.add_argument("--duration", default="1h", help="how long (default 1h); or use --end")
+    p.add_argument("--start", help="RFC 3339 start (default now)")
+    p.add_argument("--end", help="RFC 3339 end")
+    p.add_argument("--by", default=user)
+    p.add_argument("--comment", default="")
+    p.set_defaults(func=cmd_silence)
+    p = asub.add_parser("unsilence", help="end a silence now")
+    p.add_argument("silence_id")
+    p.add_argument("--by", default=user)
+    p.set_defaults(func=cmd_unsilence)
+    p = asub.add_parser("silences", help="active silences (--all: every one)")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_silences)
+    p = asub.add_parser("dead-letters", help="notifications that could not be delivered")
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(func=cmd_dead_letters)

@@ -1,0 +1,112 @@
+"""Operator commands on the ``commands`` topic: ack, silence, unsilence and resolve.
+
+The dashboard and the CLI produce them; the dispatcher applies them and the
+alert store records them, so the topic is the source of truth for silences
+and acks and both can be rebuilt by replaying it. Every command carries a
+unique ``cmd_id``, the wall-clock time ``at`` (RFC 3339), who sent it and a
+comment. The record key is the alert fingerprint or the silence id.
+
+:func:`parse_command` raises ValueError naming the problem for anything that
+is not a valid command, so a bad record is logged and skipped, never applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from app.dispatch.base import parse_iso
+from app.dispatch.matchers import parse_matcher
+
+logger = logging.getLogger(__name__)
+
+
+class _Command(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cmd_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=64)
+    at: str
+    by: str = Field(default="", max_length=200)
+    comment: str = Field(default="", max_length=2000)
+
+    @field_validator("at")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        parse_iso(value)
+        return value
+
+    @property
+    def at_s(self) -> float:
+        return parse_iso(self.at)
+
+
+class AckCommand(_Command):
+    """Acknowledge one alert (fingerprint); ``starts_at`` limits it to one episode."""
+
+    type: Literal["ack"] = "ack"
+    fingerprint: str = Field(min_length=1, max_length=64)
+    rule_id: str = ""
+    starts_at: str = ""
+
+
+class SilenceCommand(_Command):
+    """Create (or replace, same id) a silence from ``starts_at`` to ``ends_at``."""
+
+    type: Literal["silence"] = "silence"
+    silence_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=64)
+    matchers: tuple[str, ...] = Field(min_length=1)
+    starts_at: str
+    ends_at: str
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(parse_matcher(m)) for m in value)
+
+    @field_validator("starts_at", "ends_at")
+    @classmethod
+    def _times(cls, value: str) -> str:
+        parse_iso(value)
+        return value
+
+
+class UnsilenceCommand(_Command):
+    """End a silence now."""
+
+    type: Literal["unsilence"] = "unsilence"
+    silence_id: str = Field(min_length=1, max_length=64)
+
+
+class ResolveCommand(_Command):
+    """Resolve a firing alert by hand (the current episode, or the one starting at ``starts_at``)."""
+
+    type: Literal["resolve"] = "resolve"
+    fingerprint: str = Field(min_length=1, max_length=64)
+    starts_at: str = ""
+
+
+Command = Annotated[
+    AckCommand | SilenceCommand | UnsilenceCommand | ResolveCommand, Field(discriminator="type")
+]
+_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
+
+
+def parse_command(raw: bytes | str) -> Command:
+    """Decode and validate one command record; ValueError with the reason otherwise."""
+    try:
+        return _ADAPTER.validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        msg = f"invalid command: {where}: {err['msg']}" if where else f"invalid command: {err['msg']}"
+        raise ValueError(msg) from None
+
+
+def command_key(cmd: Command) -> str:
+    """The record key: the silence id for silences, else the alert fingerprint."""
+    if isinstance(cmd, SilenceCommand | UnsilenceCommand):
+        return cmd.silence_id
+    return cmd.fingerprint

@@ -1,0 +1,283 @@
+"""The ``dispatch`` role: ``alerts`` and ``commands`` in, notifications out through a durable outbox.
+
+Lifecycle of :func:`run`:
+
+1. load the routes file (``APP_ROUTES_FILE``; RoutesConfigError lists every
+   problem) and open the state file ``$APP_DATA_DIR/dispatch.sqlite3``
+   (one dispatcher per data dir, enforced by a lock);
+2. restore the dispatcher state; if the file is new (first start, or lost),
+   rebuild the notification log and the undelivered outbox from the
+   ``notifications`` topic first, then replay ``alerts`` and ``commands``
+   from the beginning (storm counting paused until caught up), so a lost
+   state file neither floods receivers nor forgets silences and acks;
+3. loop: read ``alerts`` and ``commands`` (all partitions, from the offsets
+   kept in the state file), apply them, run due timers, and commit state,
+   offsets, new outbox messages and records to publish in one SQLite
+   transaction; one :class:`~app.delivery.OutboxSender` per receiver
+   delivers, a :class:`~app.delivery.Publisher` produces the notification
+   log and manual resolutions;
+4. on ``stop``: finish the current batch, let attempts in progress end
+   (bounded by the receiver timeouts), publish what is queued, close.
+
+Offsets live in the state file, not in Kafka, so a kill -9 at any point
+resumes exactly where the kept state ends. They are also committed to Kafka
+(group ``dispatcher``, best effort) so lag shows in the usual tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+from prometheus_client import Counter, Gauge
+
+from app.alerts import Alert
+from app.config import Settings
+from app.delivery import OutboxSender, Publisher
+from app.dispatch.base import Clock, wall_clock
+from app.dispatch.commands import parse_command
+from app.dispatch.config import KafkaReceiverConfig, load_routes
+from app.dispatch.db import DispatchDB
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.messages import OutboxMessage
+from app.dispatch.nflog import Entry
+from app.kafka import high_watermarks, make_consumer, make_producer
+from app.notify import RetryPolicy
+from app.notify.receivers import make_notifier
+from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, ensure_topics, receiver_topic_spec
+
+logger = logging.getLogger(__name__)
+
+GROUP_ID = "dispatcher"
+INPUTS = (ALERTS, COMMANDS)
+
+DISPATCHED = Counter(
+    "dispatch_records",
+    "Input records by topic and outcome: new, duplicate, stale, recorded (pending: kept, not "
+    "notified), applied (command) and invalid.",
+    ["topic", "outcome"],
+)
+OUTBOX = Gauge("dispatch_outbox_messages", "Outbox messages by status.", ["status"])
+REBUILDING = Gauge("dispatch_rebuilding", "1 while the dispatcher replays the topics into a new state file.")
+
+
+async def run(
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    routes_file: Path | None = None,
+    clock: Clock = wall_clock,
+    policy: RetryPolicy | None = None,
+    poll_ms: int = 200,
+    max_batch: int = 500,
+) -> None:
+    """Dispatch until ``stop`` is set; see the module docstring."""
+    config = load_routes(routes_file or settings.routes_file)
+    db = DispatchDB(settings.dispatch_path)
+    disp = Dispatcher(config, clock=clock, external_url=settings.external_url)
+    for table in disp.tables():
+        table.restore(db.load(table.name))
+    policy = policy or RetryPolicy(
+        base_s=config.delivery.retry_base, cap_s=config.delivery.retry_cap, max_attempts=None, max_age_s=None
+    )
+    kafka_topics = [r.topic_name for r in config.receivers if isinstance(r, KafkaReceiverConfig)]
+    if kafka_topics:
+        specs = tuple(receiver_topic_spec(t) for t in kafka_topics)
+        await ensure_topics(
+            settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
+        )
+    producer = make_producer(settings)
+    consumer = make_consumer(settings, group_id=GROUP_ID)
+    tasks: list[asyncio.Task[None]] = []
+    senders: dict[str, OutboxSender] = {}
+    quit_senders, quit_publisher = asyncio.Event(), asyncio.Event()
+    try:
+        await producer.start()
+        if db.fresh:
+            await _rebuild_log(settings, disp, db)
+        marks = await _assign(settings, consumer, db)
+        disp.rebuilding = bool(marks)
+        REBUILDING.set(1 if marks else 0)
+        publisher = Publisher(db, producer)
+        for r in config.receivers:
+            notifier = make_notifier(
+                r, producer=producer, allow_private=settings.webhook_allow_private,
+                external_url=settings.external_url,
+            )  # fmt: skip
+            senders[r.name] = OutboxSender(
+                db, r.name, notifier, policy, max_age_s=config.delivery.max_age, clock=clock,
+                on_published=publisher.wake.set,
+            )  # fmt: skip
+        tasks = [asyncio.create_task(s.run(quit_senders)) for s in senders.values()]
+        tasks.append(asyncio.create_task(publisher.run(quit_publisher)))
+        logger.info(
+            "dispatching %s to %d receiver(s) from %s%s", "/".join(INPUTS), len(senders),
+            routes_file or settings.routes_file, " (rebuilding state from the topics)" if marks else "",
+        )  # fmt: skip
+        await _loop(disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch)
+        await _commit_kafka(consumer, db)
+    finally:
+        quit_senders.set()
+        await asyncio.gather(*tasks[:-1], return_exceptions=True)
+        quit_publisher.set()
+        await asyncio.gather(*tasks[-1:], return_exceptions=True)
+        for s in senders.values():
+            if s.notifier is not None:
+                await s.notifier.aclose()
+        await consumer.stop()
+        await producer.stop()
+        db.close()
+        logger.info("dispatcher stopped")
+
+
+async def _loop(
+    disp: Dispatcher,
+    db: DispatchDB,
+    consumer: AIOKafkaConsumer,
+    stop: asyncio.Event,
+    senders: dict[str, OutboxSender],
+    publisher: Publisher,
+    marks: dict[TopicPartition, int],
+    clock: Clock,
+    poll_ms: int,
+    max_batch: int,
+) -> None:
+    offsets: dict[tuple[str, int], int] = {}
+    last_kafka_commit = 0.0
+    while not stop.is_set():
+        timer = disp.next_timer()
+        wait_ms = poll_ms if timer is None else int(min(poll_ms, max(0.0, timer - clock()) * 1000))
+        polled = await consumer.getmany(timeout_ms=wait_ms, max_records=max_batch)
+        for tp, records in polled.items():
+            _apply(disp, tp, records)
+            offsets[(tp.topic, tp.partition)] = records[-1].offset + 1
+        if marks and all(offsets.get((tp.topic, tp.partition), 0) >= m for tp, m in marks.items()):
+            marks.clear()
+            disp.rebuilding = False
+            REBUILDING.set(0)
+            logger.info("state rebuilt from the topics; storm control is on")
+        timer = disp.next_timer()
+        if timer is not None and timer <= clock():
+            disp.tick()
+        effects = disp.take_effects()
+        changes = [(t.name, k, v) for t in disp.tables() for k, v in t.drain()]
+        if not (polled or effects or changes):
+            continue
+        publish = [(NOTIFICATIONS, key.encode(), orjson.dumps(ev)) for key, ev in effects.log]
+        publish += [(ALERTS, a.fingerprint.encode(), a.to_json()) for a in effects.alerts]
+        db.commit(changes, offsets, effects.outbox, publish)
+        offsets_now, offsets = offsets, {}
+        for msg in effects.outbox:
+            if msg.receiver in senders:
+                senders[msg.receiver].wake.set()
+        if publish:
+            publisher.wake.set()
+        if offsets_now and clock() - last_kafka_commit >= 5.0:
+            last_kafka_commit = clock()
+            await _commit_kafka(consumer, db)
+        for status, n in db.counts().items():
+            OUTBOX.labels(status).set(n)
+
+
+def _apply(disp: Dispatcher, tp: TopicPartition, records: Iterable[ConsumerRecord[bytes, bytes]]) -> None:
+    for rec in records:
+        outcome: str
+        try:
+            if tp.topic == ALERTS:
+                outcome = disp.on_alert(Alert.from_json(rec.value or b""))
+            else:
+                disp.on_command(parse_command(rec.value or b""))
+                outcome = "applied"
+        except (ValueError, TypeError, KeyError) as exc:
+            outcome = "invalid"
+            logger.error("skipping unusable record at %s:%d@%d: %s", tp.topic, tp.partition, rec.offset, exc)
+        DISPATCHED.labels(tp.topic, outcome).inc()
+
+
+async def _assign(
+    settings: Settings, consumer: AIOKafkaConsumer, db: DispatchDB
+) -> dict[TopicPartition, int]:
+    """Assign every input partition at its kept offset (or the beginning); return the high
+    watermarks when replaying from the beginning, so the caller knows when it caught up.
+    A kept offset past a partition's end means the topic was recreated (an embedded broker
+    restarted empty): that partition is read from the beginning, with a warning."""
+    await consumer.start()
+    await consumer.topics()
+    tps = [TopicPartition(t, p) for t in INPUTS for p in sorted(consumer.partitions_for_topic(t) or ())]
+    consumer.assign(tps)
+    kept = db.offsets()
+    marks = await high_watermarks(settings.bootstrap_servers, list(INPUTS))
+    for tp in tps:
+        at = kept.get((tp.topic, tp.partition))
+        if at is not None and at > marks.get(tp, 0):
+            end = marks.get(tp, 0)
+            logger.warning("%s:%d ends at %d, before the kept offset %d: the topic was recreated; "
+                           "reading it from the beginning", tp.topic, tp.partition, end, at)  # fmt: skip
+            at = None
+        if at is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, at)
+    return {} if kept else {tp: m for tp, m in marks.items() if m}
+
+
+async def _commit_kafka(consumer: AIOKafkaConsumer, db: DispatchDB) -> None:
+    kept = {TopicPartition(t, p): n for (t, p), n in db.offsets().items()}
+    with contextlib.suppress(KafkaError):
+        await consumer.commit(kept)
+
+
+async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> None:
+    """Restore the notification log and undelivered messages from the notifications topic."""
+    events = await read_topic(settings, NOTIFICATIONS)
+    pending: dict[str, OutboxMessage] = {}
+    for ev in events:
+        kind = ev.get("event")
+        if kind in ("queued", "absorbed", "recorded") and "log_key" in ev:
+            entry = Entry(frozenset(ev["firing"]), frozenset(ev["resolved"]), ev["at"], ev["seq"])
+            disp.nflog.restore_entry(ev["log_key"], entry)
+        if kind == "queued":
+            pending[ev["msg_id"]] = OutboxMessage(
+                ev["msg_id"], ev["receiver"], ev["group_key"], ev["at"], ev["body"].encode(),
+                tuple(ev["alert_ids"]), ev.get("notice", ""),
+            )  # fmt: skip
+        elif kind in ("delivered", "dead"):
+            pending.pop(ev["msg_id"], None)
+    changes = [(t.name, k, v) for t in disp.tables() for k, v in t.drain()]
+    db.commit(changes, {}, pending.values())
+    logger.info(
+        "rebuilt the notification log from %d event(s); %d undelivered message(s) recovered",
+        len(events), len(pending),
+    )  # fmt: skip
+
+
+async def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """Every JSON record of ``topic`` up to its current end, in partition order."""
+    marks = {tp: m for tp, m in (await high_watermarks(settings.bootstrap_servers, [topic])).items() if m}
+    out: list[dict[str, Any]] = []
+    if not marks:
+        return out
+    consumer = make_consumer(settings)
+    try:
+        await consumer.start()
+        consumer.assign(list(marks))
+        await consumer.seek_to_beginning(*marks)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        left = dict(marks)
+        while left and asyncio.get_running_loop().time() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=200, max_records=2000)).items():
+                for rec in records:
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        out.append(orjson.loads(rec.value or b""))
+                    if rec.offset + 1 >= left.get(tp, 0):
+                        left.pop(tp, None)
+    finally:
+        await consumer.stop()
+    return out

@@ -1,0 +1,113 @@
+"""`python -m app alerts ...` and `routes ...` against a real broker and store (store-sync role)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app import store_sync
+from app.broker import EmbeddedBroker
+from app.cli import main
+from app.config import PROJECT_ROOT
+from app.store import AlertStore
+from app.topics import ALERTS
+from tests.conftest import child_env
+from tests.dispatch.harness import publish
+from tests.dispatch.helpers import BASE, alert
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def sync_until(settings_env: dict[str, str], done: str) -> None:
+    """Run store-sync until the store's ``done`` query (a SQL count) is non-zero."""
+    from app.config import Settings
+
+    settings = Settings.from_env(settings_env)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if settings.store_path.exists():
+                with AlertStore(settings.store_path, readonly=True) as ro:
+                    if ro._conn.execute(done).fetchone()[0]:
+                        break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(run(), 40))
+
+
+def test_list_silence_ack_show_and_unsilence(
+    broker: EmbeddedBroker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path / "data"),
+           "APP_KAFKA_IDEMPOTENCE": "off"}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    d1, d2 = alert("d1"), alert("d2")
+    publish(broker.bootstrap, ALERTS, [d1, d2])
+    sync_until(env, "SELECT COUNT(*) FROM alerts")
+
+    assert main(["alerts", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in listed) == sorted([d1.fingerprint, d2.fingerprint])
+
+    assert (
+        main(["alerts", "silence", "device_id=d1", "--duration", "2h", "--comment", "swap", "--by", "ann"])
+        == 0
+    )
+    silence = orjson.loads(capsys.readouterr().out)
+    assert (silence["type"], silence["matchers"], silence["by"]) == ("silence", ['device_id="d1"'], "ann")
+    assert main(["alerts", "ack", d2.fingerprint[:8], "--comment", "on it"]) == 0
+    ack = orjson.loads(capsys.readouterr().out)
+    assert (ack["fingerprint"], ack["starts_at"]) == (d2.fingerprint, d2.starts_at)
+    sync_until(env, "SELECT COUNT(*) FROM acks")
+
+    assert main(["alerts", "list"]) == 0
+    states = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    assert states == {d1.fingerprint: "firing+silenced", d2.fingerprint: "firing+acked"}
+    assert main(["alerts", "show", d1.alert_id[:10]]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    assert shown["current"]["fingerprint"] == d1.fingerprint and len(shown["transitions"]) == 1
+
+    assert main(["alerts", "unsilence", silence["silence_id"]]) == 0
+    capsys.readouterr()
+    sync_until(env, "SELECT COUNT(*) FROM silences WHERE ended_by IS NOT NULL")
+    assert main(["alerts", "silences"]) == 0
+    assert capsys.readouterr().out == ""  # no active silence left
+    assert main(["alerts", "dead-letters"]) == 0
+    assert main(["alerts", "ack", "ffff-no-such"]) == 2
+    assert "no alert match" in capsys.readouterr().err
+
+
+def test_routes_test_prints_the_receivers_like_amtool(tmp_path: Path) -> None:
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(BASE + """
+route:
+  receiver: ops
+  routes:
+    - {matchers: ['severity="critical"'], receiver: pager, continue: true}
+    - {matchers: ['team=~"plant.*"'], receiver: bus}
+""")  # fmt: skip
+    run = [sys.executable, "-m", "app", "routes", "test", "--config", str(routes)]
+    out = subprocess.run(
+        [*run, "severity=critical", "team=plant-ops"], cwd=PROJECT_ROOT, env=child_env(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (0, "pager,bus\n"), out.stderr
+    assert main(["routes", "test", "--config", str(routes), "--labels", "severity=info"]) == 0
+    assert main(["routes", "check", str(routes)]) == 0
+    routes.write_text(BASE + "route: {receiver: nobody}\n")
+    assert main(["routes", "check", str(routes)]) == 1

@@ -1,0 +1,117 @@
+"""The dispatch role against the real embedded broker and a real HTTP receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app import dispatch_role
+from app.broker import EmbeddedBroker
+from app.config import Settings
+from app.dispatch.base import iso
+from app.dispatch.commands import SilenceCommand
+from app.dispatch.db import DispatchDB
+from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
+from tests.conftest import make_settings
+from tests.dispatch.harness import http_receiver, publish, write_routes
+from tests.dispatch.helpers import alert
+from tests.kafka_helpers import consume, consume_json, produce
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture
+def cfg(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+    return make_settings(
+        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
+    )
+
+
+def run_role(
+    settings: Settings, routes: Path, until: Callable[[], bool], timeout_s: float = 30, **kw: Any
+) -> float:
+    """Run the dispatch role until ``until()`` holds, then stop it; return the stop time in s."""
+
+    async def main() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(dispatch_role.run(settings, stop, routes_file=routes, **kw))
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "condition not reached in time"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        return time.monotonic() - started
+
+    return asyncio.run(asyncio.wait_for(main(), timeout_s + 30))
+
+
+def test_alerts_are_routed_signed_silenced_and_logged(
+    cfg: Settings, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    fired = [alert(f"d{i}") for i in range(4)]
+    silenced = alert("quiet-1")
+    now = time.time()
+    cmd = SilenceCommand(silence_id="s1", matchers=('device_id=~"quiet-.*"',), starts_at=iso(now - 60),
+                         ends_at=iso(now + 3600), at=iso(now), by="ann")  # fmt: skip
+    produce(broker.bootstrap, COMMANDS, [(b"s1", cmd.model_dump_json().encode()), (b"x", b"{not json")])
+    publish(broker.bootstrap, ALERTS, [*fired, silenced, alert("d9", "pending"), fired[0]])
+    with http_receiver() as rx:
+        to_bus = "  routes:\n    - {matchers: ['device_id=\"d0\"'], receiver: bus}"
+        routes = write_routes(
+            tmp_path / "routes.yaml", rx.url(), extra_receivers="  - {name: bus, type: kafka}", route=to_bus
+        )
+        stopped_in = run_role(cfg, routes, lambda: len(rx.requests) >= 3)
+        time.sleep(0.3)
+        ids = rx.verified_ids()  # every signature verifies with the standardwebhooks library
+    assert set(ids) == {a.alert_id for a in fired[1:]}  # d0 went to the bus only; quiet-1 silenced
+    assert all(len(m) == 1 for m in ids.values())
+    body = orjson.loads(rx.requests[0].body)
+    assert body["version"] == "4" and body["receiver"] == "ops"
+    assert body["alerts"][0]["rule_version"] == "1" and "values" in body["alerts"][0]
+    (bus,) = consume(broker.bootstrap, "alerts.bus", min_count=1, timeout_s=10)
+    assert [a["alert_id"] for a in orjson.loads(bus.value)["alerts"]] == [fired[0].alert_id]
+    events = consume_json(broker.bootstrap, NOTIFICATIONS, min_count=8, timeout_s=10)
+    assert sorted(e["event"] for e in events) == ["delivered"] * 4 + ["queued"] * 4
+    assert stopped_in < 5
+
+
+def test_a_4xx_is_dead_lettered_and_a_5xx_outage_loses_nothing(
+    cfg: Settings, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    alerts = [alert(f"d{i}") for i in range(6)]
+    with http_receiver(status=503, by_path={"/strict": 400}) as rx:
+        secret = "whsec_c3RyaWN0LXNlY3JldA=="  # noqa: S105 - test key
+        strict = f'  - {{name: strict, type: webhook, url: "{rx.url("/strict")}", secret: "{secret}"}}'
+        to_strict = "  routes:\n    - {matchers: ['device_id=\"d5\"'], receiver: strict}"
+        routes = write_routes(tmp_path / "routes.yaml", rx.url(), extra_receivers=strict, route=to_strict)
+        publish(broker.bootstrap, ALERTS, alerts)
+
+        def recovered() -> bool:
+            hook = [r for r in rx.requests if r.path == "/hook"]
+            if len(hook) >= 15:
+                rx.status = 204  # the outage ends after 15 refused attempts
+            return rx.status == 204 and len({a for r in hook[15:] for a in r.alert_ids()}) >= 5
+
+        run_role(cfg, routes, recovered, timeout_s=40)
+        ids = rx.verified_ids()
+        hook = [r for r in rx.requests if r.path == "/hook"]
+        strict_posts = [r for r in rx.requests if r.path == "/strict"]
+    assert set(ids) == {a.alert_id for a in alerts[:5]}
+    assert all(len(msg_ids) == 1 for msg_ids in ids.values())  # retries kept the webhook-id
+    assert len(hook) >= 15 + 5 and len(strict_posts) == 1  # 503 retried, 400 never
+    db = DispatchDB(cfg.dispatch_path, readonly=True)
+    assert db.counts() == {"delivered": 5, "dead": 1}
+    (dead,) = db.outbox("dead")
+    assert "answered 400" in dead.last_error and dead.message.alert_ids == (alerts[5].alert_id,)
+    db.close()
+    events = consume_json(broker.bootstrap, NOTIFICATIONS, min_count=12, timeout_s=10)
+    assert [e["msg_id"] for e in events if e["event"] == "dead"] == [dead.message.msg_id]
