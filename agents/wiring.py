@@ -269,6 +269,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
         web_enabled=False,
+        web_host="127.0.0.1",  # should the web server ever be enabled: never on every interface
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",

@@ -18,7 +18,6 @@ import argparse
 import importlib
 import logging
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,15 +131,19 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
+    """Run the embedded broker until SIGINT or SIGTERM, then stop it (no orphan)."""
+    import signal
+    import threading
+
     from app.broker import EmbeddedBroker
 
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     with EmbeddedBroker(port=args.port or None) as b:
         print(f"KAFKA_BOOTSTRAP_SERVERS={b.bootstrap}", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            return 0
+        stop.wait()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -148,6 +148,8 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
         fail(("expect_from",), f"expect_from needs group_by: [{schema.key}]")
 
     known = set(fields) | {a.name for a in aggs} | {"previous", "count", "window_start", "window_end"}
+    if pct:
+        known.add("pct_change")  # the value of the rule's (first) pct_change() call
     for name, template in rule.annotations.items():
         try:
             unknown = [p for p in placeholders(template) if p not in known]

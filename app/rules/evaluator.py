@@ -260,6 +260,8 @@ class StreamEvaluator:
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
         assert rule.parts is not None  # noqa: S101
+        if rule.where is not None and rule.where(row) is not True:
+            return []
         for cond, topic in rule.parts.arms:
             if cond is None or cond(row) is True:
                 return [(topic, ev.key.encode(), orjson.dumps(ev.fields))]

@@ -120,7 +120,9 @@ def _show(a: Alert, like: dict[str, Any] | None) -> str:
     for k in _KEYS:
         if k in like:
             v = full[k]
-            shown[k] = {kk: v.get(kk) for kk in like[k]} if isinstance(like[k], dict) and isinstance(v, dict) else v
+            shown[k] = (
+                {kk: v.get(kk) for kk in like[k]} if isinstance(like[k], dict) and isinstance(v, dict) else v
+            )
     return " ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
 
 
@@ -165,7 +167,9 @@ def _run_case(name: str, base: Path, title: str, case: dict, spec: dict, ruleset
     if len(got) == len(want) and all(_matches(w, g) for w, g in zip(want, got, strict=True)):
         return CaseResult(name, title, True)
     actual = [_show(g, want[i] if i < len(want) else None) for i, g in enumerate(got)]
-    diff = "\n".join(difflib.unified_diff([_show_want(w) for w in want], actual, "expected", "actual", lineterm=""))
+    diff = "\n".join(
+        difflib.unified_diff([_show_want(w) for w in want], actual, "expected", "actual", lineterm="")
+    )
     return CaseResult(name, title, False, diff or "transitions differ")
 
 

@@ -7,17 +7,19 @@
   of them.
 * **Change** (``change: field``): an event alert when the field's value
   differs from the group's previous non-NULL value.
-* **New term** (``new_term: {field, horizon, warmup}``): an event alert when
-  a value was not seen in the group within ``horizon``; the first
-  ``horizon`` after a group's first event only learns, so a restart of the
-  history does not flag every value as new.
+* **New term** (``new_term: {field, horizon}``): an event alert when a
+  value was not seen in the group within ``horizon``; the first ``horizon``
+  after a group's first event only learns, so the start of the history does
+  not flag every value as new. Order-insensitive: an out-of-order event is
+  still a sighting.
 * **Sequence**: steps in order within ``within`` of the first step's first
   event (other events in between are ignored); a final ``absent: true`` step
   fires when ``within`` passes without it.
 
-Event alerts resolve ``resolve_after`` after their last trigger. Late events
-(older than the newest one seen for the rule and group) are skipped, except
-for absence, where an old event simply does not move ``last`` back.
+Event alerts resolve ``resolve_after`` after their last trigger. For change
+and sequence rules, order matters: late events (older than the newest one
+seen for the rule and group) are skipped. Absence and new term use them
+(an old event does not move ``last`` back).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class AbsenceLogic:
             store.put(key, {"g": list(group), "last": since_ms, "fire": None, "due": self._due(since_ms)})
 
     def _due(self, last: int) -> int:
-        return last + self.absent_ms + self.lateness
+        """Silence must last longer than ``absent_for``: an event exactly at the deadline is on time."""
+        return last + self.absent_ms + self.lateness + 1
 
     def on_event(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
@@ -149,9 +152,7 @@ class NewTermLogic(_EventAlert):
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
             return [], False
-        st, late = self._state(store, key, group, ev)
-        if late or st is None:
-            return [], late
+        st = store.get(key) or {"g": list(group), "last": ev.ts_ms, "fire": None}
         value = row.get(self.field)
         if value is None:
             return [], False
@@ -159,12 +160,12 @@ class NewTermLogic(_EventAlert):
         terms: dict[str, int] = st.setdefault("terms", {})
         first = st.setdefault("first", ev.ts_ms)
         seen = terms.get(term)
-        st["last"] = ev.ts_ms
+        st["last"] = max(st["last"], ev.ts_ms)
         alerts: list[Alert] = []
         learning = ev.ts_ms < first + self.horizon
         if not learning and (seen is None or ev.ts_ms - seen > self.horizon):
             alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, {self.field: value})
-        terms[term] = ev.ts_ms
+        terms[term] = max(ev.ts_ms, seen or ev.ts_ms)
         if len(terms) > MAX_TERMS or (len(terms) % 1000 == 0):
             cutoff = ev.ts_ms - self.horizon
             st["terms"] = dict(

@@ -94,6 +94,8 @@ class ThresholdLogic:
         if self.pct:
             st["h"] = hist
         values = {c: row.get(c) for c in self.columns}
+        if self.pct:
+            values["pct_change"] = row.get(self.pct[0].column)
         alerts: list[Alert] = []
         if st["fire"] is not None and st.get("kf") is not None and ev.ts_ms >= st["kf"]:
             # kept firing long enough: it ended at kf, before this event
