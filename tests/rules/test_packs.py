@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_absence_on_the_real_gaps_of_the_ambient_sensor(tmp_path: Path) -> None:
     evs = events("sensors", nab_events(str(path), device="office-1", field="temperature"))
     out = run_backtest(load_rules([rule]), evs)
     times = [e.ts_ms for _, e in evs]
-    gaps = [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > 3 * 3_600_000]
+    gaps = [(a, b) for a, b in itertools.pairwise(times) if b - a > 3 * 3_600_000]
     assert gaps, "the ambient series has real multi-hour gaps"
     fired = [parse_ts(a.starts_at) for a in firing(out, "silent")]
     assert fired == [a + 3 * 3_600_000 for a, _ in gaps]
@@ -84,7 +85,7 @@ def test_logs_pack_on_the_real_access_log() -> None:
 def _adj_close_episodes(symbol: str) -> list[str]:
     rows = [r for r in ohlc_events(symbol) if isinstance(r, dict)]
     out, prev_hit = [], False
-    for prev, cur in zip(rows, rows[1:], strict=False):
+    for prev, cur in itertools.pairwise(rows):
         hit = prev["adj_close"] and (cur["adj_close"] - prev["adj_close"]) / prev["adj_close"] >= 0.10
         if hit and not prev_hit:
             out.append(cur["ts"])
@@ -103,11 +104,8 @@ def test_finance_pack_stock_jumps_match_the_adjusted_close(symbol: str) -> None:
 
 def test_raw_close_split_is_a_false_crash_that_adjusted_close_avoids(tmp_path: Path) -> None:
     rule = tmp_path / "r.yaml"
-    rule.write_text(
-        "rules:\n"
-        "  - id: raw-crash\n    source: finance\n    group_by: [symbol]\n    where: pct_change(close, 1d) <= -40\n"
-        "  - id: adj-crash\n    source: finance\n    group_by: [symbol]\n    where: pct_change(adj_close, 1d) <= -40\n"
-    )
+    body = "  - id: {}-crash\n    source: finance\n    group_by: [symbol]\n    where: pct_change({}, 1d) <= -40\n"
+    rule.write_text("rules:\n" + body.format("raw", "close") + body.format("adj", "adj_close"))
     out = run_backtest(load_rules([rule]), events("finance", ohlc_events("AAPL")))
     assert "2000-06-21T00:00:00.000Z" in [a.starts_at for a in firing(out, "raw-crash")]
     assert "2000-06-21T00:00:00.000Z" not in [a.starts_at for a in firing(out, "adj-crash")]
