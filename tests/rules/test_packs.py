@@ -104,7 +104,10 @@ def test_finance_pack_stock_jumps_match_the_adjusted_close(symbol: str) -> None:
 
 def test_raw_close_split_is_a_false_crash_that_adjusted_close_avoids(tmp_path: Path) -> None:
     rule = tmp_path / "r.yaml"
-    body = "  - id: {}-crash\n    source: finance\n    group_by: [symbol]\n    where: pct_change({}, 1d) <= -40\n"
+    body = (
+        "  - id: {}-crash\n    source: finance\n    group_by: [symbol]\n"
+        "    where: pct_change({}, 1d) <= -40\n"
+    )
     rule.write_text("rules:\n" + body.format("raw", "close") + body.format("adj", "adj_close"))
     out = run_backtest(load_rules([rule]), events("finance", ohlc_events("AAPL")))
     assert "2000-06-21T00:00:00.000Z" in [a.starts_at for a in firing(out, "raw-crash")]
