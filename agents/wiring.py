@@ -35,6 +35,7 @@ import orjson
 from faust.types import TableT
 from prometheus_client import Counter, Gauge, Histogram
 
+from agents.transport import RulesApp
 from app import metrics
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
@@ -263,7 +264,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip
-    app = faust.App(
+    app = RulesApp(
         "streamalert-rules",
         broker=_broker_urls(settings.bootstrap_servers),
         store="memory://",
