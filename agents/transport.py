@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
-
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
 from faust.types import TP, TransportT
@@ -34,7 +32,7 @@ class ExactHighwaterConsumerThread(AIOKafkaConsumerThread):
         bootstrap = ",".join(f"{u.host}:{u.port}" for u in self.app.conf.broker_consumer)
         marks = await high_watermarks(bootstrap, sorted({tp.topic for tp in partitions}))
         for tp in partitions:
-            exact = marks.get(tp)  # type: ignore[call-overload]
+            exact = marks.get(tp)
             if exact is not None and exact > (listed.get(tp) or 0):
                 logger.debug("high watermark of %s: %d (ListOffsets said %s)", tp, exact, listed.get(tp))
                 listed[tp] = exact
@@ -54,5 +52,5 @@ class RulesApp(faust.App):
     """The rule worker's Faust app: standard, except the consumer transport above."""
 
     def _new_transport(self) -> TransportT:
-        transport: Any = ExactHighwaterTransport(self.conf.broker_consumer, self)
-        return transport  # type: ignore[no-any-return]
+        transport: TransportT = ExactHighwaterTransport(self.conf.broker_consumer, self)
+        return transport
