@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
 from faust.types import TP, TransportT
