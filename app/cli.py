@@ -20,6 +20,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from app.config import Settings, setup_logging
 from app.errors import AppError, RuleConfigError
@@ -67,9 +68,11 @@ def _cmd_rules_test(args: argparse.Namespace, _settings: Settings) -> int:
     return 1 if bad or not n else 0
 
 
-def _cmd_backtest(args: argparse.Namespace, _settings: Settings) -> int:
-    from app.backtest import BacktestReport, backtest_file
+def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
+    from app.backtest import BacktestReport, backtest, backtest_file, read_topic_events
+    from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
+    from app.tables import TABLES, Tables, read_table_file
 
     try:
         ruleset = load_rules(args.rules)
@@ -78,17 +81,53 @@ def _cmd_backtest(args: argparse.Namespace, _settings: Settings) -> int:
             print(problem, file=sys.stderr)
         return 1
     report = BacktestReport()
+    tables = Tables()
+    try:
+        for spec in args.table or ():
+            name, _, file = spec.partition("=")
+            if name not in TABLES or not file:
+                print(
+                    f"error: --table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}",
+                    file=sys.stderr,
+                )
+                return 2
+            tables.load_rows(name, read_table_file(name, Path(file)))
+        if args.topic:
+            if not settings.bootstrap_servers:
+                print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+                return 2
+            events: Any = read_topic_events(settings.bootstrap_servers, args.topic, report)
+        else:
+            events = None
+    except (ValueError, IngestDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    partitions = args.partitions or settings.partitions
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        backtest_file(
-            ruleset,
-            Path(args.input),
-            out,
-            report,
-            time_from=args.time_from,
-            time_to=args.time_to,
-            source=args.source,
-        )
+        if events is not None:
+            backtest(
+                ruleset,
+                events,
+                out,
+                report,
+                time_from=args.time_from,
+                time_to=args.time_to,
+                partitions=partitions,
+                tables=tables,
+            )
+        else:
+            backtest_file(
+                ruleset,
+                Path(args.input),
+                out,
+                report,
+                time_from=args.time_from,
+                time_to=args.time_to,
+                source=args.source,
+                partitions=partitions,
+                tables=tables,
+            )
     finally:
         if out is not sys.stdout:
             out.close()
@@ -175,7 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     bt = sub.add_parser("backtest", help="run rules over recorded events (JSON lines)")
     bt.add_argument("--rules", nargs="+", type=Path, required=True, help="rule files or directories")
-    bt.add_argument("--input", required=True, help="JSON-lines events, e.g. from `python -m ingest convert`")
+    src = bt.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help="JSON-lines events, e.g. from `python -m ingest convert`")
+    src.add_argument(
+        "--topic",
+        action="append",
+        metavar="TOPIC",
+        help="read a source topic from its earliest offset to its end (repeatable)",
+    )
+    bt.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="partitions to emulate (default APP_PARTITIONS, as the live worker sees them)",
+    )
+    bt.add_argument(
+        "--table",
+        action="append",
+        metavar="NAME=FILE",
+        help="registry rows (CSV or YAML) for enrichment, e.g. devices=devices.csv",
+    )
     bt.add_argument(
         "--source",
         choices=["sensors", "logs", "finance"],
@@ -217,4 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except AppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `... | head`: the reader is done, so are we
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code

@@ -8,12 +8,15 @@ a null value (tombstone) deletes the key. Rules join with them through
 
 from __future__ import annotations
 
+import csv
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from app.errors import IngestDecodeError
 from app.events import FieldType, Schema, check_value
@@ -123,3 +126,33 @@ class Tables:
         for r in rows:
             row = TABLES[table].validate(dict(r))
             self.rows[table][row[TABLES[table].key]] = row
+
+
+def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
+    """Rows of a registry file for a backtest or rule test: CSV with a header, or YAML
+    (a list of rows, or ``{rows: [...]}``). CSV cells are converted by column type;
+    an empty cell is NULL. Raises ValueError naming the file and line."""
+    schema = TABLES[table]
+    if path.suffix.lower() == ".csv":
+        rows: list[dict[str, Any]] = []
+        with path.open(newline="", encoding="utf-8") as f:
+            for lineno, raw in enumerate(csv.DictReader(f), 2):
+                row: dict[str, Any] = {}
+                for col, cell in raw.items():
+                    ftype = schema.columns.get(col) if col != schema.key else "string"
+                    if cell is None or cell == "":
+                        continue
+                    try:
+                        row[col] = float(cell) if ftype == "double" else cell
+                    except ValueError:
+                        msg = f"{path}:{lineno}: column '{col}' must be a number, got {cell!r}"
+                        raise ValueError(msg) from None
+                rows.append(row)
+        return rows
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = data.get("rows")
+    if not isinstance(data, list):
+        msg = f"{path}: expected a list of rows (or rows: [...])"
+        raise ValueError(msg)
+    return [dict(r) for r in data]
