@@ -60,8 +60,8 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     "APP_DASHBOARD_PORT": ("8501", "Streamlit dashboard port (0 picks a free one)."),
     "APP_RECEIVER_PORT": ("0", "Demo webhook receiver port (0 picks a free one)."),
     "APP_REPLAY_SPEEDUP": (
-        "30000",
-        "Event-time speed-up of the demo replays (30000: five minutes of data per 10 ms).",
+        "3000",
+        "Event-time speed-up of the demo replays and simulators (3000: five minutes of data every 100 ms).",
     ),
     "APP_REPLAY_LIMIT": ("25000", "Upper bound on events per demo replay."),
     "APP_METRICS_PORT": ("0", "Prometheus /metrics port of a role (0: none; the supervisor assigns one)."),

@@ -44,6 +44,7 @@ class Role:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     one_shot: bool = False  # exits 0 when its work is done (replays)
+    requires_file: Path | None = None  # not started before this file exists (written by another role)
     stage: int = 1  # stop order: lower stages stop first
     url: str | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -98,7 +99,8 @@ class Supervisor:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for role in self.roles:
-            self._spawn(role)
+            if role.requires_file is None or role.requires_file.exists():
+                self._spawn(role)
 
     def poll(self) -> None:
         """Reap exited children and restart the ones that failed."""
@@ -107,7 +109,8 @@ class Supervisor:
             if role.done or self._stopping:
                 continue
             if role.proc is None:
-                if now >= role.next_start:
+                ready = role.requires_file is None or role.requires_file.exists()
+                if now >= role.next_start and ready:
                     self._spawn(role)
                 continue
             code = role.proc.poll()

@@ -6,6 +6,10 @@ brackets, producers first):
 
 - [1] ``replay-sensors``: the NAB machine-temperature series -> events.sensors
 - [1] ``replay-logs``: the real Apache access log -> events.logs
+- [1] ``sim-fleet``: a seeded fleet (sensors, vehicles) -> MQTT (mosquitto)
+- [2] ``mqtt-bridge``: MQTT -> events.sensors
+- [1] ``registry``: the fleet's device registry -> tables.devices
+- [1] ``sim-ticks``: seeded trades -> events.finance
 - [2] ``worker``: the Faust rule worker
 - [3] ``dispatch``: alerts + commands -> routing, grouping, silences, inhibition,
   acks -> durable outbox -> signed webhooks
@@ -28,6 +32,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -41,6 +46,10 @@ from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
 logger = logging.getLogger(__name__)
 
 NAB_FILE = "nab/data/realKnownCause/machine_temperature_system_failure.csv"
+# The demo starts the machine-temperature replay the day before its first labelled failure,
+# and the simulated fleet and trades on the same event-time axis (one clock per partition).
+NAB_START = "2013-12-10T12:00:00Z"
+MOSQUITTO = Path("/usr/sbin/mosquitto")
 APACHE_FILE = "apache_logs/apache_logs"
 
 
@@ -80,30 +89,30 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
     if nab.exists():
-        roles.append(
-            Role(
-                "replay-sensors",
-                _py(
-                    "ingest",
-                    "replay",
-                    str(nab),
-                    "--format",
-                    "nab",
-                    "--device",
-                    "machine-temp-1",
-                    "--field",
-                    "temperature",
-                    "--topic",
-                    SOURCE_TOPICS["sensors"],
-                    "--speedup",
-                    speed,
-                    "--limit",
-                    limit,
-                ),
-                one_shot=True,
-                stage=1,
-            )
-        )
+        nab_args = [
+            "--format",
+            "nab",
+            "--device",
+            "machine-temp-1",
+            "--field",
+            "temperature",
+            "--from",
+            NAB_START,
+        ]
+        sensors_topic = SOURCE_TOPICS["sensors"]
+        replay = [
+            "ingest",
+            "replay",
+            str(nab),
+            *nab_args,
+            "--topic",
+            sensors_topic,
+            "--speedup",
+            speed,
+            "--limit",
+            limit,
+        ]
+        roles.append(Role("replay-sensors", _py(*replay), one_shot=True, stage=1))
     else:
         logger.warning("no sensor replay: %s is missing", nab)
     if apache.exists():
@@ -131,6 +140,28 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         )
     else:
         logger.warning("no log replay: %s is missing", apache)
+    roles += _fleet_roles(settings, speed)
+    roles.append(
+        Role(
+            "sim-ticks",
+            _py(
+                "ingest",
+                "simulate",
+                "ticks",
+                "--seed",
+                "7",
+                "--symbols",
+                "AAPL,MSFT",
+                "--start",
+                NAB_START,
+                "--mean-gap",
+                "300",
+                "--speedup",
+                speed,
+            ),
+            stage=1,
+        )
+    )
     roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
@@ -157,20 +188,87 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
             Role(
                 "dashboard",
                 _py(
-                    "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
-                    "--server.port", str(dash_port), "--server.address", "127.0.0.1",
-                    "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                    "--client.toolbarMode", "viewer",
+                    "streamlit",
+                    "run",
+                    str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
+                    "--server.port",
+                    str(dash_port),
+                    "--server.address",
+                    "127.0.0.1",
+                    "--server.headless",
+                    "true",
+                    "--browser.gatherUsageStats",
+                    "false",
+                    "--client.toolbarMode",
+                    "viewer",
                 ),
                 stage=4,
                 url=dash_url,
             )
-        )  # fmt: skip
+        )
         if not settings.external_url:
             deliver_env["APP_EXTERNAL_URL"] = dash_url
     for role in roles:
         role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles
+
+
+def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
+    """The simulated fleet, its registry, and the MQTT path it reports through.
+
+    The simulator publishes to a local mosquitto (when installed) and the MQTT
+    bridge forwards to ``events.sensors``; without mosquitto it publishes to
+    Kafka directly. It starts with the NAB replay and runs at the same
+    speed-up, so both share one event-time axis (9 devices, one reading every
+    5 minutes of event time each).
+    """
+    registry = settings.data_dir / "fleet-devices.csv"
+    registry.unlink(missing_ok=True)
+    sim = [
+        "ingest",
+        "simulate",
+        "fleet",
+        "--seed",
+        "42",
+        "--sensors",
+        "6",
+        "--vehicles",
+        "3",
+        "--interval",
+        "300",
+        "--start",
+        NAB_START,
+        "--speedup",
+        speed,
+        "--write-registry",
+        str(registry),
+    ]
+    roles = [
+        Role(
+            "registry",
+            _py("ingest", "registry", "devices", str(registry)),
+            one_shot=True,
+            stage=1,
+            requires_file=registry,
+        )
+    ]
+    if not MOSQUITTO.exists():
+        logger.warning("mosquitto is not installed: the fleet publishes to Kafka directly (no MQTT bridge)")
+        return [*roles, Role("sim-fleet", _py(*sim), stage=1)]
+    port = free_port()
+    conf = settings.data_dir / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    broker = f"127.0.0.1:{port}"
+    return [
+        *roles,
+        Role("mosquitto", [str(MOSQUITTO), "-c", str(conf)], stage=4, url=f"mqtt://{broker}"),
+        Role(
+            "mqtt-bridge",
+            _py("ingest", "mqtt", "--broker", broker, "--map", "fleet/+device_id/state"),
+            stage=2,
+        ),
+        Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1),
+    ]
 
 
 def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:

@@ -30,12 +30,12 @@ from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_even
 from ingest.adapters.logfile import log_events
 from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.ohlc import SYMBOLS
-from ingest.cliargs import positive, timezone
+from ingest.cliargs import positive, timestamp_ms, timezone
 from ingest.httpd import cli as http_cli
 from ingest.model import Converter, ConvertError
 from ingest.mqtt import cli as mqtt_cli
 from ingest.registry import cli as registry_cli
-from ingest.replay import ReplayOptions, ReplaySummary, open_input, replay, source_for_topic
+from ingest.replay import ReplayOptions, ReplaySummary, open_input, replay, source_for_topic, starting_at
 from ingest.runtime import run_adapter
 from ingest.sim import cli as sim_cli
 from ingest.syslogd import cli as syslog_cli
@@ -104,6 +104,13 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="divide event-time gaps by X (one wait is capped at 5 s); default: as fast as possible",
     )
     rp.add_argument("--limit", type=positive(int), metavar="N", help="publish at most N events")
+    rp.add_argument(
+        "--from",
+        dest="time_from",
+        type=timestamp_ms,
+        metavar="T",
+        help="skip events before this event time (RFC 3339)",
+    )
     rp.add_argument("--live", action="store_true", help="shift event times so the first event is now")
     rp.set_defaults(run=_replay)
 
@@ -167,6 +174,8 @@ def _replay(args: argparse.Namespace) -> int:
         items = open_input(
             args.file, args.format, source, device=args.device, field=args.field, host=args.host, tz=args.tz
         )
+        if args.time_from is not None:
+            items = starting_at(items, args.time_from)
         options = ReplayOptions(speedup=args.speedup, limit=args.limit, live=args.live)
         return replay(settings, items, topic=args.topic, adapter=args.format, options=options, stop=stop)
 

@@ -22,6 +22,8 @@ from typing import Any
 import orjson
 
 from app.config import Settings
+from app.errors import IngestDecodeError
+from app.events import parse_ts
 from app.topics import SOURCE_TOPICS
 from ingest.adapters import FORMAT_SOURCES, apache_events, jsonl_lines, nab_events
 from ingest.adapters.logfile import log_events
@@ -173,3 +175,26 @@ async def replay(
         " (stopped)" if interrupted else "",
     )
     return summary
+
+
+def starting_at(items: Iterable[ReplayItem], from_ms: int) -> Iterator[ReplayItem]:
+    """Only the items whose event time is at or after ``from_ms`` (``--from``).
+
+    Items whose time cannot be read (bad lines, conversion errors) pass through,
+    so they still reach the dead-letter topic with their reason.
+    """
+    for item in items:
+        obj: Any = item
+        if isinstance(item, bytes | str):
+            try:
+                obj = orjson.loads(item)
+            except orjson.JSONDecodeError:
+                yield item
+                continue
+        ts = obj.get("ts") if isinstance(obj, dict) else None
+        try:
+            if isinstance(ts, str) and parse_ts(ts) < from_ms:
+                continue
+        except IngestDecodeError:
+            pass
+        yield item

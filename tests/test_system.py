@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return child_env(
         APP_DATA_DIR=str(tmp_path / "data"),
-        APP_REPLAY_SPEEDUP="100000",
-        APP_REPLAY_LIMIT="5000",
+        APP_REPLAY_SPEEDUP="20000",
+        APP_REPLAY_LIMIT="2000",
         APP_DASHBOARD_PORT="0",
         **extra,
     )
@@ -49,14 +49,15 @@ def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counters = orjson.loads(proc.stdout.strip().splitlines()[-1])
-    assert counters["events"]["events.sensors"] == 5000
-    assert counters["events"]["events.logs"] == 5000
+    assert counters["events"]["events.sensors"] > 2000  # 2000 NAB readings plus the fleet over MQTT
+    assert counters["events"]["events.logs"] == 2000
+    assert counters["events"]["events.finance"] > 0  # the trade simulator
     assert counters["alerts"] > 0
     # the dispatcher groups transitions (Alertmanager semantics): an alert that fired and
     # resolved within one group interval is notified in its latest state only
     assert 0 < counters["webhooks_delivered"] <= counters["alerts"]
     assert counters["notification_log"] > 0
-    assert counters["dlq"] == 0  # the first 5000 log lines are all well-formed
+    assert counters["dlq"] == 0  # the first 2000 log lines are all well-formed
     assert processes_with_env(env["APP_DATA_DIR"]) == []
     assert (tmp_path / "data" / "alerts.sqlite3").exists()
 

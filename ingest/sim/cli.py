@@ -46,6 +46,12 @@ def add_parser(commands: Any) -> None:
     )
     fleet.add_argument("--geofence-km", type=positive(float), default=5.0, help="depot geofence radius (5)")
     fleet.add_argument(
+        "--mqtt",
+        metavar="HOST:PORT",
+        help="publish to this MQTT broker (QoS 1, <prefix>/<device_id>/state) instead of Kafka",
+    )
+    fleet.add_argument("--mqtt-prefix", default="fleet", help="MQTT topic prefix (fleet)")
+    fleet.add_argument(
         "--write-registry",
         type=Path,
         metavar="FILE.csv",
@@ -111,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "ticks" and not [s for s in args.symbols.split(",") if s.strip()]:
         msg = "--symbols needs at least one symbol, e.g. AAPL,MSFT"
         raise IngestArgError(msg)
+    if args.kind == "fleet" and args.mqtt:
+        from ingest.sim.mqtt_out import publish_mqtt
+
+        speed = None if args.fast else args.speedup
+        return publish_mqtt(events(args), args.mqtt, args.mqtt_prefix, speed, args.count)
     opts = ReplayOptions(speedup=None if args.fast else args.speedup, limit=args.count, rate=args.rate)
     adapter = f"sim-{args.kind}"
     return run_adapter(

@@ -355,3 +355,26 @@ def test_partition_emulation_gives_identical_results_for_keyed_rules(tmp_path: P
     one = run_backtest(rs, events, partitions=1)
     four = run_backtest(rs, events, partitions=4)
     assert sorted(a.alert_id for a in one) == sorted(a.alert_id for a in four) and one
+
+
+def test_absence_stays_firing_until_an_event_at_or_after_its_start(tmp_path: Path) -> None:
+    body = """  - id: silent
+    source: sensors
+    group_by: [device_id]
+    absent_for: 30m
+"""
+    # d2 keeps the partition clock moving; d1 lags behind it by more than 30 minutes
+    events = [sensor(0, "d1", temperature=1.0), sensor(45, "d2", temperature=1.0)]
+    events += [
+        sensor(10, "d1", temperature=1.0),
+        sensor(20, "d1", temperature=1.0),
+        sensor(40, "d1", temperature=1.0),
+    ]
+    out = run_backtest(rules(tmp_path, body), events)
+    d1 = [
+        (a.status, a.starts_at[11:16], a.ends_at and a.ends_at[11:16])
+        for a in out
+        if a.labels["device_id"] == "d1"
+    ]
+    # one episode, not one per late event: fired at 00:30, ended by the 00:40 reading
+    assert d1 == [("firing", "00:30", None), ("resolved", "00:30", "00:40")]

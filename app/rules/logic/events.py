@@ -67,7 +67,11 @@ class AbsenceLogic:
         if st is not None and ev.ts_ms <= st["last"] and not alerts:
             return [], False  # an old event: nothing moves
         last = max(ev.ts_ms, st["last"]) if st is not None else ev.ts_ms
-        store.put(key, {"g": list(group), "last": last, "fire": None, "due": self._due(last)})
+        fire = st["fire"] if st is not None else None
+        # still firing: this event is older than the silence's start (it arrived behind
+        # the partition clock); the silence ends with the first event at or after it
+        due = None if fire is not None else self._due(last)
+        store.put(key, {"g": list(group), "last": last, "fire": fire, "due": due})
         return alerts, False
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
