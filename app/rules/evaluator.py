@@ -133,6 +133,13 @@ class StreamEvaluator:
         self.partitions = partitions
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
+        self.by_id = {r.id: r for r in self.rules}
+        # per rule: (rule, logic, takes clock_ms, group_by) computed once, not per event
+        self.runners = [
+            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by)
+            for r in self.rules
+        ]
+        self._views: dict[tuple[str, int], _Versioned] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[int, list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
@@ -153,15 +160,24 @@ class StreamEvaluator:
         heapq.heappush(self.timers.setdefault(partition, []), (due, key))
 
     def _after(self, partition: int, key: str, rule: CompiledRule) -> None:
+        """Keep the timer heap in step with the state's ``due`` after a rule ran."""
         st = self.store.get(key)
         if st is not None and st.get("v") == rule.version and st.get("due") is not None:
             self._schedule(partition, key, int(st["due"]))
         else:
             self.scheduled.pop(key, None)
 
+    def _view(self, rule: CompiledRule, partition: int) -> _Versioned:
+        view = self._views.get((rule.id, partition))
+        if view is None:
+            view = self._views[(rule.id, partition)] = _Versioned(self.store, rule.version, partition)
+        return view
+
     def _run_timers(self, partition: int, clock: int, out: Output) -> None:
         heap = self.timers.get(partition)
-        by_id = {r.id: r for r in self.rules}
+        if not heap or heap[0][0] > clock:
+            return
+        by_id = self.by_id
         while heap and heap[0][0] <= clock:
             due, key = heapq.heappop(heap)
             if self.scheduled.get(key) != due:
@@ -172,7 +188,7 @@ class StreamEvaluator:
             if rule is None or logic is None:
                 continue
             try:
-                out.alerts += logic.on_clock(_Versioned(self.store, rule.version, partition), key, clock)
+                out.alerts += logic.on_clock(self._view(rule, partition), key, clock)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
             self._after(partition, key, rule)
@@ -229,22 +245,27 @@ class StreamEvaluator:
         self._expect_registry(partition, clock)
         self._run_timers(partition, clock, out)
         cache: dict[tuple[str, str], dict | None] = {}
-        for rule in self.rules:
-            row = self._row(rule, ev.fields, cache)
+        groups: dict[tuple[str, ...], tuple[str, ...]] = {}
+        fields = ev.fields
+        for rule, logic, takes_clock, group_by in self.runners:
+            row = self._row(rule, fields, cache) if rule.rule.enrich else fields
             if row is None:
                 continue
-            logic = self.logics.get(rule.id)
             try:
                 if logic is None:
                     out.routed += self._route(rule, ev, row)
                     continue
-                group = group_values(rule, row)
+                group = groups.get(group_by) if row is fields else None
+                if group is None:
+                    group = group_values(rule, row)
+                    if row is fields:
+                        groups[group_by] = group
                 key = state_key(rule, group)
-                view = _Versioned(self.store, rule.version, partition)
-                if isinstance(logic, ThresholdLogic):
-                    alerts, late = logic.on_event(view, key, group, ev, row)
-                else:
+                view = self._view(rule, partition)
+                if takes_clock:
                     alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)  # type: ignore[call-arg]
+                else:
+                    alerts, late = logic.on_event(view, key, group, ev, row)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
                 continue
