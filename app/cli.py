@@ -4,7 +4,8 @@ Commands:
   run          start the whole system (broker, ingest, worker, delivery, dashboard)
   rules check  validate rule files, printing every problem as file:line:col
   rules test   run rule unit tests (*.test.yaml)
-  backtest     run rules over recorded events and print the alert transitions
+  backtest     run rules over recorded events and print the alert transitions (--engine spark too)
+  spark        run the Spark engine: rules with engine spark/both on Structured Streaming
   dispatch | store-sync | receiver   run one role alone (as the supervisor does)
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
@@ -243,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--to", dest="time_to", metavar="T", help="last event time (RFC 3339), exclusive")
     bt.add_argument("--out", help="write the transitions here instead of stdout")
     bt.set_defaults(func=_cmd_backtest)
+    from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
+
+    register_spark_commands(sub, bt)
     sub.add_parser("dispatch", help="run the alert dispatcher (routing, outbox delivery)").set_defaults(
         func=_role("app.dispatch_role")
     )

@@ -11,6 +11,7 @@ brackets, producers first):
 - [1] ``registry``: the fleet's device registry -> tables.devices
 - [1] ``sim-ticks``: seeded trades -> events.finance
 - [2] ``worker``: the Faust rule worker
+- [2] ``spark``: the Spark engine (rules marked ``engine: spark|both``)
 - [3] ``dispatch``: alerts + commands -> routing, grouping, silences, inhibition,
   acks -> durable outbox -> signed webhooks
 - [3] ``store-sync``: alerts -> the SQLite alert store
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -163,6 +165,10 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         )
     )
     roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
+    # the Spark engine runs the rules marked engine: spark|both; with none it idles without a JVM
+    roles.append(
+        Role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds"), stage=2)
+    )
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join((*settings.webhook_allow_private, "127.0.0.1"))
@@ -324,6 +330,8 @@ def run(settings: Settings, opts: RunOptions) -> int:
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:
         broker.start()
+        # the embedded broker starts empty: a Spark checkpoint from an earlier run points past its end
+        shutil.rmtree(settings.data_dir / "spark" / "checkpoints", ignore_errors=True)
     bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
     sup: Supervisor | None = None
     try:

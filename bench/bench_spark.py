@@ -1,0 +1,164 @@
+"""Spark engine throughput (events/s) and micro-batch latency on local[2], against a target.
+
+Usage: ``python bench/bench_spark.py [--events N] [--devices D] [--batch B] [--small S]``
+(``make bench`` runs it with the defaults). An embedded Tansu broker is started
+here; N synthetic sensor events (D devices, random-walk temperatures, 1 s
+apart per device, seeded) go to ``events.sensors`` first, then the real job
+(``jobs.engine``: kafka_py source, Python decode and validation, native
+conditions, ``applyInPandasWithState`` lifecycle, idempotent Kafka sink) runs
+the rule pack below with ``Trigger.AvailableNow``:
+
+- throughput: ``B`` events per micro-batch; events/s = events of the
+  measured batches / the sum of their trigger times (the first batch, which
+  starts Python workers, is reported apart);
+- latency: a second query with ``S`` events per micro-batch; p50/p95 of the
+  trigger times (read, decode, evaluate, produce alerts, commit).
+
+The rule pack is threshold rules only for now; windowed rules join it when
+the Spark engine runs them. Figures are for this host (shared, 2 cores), one
+driver with local executors, not a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+from aiokafka import AIOKafkaProducer  # noqa: E402
+
+from app.broker import EmbeddedBroker  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.events import format_ts  # noqa: E402
+from app.rules.loader import load_rules  # noqa: E402
+from app.topics import SENSORS, ensure_topics  # noqa: E402
+
+TARGET = 100_000
+START_MS = 1_700_000_000_000
+RULES = """\
+engine: spark
+rules:
+  - {id: overheat, source: sensors, where: temperature > 100, for: 10m, group_by: [device_id]}
+  - {id: cold-streak, source: sensors, where: temperature < 10, consecutive: 3, group_by: [device_id]}
+  - id: low-battery
+    source: sensors
+    where: "battery < 15 and status <> 'charging'"
+    for: 5m
+    group_by: [device_id]
+"""
+
+
+def events(n: int, devices: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(seed)
+    temp = [rng.uniform(20, 110) for _ in range(devices)]
+    out = []
+    for i in range(n):
+        d = i % devices
+        temp[d] = min(130.0, max(-10.0, temp[d] + rng.gauss(0, 3)))
+        dev = f"dev-{d:05d}"
+        tick = i // devices
+        body = {"device_id": dev, "ts": format_ts(START_MS + tick * 1000), "temperature": round(temp[d], 2),
+                "battery": round(100 - tick * 0.01 % 100, 2), "status": "ok"}  # fmt: skip
+        out.append((dev.encode(), orjson.dumps(body)))
+    return out
+
+
+async def produce(bootstrap: str, items: list[tuple[bytes, bytes]]) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=512 * 1024)
+    await p.start()
+    try:
+        for i in range(0, len(items), 10_000):
+            futs = [await p.send(SENSORS, value=v, key=k) for k, v in items[i : i + 10_000]]
+            await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+def run_query(spark: Any, settings: Settings, per_batch: int, name: str) -> list[dict[str, Any]]:
+    from jobs.compile import plan_rules
+    from jobs.engine import EngineOptions, start
+
+    rules = settings.data_dir / "rules.yaml"
+    plan = plan_rules(load_rules([rules]))
+    query, sink = start(
+        spark, plan, settings, EngineOptions(once=True, max_offsets_per_trigger=per_batch, query=name)
+    )
+    try:
+        if not query.awaitTermination(900):
+            query.stop()
+            msg = f"bench: query {name} did not finish within 900 s"
+            raise SystemExit(msg)
+    finally:
+        sink.close()
+    return [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--devices", type=int, default=1_000)
+    ap.add_argument("--batch", type=int, default=50_000, help="events per micro-batch, throughput run")
+    ap.add_argument("--small", type=int, default=2_000, help="events per micro-batch, latency run")
+    args = ap.parse_args(argv)
+
+    from jobs.session import build_session
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    try:
+        with EmbeddedBroker(log_path=scratch / "broker.log") as broker:
+            asyncio.run(ensure_topics(broker.bootstrap, partitions=2))
+            t0 = time.monotonic()
+            asyncio.run(produce(broker.bootstrap, events(args.events, args.devices)))
+            produced_s = time.monotonic() - t0
+            env = {
+                "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+                "APP_DATA_DIR": str(scratch),
+                "APP_KAFKA_IDEMPOTENCE": "off",
+            }
+            settings = Settings.from_env(env)
+            (scratch / "rules.yaml").write_text(RULES)
+            spark = build_session("local[2]", app_name="bench-spark", shuffle_partitions=2)
+            try:
+                big = run_query(spark, settings, args.batch, "bench-throughput")
+                small = run_query(spark, settings, args.small, "bench-latency")[:30]
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def secs(p: dict[str, Any]) -> float:
+        return float(p["durationMs"]["triggerExecution"]) / 1000
+
+    warm = big[1:] or big
+    rows = sum(p["numInputRows"] for p in warm)
+    rate = rows / sum(secs(p) for p in warm)
+    lat = sorted(secs(p) for p in small[1:] or small)
+    p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
+    print(f"spark engine on local[2] ({os.cpu_count()} CPUs), 3 threshold rules, {args.events:,} events from "
+          f"{args.devices:,} devices (produced in {produced_s:.1f} s)")  # fmt: skip
+    print(f"  throughput      {rate:>10,.0f} events/s   target {TARGET:,} events/s ({rate / TARGET:.0%})"
+          f"  [{len(warm)} batches of <= {args.batch:,}; first batch {big[0]['numInputRows']:,} events"
+          f" in {secs(big[0]):.1f} s]")  # fmt: skip
+    big_p50, small_p50 = statistics.median(secs(p) for p in warm), statistics.median(lat)
+    print(f"  micro-batch     p50 {small_p50:.2f} s, p95 {p95:.2f} s at <= {args.small:,} events/batch"
+          f"; p50 {big_p50:.2f} s at <= {args.batch:,}")  # fmt: skip
+    summary = {"events_per_s": round(rate), "target": TARGET, "batch_p50_s": round(statistics.median(lat), 3),
+               "batch_p95_s": round(p95, 3), "events": args.events, "devices": args.devices}  # fmt: skip
+    print(orjson.dumps(summary).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Command-line entry points of the Spark engine, registered in ``app/cli.py``.
+
+- ``python -m app spark [--master local[*]] [--rules DIR ...] [--once]``: the
+  streaming job (a ``make run`` role); ``python -m jobs`` is the same and is
+  what ``spark-submit`` runs.
+- ``python -m app backtest --engine spark --rules R (--input FILE | --topic T ...)``:
+  a batch backtest with the Faust-engine backtest's output.
+
+This module imports pyspark only inside the commands, so registering it costs
+nothing when another command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.config import Settings
+from app.errors import RuleConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def add_spark_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m app spark``."""
+    p.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master (default local[*]; e.g. spark://host:7077). "
+        "Use 'submit' to keep what spark-submit configured",
+    )
+    p.add_argument("--rules", nargs="+", type=Path, help="rule files or directories (default APP_RULES_DIR)")
+    p.add_argument("--once", action="store_true", help="process what is in the topics now, then exit")
+    p.add_argument("--trigger", default="1 second", help="micro-batch interval (default '1 second')")
+    p.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help="where a NEW checkpoint starts: earliest (default), latest or Spark's JSON; a checkpoint wins",
+    )
+    p.add_argument(
+        "--max-offsets-per-trigger", type=int, default=200_000, help="records per micro-batch, at most"
+    )
+
+
+Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def register(sub: Any, backtest: argparse.ArgumentParser) -> None:
+    """Add ``spark`` to ``python -m app``, and ``--engine``/``--master`` to its ``backtest``
+    (whose ``--input``/``--topic`` choice the core parser owns)."""
+    spark = sub.add_parser("spark", help="run the Spark engine (rules with engine: spark or both)")
+    add_spark_arguments(spark)
+    spark.set_defaults(func=cmd_spark)
+
+    backtest.add_argument("--engine", choices=["faust", "spark"], default="faust", help="which engine runs")
+    backtest.add_argument("--master", default="local[*]", help="with --engine spark: the Spark master")
+    faust: Command = backtest.get_default("func")
+
+    def dispatch(args: argparse.Namespace, settings: Settings) -> int:
+        return cmd_backtest(args, settings) if args.engine == "spark" else faust(args, settings)
+
+    backtest.set_defaults(func=dispatch)
+
+
+def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the streaming job until SIGINT/SIGTERM (or caught up, with ``--once``)."""
+    from app import metrics
+    from jobs.engine import EngineOptions, run
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("received %s, stopping the spark query", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    metrics.serve(settings.metrics_port)
+    opts = EngineOptions(
+        master=None if args.master == "submit" else args.master,
+        rules=tuple(args.rules or ()),
+        once=args.once,
+        trigger=args.trigger,
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+    )
+    try:
+        return run(settings, opts, stop)
+    except RuleConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+
+
+def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
+    """``backtest --engine spark``: same arguments and output as the Faust-engine backtest,
+    plus ``--topic`` (repeatable) to read a topic range instead of ``--input``."""
+    from pyspark.sql import SparkSession
+
+    from app.backtest import BacktestReport
+    from app.rules.loader import load_rules
+    from jobs.backtest import file_records, run_backtest, topic_records
+    from jobs.compile import plan_rules
+    from jobs.session import build_session
+
+    topics = list(getattr(args, "topic", None) or [])
+    if bool(getattr(args, "input", None)) == bool(topics):
+        print("error: give exactly one of --input FILE or --topic TOPIC", file=sys.stderr)
+        return 2
+    if getattr(args, "table", None):
+        print("error: --table: enrichment does not run on the spark engine yet", file=sys.stderr)
+        return 2
+    if topics and not settings.bootstrap_servers:
+        print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+        return 2
+    try:
+        ruleset = load_rules(args.rules)
+        plan_rules(ruleset)  # refuse what Spark cannot run before starting it
+    except RuleConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    owned = SparkSession.getActiveSession() is None  # stop only a session this command started
+    spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
+    report = BacktestReport()
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        if topics:
+            raw, name = topic_records(spark, settings.bootstrap_servers, topics), ",".join(topics)
+        else:
+            raw, name = file_records(spark, Path(args.input)), str(args.input)
+        run_backtest(
+            spark,
+            ruleset,
+            raw,
+            name,
+            out,
+            report,
+            source=args.source,
+            time_from=args.time_from,
+            time_to=args.time_to,
+            lines=not topics,
+        )
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if owned:
+            spark.stop()
+    for line in report.problems[:50]:
+        print(line, file=sys.stderr)
+    print(
+        f"backtest (spark): {report.events} events, {report.alerts} alert transitions, "
+        f"{report.skipped} invalid lines skipped",
+        file=sys.stderr,
+    )
+    return 0

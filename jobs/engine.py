@@ -1,0 +1,173 @@
+"""The streaming job: Kafka -> decode -> native conditions -> per-group lifecycle -> Kafka.
+
+One streaming query (``rules``) evaluates every rule with ``engine: spark`` or
+``both``, reading the topics of their sources with the Kafka source chosen by
+``APP_SPARK_KAFKA_FORMAT``. Its checkpoint (offsets, state, commits) lives in
+``$APP_DATA_DIR/spark/checkpoints/<query>``, the sink's batch marker inside
+it, so a restart, also after kill -9, resumes after the last committed
+micro-batch with no lost alert and no new alert id. A new checkpoint starts
+from ``startingOffsets`` (default ``earliest``, like the Faust worker's new
+consumer group).
+
+Lifecycle: :func:`run` blocks until ``stop`` is set or, with ``once``, until
+everything available at start has been processed (``Trigger.AvailableNow``);
+it then stops the query, the sink's producer and the session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge
+from py4j.protocol import Py4JError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from app.config import Settings
+from app.rules.loader import load_rules
+from app.topics import SOURCE_TOPICS
+from jobs.compile import SparkPlan, plan_rules, tasks
+from jobs.decode import DECODED_SCHEMA, Decoder
+from jobs.kafka_source import read_kafka
+from jobs.session import DEFAULT_MASTER, build_session
+from jobs.sink import BatchMarker, KafkaSink
+from jobs.state import apply_lifecycle
+
+logger = logging.getLogger(__name__)
+
+QUERY = "rules"
+EVENTS = Counter("spark_events_total", "Records read by the Spark engine's query (valid or not)")
+BATCH_SECONDS = Gauge("spark_last_batch_seconds", "Trigger time of the last micro-batch")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    master: str | None = DEFAULT_MASTER
+    rules: tuple[Path, ...] = ()
+    once: bool = False
+    trigger: str = "1 second"
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = 200_000
+    query: str = QUERY
+
+
+def checkpoint_dir(settings: Settings, query: str = QUERY) -> Path:
+    """The one checkpoint directory of ``query``."""
+    return settings.data_dir / "spark" / "checkpoints" / query
+
+
+def marker_path(settings: Settings, query: str = QUERY) -> Path:
+    """The sink's batch marker lives in the checkpoint: deleting one resets both."""
+    return checkpoint_dir(settings, query) / "_sink_marker.json"
+
+
+def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
+    """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``)."""
+    options = {
+        "kafka.bootstrap.servers": settings.bootstrap_servers,
+        "subscribe": ",".join(plan.topics),
+        "startingOffsets": opts.starting_offsets,
+    }
+    if opts.max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
+    raw = read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
+    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()})
+    decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
+    return apply_lifecycle(tasks(decoded, plan), plan, streaming=True)
+
+
+def start(
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions
+) -> tuple[StreamingQuery, KafkaSink]:
+    """Start the query; the caller owns both results and must stop them."""
+    sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
+    writer = (
+        build_stream(spark, plan, settings, opts)
+        .writeStream.queryName(opts.query)
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint_dir(settings, opts.query)))
+        .outputMode("append")
+    )
+    writer = writer.trigger(availableNow=True) if opts.once else writer.trigger(processingTime=opts.trigger)
+    try:
+        query = writer.start()
+    except Exception:
+        sink.close()
+        raise
+    logger.info(
+        "spark query %r started: %d rule(s) on %s, checkpoint %s",
+        opts.query,
+        len(plan.rules),
+        ", ".join(plan.topics),
+        checkpoint_dir(settings, opts.query),
+    )
+    return query, sink
+
+
+def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
+    """Run the engine until ``stop`` (or, with ``once``, until caught up). Returns an exit code."""
+    if not settings.bootstrap_servers:
+        logger.error(
+            "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at Kafka"
+        )
+        return 2
+    plan = plan_rules(load_rules(list(opts.rules) or [settings.rules_dir]))
+    if not plan.rules:
+        logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
+        if not opts.once:
+            stop.wait()
+        return 0
+    spark = build_session(opts.master)
+    query, sink = start(spark, plan, settings, opts)
+    try:
+        _watch(query, stop)
+        failure = query.exception()
+    except (Py4JError, ConnectionError) as exc:
+        if not stop.is_set():
+            raise
+        # a SIGTERM to the whole process group stops the JVM too; the checkpoint makes that safe
+        logger.info(
+            "the Spark JVM stopped with the signal (%s); the checkpoint is consistent", type(exc).__name__
+        )
+        failure = None
+    finally:
+        _quietly(query.stop)
+        _quietly(sink.close)
+        _quietly(spark.stop)
+    if failure is not None and stop.is_set():
+        logger.info("spark query %r ended with the shutdown: %s", opts.query, str(failure).splitlines()[0])
+    elif failure is not None:
+        logger.error("spark query %r failed: %s", opts.query, failure)
+        return 1
+    return 0
+
+
+def _watch(query: StreamingQuery, stop: threading.Event) -> None:
+    """Block while the query runs; export progress as metrics and a log line every 30 s."""
+    last_log, last_batch = time.monotonic(), -1
+    while query.isActive and not stop.is_set():
+        query.awaitTermination(1)
+        for p in query.recentProgress:
+            if p["batchId"] > last_batch:
+                last_batch = p["batchId"]
+                EVENTS.inc(p["numInputRows"])
+                BATCH_SECONDS.set(p["durationMs"].get("triggerExecution", 0) / 1000)
+        if time.monotonic() - last_log > 30 and query.lastProgress:
+            p = query.lastProgress
+            logger.info(
+                "batch %s: %s rows, %s rows/s", p["batchId"], p["numInputRows"], p["processedRowsPerSecond"]
+            )
+            last_log = time.monotonic()
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    """Run a shutdown step; after the JVM is gone every py4j call fails, which is expected."""
+    try:
+        step()
+    except (Py4JError, ConnectionError, OSError) as exc:
+        logger.debug("shutdown step %s failed: %r", getattr(step, "__name__", step), exc)

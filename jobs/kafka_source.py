@@ -1,0 +1,229 @@
+"""A Kafka source for Spark written with Spark 4's Python Data Source API (short name ``kafka_py``).
+
+It mirrors Spark's built-in ``kafka`` source, so a site with the
+``spark-sql-kafka-0-10`` jar switches with one setting
+(``APP_SPARK_KAFKA_FORMAT=kafka``, see :func:`kafka_format`) and nothing else
+changes:
+
+- schema: ``key`` binary, ``value`` binary, ``topic`` string, ``partition`` int,
+  ``offset`` long, ``timestamp`` timestamp, ``timestampType`` int;
+- options: ``kafka.bootstrap.servers``; one of ``subscribe``, ``subscribePattern``,
+  ``assign``; ``startingOffsets`` (streaming default ``latest``, batch default
+  ``earliest``); ``endingOffsets`` (batch only, default ``latest``);
+  ``maxOffsetsPerTrigger``; ``failOnDataLoss`` (default true);
+  ``kafka.default.api.timeout.ms`` (default 60000).
+
+Offsets are per-partition end-exclusive positions, returned to Spark as
+``{"topic": {"0": 42}}`` and checkpointed by Spark in the query's checkpoint
+directory, so a restarted query resumes exactly after the last committed
+micro-batch. ``read()`` runs on executors, one task per topic-partition range,
+and yields Arrow record batches. Partitions added to a topic while a query runs
+are read from their earliest offset. ``Trigger.AvailableNow`` is supported: the
+query stops at the high watermarks seen when it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from app.errors import ConfigError
+from jobs import kafka_client
+from jobs.kafka_offsets import KafkaSourceOptions, Offsets, from_json, rate_limit, resolve, to_json
+
+logger = logging.getLogger(__name__)
+
+SHORT_NAME = "kafka_py"
+FORMAT_ENV = "APP_SPARK_KAFKA_FORMAT"
+
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
+
+
+def kafka_format(env: dict[str, str] | None = None) -> str:
+    """``kafka_py`` (default, this module) or ``kafka`` (Spark's connector jar) from the environment."""
+    value = (env if env is not None else os.environ).get(FORMAT_ENV, SHORT_NAME).strip() or SHORT_NAME
+    if value not in (SHORT_NAME, "kafka"):
+        msg = f"{FORMAT_ENV}={value!r}: expected kafka_py (built in) or kafka (needs spark-sql-kafka-0-10)"
+        raise ConfigError(msg)
+    return value
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("kafka_py")`` available in ``spark``. Idempotent."""
+    spark.dataSource.register(KafkaDataSource)
+
+
+def read_kafka(spark: SparkSession, options: dict[str, str], *, streaming: bool) -> DataFrame:
+    """A Kafka DataFrame from the configured format; the options are Spark's Kafka options."""
+    fmt = kafka_format()
+    reader = spark.readStream if streaming else spark.read
+    return reader.format(fmt).options(**options).load()
+
+
+class KafkaPartition(InputPartition):
+    """One task: records ``start <= offset < end`` of one topic-partition. Picklable."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def _arrow_batches(
+    opts: KafkaSourceOptions, schema: StructType, part: KafkaPartition
+) -> Iterator[pa.RecordBatch]:
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    for records in kafka_client.fetch(opts, (part.topic, part.partition), part.start, part.end):
+        n = len(records)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([r.key for r in records], pa.binary()),
+                pa.array([r.value for r in records], pa.binary()),
+                pa.array([part.topic] * n, pa.string()),
+                pa.array([part.partition] * n, pa.int32()),
+                pa.array([r.offset for r in records], pa.int64()),
+                pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+                pa.array([r.timestamp_type for r in records], pa.int32()),
+            ],
+            schema=arrow_schema,
+        )
+
+
+def _plan(opts: KafkaSourceOptions, start: Offsets, end: Offsets) -> list[KafkaPartition]:
+    parts = []
+    for tp, stop in sorted(end.items()):
+        begin = start[tp]
+        if begin > stop:
+            if opts.fail_on_data_loss:
+                msg = (
+                    f"offsets of {tp[0]}-{tp[1]} went back from {begin} to {stop}: the topic was deleted or "
+                    "recreated, records were lost. Set failOnDataLoss=false to skip, or use a new checkpoint"
+                )
+                raise kafka_client.KafkaSourceError(msg)
+            logger.warning("offsets of %s-%d went back from %d to %d; skipping", *tp, begin, stop)
+            continue
+        if begin < stop:
+            parts.append(KafkaPartition(tp[0], tp[1], begin, stop))
+    return parts
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver side: offsets and planning, one instance per query run. ``read`` runs on executors."""
+
+    def __init__(self, opts: KafkaSourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._target: Offsets | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        snap = kafka_client.snapshot(self.opts)
+        offsets = resolve(self.opts.starting, snap.earliest, snap.latest, "startingOffsets")
+        logger.info("kafka_py: a new query starts at %s", to_json(offsets))
+        return to_json(offsets)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = kafka_client.snapshot(self.opts).latest
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = from_json(start)
+        if self._target is not None:
+            latest, earliest = dict(self._target), {}
+        else:
+            snap = kafka_client.snapshot(self.opts)
+            latest, earliest = snap.latest, snap.earliest
+        for tp in latest:
+            if tp not in begin:  # a partition added while the query runs: read it from the start
+                begin[tp] = earliest.get(tp, 0)
+        for tp, off in begin.items():
+            latest.setdefault(tp, off)
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begin, latest, limit.max_rows)
+        return to_json(latest)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, stop = from_json(start), from_json(end)
+        for tp in stop:
+            begin.setdefault(tp, 0)
+        return _plan(self.opts, begin, stop)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaPartition):  # pragma: no cover - partitions() plans only these
+            return iter(())
+        return _arrow_batches(self.opts, self.schema, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        logger.debug("kafka_py: committed up to %s", end)
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read``: ``startingOffsets`` (default earliest) to ``endingOffsets`` (default latest)."""
+
+    def __init__(self, opts: KafkaSourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        snap = kafka_client.snapshot(self.opts)
+        start = resolve(self.opts.starting, snap.earliest, snap.latest, "startingOffsets")
+        end = resolve(self.opts.ending, snap.earliest, snap.latest, "endingOffsets")
+        return _plan(self.opts, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaPartition):  # Spark plans one empty partition for an empty range
+            return iter(())
+        return _arrow_batches(self.opts, self.schema, partition)
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("kafka_py")`` / ``spark.read.format("kafka_py")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        return KAFKA_SCHEMA
+
+    def _options(self, streaming: bool) -> KafkaSourceOptions:
+        return KafkaSourceOptions.parse(dict(self.options), streaming=streaming)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(self._options(streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(self._options(streaming=True), schema)

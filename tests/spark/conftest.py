@@ -1,0 +1,68 @@
+"""One SparkSession for the whole test run (local[2], 2 shuffle partitions, no UI), plus
+bounded helpers for streaming queries and partition-exact producing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from jobs.session import build_session
+
+QUERY_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = build_session(
+        "local[2]",
+        app_name="streamalert-tests",
+        shuffle_partitions=2,
+        extra={"spark.ui.enabled": "false", "spark.sql.streaming.minBatchesToRetain": "10"},
+    )
+    try:
+        yield session
+    finally:
+        for q in session.streams.active:
+            q.stop()
+        session.stop()
+
+
+def await_query(q: StreamingQuery, timeout_s: float = QUERY_TIMEOUT_S) -> StreamingQuery:
+    """Wait for a query (e.g. ``availableNow``) to finish; stop it and fail the test on timeout."""
+    try:
+        done = q.awaitTermination(timeout_s)
+    finally:
+        if q.isActive:
+            q.stop()
+    assert done, f"streaming query {q.name} did not finish within {timeout_s}s"
+    return q
+
+
+def collect_batches(store: dict[int, list[Any]]) -> Callable[[DataFrame, int], None]:
+    """A foreachBatch function keeping the rows of each batch id (a re-run batch replaces itself)."""
+
+    def sink(df: DataFrame, batch_id: int) -> None:
+        store[batch_id] = df.collect()
+
+    return sink
+
+
+def produce_to(bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]]) -> None:
+    """Produce ``(partition, key, value)`` records to exact partitions and wait for every ack."""
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await p.start()
+        try:
+            futs = [await p.send(topic, value=v, key=k, partition=part) for part, k, v in items]
+            await asyncio.gather(*futs)
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
