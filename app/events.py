@@ -146,8 +146,11 @@ class Schema:
             out[name] = check_value(name, ftype, value)
         return Event(key, ts_ms, out)
 
-    def decode(self, raw: bytes | str) -> Event:
-        """Parse JSON bytes and validate them."""
+    def decode(self, raw: bytes | str | None) -> Event:
+        """Parse JSON bytes and validate them. A record with no value is invalid too."""
+        if raw is None:
+            msg = "record has no value"
+            raise IngestDecodeError(msg)
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -39,6 +39,11 @@ def test_invalid_events_name_the_field(raw: bytes, field: str | None, fragment: 
     assert fragment in info.value.reason
 
 
+def test_a_record_without_value_is_invalid_not_a_crash() -> None:
+    with pytest.raises(IngestDecodeError, match="no value"):
+        SENSORS.decode(None)
+
+
 def test_long_fields_reject_fractions_but_accept_integral_floats() -> None:
     ok = LOGS.validate({"host": "h", "ts": "2015-05-17T10:05:03Z", "status": 403.0})
     assert ok.fields["status"] == 403 and isinstance(ok.fields["status"], int)

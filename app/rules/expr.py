@@ -128,8 +128,8 @@ def _arith(op: str, ta: str, tb: str) -> tuple[Callable[[Any, Any], Any], str]:
         return ((lambda a, b: _long_or_none(a * b)) if both_long else (lambda a, b: a * b)), (
             "long" if both_long else "double"
         )
-    if op == "div":
-        return (lambda a, b: None if b == 0 else a / b), "double"
+    if op == "div":  # Spark divides as doubles, even two longs
+        return (lambda a, b: None if b == 0 else float(a) / float(b)), "double"
     # mod: the sign follows the dividend, as in Spark/Java
     return (lambda a, b: None if b == 0 else fn.sql_mod(a, b)), ("long" if both_long else "double")
 
@@ -179,6 +179,8 @@ class _Compiler:
             return self._column(node)
         if isinstance(node, exp.Neg):
             inner, t = self._numeric(node.this, "unary minus")
+            if t == "long":  # -LONG_MIN does not fit: NULL
+                return (lambda r: None if (v := inner(r)) is None else _long_or_none(-v)), t
             return (lambda r: None if (v := inner(r)) is None else -v), t
         if isinstance(node, exp.Not):
             inner, _ = self._boolean(node.this, "NOT")

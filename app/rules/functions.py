@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -31,10 +31,32 @@ def sql_mod(a: float, b: float) -> float:
     return math.fmod(a, b)
 
 
+_WIDE = Context(prec=400)  # enough digits for any double at any scale
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+def long_or_none(v: int) -> int | None:
+    """A 64-bit result, or NULL when it does not fit (Spark's try_* semantics)."""
+    return v if _LONG_MIN <= v <= _LONG_MAX else None
+
+
 def round_half_up(x: float, digits: int = 0) -> float:
-    """Spark's ROUND: half away from zero, on the decimal value as written."""
+    """Spark's ROUND: half away from zero, on the decimal value as written.
+    Infinity and NaN come back unchanged."""
+    x = float(x)
+    if not math.isfinite(x):
+        return x
     q = Decimal(1).scaleb(-digits)
-    return float(Decimal(repr(float(x))).quantize(q, rounding=ROUND_HALF_UP))
+    return float(Decimal(repr(x)).quantize(q, rounding=ROUND_HALF_UP, context=_WIDE))
+
+
+def floor_long(x: float) -> int | None:
+    """FLOOR to a 64-bit integer; NULL when infinite, NaN or out of range."""
+    return long_or_none(math.floor(x)) if math.isfinite(x) else None
+
+
+def ceil_long(x: float) -> int | None:
+    return long_or_none(math.ceil(x)) if math.isfinite(x) else None
 
 
 @lru_cache(maxsize=512)
@@ -190,10 +212,15 @@ def _extreme(name: str, pick: Callable[[Sequence[Any]], Any]) -> FunctionSpec:
         _all(types, NUMERIC, "a number")
         return "long" if all(t == "long" for t in types if t != "null") else "double"
 
-    def build(args: list[Eval], _t: list[str]) -> Eval:
+    def build(args: list[Eval], types: list[str]) -> Eval:
+        as_double = check(types) == "double"  # Spark widens every argument to double
+
         def call(r: Any) -> Any:
             vals = [v for a in args if (v := a(r)) is not None]
-            return pick(vals) if vals else None
+            if not vals:
+                return None
+            best = pick(vals)
+            return float(best) if as_double else best
 
         return call
 
@@ -224,10 +251,17 @@ def _polygon() -> FunctionSpec:
 FUNCTIONS: dict[str, FunctionSpec] = {
     s.name: s
     for s in (
-        _numeric_fn("abs", abs, None, 1, 1, "absolute value"),
+        _numeric_fn(
+            "abs",
+            lambda x: long_or_none(abs(x)) if isinstance(x, int) else abs(x),
+            None,
+            1,
+            1,
+            "absolute value (NULL for the one long without one)",
+        ),
         _numeric_fn("round", lambda x, d=0: round_half_up(x, int(d)), "double", 1, 2, "round half up"),
-        _numeric_fn("floor", lambda x: math.floor(x), "long", 1, 1, "largest integer <= x"),
-        _numeric_fn("ceil", lambda x: math.ceil(x), "long", 1, 1, "smallest integer >= x"),
+        _numeric_fn("floor", floor_long, "long", 1, 1, "largest integer <= x (NULL outside 64 bits)"),
+        _numeric_fn("ceil", ceil_long, "long", 1, 1, "smallest integer >= x (NULL outside 64 bits)"),
         _string_fn("lower", str.lower, "string", "lower case"),
         _string_fn("upper", str.upper, "string", "upper case"),
         _string_fn("length", len, "long", "number of characters"),

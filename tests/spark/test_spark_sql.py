@@ -99,11 +99,10 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b) and (isinstance(a, str) == isinstance(b, str))
 
 
-# Where the Python evaluator departs from Spark SQL (and from its own documented
-# "64-bit overflow gives NULL"); Spark's answer is the intended one. Each is
-# skipped in the table test and pinned by a strict xfail below, so a fix in
-# app/rules flips it to a failure that says "remove me".
-KNOWN_DIVERGENCES: dict[tuple[str, str], str] = {
+# Edge cases where the Python evaluator once departed from Spark SQL (and from its
+# own documented "64-bit overflow gives NULL"). They are fixed; each keeps its own
+# test below so a regression names the case.
+EDGE_CASES: dict[tuple[str, str], str] = {
     ("round(temperature)", "d3"): "round_half_up raises decimal.InvalidOperation past 28 digits",
     ("round(temperature, 1)", "d3"): "round_half_up raises decimal.InvalidOperation past 28 digits",
     ("round(battery, 2)", "d3"): "round_half_up raises decimal.InvalidOperation past 28 digits",
@@ -141,7 +140,7 @@ def test_every_expression_gives_the_python_evaluators_result_on_spark(spark: Spa
         m
         for row, out in zip(ROWS, got, strict=True)
         for i, text in enumerate(EXPRESSIONS)
-        if (text, row["device_id"]) not in KNOWN_DIVERGENCES and (m := mismatch(text, row, out[f"e{i}"]))
+        if (m := mismatch(text, row, out[f"e{i}"]))
     ]
     assert mismatches == [], "\n".join(mismatches)
 
@@ -150,18 +149,10 @@ def test_every_expression_gives_the_python_evaluators_result_on_spark(spark: Spa
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("text", "device"),
-    [
-        pytest.param(t, d, marks=pytest.mark.xfail(strict=True, reason=why))
-        for (t, d), why in KNOWN_DIVERGENCES.items()
-    ]
-    + [
-        pytest.param(
-            t, "min", marks=pytest.mark.xfail(strict=True, reason=f"{t} of LONG_MIN is 2**63, not NULL")
-        )
-        for t in ("-bytes", "abs(bytes)")
-    ],
+    [pytest.param(t, d, id=f"{t} on {d}: {why}") for (t, d), why in EDGE_CASES.items()]
+    + [pytest.param(t, "min", id=f"{t} of LONG_MIN is NULL") for t in ("-bytes", "abs(bytes)")],
 )
-def test_known_divergences_of_the_python_evaluator(spark: SparkSession, text: str, device: str) -> None:
+def test_former_divergences_match_spark(spark: SparkSession, text: str, device: str) -> None:
     row = next((r for r in ROWS if r["device_id"] == device), {"device_id": "min", "bytes": -(2**63)})
     have = spark_values(spark, [text], [row])[0]["e0"]
     assert mismatch(text, row, have) is None
