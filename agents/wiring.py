@@ -219,6 +219,7 @@ async def _follow_tables(settings: Settings, rt: Runtime) -> None:
 
     topics = [t.topic for t in TABLES.values()]
     by_topic = {t.topic: t.name for t in TABLES.values()}
+    logger.info("loading registry tables from %s", ", ".join(topics))
     marks = await high_watermarks(settings.bootstrap_servers, topics)
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
@@ -227,6 +228,7 @@ async def _follow_tables(settings: Settings, rt: Runtime) -> None:
         await consumer.seek_to_beginning(*marks)
         pending = {tp for tp, end in marks.items() if end > 0}
         if not pending:
+            logger.info("registry tables are empty; evaluating")
             rt.tables_ready.set()
         while True:
             batch = await consumer.getmany(timeout_ms=500)
