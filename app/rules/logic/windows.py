@@ -211,7 +211,35 @@ class TumblingLogic(_Aggregating):
         return alerts
 
 
-class SlidingLogic(_Aggregating):
+class _Buffered(_Aggregating):
+    """Kinds that buffer events and process them in time order up to the watermark.
+
+    ``ev`` holds ``[ts, aggregate inputs]`` sorted by time; ``t`` is how far
+    they were processed. An event at or before ``t`` is late.
+    """
+
+    def fresh(self, group: tuple[str, ...]) -> State:
+        raise NotImplementedError
+
+    def _due(self, st: State) -> int | None:
+        raise NotImplementedError
+
+    def on_event(
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        if not self.passes(row):
+            return [], False
+        st = store.get(key) or self.fresh(group)
+        if st["t"] is not None and ev.ts_ms <= st["t"]:
+            return [], True
+        bisect.insort(st["ev"], [ev.ts_ms, [a.input(row) for a in self.aggs]])
+        st["due"] = self._due(st)
+        store.put(key, st)
+        return [], False
+
+
+class SlidingLogic(_Buffered):
     """The trailing window of ``size`` at every change point, in time order."""
 
     def __init__(self, rule: CompiledRule) -> None:
@@ -220,20 +248,8 @@ class SlidingLogic(_Aggregating):
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
 
-    def on_event(
-        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
-        clock_ms: int = 0,
-    ) -> Result:  # fmt: skip
-        if not self.passes(row):
-            return [], False
-        st = store.get(key) or {"g": list(group), "ev": [], "t": None, "fire": None, "n": 0, "since": None}
-        if st["t"] is not None and ev.ts_ms <= st["t"]:
-            return [], True
-        inputs = [a.input(row) for a in self.aggs]
-        bisect.insort(st["ev"], [ev.ts_ms, inputs])
-        st["due"] = self._due(st)
-        store.put(key, st)
-        return [], False
+    def fresh(self, group: tuple[str, ...]) -> State:
+        return {"g": list(group), "ev": [], "t": None, "fire": None, "n": 0, "since": None}
 
     def _due(self, st: State) -> int | None:
         t = st["t"] if st["t"] is not None else -(2**62)
@@ -285,7 +301,7 @@ class SlidingLogic(_Aggregating):
         return alerts
 
 
-class SessionLogic(_Aggregating):
+class SessionLogic(_Buffered):
     """Sessions of events closer than ``gap``; a matching session is an event alert."""
 
     def __init__(self, rule: CompiledRule) -> None:
@@ -293,20 +309,8 @@ class SessionLogic(_Aggregating):
         self.gap = int(self.window.gap or 0)
         self.oneshot = OneShot(rule)
 
-    def on_event(
-        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
-        clock_ms: int = 0,
-    ) -> Result:  # fmt: skip
-        if not self.passes(row):
-            return [], False
-        st = store.get(key) or {"g": list(group), "ev": [], "t": None, "s": None, "fire": None}
-        if st["t"] is not None and ev.ts_ms <= st["t"]:
-            return [], True
-        inputs = [a.input(row) for a in self.aggs]
-        bisect.insort(st["ev"], [ev.ts_ms, inputs])
-        st["due"] = self._due(st)
-        store.put(key, st)
-        return [], False
+    def fresh(self, group: tuple[str, ...]) -> State:
+        return {"g": list(group), "ev": [], "t": None, "s": None, "fire": None}
 
     def _due(self, st: State) -> int | None:
         times = [st["ev"][0][0] + self.lateness] if st["ev"] else []
