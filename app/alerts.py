@@ -21,8 +21,12 @@ import orjson
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["pending", "firing", "resolved"]
-STATUSES: tuple[str, ...] = ("pending", "firing", "resolved")
+Status = Literal["pending", "firing", "resolved", "inactive", "no_data"]
+#: Every status an alert transition can carry. ``pending``: the condition holds
+#: but ``for``/``consecutive`` are not met yet; ``inactive``: a pending (or
+#: no-data) episode ended without firing; ``no_data``: the group stopped
+#: reporting (a rule's ``no_data`` option). Only firing and resolved are notified.
+STATUSES: tuple[str, ...] = ("pending", "firing", "resolved", "inactive", "no_data")
 
 
 def fingerprint(labels: Mapping[str, str]) -> str:

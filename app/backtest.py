@@ -4,7 +4,9 @@ Input is JSON lines of events (the converters' output); each line's source is
 given (``--source``) or inferred from its key field (``device_id`` -> sensors,
 ``host`` -> logs, ``symbol`` -> finance). Invalid lines are reported with
 their line number and skipped, never silently. Output is one JSON object per
-alert transition.
+alert transition whose status is in the report's ``statuses``: firing and
+resolved by default (what a receiver is told), ``--statuses all`` adds
+pending, inactive and no_data. The ids are the same either way.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from app.alerts import Alert
+from app.alerts import STATUSES, Alert
 from app.errors import IngestDecodeError
 from app.events import SCHEMAS, Event, parse_ts
 from app.rules.evaluator import Engine
@@ -28,15 +30,39 @@ logger = logging.getLogger(__name__)
 
 _KEY_TO_SOURCE = {s.key: s.source for s in SCHEMAS.values()}
 
+#: The statuses a backtest prints unless told otherwise: the notified ones.
+DEFAULT_STATUSES = frozenset({"firing", "resolved"})
+
+
+def parse_statuses(text: str | None) -> frozenset[str]:
+    """``firing,resolved``-style list, or ``all``; raises ValueError naming a bad status."""
+    if not text:
+        return DEFAULT_STATUSES
+    if text == "all":
+        return frozenset(STATUSES)
+    given = {s.strip() for s in text.split(",") if s.strip()}
+    bad = sorted(given - set(STATUSES))
+    if bad or not given:
+        msg = f"--statuses {text!r}: expected 'all' or a comma-separated list of {', '.join(STATUSES)}"
+        raise ValueError(msg)
+    return frozenset(given)
+
 
 @dataclass
 class BacktestReport:
     events: int = 0
     skipped: int = 0
-    alerts: int = 0
+    alerts: int = 0  # transitions written
     routed: int = 0
     late: int = 0
     problems: list[str] = field(default_factory=list)
+    statuses: frozenset[str] = DEFAULT_STATUSES
+
+    def emit(self, out: TextIO, alert: Alert) -> None:
+        """Write ``alert`` as one output line if its status is shown."""
+        if alert.status in self.statuses:
+            out.write(orjson.dumps(backtest_line(alert)).decode() + "\n")
+            self.alerts += 1
 
 
 def infer_source(obj: dict[str, Any]) -> str | None:
@@ -77,7 +103,8 @@ def backtest(
     partitions: int = 1,
     tables: Tables | None = None,
 ) -> list[Alert]:
-    """Evaluate ``events`` in order; write each transition to ``out`` as one JSON line.
+    """Evaluate ``events`` in order; write each shown transition to ``out`` as one JSON
+    line (see :attr:`BacktestReport.statuses`) and return every transition.
 
     ``partitions`` emulates the topic's partition count: per-partition event-time
     clocks decide when windows close and timers fire, exactly as in the worker.
@@ -95,8 +122,7 @@ def backtest(
         report.late += len(result.late)
         for a in result.alerts:
             alerts.append(a)
-            out.write(orjson.dumps(backtest_line(a)).decode() + "\n")
-    report.alerts = len(alerts)
+            report.emit(out, a)
     return alerts
 
 

@@ -69,8 +69,19 @@ def _cmd_rules_test(args: argparse.Namespace, _settings: Settings) -> int:
     return 1 if bad or not n else 0
 
 
+def _statuses_arg(text: str) -> str:
+    """argparse check of ``backtest --statuses`` (both engines parse the string again)."""
+    from app.backtest import parse_statuses
+
+    try:
+        parse_statuses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
-    from app.backtest import BacktestReport, backtest, backtest_file, read_topic_events
+    from app.backtest import BacktestReport, backtest, backtest_file, parse_statuses, read_topic_events
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
     from app.tables import TABLES, Tables, read_table_file
@@ -81,7 +92,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
-    report = BacktestReport()
+    report = BacktestReport(statuses=parse_statuses(args.statuses))
     tables = Tables()
     try:
         for spec in args.table or ():
@@ -243,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--from", dest="time_from", metavar="T", help="first event time (RFC 3339), inclusive")
     bt.add_argument("--to", dest="time_to", metavar="T", help="last event time (RFC 3339), exclusive")
     bt.add_argument("--out", help="write the transitions here instead of stdout")
+    bt.add_argument(
+        "--statuses",
+        metavar="LIST",
+        type=_statuses_arg,
+        help="statuses to print: comma-separated (pending,firing,resolved,inactive,no_data) or 'all'; "
+        "default firing,resolved",
+    )
     bt.set_defaults(func=_cmd_backtest)
     from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
 

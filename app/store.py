@@ -11,7 +11,7 @@ Tables:
 
 Ordering rule: a transition replaces the current state only if its
 ``(starts_at, event_ts, status rank)`` is greater, compared as instants (not
-strings) with rank pending < firing < resolved. A late, older transition
+strings) with rank pending < firing = no_data < resolved = inactive. A late, older transition
 (say the resolution of the previous episode arriving after the next one
 fired) is still recorded in ``transitions`` but never overwrites newer state.
 
@@ -49,7 +49,9 @@ from app.store_ops import OperatorRecords
 
 logger = logging.getLogger(__name__)
 
-STATUS_RANK = {"pending": 0, "firing": 1, "resolved": 2}
+#: Within one episode (same ``starts_at`` and ``event_ts``): pending, then firing or
+#: no data, then its end (resolved, or inactive for an episode that never fired).
+STATUS_RANK = {"pending": 0, "firing": 1, "no_data": 1, "resolved": 2, "inactive": 2}
 SCHEMA_VERSION = 2
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)

@@ -23,14 +23,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from app.alerts import Alert
-from app.backtest import BacktestReport, backtest_line
+from app.backtest import BacktestReport
 from app.events import parse_ts
 from app.rules.loader import RuleSet
+from app.tables import Tables
 from app.topics import SOURCE_TOPICS
 from jobs.compile import plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
+from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +85,22 @@ def run_backtest(
     time_from: str | None = None,
     time_to: str | None = None,
     lines: bool = True,
+    partitions: int = 1,
+    tables: Tables | None = None,
 ) -> list[Alert]:
     """Evaluate the Spark rules of ``ruleset`` over ``raw``; write transitions to ``out``.
 
     ``name`` prefixes problems: ``name:LINE`` when ``lines`` (a file read with
     :func:`file_records`), else ``name record N`` (:func:`topic_records`).
+    ``partitions`` and ``tables`` are the Faust-engine backtest's: the partition
+    count whose per-partition clocks are emulated, and the registry rows.
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
     plan = plan_rules(ruleset)
-    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source)
+    routes = router(plan.streams, partitions, record_partitions=False)
+    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
+    streams = StreamRunner(plan.stream_rules, plan.streams, partitions, tables=tables or Tables())
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
     valid = F.col("__dlq").isNull()
     in_range = F.lit(True)
@@ -105,7 +113,7 @@ def run_backtest(
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         rows = (
-            apply_lifecycle(tasks(decoded, plan), plan, streaming=False)
+            apply_lifecycle(tasks(decoded, plan), plan, streaming=False, streams=streams)
             .orderBy("part", "offset", "idx")
             .collect()
         )
@@ -116,10 +124,13 @@ def run_backtest(
         if r["kind"] == "alert":
             alert = Alert.from_json(r["value"])
             alerts.append(alert)
-            out.write(orjson.dumps(backtest_line(alert)).decode() + "\n")
+            report.emit(out, alert)
+        elif r["kind"] == "routed":
+            report.routed += 1
+        elif r["kind"] == "side":
+            report.late += 1
         elif r["kind"] == "dlq":
             report.skipped += 1
             where = f"{name}:{r['offset'] + 1}" if lines else f"{name} record {r['offset'] + 1}"
             report.problems.append(f"{where}: {orjson.loads(r['value'])['reason']}")
-    report.alerts = len(alerts)
     return alerts

@@ -103,8 +103,10 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     plus ``--topic`` (repeatable) to read a topic range instead of ``--input``."""
     from pyspark.sql import SparkSession
 
-    from app.backtest import BacktestReport
+    from app.backtest import BacktestReport, parse_statuses
+    from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
+    from app.tables import TABLES, Tables, read_table_file
     from jobs.backtest import file_records, run_backtest, topic_records
     from jobs.compile import plan_rules
     from jobs.session import build_session
@@ -113,9 +115,20 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     if bool(getattr(args, "input", None)) == bool(topics):
         print("error: give exactly one of --input FILE or --topic TOPIC", file=sys.stderr)
         return 2
-    if getattr(args, "table", None):
-        print("error: --table: enrichment does not run on the spark engine yet", file=sys.stderr)
-        return 2
+    tables = Tables()
+    for spec in getattr(args, "table", None) or ():
+        name, _, file = spec.partition("=")
+        if name not in TABLES or not file:
+            print(
+                f"error: --table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            tables.load_rows(name, read_table_file(name, Path(file)))
+        except (ValueError, IngestDecodeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if topics and not settings.bootstrap_servers:
         print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
         return 2
@@ -128,7 +141,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     owned = SparkSession.getActiveSession() is None  # stop only a session this command started
     spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
-    report = BacktestReport()
+    report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         if topics:
@@ -146,6 +159,8 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             time_from=args.time_from,
             time_to=args.time_to,
             lines=not topics,
+            partitions=getattr(args, "partitions", 0) or settings.partitions,
+            tables=tables,
         )
     finally:
         if out is not sys.stdout:

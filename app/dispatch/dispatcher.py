@@ -8,10 +8,11 @@ injected ``clock``. The role feeds it with :meth:`Dispatcher.on_alert` and
 changed state (:meth:`Dispatcher.drain_state`) and commits them together.
 
 Per alert transition: the registry drops duplicates and stale records;
-pending (and unknown) statuses are recorded but never notified, as in
-Prometheus; firing and resolved ones feed flapping detection, then every
-matching route (storm counting, then the route's aggregation group). Group
-flushes run the pipeline (:mod:`app.dispatch.pipeline`).
+pending, no_data and inactive statuses are recorded but never notified, as
+Prometheus never notifies a pending alert (a rule that wants to be paged
+when data stops uses ``no_data: {state: alerting}``, which fires); firing
+and resolved ones feed flapping detection, then every matching route (storm
+counting, then the route's aggregation group). Group flushes run the pipeline (:mod:`app.dispatch.pipeline`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from app.notify.payload import alert_labels
 
 logger = logging.getLogger(__name__)
 
+#: The only statuses routed to receivers; pending, no_data and inactive are recorded only.
 NOTIFIED_STATUSES = ("firing", "resolved")
 PRUNE_EVERY_S = 60.0
 AlertOutcome = Literal["new", "duplicate", "stale", "recorded"]
@@ -142,7 +144,7 @@ class Dispatcher:
 
     def _manual_resolve(self, cmd: ResolveCommand) -> None:
         cur = self.registry.get(cmd.fingerprint)
-        if cur is None or cur.status == "resolved" or (cmd.starts_at and cmd.starts_at != cur.starts_at):
+        if cur is None or cur.status != "firing" or (cmd.starts_at and cmd.starts_at != cur.starts_at):
             logger.info("resolve of %s ignored: no such open alert", cmd.fingerprint)
             return
         note = f"resolved by hand by {cmd.by or 'an operator'}" + (f": {cmd.comment}" if cmd.comment else "")

@@ -4,8 +4,8 @@ Inhibition needs the firing alerts, escalation and manual resolution need the
 current state of one alert, and duplicates must be recognised. A transition
 replaces the current one only when it is newer by the alert store's ordering
 rule (``starts_at``, ``event_ts``, pending < firing < resolved), so replays
-and reordered records never roll an alert back. Resolved alerts are
-forgotten ``retention_s`` after they arrived.
+and reordered records never roll an alert back. Resolved and inactive
+alerts are forgotten ``retention_s`` after they arrived.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from app.store import order_key
 logger = logging.getLogger(__name__)
 
 Applied = Literal["new", "duplicate", "stale"]
+#: Statuses that end an episode: a resolved alert, or a pending or no-data one that became inactive.
+ENDED = ("resolved", "inactive")
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,11 @@ class AlertRegistry:
         return [k.alert for k in self.table.values() if k.alert.status == "firing"]
 
     def prune(self, now: float) -> int:
-        """Forget resolved alerts older than the retention; return how many."""
+        """Forget ended (resolved, inactive) alerts older than the retention; return how many."""
         old = [
             fp
             for fp, k in self.table.items()
-            if k.alert.status == "resolved" and now - k.received_at > self.retention_s
+            if k.alert.status in ENDED and now - k.received_at > self.retention_s
         ]
         for fp in old:
             self.table.delete(fp)

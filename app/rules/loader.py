@@ -83,7 +83,11 @@ def _pydantic_message(err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return f"missing required key '{loc[-1]}'"
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind.startswith("literal_error") or kind in ("string_pattern_mismatch", "greater_than_equal"):
+    if kind.startswith("literal_error") or kind in (
+        "string_pattern_mismatch",
+        "greater_than_equal",
+        "greater_than",
+    ):
         return f"'{loc[-1]}': {msg} (got {err.get('input')!r})"
     return f"'{loc[-1]}': {msg}" if loc else msg
 
@@ -113,6 +117,9 @@ class _FileLoader:
 
     def compile_rule(self, index: int, rule: Rule, engine: Engine) -> CompiledRule | None:
         base = ("rules", index)
+        if rule.no_data is not None and rule.kind != "threshold":
+            self.add((*base, "no_data"), f"'no_data' belongs to threshold rules, not {rule.kind} rules")
+            return None
         schema = schema_for(rule.source)
         parts = compile_parts(rule, schema, lambda path, msg: self.add((*base, *path), msg))
         if parts is None:

@@ -83,6 +83,20 @@ class NewTermSpec(_Frozen):
     horizon: DurationMs = 7 * 86_400_000
 
 
+NoDataState = Literal["no_data", "alerting", "ok", "keep"]
+
+
+class NoDataSpec(_Frozen):
+    """What a threshold rule's group does once it has sent nothing for longer
+    than ``after`` (event time, as absence rules measure silence), like
+    Grafana's "no data" handling: ``no_data`` (a ``no_data`` transition,
+    recorded and shown, not notified), ``alerting`` (fire), ``ok`` (resolve a
+    firing alert, end a pending one) or ``keep`` (change nothing)."""
+
+    after: DurationMs = Field(gt=0)
+    state: NoDataState = "no_data"
+
+
 class SequenceStep(_Frozen):
     name: str = Field(pattern=_NAME_PATTERN)
     where: str
@@ -128,6 +142,7 @@ class Rule(_Frozen):
     consecutive: int = Field(default=1, ge=1, le=10_000)
     keep_firing_for: DurationMs = 0
     clear: str | None = None
+    no_data: NoDataSpec | None = None
     # windows
     window: WindowSpec | None = None
     aggregate: dict[str, str] = Field(default_factory=dict)
@@ -256,5 +271,9 @@ class RuleFile(_Frozen):
 
 
 def dump_canonical(rule: Rule) -> dict[str, Any]:
-    """The rule as plain data with defaults included: the input of its version hash."""
-    return rule.model_dump(mode="json", by_alias=True)
+    """The rule as plain data with defaults included: the input of its version hash.
+
+    Options added after rules were deployed are left out while unset, so that
+    adding them does not change every existing rule's version (and state)."""
+    unset_later = {"no_data"} if rule.no_data is None else set()
+    return rule.model_dump(mode="json", by_alias=True, exclude=unset_later)

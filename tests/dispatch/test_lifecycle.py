@@ -111,3 +111,19 @@ def test_state_survives_a_restart_without_duplicates_or_gaps(tmp_path: Path) -> 
     assert ids_in(msg) == [("d1", "resolved")]
     assert again.on_alert(alert("d1")) == "stale"  # ...and the firing is not sent twice
     assert sent(again) == []
+
+
+def test_pending_no_data_and_inactive_are_recorded_never_notified(tmp_path: Path) -> None:
+    d, clock = make(tmp_path)
+    assert d.on_alert(alert("d1", "pending")) == "recorded"
+    assert d.on_alert(alert("d1", "inactive", event="2024-05-01T10:05:00Z")) == "recorded"
+    assert d.on_alert(alert("d2", "no_data", start="2024-05-01T10:40:00Z")) == "recorded"
+    assert run_until(d, clock, 400) == []
+    assert d.registry.get(alert("d2").fingerprint).status == "no_data"  # type: ignore[union-attr]
+    # a pending or no-data alert cannot be resolved by hand: only firing ones are open
+    d.on_command(ResolveCommand(fingerprint=alert("d2").fingerprint, at="2026-01-01T00:00:00Z", by="op"))
+    assert d.take_effects().alerts == []
+    # the episode that fires after its pending is notified as usual
+    d.on_alert(alert("d1", start="2024-05-01T11:00:00Z"))
+    (msg,) = run_until(d, clock, 31)
+    assert ids_in(msg) == [("d1", "firing")]

@@ -58,15 +58,22 @@ def test_for_duration_holds_until_elapsed(tmp_path: Path) -> None:
     rs = rules(tmp_path, HOT.replace("    severity", "    for: 10m\n    severity"))
     out = run_backtest(rs, [sensor(0, 101), sensor(5, 101), sensor(9, 101), sensor(10, 101), sensor(20, 50)])
     assert statuses(out) == [
+        ("pending", "2024-01-01T00:00:00.000Z", None),
         ("firing", "2024-01-01T00:00:00.000Z", None),
         ("resolved", "2024-01-01T00:00:00.000Z", "2024-01-01T00:20:00.000Z"),
     ]
-    assert out[0].event_ts == "2024-01-01T00:10:00.000Z"
+    assert out[1].event_ts == "2024-01-01T00:10:00.000Z"
 
 
 def test_for_resets_when_the_condition_breaks(tmp_path: Path) -> None:
     rs = rules(tmp_path, HOT.replace("    severity", "    for: 10m\n    severity"))
-    assert run_backtest(rs, [sensor(0, 101), sensor(5, 99), sensor(9, 101), sensor(15, 101)]) == []
+    out = run_backtest(rs, [sensor(0, 101), sensor(5, 99), sensor(9, 101), sensor(15, 101)])
+    # pending episodes that end before ``for`` never fire: inactive, not resolved
+    assert statuses(out) == [
+        ("pending", "2024-01-01T00:00:00.000Z", None),
+        ("inactive", "2024-01-01T00:00:00.000Z", "2024-01-01T00:05:00.000Z"),
+        ("pending", "2024-01-01T00:09:00.000Z", None),
+    ]
 
 
 def test_consecutive_needs_n_in_a_row(tmp_path: Path) -> None:
@@ -74,7 +81,12 @@ def test_consecutive_needs_n_in_a_row(tmp_path: Path) -> None:
     out = run_backtest(
         rs, [sensor(0, 101), sensor(1, 101), sensor(2, 50), sensor(3, 101), sensor(4, 101), sensor(5, 101)]
     )
-    assert statuses(out) == [("firing", "2024-01-01T00:03:00.000Z", None)]
+    assert statuses(out) == [
+        ("pending", "2024-01-01T00:00:00.000Z", None),
+        ("inactive", "2024-01-01T00:00:00.000Z", "2024-01-01T00:02:00.000Z"),
+        ("pending", "2024-01-01T00:03:00.000Z", None),
+        ("firing", "2024-01-01T00:03:00.000Z", None),
+    ]
 
 
 def test_groups_are_independent(tmp_path: Path) -> None:

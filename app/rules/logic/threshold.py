@@ -9,6 +9,22 @@ Per group, in event time:
   TRUE (hysteresis) or, without ``clear``, where the condition is not TRUE;
   with ``keep_firing_for`` it stays firing that much longer and resolves at
   ``cleared + keep_firing_for`` unless the condition returns first.
+* **pending**: when a streak starts and does not fire at once (``for`` or
+  ``consecutive`` not met yet), a ``pending`` transition (``starts_at =
+  since``) is emitted; if the condition stops being TRUE before the alert
+  fires, the episode ends with an ``inactive`` transition (``ends_at`` = that
+  event), as Prometheus drops a pending alert without a resolution. A rule
+  without ``for`` and ``consecutive`` fires at once and never pends.
+* **no data** (``no_data: {after, state}``): once the partition clock minus
+  ``allowed_lateness`` passes the group's last event + ``after`` (silence
+  longer than ``after``, measured as absence rules do), the group goes to
+  ``state`` at ``D = last + after``: ``no_data`` ends a pending episode
+  (``inactive``) and opens a ``no_data`` episode (``starts_at = D``) that
+  ends with ``inactive`` at the group's next event; ``alerting`` fires
+  (``starts_at`` = the pending streak's start, else ``D``); ``ok`` resolves a
+  firing alert (``ends_at = D``) or ends a pending one; ``keep`` changes
+  nothing. Missing data never ends a firing alert except with ``ok``. Events
+  not newer than ``D`` that arrive after it are late.
 
 Late events (older than the newest event seen for the rule and group) are
 skipped. ``pct_change`` columns are computed here, per group, before the
@@ -61,6 +77,8 @@ class ThresholdLogic:
         self.clear = rule.parts.clear if rule.parts else None
         self.pct = rule.parts.pct_changes if rule.parts else ()
         self.columns = sorted((rule.where.columns | rule.where.synthetic) if rule.where else ())
+        self.no_data = r.no_data if r.no_data is not None and r.no_data.state != "keep" else None
+        self.lateness = r.allowed_lateness
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
@@ -80,23 +98,26 @@ class ThresholdLogic:
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any]
     ) -> Result:
         st = store.get(key)
-        if st is not None and ev.ts_ms < st["last"]:
+        if st is not None and (ev.ts_ms < st["last"] or ev.ts_ms <= (st.get("nd") or -1)):
             return [], True
         row, hist = self._with_pct(st, ev, row)
         assert self.rule.where is not None  # noqa: S101 - threshold rules always have one
         holds = self.rule.where(row) is True
         if st is None:
-            if not holds and not hist:
+            if not holds and not hist and self.no_data is None:
                 return [], False  # nothing to remember for a quiet key
             st = {"n": 0, "since": None, "fire": None, "last": ev.ts_ms, "g": list(group)}
+        changed = bool(self.pct) or self.no_data is not None  # the no-data deadline moves with last
         st["last"] = ev.ts_ms
-        changed = bool(self.pct)
         if self.pct:
             st["h"] = hist
         values = {c: row.get(c) for c in self.columns}
         if self.pct:
             values["pct_change"] = row.get(self.pct[0].column)
         alerts: list[Alert] = []
+        if st.get("nd") is not None:  # data is back: the no-data episode ends
+            alerts.append(build_alert(self.rule, "inactive", group, row, st["nd"], ev.ts_ms, ev.ts_ms, {}))
+            st["nd"] = None
         if st["fire"] is not None and st.get("kf") is not None and ev.ts_ms >= st["kf"]:
             # kept firing long enough: it ended at kf, before this event
             alerts.append(self._resolve(st, group, row, st["kf"], values))
@@ -126,9 +147,12 @@ class ThresholdLogic:
                     build_alert(self.rule, "firing", group, row, st["since"], None, ev.ts_ms, values)
                 )
                 changed = True
+            elif st["n"] == 1:
+                alerts.append(build_alert(self.rule, "pending", group, row, ev.ts_ms, None, ev.ts_ms, values))
         elif st["n"]:
-            st["n"], st["since"], changed = 0, None, True
-        st["due"] = st.get("kf")
+            alerts.append(self._end_pending(st, group, row, ev.ts_ms, values))
+            changed = True
+        st["due"] = self._due(st)
         if changed:
             store.put(key, st)
         return alerts, False
@@ -140,12 +164,61 @@ class ThresholdLogic:
         st["fire"], st["kf"], st["n"], st["since"] = None, None, 0, None
         return build_alert(self.rule, "resolved", group, row, started, at, at, values)
 
+    def _end_pending(
+        self, st: State, group: tuple[str, ...], row: Mapping[str, Any], at: int, values: Mapping[str, Any]
+    ) -> Alert:
+        """The streak broke before firing: its pending episode ends, never notified."""
+        started = st["since"]
+        st["n"], st["since"] = 0, None
+        return build_alert(self.rule, "inactive", group, row, started, at, at, values)
+
+    def _no_data_due(self, st: State) -> int | None:
+        """When the partition clock declares the group silent (None: nothing would change)."""
+        nd = self.no_data
+        if nd is None or st.get("nd") is not None:
+            return None
+        firing = st["fire"] is not None
+        if nd.state == "ok" and not firing and not st["n"]:
+            return None
+        if nd.state != "ok" and firing:
+            return None
+        return int(st["last"]) + nd.after + self.lateness + 1
+
+    def _due(self, st: State) -> int | None:
+        kf = st.get("kf") if st["fire"] is not None else None
+        nd = self._no_data_due(st)
+        return nd if kf is None else kf if nd is None else min(kf, nd)
+
+    def _go_no_data(self, st: State, group: tuple[str, ...]) -> list[Alert]:
+        assert self.no_data is not None  # noqa: S101 - only scheduled with a no_data option
+        at = int(st["last"]) + self.no_data.after
+        row = group_row(self.rule, group)
+        values = {"no_data": True, "silent_since": st["last"]}
+        state = self.no_data.state
+        if state == "alerting":
+            start = st["since"] if st["n"] else at
+            st["fire"], st["kf"] = start, None
+            return [build_alert(self.rule, "firing", group, row, start, None, at, values)]
+        if state == "ok" and st["fire"] is not None:
+            return [self._resolve(st, group, row, at, values)]
+        alerts = [self._end_pending(st, group, row, at, values)] if st["n"] else []
+        if state == "no_data":
+            st["nd"] = at
+            alerts.append(build_alert(self.rule, "no_data", group, row, at, None, at, values))
+        return alerts
+
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
-        if st is None or st.get("kf") is None or clock_ms < st["kf"] or st["fire"] is None:
+        if st is None:
             return []
         group = tuple(st["g"])
-        alert = self._resolve(st, group, group_row(self.rule, group), st["kf"], {})
-        st["due"] = None
-        store.put(key, st)
-        return [alert]
+        alerts: list[Alert] = []
+        if st["fire"] is not None and st.get("kf") is not None and clock_ms >= st["kf"]:
+            alerts.append(self._resolve(st, group, group_row(self.rule, group), st["kf"], {}))
+        due = self._no_data_due(st)
+        if due is not None and clock_ms >= due:
+            alerts += self._go_no_data(st, group)
+        st["due"] = self._due(st)
+        if alerts:
+            store.put(key, st)
+        return alerts
