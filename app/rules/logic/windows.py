@@ -233,7 +233,8 @@ class _Buffered(_Aggregating):
         st = store.get(key) or self.fresh(group)
         if st["t"] is not None and ev.ts_ms <= st["t"]:
             return [], True
-        bisect.insort(st["ev"], [ev.ts_ms, [a.input(row) for a in self.aggs]])
+        # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
+        bisect.insort(st["ev"], [ev.ts_ms, [a.input(row) for a in self.aggs]], key=lambda e: e[0])
         st["due"] = self._due(st)
         store.put(key, st)
         return [], False
