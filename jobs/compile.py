@@ -1,23 +1,27 @@
 """From the rule model to a DataFrame plan: native Spark SQL for conditions, one task row per
-(event, rule) for the per-group lifecycle.
+(event, rule) or (event, stream) for the stateful part.
 
-The plan for threshold rules, per micro-batch (or once, for a backtest):
+Two paths (see ``jobs.state`` and ``jobs.streams``):
 
-1. decode (``jobs.decode``): raw records -> ``__fields`` JSON or a DLQ record;
-2. typed view: ``__<source> = from_json(__fields, <source struct>)``, only on
-   that source's rows;
-3. fan-out: one *task* per (event, rule of its source) with the rule's index,
-   its state key (rule id + group values) and ``__holds``, the ``where``
-   condition computed natively (:func:`app.rules.spark_sql.to_spark_sql`);
-   a DLQ row becomes one task with the key :data:`DLQ_KEY`;
-4. ``jobs.state`` runs the lifecycle per key with the pure evaluator.
+* the **keyed path**: threshold rules with only ``where``/``for``/``consecutive``/
+  ``group_by`` need no event-time clock; they run per (rule, group) in 64 state
+  buckets, the condition computed natively (``__holds``);
+* the **stream path**: every other rule (windows, absence, change, new term,
+  sequence, branch, enrich, ``keep_firing_for``/``clear``, ``pct_change()``) runs in
+  the evaluator's own ``StreamEvaluator`` per (stream, partition), so the
+  per-partition event-time clock decides lateness and timers exactly as in the
+  Faust worker. ``where`` is computed natively when Spark SQL can express it
+  (``__conds``).
 
-Where the next rule kinds go: windowed aggregates branch off after step 2
-(``withWatermark`` on ``timestamp_millis(__ts_ms)``, ``groupBy(window(...)|
-session_window(...), group)``, honouring ``allowed_lateness``) and produce
-rows of the sink schema (``jobs.state.OUTPUT_SCHEMA``) to union before the
-sink; enrichment joins attach table-topic columns to the typed struct in
-step 2; branching only needs more ``topic`` values in the output rows.
+The plan per micro-batch (or once, for a backtest):
+
+1. decode (``jobs.decode``): raw records -> ``__fields`` JSON or a DLQ record,
+   plus the event's stream keys (``__streams``);
+2. typed view: ``__<source> = from_json(__fields, <source struct>)``;
+3. fan-out: one task per (event, keyed rule) with its state key and ``__holds``,
+   one per (event, stream) with the stream key and ``__conds``; a DLQ row
+   becomes one task with the key :data:`DLQ_KEY`;
+4. ``jobs.state`` runs each key's tasks with the pure evaluator.
 
 Rules the engine cannot run are refused here, all at once, with
 ``file:line:col: rule-id: <feature> is not supported on the spark engine``.
@@ -31,17 +35,18 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from app.errors import RuleConfigError, RuleProblem
+from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.rules.loader import CompiledRule, RuleSet
-from app.rules.spark_sql import spark_problems, to_spark_sql
+from app.rules.spark_sql import keyed_problems, spark_problems, to_spark_sql
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
+from jobs.streams import StreamSpec, evaluator_streams
 
 logger = logging.getLogger(__name__)
 
 DLQ_KEY = "\x00dlq"  # no rule id starts with NUL
 KEY_SEPARATOR = "\x1f"
-TASK_TYPE = "struct<idx:int,key:string,holds:boolean>"
+TASK_TYPE = "struct<idx:int,key:string,holds:boolean,conds:array<boolean>>"
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,19 @@ class SparkRule:
 
 @dataclass(frozen=True)
 class SparkPlan:
+    """``rules``: the keyed path; ``stream_rules`` and ``streams``: the stream path."""
+
     rules: tuple[SparkRule, ...]
+    stream_rules: tuple[CompiledRule, ...] = ()
+    streams: tuple[StreamSpec, ...] = ()
 
     @property
     def sources(self) -> list[str]:
-        return sorted({r.source for r in self.rules})
+        return sorted({r.source for r in self.rules} | {s.source for s in self.streams})
+
+    @property
+    def rule_count(self) -> int:
+        return len(self.rules) + len(self.stream_rules)
 
     @property
     def topics(self) -> list[str]:
@@ -81,20 +94,43 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
     """
     problems: list[RuleProblem] = []
     planned: list[SparkRule] = []
+    streamed: list[CompiledRule] = []
     for r in (r for r in ruleset.rules if r.runs_on("spark")):
-        parts = getattr(r, "parts", None)
-        schema = dict(parts.fields) if parts is not None else r.schema.all_fields()
-        found = spark_problems(r.rule, schema)
+        found = spark_problems(r.rule)
         if found:
             problems.extend(RuleProblem(r.path, r.line, 1, r.id, p) for p in found)
             continue
-        if r.rule.where is None:  # pragma: no cover - spark_problems admits threshold rules only
-            continue
-        sql = to_spark_sql(r.rule.where, schema, qualifier=_struct_column(r.rule.source)).sql
-        planned.append(SparkRule(len(planned), r, sql))
+        schema = r.schema.all_fields()
+        if r.rule.where is not None and not keyed_problems(r.rule, schema):
+            sql = to_spark_sql(r.rule.where, schema, qualifier=_struct_column(r.rule.source)).sql
+            planned.append(SparkRule(len(planned), r, sql))
+        else:
+            streamed.append(r)
     if problems:
         raise RuleConfigError(problems)
-    return SparkPlan(tuple(planned))
+    return SparkPlan(tuple(planned), tuple(streamed), _stream_specs(streamed))
+
+
+def native_where(rule: CompiledRule) -> str | None:
+    """The rule's ``where`` as Spark SQL over the typed struct, or None when it must run in
+    Python: it reads enrichment columns or ``pct_change()``, or Spark cannot express it."""
+    if rule.where is None or rule.rule.where is None or rule.rule.enrich or rule.where.synthetic:
+        return None
+    try:
+        return to_spark_sql(
+            rule.rule.where, rule.schema.all_fields(), qualifier=_struct_column(rule.rule.source)
+        ).sql
+    except ExpressionError:
+        return None
+
+
+def _stream_specs(rules: list[CompiledRule]) -> tuple[StreamSpec, ...]:
+    by_id = {r.id: r for r in rules}
+    specs = []
+    for name, source, fields, ids in evaluator_streams(rules):
+        native = tuple((rid, sql) for rid in ids if (sql := native_where(by_id[rid])) is not None)
+        specs.append(StreamSpec(name, source, fields, tuple(ids), native))
+    return tuple(specs)
 
 
 def _key(rule: SparkRule) -> Column:
@@ -120,13 +156,25 @@ def _task(rule: SparkRule) -> Column:
         F.lit(rule.idx).cast("int").alias("idx"),
         _key(rule).alias("key"),
         F.expr(rule.holds_sql).alias("holds"),
+        F.lit(None).cast("array<boolean>").alias("conds"),
+    )
+
+
+def _stream_task(spec: StreamSpec, position: int) -> Column:
+    """The task of the ``position``-th stream of a source: the decoder's stream key for it."""
+    conds = F.array(*(F.expr(sql) for _, sql in spec.native)) if spec.native else F.array()
+    return F.struct(
+        F.lit(-2).alias("idx"),
+        F.col("__streams")[position].alias("key"),
+        F.lit(None).cast("boolean").alias("holds"),
+        conds.cast("array<boolean>").alias("conds"),
     )
 
 
 def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     """Step 2 and 3: one row per (valid event, rule of its source) and per DLQ record.
 
-    Columns: ``__idx``, ``__key``, ``__holds``, ``__part``, ``__offset``,
+    Columns: ``__idx``, ``__key``, ``__holds``, ``__conds``, ``__part``, ``__offset``,
     ``__ts_ms``, ``__fields``, ``__dlq``, ``__source``.
     """
     df = decoded
@@ -134,11 +182,18 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
         parsed = F.from_json(F.col("__fields"), source_struct(source))
         df = df.withColumn(_struct_column(source), F.when(F.col("__source") == source, parsed))
     dlq_task = F.array(
-        F.struct(F.lit(-1).alias("idx"), F.lit(DLQ_KEY).alias("key"), F.lit(None).alias("holds"))
+        F.struct(
+            F.lit(-1).alias("idx"),
+            F.lit(DLQ_KEY).alias("key"),
+            F.lit(None).alias("holds"),
+            F.lit(None).cast("array<boolean>").alias("conds"),
+        )
     )
     choice = F.when(F.col("__dlq").isNotNull(), dlq_task.cast(f"array<{TASK_TYPE}>"))
     for source in plan.sources:
         mine = [_task(r) for r in plan.rules if r.source == source]
+        streams = [s for s in plan.streams if s.source == source]
+        mine += [_stream_task(s, i) for i, s in enumerate(streams)]
         choice = choice.when(F.col("__source") == source, F.array(*mine).cast(f"array<{TASK_TYPE}>"))
     df = df.withColumn("__tasks", choice.otherwise(F.array().cast(f"array<{TASK_TYPE}>")))
     return df.select(
@@ -147,6 +202,7 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
         F.col("__t.idx").alias("__idx"),
         F.col("__t.key").alias("__key"),
         F.col("__t.holds").alias("__holds"),
+        F.col("__t.conds").alias("__conds"),
         "__part",
         "__offset",
         "__ts_ms",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 import pyarrow as pa
 from pyspark.sql.types import (
+    ArrayType,
     BooleanType,
     DataType,
     DoubleType,
@@ -38,6 +39,7 @@ from pyspark.sql.types import (
 from app.backtest import infer_source
 from app.errors import IngestDecodeError
 from app.events import SCHEMAS, dlq_record
+from jobs.streams import StreamRouter
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ DECODED_SCHEMA = StructType(
         StructField("__ts_ms", LongType()),
         StructField("__fields", StringType()),
         StructField("__dlq", StringType()),
+        StructField("__streams", ArrayType(StringType())),
     ]
 )
 _ARROW = pa.schema(
@@ -62,6 +65,7 @@ _ARROW = pa.schema(
         ("__ts_ms", pa.int64()),
         ("__fields", pa.string()),
         ("__dlq", pa.string()),
+        ("__streams", pa.list_(pa.string())),
     ]
 )
 _SPARK_TYPES: dict[str, DataType] = {
@@ -86,11 +90,14 @@ class Decoder:
 
     topics: Mapping[str, str] = field(default_factory=dict)
     source: str | None = None
+    router: StreamRouter | None = None
 
     def decode_one(
-        self, topic: str | None, raw: bytes | None
-    ) -> tuple[str, int | None, str | None, str | None]:
-        """``(source, ts_ms, fields_json, dlq_json)``: exactly one of the last two is set."""
+        self, topic: str | None, raw: bytes | None, partition: int = 0
+    ) -> tuple[str, int | None, str | None, str | None, list[str] | None]:
+        """``(source, ts_ms, fields_json, dlq_json, stream_keys)``: exactly one of
+        ``fields_json`` and ``dlq_json`` is set; ``stream_keys`` (see
+        :class:`jobs.streams.StreamRouter`) only for a valid event."""
         src = self.source or (self.topics.get(topic) if topic is not None else None)
         try:
             if raw is None:
@@ -112,14 +119,16 @@ class Decoder:
         except IngestDecodeError as exc:
             name = src or UNKNOWN_SOURCE
             record = dlq_record(name, exc.reason, raw or b"", adapter=ADAPTER, field=exc.field)
-            return name, None, None, record.decode()
-        return src, event.ts_ms, orjson.dumps(event.fields).decode(), None
+            return name, None, None, record.decode(), None
+        streams = self.router.keys(src, partition, event) if self.router is not None else None
+        return src, event.ts_ms, orjson.dumps(event.fields).decode(), None, streams
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             cols = batch.to_pydict()
-            out: list[tuple[str, int | None, str | None, str | None]] = [
-                self.decode_one(t, v) for t, v in zip(cols["topic"], cols["value"], strict=True)
+            out = [
+                self.decode_one(t, v, p)
+                for t, v, p in zip(cols["topic"], cols["value"], cols["partition"], strict=True)
             ]
             yield pa.RecordBatch.from_arrays(
                 [
@@ -129,6 +138,7 @@ class Decoder:
                     pa.array([o[1] for o in out], pa.int64()),
                     pa.array([o[2] for o in out], pa.string()),
                     pa.array([o[3] for o in out], pa.string()),
+                    pa.array([o[4] for o in out], pa.list_(pa.string())),
                 ],
                 schema=_ARROW,
             )

@@ -16,6 +16,7 @@ it then stops the query, the sink's producer and the session.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -29,14 +30,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from app.config import Settings
+from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
-from app.topics import SOURCE_TOPICS
+from app.topics import SOURCE_TOPICS, TopicSpec, ensure_topics
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
 from jobs.kafka_source import read_kafka
 from jobs.session import DEFAULT_MASTER, build_session
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import apply_lifecycle
+from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +79,24 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
     raw = read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
-    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()})
+    routes = router(plan.streams, settings.partitions, record_partitions=True)
+    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
-    return apply_lifecycle(tasks(decoded, plan), plan, streaming=True)
+    streams = StreamRunner(
+        plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers
+    )
+    return apply_lifecycle(tasks(decoded, plan), plan, streaming=True, streams=streams)
+
+
+async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]:
+    """Create the branch topics and ``events.late`` the plan may write (as the worker does)."""
+    names = {LATE_TOPIC} if plan.stream_rules else set()
+    for r in plan.stream_rules:
+        names |= {topic for _, topic in (r.parts.arms if r.parts else ())}
+    specs = tuple(TopicSpec(n, key="") for n in sorted(names))
+    return await ensure_topics(
+        settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
+    )
 
 
 def start(
@@ -102,7 +120,7 @@ def start(
     logger.info(
         "spark query %r started: %d rule(s) on %s, checkpoint %s",
         opts.query,
-        len(plan.rules),
+        plan.rule_count,
         ", ".join(plan.topics),
         checkpoint_dir(settings, opts.query),
     )
@@ -117,11 +135,12 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         )
         return 2
     plan = plan_rules(load_rules(list(opts.rules) or [settings.rules_dir]))
-    if not plan.rules:
+    if not plan.rule_count:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
         if not opts.once:
             stop.wait()
         return 0
+    asyncio.run(ensure_output_topics(plan, settings))
     spark = build_session(opts.master)
     query, sink = start(spark, plan, settings, opts)
     try:

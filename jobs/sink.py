@@ -9,7 +9,8 @@ foreachBatch thread, one batch at a time):
    batch was already produced before a crash: do not produce it again (Spark
    re-runs the last batch when its commit log entry is missing);
 3. otherwise order the rows by (partition, offset, rule order), produce each
-   to its topic (alerts keyed by fingerprint, DLQ keyed by source), wait for
+   to its topic (alerts keyed by fingerprint, DLQ keyed by source, branch copies
+   keyed by the event key, late copies keyed by rule id), wait for
    every acknowledgement, then atomically write ``batch_id`` to the marker.
 
 A crash between 3's produce and its marker re-produces that batch on restart
@@ -44,6 +45,9 @@ ALERTS_OUT = Counter(
 )
 DLQ_OUT = Counter("spark_dlq_total", "Invalid events sent to the dead-letter topic by the Spark engine")
 LATE = Counter("spark_late_events_total", "Events skipped as late by a Spark threshold rule")
+ROUTED = Counter(
+    "spark_routed_total", "Events copied to a branch topic or events.late by the Spark engine", ["kind"]
+)
 SKIPPED = Counter("spark_batches_skipped_total", "Micro-batches already produced before a restart")
 BATCH_SECONDS = Histogram("spark_sink_batch_seconds", "Time to produce one micro-batch's output")
 
@@ -133,8 +137,10 @@ class KafkaSink:
                 records.append((r["topic"], r["key"].encode(), r["value"].encode()))
                 if r["kind"] == "alert":
                     ALERTS_OUT.labels(r["rule"], r["status"]).inc()
-                else:
+                elif r["kind"] == "dlq":
                     DLQ_OUT.inc()
+                else:  # "routed" (branch) or "side" (late_policy: side)
+                    ROUTED.labels(r["kind"]).inc()
             if records:
                 self._loop.run(self._send(records))
             self.marker.commit(batch_id)

@@ -42,6 +42,7 @@ from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
 from app.topics import ALERTS, DLQ
 from jobs.compile import DLQ_KEY, SparkPlan, rule_of_key
+from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ STATE_SCHEMA = "json string"
 BUCKETS = 64
 HOLDS = "\x00holds"  # cannot clash with a schema field name
 Rows = list[tuple[Any, ...]]
-_ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq")
+_ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds")
 
 
 def _holds(row: Any) -> Any:
@@ -91,24 +92,31 @@ class _OneKeyStore:
 class GroupRunner:
     """Picklable: holds the rules by id; runs on executors."""
 
-    def __init__(self, plan: SparkPlan) -> None:
+    def __init__(self, plan: SparkPlan, streams: StreamRunner | None = None) -> None:
         self.rules = {r.rule.id: (r.idx, with_native_condition(r.rule)) for r in plan.rules}
+        self.streams = streams
 
     def run_key(
         self, key: str, rows: list[tuple[Any, ...]], state: State | None
     ) -> tuple[Rows, State | None]:
         """One state key's rows, in (partition, offset) order -> (output rows, new state or None).
 
-        A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq)``.
+        A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``; a
+        stream key's rows go to :class:`jobs.streams.StreamRunner`.
         """
         if key == DLQ_KEY:
             return [("dlq", DLQ, r[5], r[6], r[3], r[4], -1, None, None, None) for r in rows], None
+        if is_stream_key(key):
+            if self.streams is None:
+                msg = f"a stream task {key!r} but no stream-path rules"
+                raise ValueError(msg)
+            return self.streams.run_key(key, rows, state)
         idx, rule = self.rules[rule_of_key(key)]
         logic = ThresholdLogic(rule)
         store = _OneKeyStore(state, rule.version)
         out: Rows = []
         late = 0
-        for fields_json, holds, ts_ms, part, offset, _source, _dlq in rows:
+        for fields_json, holds, ts_ms, part, offset, _source, _dlq, _conds in rows:
             if store.value is None and holds is not True:
                 continue  # ThresholdLogic's quiet-key case: nothing to do, nothing to remember
             row = orjson.loads(fields_json)
@@ -172,19 +180,26 @@ def streaming_fn(
 
 
 def bucket(key: Column) -> Column:
-    """The state bucket of a key: Spark's murmur3 hash, stable across runs and hosts."""
-    return F.when(key == DLQ_KEY, F.lit(-1)).otherwise(F.pmod(F.hash(key), F.lit(BUCKETS)))
+    """The state group of a key: a keyed rule's bucket (Spark's murmur3 hash, stable across
+    runs and hosts), or a stream key itself (one evaluator stream partition per group)."""
+    return (
+        F.when(key == DLQ_KEY, F.lit("-1"))
+        .when(key.startswith(STREAM_PREFIX), key)
+        .otherwise(F.pmod(F.hash(key), F.lit(BUCKETS)).cast("string"))
+    )
 
 
-def apply_lifecycle(tasks: DataFrame, plan: SparkPlan, *, streaming: bool) -> DataFrame:
+def apply_lifecycle(
+    tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None
+) -> DataFrame:
     """Run :class:`GroupRunner` on every key's rows.
 
-    Streaming: ``applyInPandasWithState`` per state bucket, state kept by
-    Spark. Batch: a key's rows from its first TRUE condition on (the earlier
-    ones cannot change anything), hash-partitioned by key, each partition's
-    keys in one Python call.
+    Streaming: ``applyInPandasWithState`` per state group (:func:`bucket`),
+    state kept by Spark. Batch: a keyed rule's rows from its first TRUE
+    condition on (the earlier ones cannot change anything), a stream key's rows
+    all, hash-partitioned by key, each partition's keys in one Python call.
     """
-    runner = GroupRunner(plan)
+    runner = GroupRunner(plan, streams)
     if streaming:
         return (
             tasks.withColumn("__bucket", bucket(F.col("__key")))
@@ -202,6 +217,9 @@ def apply_lifecycle(tasks: DataFrame, plan: SparkPlan, *, streaming: bool) -> Da
     order = F.struct("__part", "__offset")
     first = F.min(F.when(F.col("__holds"), order)).over(Window.partitionBy("__key"))
     marked = tasks.withColumn("__first", first)
-    useful = marked.where((F.col("__key") == DLQ_KEY) | (order >= F.col("__first"))).drop("__first")
+    keep = (
+        (F.col("__key") == DLQ_KEY) | F.col("__key").startswith(STREAM_PREFIX) | (order >= F.col("__first"))
+    )
+    useful = marked.where(keep).drop("__first")
     partitions = tasks.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2"
     return useful.repartition(int(partitions), "__key").mapInPandas(batch, OUTPUT_SCHEMA)

@@ -270,25 +270,42 @@ def to_spark_sql(text: str, schema: Mapping[str, str], qualifier: str | None = N
     return SparkExpr(sql=sql, type=t, columns=frozenset(tr.columns))
 
 
-def spark_problems(rule: Rule, schema: Mapping[str, str]) -> list[str]:
-    """Why ``rule`` cannot run on the Spark engine (empty: it can).
+def keyed_problems(rule: Rule, schema: Mapping[str, str]) -> list[str]:
+    """Why ``rule`` cannot take the Spark engine's *keyed* path (empty: it can).
 
-    Any rule-model field outside :data:`SPARK_RULE_FIELDS` that is set to a
-    non-default value is refused by name, so a feature added to the model is
-    rejected here until the Spark engine learns it; never silently ignored.
+    The keyed path runs threshold rules per (rule, group) with the condition
+    as native Spark SQL and no event-time clock. Any rule-model field outside
+    :data:`SPARK_RULE_FIELDS` set to a non-default value sends the rule to the
+    *stream* path instead (the evaluator's own per-partition stream), so a
+    feature added to the model is never silently ignored.
     """
     kind = getattr(rule, "kind", "threshold")
     if kind != "threshold":
-        return [f"{kind} rules are not supported on the spark engine yet"]
+        return [f"{kind} rules need the event-time clock"]
     problems = []
     for name, info in type(rule).model_fields.items():
         if name in SPARK_RULE_FIELDS:
             continue
         if getattr(rule, name) != info.get_default(call_default_factory=True):
-            problems.append(f"'{info.alias or name}' is not supported on the spark engine")
+            problems.append(f"'{info.alias or name}' needs the stream path")
     if rule.where is not None:
         try:
             to_spark_sql(rule.where, schema)
         except ExpressionError as exc:
             problems.append(str(exc))
+    return problems
+
+
+def spark_problems(rule: Rule) -> list[str]:
+    """Why ``rule`` cannot run on the Spark engine at all (empty: it can).
+
+    Every kind runs (see ``jobs.compile``); what is refused is named here.
+    """
+    problems = []
+    if getattr(rule, "expect_from", None) is not None:
+        problems.append(
+            "'expect_from' (absence of registry keys never seen) is not supported on the spark engine"
+        )
+    if getattr(rule, "no_data", None) is not None:
+        problems.append("'no_data' is not supported on the spark engine (not yet in the conformance suite)")
     return problems

@@ -20,21 +20,34 @@ def both(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_unsupported_kinds_and_features_are_named_with_their_rule(tmp_path: Path) -> None:
+def test_every_kind_is_planned_on_the_keyed_or_the_stream_path(tmp_path: Path) -> None:
     path = both(tmp_path, GOLDEN.read_text())
+    plan = plan_rules(load_rules([path]))
+    assert [r.rule.id for r in plan.rules] == ["hot-machine", "low-reading-streak"]
+    streamed = {r.id for r in plan.stream_rules}
+    assert streamed == {
+        "forbidden-burst", "hourly-heat", "device-silent", "stock-jump", "brute-force-then-success",
+        "too-hot-for-its-site", "vehicle-left-depot", "trade-size-branch",
+    }  # fmt: skip
+    specs = {s.name: s for s in plan.streams}
+    assert set(specs) == {"sensors", "logs.by.client_ip", "finance"}
+    # native where where Spark SQL can say it; pct_change() and enrichment stay with the evaluator
+    assert specs["logs.by.client_ip"].native == (("forbidden-burst", "(`__logs`.`status` = 403L)"),)
+    assert not {rid for s in specs.values() for rid, _ in s.native} & {"stock-jump", "too-hot-for-its-site"}
+
+
+def test_absence_of_registry_keys_is_refused_naming_rule_and_feature(tmp_path: Path) -> None:
+    path = both(
+        tmp_path,
+        "rules:\n  - {id: gone, source: sensors, group_by: [device_id], absent_for: 5m,"
+        " expect_from: devices}\n",
+    )
     with pytest.raises(RuleConfigError) as err:
         plan_rules(load_rules([path]))
-    found = {(p.rule_id, p.message) for p in err.value.problems}
-    assert ("forbidden-burst", "window rules are not supported on the spark engine yet") in found
-    assert ("device-silent", "absence rules are not supported on the spark engine yet") in found
-    assert ("brute-force-then-success", "sequence rules are not supported on the spark engine yet") in found
-    assert ("trade-size-branch", "branch rules are not supported on the spark engine yet") in found
-    assert ("too-hot-for-its-site", "'enrich' is not supported on the spark engine") in found
-    assert any(
-        r == "stock-jump" and "pct_change() is not supported on the spark engine" in m for r, m in found
-    )
-    assert not {"hot-machine", "low-reading-streak"} & {r for r, _ in found}
-    assert all(str(p).startswith(f"{path}:") for p in err.value.problems)
+    assert [str(p) for p in err.value.problems] == [
+        f"{path}:3:1: gone: 'expect_from' (absence of registry keys never seen)"
+        " is not supported on the spark engine"
+    ]
 
 
 def test_threshold_rules_are_planned_in_file_order_and_faust_only_rules_are_left_out(tmp_path: Path) -> None:
@@ -55,9 +68,11 @@ def test_threshold_rules_are_planned_in_file_order_and_faust_only_rules_are_left
     assert overheat.holds_sql == "(`__sensors`.`temperature` > 100L)"
 
 
-def test_keep_firing_for_is_refused_until_spark_implements_it(tmp_path: Path) -> None:
+def test_keep_firing_for_takes_the_stream_path(tmp_path: Path) -> None:
     path = both(
         tmp_path, "rules:\n  - {id: k, source: sensors, where: temperature > 1, keep_firing_for: 5m}\n"
     )
-    with pytest.raises(RuleConfigError, match="k: 'keep_firing_for' is not supported on the spark engine"):
-        plan_rules(load_rules([path]))
+    plan = plan_rules(load_rules([path]))
+    assert (plan.rules, [r.id for r in plan.stream_rules]) == ((), ["k"])
+    assert plan.streams[0].name == "sensors.by.all"
+    assert plan.streams[0].native == (("k", "(`__sensors`.`temperature` > 1L)"),)

@@ -1,0 +1,276 @@
+"""Every rule kind on Spark, run by the evaluator's own :class:`StreamEvaluator`, per
+(stream, partition): the *stream path*.
+
+Why not Spark's ``withWatermark`` and ``window()``: the Faust engine decides
+lateness, window closes, absences and the ends of event alerts by a
+per-partition event-time clock (the newest event time seen on that partition
+of that stream) at every event. Spark's watermark is global to the query and
+moves only between micro-batches, so its late-drop decisions depend on where
+the batch boundaries fall. To give the same alert ids as the Faust engine for
+any input and any batching, Spark here keeps the evaluator's partitioning:
+
+* a *stream* is the evaluator's: a source's rules grouped by the topic key
+  (``sensors`` for ``group_by: [device_id]``, and branches) or re-keyed by
+  other group fields (``logs.by.client_ip``, ``logs.by.all``);
+* the decoder (:class:`StreamRouter`) gives every valid event one *stream key*
+  per stream of its source: the stream name and the partition the Faust
+  worker would evaluate it on (the record's own partition for the topic-key
+  stream; for a regrouped stream Kafka's murmur2 partition of the group
+  values over ``partitions``, as the worker's regroup topic places it);
+* :class:`StreamRunner` feeds one stream key's events, in (partition, offset)
+  order, to a :class:`StreamEvaluator` restored from the group's state (the
+  rule states, the partition clock and its timers). State lives in Spark's
+  state store (``applyInPandasWithState``), one JSON object per stream key.
+
+Conditions: each rule's ``where`` is computed natively by Spark SQL when it
+can be (``__conds``, one boolean per such rule, see ``jobs.compile``); the
+evaluator reads it through a stand-in. Conditions that read enrichment columns
+or ``pct_change()`` (computed by the evaluator per group), ``having``,
+``clear``, sequence steps, branch arms and aggregate inputs run as the
+evaluator's compiled closures (pure Python, no UDF round trip per row).
+
+Parallelism is that of the Faust worker: one task per stream partition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.events import SCHEMAS, Event
+from app.rules.evaluator import LATE_TOPIC, Engine, StreamEvaluator, partition_for
+from app.rules.expr import Compiled
+from app.rules.loader import CompiledRule, RuleSet
+from app.rules.logic.base import DictStore, State
+from app.tables import Tables
+from app.topics import ALERTS
+
+logger = logging.getLogger(__name__)
+
+STREAM_PREFIX = "\x00s"  # no rule id starts with NUL; DLQ_KEY is "\x00dlq"
+_SEP = "\x1f"
+#: output rows of the stream path sort after the keyed rules' at the same event
+IDX_BASE = 1_000_000
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One evaluator stream of the Spark rules: its rules (evaluation order) and which of
+    them take their ``where`` from Spark (``native``: rule id -> SQL, in ``__conds`` order)."""
+
+    name: str
+    source: str
+    fields: tuple[str, ...] | None
+    rule_ids: tuple[str, ...]
+    native: tuple[tuple[str, str], ...]
+
+
+def stream_key(name: str, partition: int) -> str:
+    return f"{STREAM_PREFIX}{name}{_SEP}{partition}"
+
+
+def parse_stream_key(key: str) -> tuple[str, int]:
+    name, _, part = key[len(STREAM_PREFIX) :].rpartition(_SEP)
+    return name, int(part)
+
+
+def is_stream_key(key: str) -> bool:
+    return key.startswith(STREAM_PREFIX)
+
+
+def evaluator_streams(
+    rules: Sequence[CompiledRule],
+) -> list[tuple[str, str, tuple[str, ...] | None, list[str]]]:
+    """``(name, source, fields, rule ids)`` of the evaluator's streams for ``rules``: the
+    very grouping of :class:`app.rules.evaluator.Engine`."""
+    engine = Engine(RuleSet(tuple(rules)), engine="spark")
+    return [
+        (s.name, s.source, s.fields, [r.id for r in s.evaluator.rules])
+        for streams in engine.streams.values()
+        for s in streams
+        if s.evaluator.rules
+    ]
+
+
+@dataclass(frozen=True)
+class StreamRouter:
+    """Stream keys of an event (used by the decoder, on executors).
+
+    ``record_partitions``: the topic-key stream runs on the record's own
+    partition (live); otherwise on Kafka's partition for the key over
+    ``partitions`` (a backtest, as ``app.backtest`` emulates it).
+    """
+
+    streams: Mapping[str, tuple[tuple[str, tuple[str, ...] | None], ...]]
+    partitions: int = 1
+    record_partitions: bool = False
+
+    def keys(self, source: str, record_partition: int, ev: Event) -> list[str]:
+        out = []
+        for name, fields in self.streams.get(source, ()):
+            if fields is None:
+                part = (
+                    record_partition
+                    if self.record_partitions
+                    else partition_for(ev.key.encode(), self.partitions)
+                )
+            else:
+                value = _SEP.join("" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in fields)
+                part = partition_for(value.encode(), self.partitions)
+            out.append(stream_key(name, part))
+        return out
+
+
+def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: bool) -> StreamRouter | None:
+    by_source: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
+    for s in specs:
+        by_source.setdefault(s.source, []).append((s.name, s.fields))
+    if not by_source:
+        return None
+    return StreamRouter({k: tuple(v) for k, v in by_source.items()}, partitions, record_partitions)
+
+
+class _Native:
+    """The current event's natively computed conditions, read by the stand-ins."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: Sequence[bool | None] = ()
+
+
+@dataclass(frozen=True)
+class _Read:
+    native: _Native
+    i: int
+
+    def __call__(self, _row: Any) -> Any:
+        return self.native.values[self.i]
+
+
+class RegistryFollower:
+    """The registry tables on an executor: read whole from the table topics, then followed
+    (at most one poll per ``every_s``), as the Faust worker follows them."""
+
+    def __init__(self, bootstrap: str, every_s: float = 1.0) -> None:
+        self.bootstrap, self.every_s = bootstrap, every_s
+        self.tables = Tables()
+        self.positions: dict[tuple[str, int], int] = {}
+        self.polled = 0.0
+
+    def poll(self) -> Tables:
+        if time.monotonic() - self.polled < self.every_s:
+            return self.tables
+        from app.tables import TABLES
+        from jobs.kafka_client import KafkaSourceError, fetch, snapshot
+        from jobs.kafka_offsets import KafkaSourceOptions
+
+        by_topic = {t.topic: name for name, t in TABLES.items()}
+        opts = KafkaSourceOptions.parse(
+            {"kafka.bootstrap.servers": self.bootstrap, "subscribe": ",".join(sorted(by_topic))},
+            streaming=False,
+        )
+        try:
+            snap = snapshot(opts)
+        except KafkaSourceError as exc:  # no table topic yet: enrich as with an empty registry
+            logger.warning("registry tables unreadable (%s); enriching with the rows known so far", exc)
+            self.polled = time.monotonic()
+            return self.tables
+        for tp in snap.partitions:
+            start = max(self.positions.get(tp, snap.earliest[tp]), snap.earliest[tp])
+            for chunk in fetch(opts, tp, start, snap.latest[tp]) if start < snap.latest[tp] else ():
+                for r in chunk:
+                    self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
+            self.positions[tp] = max(start, snap.latest[tp])
+        self.polled = time.monotonic()
+        return self.tables
+
+
+class StreamRunner:
+    """Picklable: the stream-path rules and specs; builds evaluators on executors."""
+
+    def __init__(
+        self, rules: Sequence[CompiledRule], specs: Sequence[StreamSpec], partitions: int,
+        tables: Tables | None = None, bootstrap: str | None = None,
+    ) -> None:  # fmt: skip
+        self.rules = {r.id: r for r in rules}
+        self.specs = {s.name: s for s in specs}
+        self.partitions = partitions
+        self.tables = tables
+        self.bootstrap = bootstrap
+        self._follower: RegistryFollower | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_follower": None}
+
+    def _tables(self, spec: StreamSpec) -> Tables:
+        if self.tables is not None or not self.bootstrap:
+            return self.tables or Tables()
+        if not any(self.rules[r].rule.enrich for r in spec.rule_ids):
+            return Tables()
+        if self._follower is None:
+            self._follower = RegistryFollower(self.bootstrap)
+        return self._follower.poll()
+
+    def _evaluator(self, spec: StreamSpec) -> tuple[StreamEvaluator, _Native]:
+        native = _Native()
+        position = {rid: i for i, (rid, _) in enumerate(spec.native)}
+        rules = []
+        for rid in spec.rule_ids:
+            rule = self.rules[rid]
+            if rid in position and rule.where is not None:
+                w = rule.where
+                stand_in = Compiled(_Read(native, position[rid]), w.type, w.text, w.columns, w.synthetic)
+                rule = dataclasses.replace(rule, where=stand_in)
+            rules.append(rule)
+        return StreamEvaluator(spec.name, rules, DictStore(), self._tables(spec), self.partitions), native
+
+    def run_key(
+        self, key: str, rows: list[tuple[Any, ...]], state: State | None
+    ) -> tuple[Rows, State | None]:
+        """One stream key's rows in (partition, offset) order -> (output rows, new state).
+
+        A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``.
+        """
+        name, partition = parse_stream_key(key)
+        evaluator, native = self._evaluator(self.specs[name])
+        store = evaluator.store
+        assert isinstance(store, DictStore)  # noqa: S101
+        if state is not None:
+            store.data = dict(state["s"])
+            if state.get("c") is not None:
+                evaluator.clocks[partition] = int(state["c"])
+            evaluator.restore(store.items())
+        out: Rows = []
+        for fields_json, _holds, ts_ms, part, offset, source, _dlq, conds in rows:
+            fields = orjson.loads(fields_json)
+            # Arrow hands pandas numpy booleans; the evaluator tests `is True`
+            native.values = () if conds is None else [None if c is None else bool(c) for c in conds]
+            result = evaluator.process(Event(str(fields[SCHEMAS[source].key]), ts_ms, fields), partition)
+            seq = IDX_BASE
+            for a in result.alerts:
+                body = a.to_json().decode()
+                out.append(
+                    ("alert", ALERTS, a.fingerprint, body, part, offset, seq, a.rule_id, a.status, a.alert_id)
+                )
+                seq += 1
+            for topic, k, v in result.routed:
+                out.append(("routed", topic, k.decode(), v.decode(), part, offset, seq, None, None, None))
+                seq += 1
+            for rule_id, v in result.late:
+                out.append(("side", LATE_TOPIC, rule_id, v.decode(), part, offset, seq, rule_id, None, None))
+                seq += 1
+        if evaluator.stats.late:
+            out.append(
+                ("late", None, None, str(evaluator.stats.late), None, None, IDX_BASE, None, None, None)
+            )
+        if not store.data and partition not in evaluator.clocks:
+            return out, None
+        return out, {"c": evaluator.clocks.get(partition), "s": store.data}
