@@ -12,34 +12,28 @@ no broker).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import logging
 import sys
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from app.config import Settings
-from app.dispatch.commands import (
-    AckCommand,
-    Command,
-    ResolveCommand,
-    SilenceCommand,
-    UnsilenceCommand,
-    command_key,
-)
+from app.dispatch.commands import Command
 from app.dispatch.matchers import matches_all, parse_matchers
 from app.errors import ConfigError
-from app.rules.durations import parse_duration
+from app.operator import (
+    ack_command,
+    now_iso,
+    publish_command,
+    resolve_command,
+    silence_command,
+    unsilence_command,
+)
 from app.store import AlertStore, CurrentAlert
 
 logger = logging.getLogger(__name__)
-
-
-def _now() -> str:
-    return datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _user() -> str:
@@ -71,24 +65,11 @@ def _labels(labels: dict[str, str]) -> str:
 
 
 def _send(settings: Settings, cmd: Command) -> int:
-    from app.kafka import make_producer
-    from app.topics import COMMANDS
-
-    if not settings.bootstrap_servers:
-        print("error: KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic", file=sys.stderr)
+    try:
+        publish_command(settings, cmd)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    async def main() -> None:
-        producer = make_producer(settings)
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                COMMANDS, cmd.model_dump_json().encode(), key=command_key(cmd).encode()
-            )
-        finally:
-            await producer.stop()
-
-    asyncio.run(asyncio.wait_for(main(), 30))
     print(cmd.model_dump_json())
     return 0
 
@@ -96,7 +77,7 @@ def _send(settings: Settings, cmd: Command) -> int:
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     with _store(settings) as store:
         acked = {(a["fingerprint"], a["starts_at"]) for a in store.acks()}
-        silences = [(s["id"], parse_matchers(s["matchers"])) for s in store.silences(active_at=_now())]
+        silences = [(s["id"], parse_matchers(s["matchers"])) for s in store.silences(active_at=now_iso())]
         rows = store.current(None if args.status == "all" else args.status, limit=args.limit)
     for a in rows:
         state = a.status
@@ -128,48 +109,39 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
     with _store(settings) as store:
         cur = _one(store, args.id)
-    episode = "" if args.all_episodes else cur.starts_at
-    cmd = AckCommand(
-        fingerprint=cur.fingerprint, rule_id=cur.rule_id, starts_at=episode, at=_now(), by=args.by,
-        comment=args.comment,
-    )  # fmt: skip
+    cmd = ack_command(cur, by=args.by, comment=args.comment, all_episodes=args.all_episodes)
     return _send(settings, cmd)
 
 
 def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
     with _store(settings) as store:
         cur = _one(store, args.id)
-    cmd = ResolveCommand(
-        fingerprint=cur.fingerprint, starts_at=cur.starts_at, at=_now(), by=args.by, comment=args.comment
-    )
-    return _send(settings, cmd)
+    return _send(settings, resolve_command(cur, by=args.by, comment=args.comment))
 
 
 def cmd_silence(args: argparse.Namespace, settings: Settings) -> int:
-    start = datetime.fromisoformat(args.start) if args.start else datetime.now(tz=UTC)
-    start = start if start.tzinfo else start.replace(tzinfo=UTC)
-    if args.end:
-        end = datetime.fromisoformat(args.end)
-        end = end if end.tzinfo else end.replace(tzinfo=UTC)
-    else:
-        end = start + timedelta(milliseconds=parse_duration(args.duration))
-    if end <= start:
-        print("error: the silence must end after it starts", file=sys.stderr)
+    try:
+        cmd = silence_command(
+            list(args.matchers),
+            by=args.by,
+            comment=args.comment,
+            duration=args.duration,
+            start=args.start,
+            end=args.end,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    cmd = SilenceCommand(
-        matchers=tuple(args.matchers), starts_at=start.isoformat(), ends_at=end.isoformat(),
-        at=_now(), by=args.by, comment=args.comment,
-    )  # fmt: skip
     return _send(settings, cmd)
 
 
 def cmd_unsilence(args: argparse.Namespace, settings: Settings) -> int:
-    return _send(settings, UnsilenceCommand(silence_id=args.silence_id, at=_now(), by=args.by))
+    return _send(settings, unsilence_command(args.silence_id, by=args.by))
 
 
 def cmd_silences(args: argparse.Namespace, settings: Settings) -> int:
     with _store(settings) as store:
-        rows = store.silences(active_at=None if args.all else _now())
+        rows = store.silences(active_at=None if args.all else now_iso())
     for s in rows:
         print(f"{s['id']}  {s['starts_at']} .. {s['ends_at']}  {s['created_by']}  {' '.join(s['matchers'])}  "
               f"# {s['comment']}")  # fmt: skip
@@ -196,7 +168,9 @@ def register(sub: Any) -> None:
     alerts = sub.add_parser("alerts", help="list, show, ack, silence, unsilence or resolve alerts")
     asub = alerts.add_subparsers(dest="alerts_command", required=True)
     p = asub.add_parser("list", help="current alerts from the store")
-    p.add_argument("--status", default="firing", choices=["firing", "pending", "resolved", "all"])
+    p.add_argument(
+        "--status", default="firing", choices=["firing", "pending", "no_data", "resolved", "inactive", "all"]
+    )
     p.add_argument("--limit", type=int, default=200)
     p.set_defaults(func=cmd_list)
     p = asub.add_parser("show", help="one alert: state, transitions, acks, notifications (JSON)")

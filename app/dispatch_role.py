@@ -6,8 +6,8 @@ Lifecycle of :func:`run`:
    problem) and open the state file ``$APP_DATA_DIR/dispatch.sqlite3``
    (one dispatcher per data dir, enforced by a lock);
 2. restore the dispatcher state; if the file is new (first start, or lost),
-   rebuild the notification log and the undelivered outbox from the
-   ``notifications`` topic first, then replay ``alerts`` and ``commands``
+   rebuild the notification log, the undelivered outbox and the armed
+   escalations from the ``notifications`` topic first, then replay ``alerts`` and ``commands``
    from the beginning (storm counting paused until caught up), so a lost
    state file neither floods receivers nor forgets silences and acks;
 3. loop: read ``alerts`` and ``commands`` (all partitions, from the offsets
@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,15 @@ from prometheus_client import Counter, Gauge
 from app.alerts import Alert
 from app.config import Settings
 from app.delivery import OutboxSender, Publisher
+from app.dispatch.acks import Escalation
 from app.dispatch.base import Clock, wall_clock
 from app.dispatch.commands import parse_command
-from app.dispatch.config import KafkaReceiverConfig, load_routes
+from app.dispatch.config import KafkaReceiverConfig, RoutesFile, load_routes
 from app.dispatch.db import DispatchDB
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
 from app.dispatch.nflog import Entry
+from app.dispatch.reload import RoutesWatcher
 from app.kafka import high_watermarks, make_consumer, make_producer
 from app.notify import RetryPolicy
 from app.notify.receivers import make_notifier
@@ -95,9 +97,60 @@ async def run(
         )
     producer = make_producer(settings)
     consumer = make_consumer(settings, group_id=GROUP_ID)
-    tasks: list[asyncio.Task[None]] = []
     senders: dict[str, OutboxSender] = {}
-    quit_senders, quit_publisher = asyncio.Event(), asyncio.Event()
+    running: dict[str, tuple[asyncio.Event, asyncio.Task[None], Any]] = {}  # name -> (quit, task, config)
+    quit_publisher = asyncio.Event()
+    publisher_task: asyncio.Task[None] | None = None
+
+    def start_sender(r: Any, cfg: RoutesFile) -> None:
+        notifier = make_notifier(
+            r,
+            producer=producer,
+            allow_private=settings.webhook_allow_private,
+            external_url=settings.external_url,
+        )
+        senders[r.name] = OutboxSender(
+            db,
+            r.name,
+            notifier,
+            policy,
+            max_age_s=cfg.delivery.max_age,
+            clock=clock,
+            on_published=wake_publisher,
+        )
+        quit_sender = asyncio.Event()
+        running[r.name] = (quit_sender, asyncio.create_task(senders[r.name].run(quit_sender)), r)
+
+    async def stop_sender(name: str) -> None:
+        quit_sender, task, _ = running.pop(name)
+        quit_sender.set()
+        await asyncio.gather(task, return_exceptions=True)  # an attempt in progress ends first
+        notifier = senders.pop(name).notifier
+        if notifier is not None:
+            await notifier.aclose()
+
+    async def reload(cfg: RoutesFile) -> None:
+        """Apply an edited routes file: receivers whose settings changed get a new sender
+        (after the old one's attempt in progress ends); new ones start; removed ones keep
+        delivering what they have queued until the next restart."""
+        topics = [r.topic_name for r in cfg.receivers if isinstance(r, KafkaReceiverConfig)]
+        if topics:
+            specs = tuple(receiver_topic_spec(t) for t in topics)
+            await ensure_topics(
+                settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
+            )
+        for r in cfg.receivers:
+            if r.name in running and running[r.name][2] != r:
+                await stop_sender(r.name)
+            if r.name not in running:
+                start_sender(r, cfg)
+        disp.reconfigure(cfg)
+        logger.info("routes file reloaded: %d receiver(s), %d route(s)", len(cfg.receivers), len(disp.routes))
+
+    def wake_publisher() -> None:
+        publisher.wake.set()
+
+    watcher = RoutesWatcher(routes_file or settings.routes_file, config)
     try:
         await producer.start()
         if db.fresh:
@@ -107,27 +160,23 @@ async def run(
         REBUILDING.set(1 if marks else 0)
         publisher = Publisher(db, producer)
         for r in config.receivers:
-            notifier = make_notifier(
-                r, producer=producer, allow_private=settings.webhook_allow_private,
-                external_url=settings.external_url,
-            )  # fmt: skip
-            senders[r.name] = OutboxSender(
-                db, r.name, notifier, policy, max_age_s=config.delivery.max_age, clock=clock,
-                on_published=publisher.wake.set,
-            )  # fmt: skip
-        tasks = [asyncio.create_task(s.run(quit_senders)) for s in senders.values()]
-        tasks.append(asyncio.create_task(publisher.run(quit_publisher)))
+            start_sender(r, config)
+        publisher_task = asyncio.create_task(publisher.run(quit_publisher))
         logger.info(
             "dispatching %s to %d receiver(s) from %s%s", "/".join(INPUTS), len(senders),
             routes_file or settings.routes_file, " (rebuilding state from the topics)" if marks else "",
         )  # fmt: skip
-        await _loop(disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch)
+        await _loop(
+            disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch, watcher, reload
+        )
         await _commit_kafka(consumer, db)
     finally:
-        quit_senders.set()
-        await asyncio.gather(*tasks[:-1], return_exceptions=True)
+        for name in list(running):
+            running[name][0].set()
+        await asyncio.gather(*(t for _, t, _ in running.values()), return_exceptions=True)
         quit_publisher.set()
-        await asyncio.gather(*tasks[-1:], return_exceptions=True)
+        if publisher_task is not None:
+            await asyncio.gather(publisher_task, return_exceptions=True)
         for s in senders.values():
             if s.notifier is not None:
                 await s.notifier.aclose()
@@ -148,17 +197,25 @@ async def _loop(
     clock: Clock,
     poll_ms: int,
     max_batch: int,
+    watcher: RoutesWatcher | None = None,
+    reload: Callable[[RoutesFile], Awaitable[None]] | None = None,
 ) -> None:
     offsets: dict[tuple[str, int], int] = {}
+    reached: dict[TopicPartition, int] = {}
     last_kafka_commit = 0.0
     while not stop.is_set():
+        edited = watcher.poll() if watcher is not None else None
+        if edited is not None and reload is not None:
+            await reload(edited)
         timer = disp.next_timer()
         wait_ms = poll_ms if timer is None else int(min(poll_ms, max(0.0, timer - clock()) * 1000))
         polled = await consumer.getmany(timeout_ms=wait_ms, max_records=max_batch)
         for tp, records in polled.items():
             _apply(disp, tp, records)
             offsets[(tp.topic, tp.partition)] = records[-1].offset + 1
-        if marks and all(offsets.get((tp.topic, tp.partition), 0) >= m for tp, m in marks.items()):
+            reached[tp] = records[-1].offset + 1
+        # ``offsets`` only holds what this batch moved; the replay may end over several batches
+        if marks and all(reached.get(tp, 0) >= m for tp, m in marks.items()):
             marks.clear()
             disp.rebuilding = False
             REBUILDING.set(0)
@@ -243,6 +300,8 @@ async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> 
         if kind in ("queued", "absorbed", "recorded") and "log_key" in ev:
             entry = Entry(frozenset(ev["firing"]), frozenset(ev["resolved"]), ev["at"], ev["seq"])
             disp.nflog.restore_entry(ev["log_key"], entry)
+        if kind == "armed":
+            disp.restore_escalation(Escalation.from_dict(ev["escalation"]))
         if kind == "queued":
             pending[ev["msg_id"]] = OutboxMessage(
                 ev["msg_id"], ev["receiver"], ev["group_key"], ev["at"], ev["body"].encode(),

@@ -18,6 +18,7 @@ counting, then the route's aggregation group). Group flushes run the pipeline (:
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import Any, Literal
 
 from app.alerts import Alert
@@ -86,6 +87,17 @@ class Dispatcher:
                 NotifyStage(self.nflog, self.effects, external_url, self._arm_escalations),
             ]
         )
+
+    def reconfigure(self, config: RoutesFile) -> None:
+        """Adopt an edited routes file without losing state: routes, timers, receivers,
+        inhibition, flapping and escalation settings change; groups, the notification log,
+        silences, acks and armed escalations stay. A group whose route is gone is dropped at
+        its next flush (logged); its alerts join the new routes with their next transition."""
+        self.config = config
+        self.tree = build_tree(config)
+        self.routes = {r.key: r for r in self.tree.walk()}
+        self.inhibitor.set_rules(config.inhibit_rules)
+        self.flapping.config = config.flapping
 
     # -- state ---------------------------------------------------------------------------------
     def tables(self) -> list[Table[Any]]:
@@ -168,7 +180,8 @@ class Dispatcher:
     # -- timers --------------------------------------------------------------------------------
     def next_timer(self) -> float | None:
         times = [
-            self.groups.next_timer(), self.escalations.next_timer(), self.flapping.next_timer(),
+            self.groups.next_timer(), None if self.rebuilding else self.escalations.next_timer(),
+            self.flapping.next_timer(),
             self.storms.next_timer(),
         ]  # fmt: skip
         return min((t for t in times if t is not None), default=None)
@@ -183,7 +196,7 @@ class Dispatcher:
         due = self.groups.due(now)
         for group in due:
             self._flush(group, now)
-        for esc in self.escalations.due(now):
+        for esc in [] if self.rebuilding else self.escalations.due(now):  # wait for the replayed alerts
             self._escalate(esc, now)
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
@@ -212,7 +225,17 @@ class Dispatcher:
         if route.escalate is None or receiver != route.receiver:
             return
         for alert in firing:
-            self.escalations.arm(route.key, alert, route.escalate.after, route.escalate.to, now)
+            if self.escalations.arm(route.key, alert, route.escalate.after, route.escalate.to, now):
+                # published with the notification log, so a lost state file re-arms it
+                esc = self.escalations.table.get(f"{route.key}|{alert.fingerprint}")
+                if esc is not None:
+                    self.effects.log.append((esc.key, {"event": "armed", "escalation": asdict(esc)}))
+
+    def restore_escalation(self, esc: Escalation) -> None:
+        """Adopt an escalation read back from the notifications topic (a later one of the
+        same route and alert replaces it); the replay of alerts and commands that follows
+        drops it again if the alert was acknowledged or resolved meanwhile."""
+        self.escalations.table.put(esc.key, esc)
 
     def _escalate(self, esc: Escalation, now: float) -> None:
         cur = self.registry.get(esc.fingerprint)
@@ -224,7 +247,9 @@ class Dispatcher:
         ):
             self.escalations.drop(esc)
             return
-        self._send_direct(esc.to, f"escalation:{esc.key}", cur, "escalation", now)
+        sent = self.nflog.get(log_key(f"escalation:{esc.key}", esc.to))
+        if sent is None or cur.alert_id not in sent.firing:  # not sent before a lost state file
+            self._send_direct(esc.to, f"escalation:{esc.key}", cur, "escalation", now)
         self.escalations.mark_sent(esc)
 
     def _resolve_escalations(self, alert: Alert, now: float) -> None:

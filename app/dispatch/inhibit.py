@@ -32,6 +32,11 @@ class Inhibitor:
         self._version = -1
         self._sources: list[list[tuple[str, dict[str, str]]]] = []
 
+    def set_rules(self, rules: Sequence[InhibitRuleConfig]) -> None:
+        """Replace the rules (routes file reload); the source cache is rebuilt on next use."""
+        self.rules = tuple(rules)
+        self._version = -1
+
     def _refresh(self) -> None:
         if self._version == self.registry.version:
             return
