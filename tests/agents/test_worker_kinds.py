@@ -172,12 +172,6 @@ def test_hot_reload_applies_valid_edits_and_keeps_the_last_good_rules(
         assert hot[0]["rule_version"] != hot[1]["rule_version"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, under investigation: in some runs (reproducibly on some trees) a restarted worker "
-    "consumes none of the events produced while it was down (worker_events_total stays 0 after 'Worker "
-    "ready'); the changelog recovery itself restores all three updates. See the session note on issue 3.",
-)
 def test_restart_resumes_window_state_from_the_changelog(broker: EmbeddedBroker, tmp_path: Path) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
