@@ -47,7 +47,9 @@ class AggSpec:
 
     def add(self, state: Any, row: Row) -> Any:
         """Fold one row in."""
-        return self.add_value(state, self.input(row))
+        if self.func == "count_star":
+            return state + 1
+        return self.add_value(state, None if self.arg is None else self.arg(row))
 
     def input(self, row: Row) -> Any:
         """The value this aggregate reads from a row (None for count(*))."""

@@ -102,10 +102,12 @@ class EvalStats:
 class _Versioned:
     """A view of the store for one rule: stamps version and partition, ignores stale state."""
 
-    __slots__ = ("base", "partition", "version")
+    __slots__ = ("base", "partition", "touched", "version")
 
     def __init__(self, base: StateStore, version: str, partition: int) -> None:
         self.base, self.version, self.partition = base, version, partition
+        #: the state last written or deleted (``False``: deleted) since the evaluator reset it
+        self.touched: State | bool | None = None
 
     def get(self, key: str) -> State | None:
         st = self.base.get(key)
@@ -114,9 +116,11 @@ class _Versioned:
     def put(self, key: str, value: State) -> None:
         value["v"], value["p"] = self.version, self.partition
         self.base.put(key, value)
+        self.touched = value
 
     def delete(self, key: str) -> None:
         self.base.delete(key)
+        self.touched = False
 
 
 class StreamEvaluator:
@@ -134,12 +138,14 @@ class StreamEvaluator:
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
         self.by_id = {r.id: r for r in self.rules}
-        # per rule: (rule, logic, takes clock_ms, group_by) computed once, not per event
+        # per rule: (rule, logic, takes clock_ms, group_by, enriched, id) computed once, not per event
         self.runners = [
-            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by)
+            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by,
+             bool(r.rule.enrich), r.id)
             for r in self.rules
-        ]
+        ]  # fmt: skip
         self._views: dict[tuple[str, int], _Versioned] = {}
+        self._partition_views: dict[int, list[_Versioned]] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[int, list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
@@ -162,10 +168,21 @@ class StreamEvaluator:
     def _after(self, partition: int, key: str, rule: CompiledRule) -> None:
         """Keep the timer heap in step with the state's ``due`` after a rule ran."""
         st = self.store.get(key)
-        if st is not None and st.get("v") == rule.version and st.get("due") is not None:
-            self._schedule(partition, key, int(st["due"]))
+        self._rearm(partition, key, st if st is not None and st.get("v") == rule.version else None)
+
+    def _rearm(self, partition: int, key: str, st: State | None) -> None:
+        due = None if st is None else st.get("due")
+        if due is not None:
+            self._schedule(partition, key, int(due))
         else:
             self.scheduled.pop(key, None)
+
+    def _views_of(self, partition: int) -> list[_Versioned]:
+        """One store view per rule (aligned with ``runners``) for ``partition``."""
+        views = self._partition_views.get(partition)
+        if views is None:
+            views = self._partition_views[partition] = [self._view(r[0], partition) for r in self.runners]
+        return views
 
     def _view(self, rule: CompiledRule, partition: int) -> _Versioned:
         view = self._views.get((rule.id, partition))
@@ -245,23 +262,27 @@ class StreamEvaluator:
         self._expect_registry(partition, clock)
         self._run_timers(partition, clock, out)
         cache: dict[tuple[str, str], dict | None] = {}
-        groups: dict[tuple[str, ...], tuple[str, ...]] = {}
+        groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
-        for rule, logic, takes_clock, group_by in self.runners:
-            row = self._row(rule, fields, cache) if rule.rule.enrich else fields
+        for (rule, logic, takes_clock, group_by, enriched, rid), view in zip(
+            self.runners, self._views_of(partition), strict=True
+        ):
+            row = self._row(rule, fields, cache) if enriched else fields
             if row is None:
                 continue
             try:
                 if logic is None:
                     out.routed += self._route(rule, ev, row)
                     continue
-                group = groups.get(group_by) if row is fields else None
-                if group is None:
+                found = groups.get(group_by) if row is fields else None
+                if found is None:
                     group = group_values(rule, row)
+                    found = (group, "\x1f" + "\x1f".join(group) if group else "")
                     if row is fields:
-                        groups[group_by] = group
-                key = state_key(rule, group)
-                view = self._view(rule, partition)
+                        groups[group_by] = found
+                group, suffix = found
+                key = rid + suffix  # = state_key(rule, group)
+                view.touched = None
                 if takes_clock:
                     alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)  # type: ignore[call-arg]
                 else:
@@ -273,8 +294,11 @@ class StreamEvaluator:
                 self.stats.late += 1
                 if rule.rule.late_policy == "side":
                     out.late.append((rule.id, orjson.dumps({"rule_id": rule.id, "event": ev.fields})))
-            out.alerts += alerts
-            self._after(partition, key, rule)
+            if alerts:
+                out.alerts += alerts
+            touched = view.touched
+            if touched is not None:  # only a write can move the state's timer
+                self._rearm(partition, key, touched or None)
         self._run_timers(partition, clock, out)
         self.stats.alerts += len(out.alerts)
         return out

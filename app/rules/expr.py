@@ -288,6 +288,10 @@ class _Compiler:
         b, tb = self.compile(node.expression)
         self._comparable(ta, tb, node)
         op = _CMP[type(node)]
+        if isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Literal):
+            # the common `field <op> constant`: one call per row instead of three
+            name, c = _column_name(node.this), b({})
+            return (lambda r: None if (x := r.get(name)) is None else op(x, c)), "boolean"
         return (lambda r: None if (x := a(r)) is None or (y := b(r)) is None else op(x, y)), "boolean"
 
     def _in(self, node: exp.In) -> tuple[Eval, str]:

@@ -114,7 +114,8 @@ def test_a_failing_rule_is_recorded_and_others_still_run(tmp_path: Path) -> None
     def boom(_row: Any) -> Any:
         raise ZeroDivisionError("boom")
 
-    object.__setattr__(eng.streams["sensors"][0].evaluator.rules[0].where, "fn", boom)
+    logic = eng.streams["sensors"][0].evaluator.logics["hot"]
+    logic.where = boom  # type: ignore[union-attr]
     out = eng.process(*sensor(0, 101)).alerts
     assert [a.rule_id for a in out] == ["hot2"]
     assert "ZeroDivisionError" in eng.stats.per_rule_errors["hot"]

@@ -79,6 +79,8 @@ class ThresholdLogic:
         self.columns = sorted((rule.where.columns | rule.where.synthetic) if rule.where else ())
         self.no_data = r.no_data if r.no_data is not None and r.no_data.state != "keep" else None
         self.lateness = r.allowed_lateness
+        assert rule.where is not None  # noqa: S101 - threshold rules always have one
+        self.where = rule.where.fn
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
@@ -100,20 +102,25 @@ class ThresholdLogic:
         st = store.get(key)
         if st is not None and (ev.ts_ms < st["last"] or ev.ts_ms <= (st.get("nd") or -1)):
             return [], True
-        row, hist = self._with_pct(st, ev, row)
-        assert self.rule.where is not None  # noqa: S101 - threshold rules always have one
-        holds = self.rule.where(row) is True
+        hist: dict | None = None
+        if self.pct:
+            row, hist = self._with_pct(st, ev, row)
+        holds = self.where(row) is True
         if st is None:
             if not holds and not hist and self.no_data is None:
                 return [], False  # nothing to remember for a quiet key
             st = {"n": 0, "since": None, "fire": None, "last": ev.ts_ms, "g": list(group)}
-        changed = bool(self.pct) or self.no_data is not None  # the no-data deadline moves with last
+        changed = hist is not None or self.no_data is not None  # the no-data deadline moves with last
         st["last"] = ev.ts_ms
-        if self.pct:
+        if hist is not None:
             st["h"] = hist
-        values = {c: row.get(c) for c in self.columns}
-        if self.pct:
-            values["pct_change"] = row.get(self.pct[0].column)
+        if holds and self.no_data is None and st["fire"] is not None and st.get("kf") is None:
+            if self.clear is None or self.clear(row) is not True:
+                st["n"] += 1  # still firing, nothing else changes (the common case)
+                if changed:
+                    store.put(key, st)
+                return [], False
+        values = self._values(row)
         alerts: list[Alert] = []
         if st.get("nd") is not None:  # data is back: the no-data episode ends
             alerts.append(build_alert(self.rule, "inactive", group, row, st["nd"], ev.ts_ms, ev.ts_ms, {}))
@@ -156,6 +163,12 @@ class ThresholdLogic:
         if changed:
             store.put(key, st)
         return alerts, False
+
+    def _values(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        values = {c: row.get(c) for c in self.columns}
+        if self.pct:
+            values["pct_change"] = row.get(self.pct[0].column)
+        return values
 
     def _resolve(
         self, st: State, group: tuple[str, ...], row: Mapping[str, Any], at: int, values: dict

@@ -43,7 +43,7 @@ class _Aggregating:
         self.rule = rule
         self.aggs: tuple[AggSpec, ...] = rule.parts.aggs
         self.having = rule.parts.having
-        self.where = rule.where
+        self.where = rule.where.fn if rule.where is not None else None
         self.window = rule.rule.window
         self.lateness = rule.rule.allowed_lateness
 
@@ -79,6 +79,8 @@ class TumblingLogic(_Aggregating):
 
     def _starts(self, ts: int) -> list[int]:
         last = ts - ts % self.step
+        if self.step == self.size:
+            return [last]  # tumbling
         return [last - k * self.step for k in range(self.size // self.step)]
 
     def _eval_at(self, start: int) -> int:
@@ -93,19 +95,18 @@ class TumblingLogic(_Aggregating):
             return [], False
         st = store.get(key) or {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
         alerts: list[Alert] = []
-        added = False
+        added = reshaped = False
+        windows = st["w"]
         for start in self._starts(ev.ts_ms):
             end = start + self.size
             if end + self.lateness <= clock_ms:
                 continue  # closed for good
-            w = st["w"].get(str(start))
+            w = windows.get(str(start))
             if w is None:
-                if self.amend and end <= clock_ms:
-                    w = {"a": self.empty(), "done": True}
-                else:
-                    w = {"a": self.empty(), "done": False}
+                w = {"a": self.empty(), "done": self.amend and end <= clock_ms}
+                windows[str(start)] = w
+                reshaped = True
             w["a"] = self.fold(w["a"], row)
-            st["w"][str(start)] = w
             added = True
             if w["done"] and st["fire"] is None:  # amend: a late event may raise the alert
                 aggs = self.results(w["a"])
@@ -113,7 +114,8 @@ class TumblingLogic(_Aggregating):
                     alerts += self._fire(st, group, start, aggs, force=True)
         if not added:
             return [], True
-        st["due"] = self._due(st)
+        if reshaped or alerts or "due" not in st:  # otherwise no window opened or fired: same due
+            st["due"] = self._due(st)
         store.put(key, st)
         return alerts, False
 
