@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.rules.loader import CompiledRule, RuleSet
+from app.rules.model import Rule
 from app.rules.spark_sql import keyed_problems, spark_problems, to_spark_sql
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
@@ -96,7 +97,7 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
     planned: list[SparkRule] = []
     streamed: list[CompiledRule] = []
     for r in (r for r in ruleset.rules if r.runs_on("spark")):
-        found = spark_problems(r.rule)
+        found = spark_problems(_without_lifted(r.rule))
         if found:
             problems.extend(RuleProblem(r.path, r.line, 1, r.id, p) for p in found)
             continue
@@ -109,6 +110,17 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
     if problems:
         raise RuleConfigError(problems)
     return SparkPlan(tuple(planned), tuple(streamed), _stream_specs(streamed))
+
+
+#: Features :func:`app.rules.spark_sql.spark_problems` still refuses that the stream path
+#: runs since they joined the conformance suite (``tests/conformance/kinds.yaml``); drop an
+#: entry here once ``spark_problems`` stops refusing it.
+LIFTED = ("no_data",)
+
+
+def _without_lifted(rule: Rule) -> Rule:
+    lifted = {f: None for f in LIFTED if getattr(rule, f, None) is not None}
+    return rule.model_copy(update=lifted) if lifted else rule
 
 
 def native_where(rule: CompiledRule) -> str | None:

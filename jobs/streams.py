@@ -50,6 +50,7 @@ from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
 from app.tables import Tables
 from app.topics import ALERTS
+from jobs.placement import placed, unplaced
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +74,13 @@ class StreamSpec:
 
 
 def stream_key(name: str, partition: int) -> str:
-    return f"{STREAM_PREFIX}{name}{_SEP}{partition}"
+    """The state group of one stream partition, salted to spread over the cores
+    (:func:`jobs.placement.placed`)."""
+    return placed(f"{STREAM_PREFIX}{name}{_SEP}{partition}", name, partition)
 
 
 def parse_stream_key(key: str) -> tuple[str, int]:
-    name, _, part = key[len(STREAM_PREFIX) :].rpartition(_SEP)
+    name, _, part = unplaced(key)[len(STREAM_PREFIX) :].rpartition(_SEP)
     return name, int(part)
 
 

@@ -2,6 +2,9 @@
 windows of each type with lateness and each late policy, absence, change, new term,
 sequences, keep_firing_for/clear, pct_change(), enrichment and branching.
 
+Every transition is compared, with the ``pending``, ``inactive`` and ``no_data`` statuses
+(``backtest --statuses all``).
+
 Input: the real data of ``test_threshold`` (NAB machine temperature, the Apache access
 log, OHLC bars, crafted threshold cases) plus crafted window events that are out of
 order within the lateness, late beyond it (dropped, amended, copied aside), duplicated,
@@ -24,7 +27,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.alerts import Alert
-from app.backtest import BacktestReport, backtest, read_events
+from app.backtest import BacktestReport, backtest, parse_statuses, read_events
 from app.rules.loader import load_rules
 from app.tables import Tables
 from jobs.backtest import file_records, run_backtest
@@ -33,6 +36,7 @@ from tests.conformance.test_threshold import at, by_fingerprint, input_lines
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
 RULES = Path(__file__).with_name("kinds.yaml")
+EVERY_STATUS = parse_statuses("all")
 DEVICES = [
     {"device_id": "machine-temp-1", "site": "plant-a", "max_temp": 95.0},
     {"device_id": "w-1", "site": "lab", "max_temp": 99.0},
@@ -87,13 +91,13 @@ def both_backtests(
     spark: SparkSession, path: Path, partitions: int
 ) -> tuple[list[Alert], BacktestReport, str, list[Alert], BacktestReport, str]:
     ruleset = load_rules([RULES])
-    faust_report, faust_out = BacktestReport(), io.StringIO()
+    faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     with path.open("rb") as f:
         faust = backtest(
             ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
             partitions=partitions, tables=tables(),
         )  # fmt: skip
-    spark_report, spark_out = BacktestReport(), io.StringIO()
+    spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     on_spark = run_backtest(
         spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
         partitions=partitions, tables=tables(),
@@ -145,3 +149,22 @@ def test_late_out_of_order_and_silent_cases_are_decided_the_same_way(
     assert seen("overheat-held")[-2:] == [("firing", at(701), None), ("resolved", at(701), at(726))]
     assert seen("device-silent")[:1] == [("firing", at(741), None)]  # silent from 711, +30m
     assert [a.labels["device_id"] for a in on_spark if a.rule_id == "unknown-device-hot"] == ["w-3"]
+    # no_data, w-1 silent from 711 to 800: a no_data episode until data returns
+    assert seen("hot-then-silent")[-4:] == [
+        ("resolved", at(605), at(711)),
+        ("no_data", at(731), None),
+        ("inactive", at(731), at(800)),
+        ("pending", at(800), None),
+    ]
+    # alerting: fires from the pending streak's start at 711 + 25m, resolves on data
+    assert seen("silent-means-alerting")[-3:] == [
+        ("pending", at(711), None),
+        ("firing", at(711), None),
+        ("resolved", at(711), at(800)),
+    ]
+    alerting = [
+        a for a in on_spark if a.rule_id == "silent-means-alerting" and a.labels["device_id"] == "w-1"
+    ]
+    assert alerting[-2].event_ts == at(736) and alerting[-2].values["no_data"] is True
+    assert seen("silent-means-ok")[-2:] == [("firing", at(711), None), ("resolved", at(711), at(726))]
+    assert seen("silent-kept")[-1] == ("inactive", at(710), at(711))  # keep: silence changes nothing

@@ -76,3 +76,19 @@ def test_keep_firing_for_takes_the_stream_path(tmp_path: Path) -> None:
     assert (plan.rules, [r.id for r in plan.stream_rules]) == ((), ["k"])
     assert plan.streams[0].name == "sensors.by.all"
     assert plan.streams[0].native == (("k", "(`__sensors`.`temperature` > 1L)"),)
+
+
+def test_no_data_takes_the_stream_path_and_expect_from_is_still_refused(tmp_path: Path) -> None:
+    path = both(
+        tmp_path,
+        "rules:\n  - {id: nd, source: sensors, where: temperature > 1, group_by: [device_id],"
+        " no_data: {after: 5m, state: alerting}}\n"
+        "  - {id: gone, source: sensors, group_by: [device_id], absent_for: 5m, expect_from: devices}\n",
+    )
+    with pytest.raises(RuleConfigError) as err:
+        plan_rules(load_rules([path]))
+    assert [p.rule_id for p in err.value.problems] == ["gone"]
+    path.write_text(path.read_text().split("  - {id: gone")[0])
+    plan = plan_rules(load_rules([path]))
+    assert (plan.rules, [r.id for r in plan.stream_rules]) == ((), ["nd"])
+    assert plan.stream_rules[0].rule.no_data is not None  # the evaluator gets the option itself
