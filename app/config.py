@@ -28,6 +28,15 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     ),
     "APP_PARTITIONS": ("4", "Partitions for each event and alert topic created."),
     "APP_REPLICATION_FACTOR": ("1", "Replication factor for created topics."),
+    "APP_WORKER_BATCH": (
+        "500",
+        "Most events the rule worker evaluates in one batch (state changelog and offsets are "
+        "written once per batch).",
+    ),
+    "APP_WORKER_BATCH_MS": (
+        "5",
+        "Longest the rule worker waits to fill a batch, in milliseconds (bounds the added latency).",
+    ),
     "APP_KAFKA_IDEMPOTENCE": (
         "auto",
         "`on`, `off` or `auto` (on for an external cluster, off on the embedded "
@@ -116,6 +125,8 @@ class Settings:
     bootstrap_servers: str
     partitions: int
     replication_factor: int
+    worker_batch: int
+    worker_batch_ms: int
     idempotence: str
     data_dir: Path
     rules_dir: Path
@@ -170,6 +181,8 @@ class Settings:
             bootstrap_servers=_get(env, "KAFKA_BOOTSTRAP_SERVERS").strip(),
             partitions=_int(env, "APP_PARTITIONS", minimum=1),
             replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
+            worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
+            worker_batch_ms=_int(env, "APP_WORKER_BATCH_MS", minimum=1),
             idempotence=idem,
             data_dir=_path(env, "APP_DATA_DIR"),
             rules_dir=_path(env, "APP_RULES_DIR"),
