@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import faust
@@ -104,6 +104,12 @@ class ExactHighwaterConsumer(Consumer):
         await self._idle_event().wait()
         await super().perform_seek()
 
+    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        """Write the rule state first, so the changelog always covers the offsets committed."""
+        for flush in getattr(self.app, "before_commit", ()):
+            flush()
+        return await super()._commit_offsets(offsets, start_new_transaction)
+
     def release_held(self) -> None:
         """Resume what :meth:`perform_seek` paused (still assigned partitions only)."""
         held, self._held = self._held, frozenset()
@@ -116,7 +122,12 @@ class ExactHighwaterTransport(Transport):
 
 
 class RulesApp(faust.App):
-    """The rule worker's Faust app: standard, except the consumer transport above."""
+    """The rule worker's Faust app: standard, except the consumer transport above.
+
+    ``before_commit``: callables run before every offset commit (the state stores' flush).
+    """
+
+    before_commit: tuple[Callable[[], object], ...] = ()
 
     def on_rebalance_end(self) -> None:
         super().on_rebalance_end()
