@@ -17,7 +17,8 @@ The plan per micro-batch (or once, for a backtest):
 
 1. decode (``jobs.decode``): raw records -> ``__fields`` JSON or a DLQ record,
    plus the event's stream keys (``__streams``);
-2. typed view: ``__<source> = from_json(__fields, <source struct>)``;
+2. typed view: ``__<source> = from_json(__fields, <source struct>)``, only the fields the
+   conditions and keyed groups read (a wide JSON parse cost more than the conditions);
 3. fan-out: one task per (event, keyed rule) with its state key and ``__holds``,
    one per (event, stream) with the stream key and ``__conds``; a DLQ row
    becomes one task with the key :data:`DLQ_KEY`;
@@ -38,7 +39,7 @@ from pyspark.sql import functions as F
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.model import Rule
-from app.rules.spark_sql import keyed_problems, spark_problems, to_spark_sql
+from app.rules.spark_sql import SparkExpr, keyed_problems, spark_problems, to_spark_sql
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
 from jobs.streams import StreamSpec, evaluator_streams
@@ -65,11 +66,17 @@ class SparkRule:
 
 @dataclass(frozen=True)
 class SparkPlan:
-    """``rules``: the keyed path; ``stream_rules`` and ``streams``: the stream path."""
+    """``rules``: the keyed path; ``stream_rules`` and ``streams``: the stream path;
+    ``fields``: per source, the fields Spark SQL reads (conditions, keyed group values)."""
 
     rules: tuple[SparkRule, ...]
     stream_rules: tuple[CompiledRule, ...] = ()
     streams: tuple[StreamSpec, ...] = ()
+    fields: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def needed(self, source: str) -> frozenset[str]:
+        """The fields of ``source`` the plan parses with ``from_json`` (none: no parse)."""
+        return dict(self.fields).get(source, frozenset())
 
     @property
     def sources(self) -> list[str]:
@@ -96,6 +103,7 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
     problems: list[RuleProblem] = []
     planned: list[SparkRule] = []
     streamed: list[CompiledRule] = []
+    needed: dict[str, set[str]] = {}
     for r in (r for r in ruleset.rules if r.runs_on("spark")):
         found = spark_problems(_without_lifted(r.rule))
         if found:
@@ -103,13 +111,20 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
             continue
         schema = r.schema.all_fields()
         if r.rule.where is not None and not keyed_problems(r.rule, schema):
-            sql = to_spark_sql(r.rule.where, schema, qualifier=_struct_column(r.rule.source)).sql
-            planned.append(SparkRule(len(planned), r, sql))
+            expr = to_spark_sql(r.rule.where, schema, qualifier=_struct_column(r.rule.source))
+            columns = expr.columns | set(r.rule.group_by)
+            planned.append(SparkRule(len(planned), r, expr.sql))
+            needed.setdefault(r.rule.source, set()).update(columns)
         else:
             streamed.append(r)
     if problems:
         raise RuleConfigError(problems)
-    return SparkPlan(tuple(planned), tuple(streamed), _stream_specs(streamed))
+    specs = _stream_specs(streamed)
+    for r in streamed:
+        if (native := native_where(r)) is not None:
+            needed.setdefault(r.rule.source, set()).update(native.columns)
+    fields = tuple((source, frozenset(f)) for source, f in sorted(needed.items()))
+    return SparkPlan(tuple(planned), tuple(streamed), specs, fields)
 
 
 #: Features :func:`app.rules.spark_sql.spark_problems` still refuses that the stream path
@@ -123,7 +138,7 @@ def _without_lifted(rule: Rule) -> Rule:
     return rule.model_copy(update=lifted) if lifted else rule
 
 
-def native_where(rule: CompiledRule) -> str | None:
+def native_where(rule: CompiledRule) -> SparkExpr | None:
     """The rule's ``where`` as Spark SQL over the typed struct, or None when it must run in
     Python: it reads enrichment columns or ``pct_change()``, or Spark cannot express it."""
     if rule.where is None or rule.rule.where is None or rule.rule.enrich or rule.where.synthetic:
@@ -131,7 +146,7 @@ def native_where(rule: CompiledRule) -> str | None:
     try:
         return to_spark_sql(
             rule.rule.where, rule.schema.all_fields(), qualifier=_struct_column(rule.rule.source)
-        ).sql
+        )
     except ExpressionError:
         return None
 
@@ -140,7 +155,7 @@ def _stream_specs(rules: list[CompiledRule]) -> tuple[StreamSpec, ...]:
     by_id = {r.id: r for r in rules}
     specs = []
     for name, source, fields, ids in evaluator_streams(rules):
-        native = tuple((rid, sql) for rid in ids if (sql := native_where(by_id[rid])) is not None)
+        native = tuple((rid, e.sql) for rid in ids if (e := native_where(by_id[rid])) is not None)
         specs.append(StreamSpec(name, source, fields, tuple(ids), native))
     return tuple(specs)
 
@@ -191,7 +206,9 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     """
     df = decoded
     for source in plan.sources:
-        parsed = F.from_json(F.col("__fields"), source_struct(source))
+        if not plan.needed(source):
+            continue  # no condition Spark computes reads this source: no parse
+        parsed = F.from_json(F.col("__fields"), source_struct(source, only=plan.needed(source)))
         df = df.withColumn(_struct_column(source), F.when(F.col("__source") == source, parsed))
     dlq_task = F.array(
         F.struct(

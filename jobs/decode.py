@@ -19,7 +19,7 @@ stateless and picklable; it runs in executor Python workers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -77,9 +77,16 @@ _SPARK_TYPES: dict[str, DataType] = {
 }
 
 
-def source_struct(source: str) -> StructType:
-    """The Spark type of one source's validated events: every field a rule may name."""
-    return StructType([StructField(n, _SPARK_TYPES[t]) for n, t in SCHEMAS[source].all_fields().items()])
+def source_struct(source: str, only: Collection[str] | None = None) -> StructType:
+    """The Spark type of one source's validated events: every field a rule may name, or
+    those in ``only``."""
+    return StructType(
+        [
+            StructField(n, _SPARK_TYPES[t])
+            for n, t in SCHEMAS[source].all_fields().items()
+            if only is None or n in only
+        ]
+    )
 
 
 @dataclass(frozen=True)

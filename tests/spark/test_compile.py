@@ -34,6 +34,10 @@ def test_every_kind_is_planned_on_the_keyed_or_the_stream_path(tmp_path: Path) -
     # native where where Spark SQL can say it; pct_change() and enrichment stay with the evaluator
     assert specs["logs.by.client_ip"].native == (("forbidden-burst", "(`__logs`.`status` = 403L)"),)
     assert not {rid for s in specs.values() for rid, _ in s.native} & {"stock-jump", "too-hot-for-its-site"}
+    # from_json parses only what Spark SQL reads: conditions and the keyed rules' group fields
+    assert plan.needed("logs") == {"status"}
+    assert plan.needed("sensors") == {"temperature", "device_id"}  # not lat, lon, battery, ...
+    assert plan.needed("finance") == frozenset()  # pct_change() and branch arms run in Python
 
 
 def test_absence_of_registry_keys_is_refused_naming_rule_and_feature(tmp_path: Path) -> None:
