@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 #: Tansu broker answers a waiting fetch only when that time is up, so every record that
 #: arrived during a wait was delayed by up to 1.5 s (p50 ~410 ms). Apache Kafka answers as
 #: soon as data arrives; for it the shorter wait only means more idle fetches on loopback.
-FETCH_MAX_WAIT_MS = 10
+FETCH_MAX_WAIT_MS = 5
 
 
 class ExactHighwaterConsumerThread(AIOKafkaConsumerThread):

@@ -75,6 +75,10 @@ LATE = Counter("worker_late_events_total", "Events a stateful rule could not use
 ROUTED = Counter("worker_routed_total", "Events routed by branch rules", ["topic"])
 RELOADS = Counter("worker_rule_reloads_total", "Rule reloads", ["outcome"])
 RULES = Gauge("worker_rules", "Rules loaded")
+CONSUME_LAG = Histogram(
+    "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
+    ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)  # fmt: skip
 BATCH_SECONDS = Histogram(
     "worker_batch_seconds", "Time to decode and evaluate one batch of events with every rule", ["source"],
     buckets=(1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.5),
@@ -209,6 +213,7 @@ def _register_source(app: faust.App, rt: Runtime, source: str, topic_name: str) 
     dlq = app.topic(DLQ, key_serializer="raw", value_serializer="raw")
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
+    lag_c = CONSUME_LAG.labels(source)
     direct_name = stream_name(source, None)
 
     batch, within = rt.settings.worker_batch, rt.settings.worker_batch_ms / 1000
@@ -219,6 +224,7 @@ def _register_source(app: faust.App, rt: Runtime, source: str, topic_name: str) 
             events_c.inc(len(events))
             out = Output()
             started = time.perf_counter()
+            lag_c.observe(max(0.0, time.time() - events[0].message.timestamp))
             for event in events:
                 raw = event.value
                 try:
@@ -327,6 +333,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         producer_linger_ms=1,
+        producer_max_batch_size=1024 * 1024,  # a commit writes the changed state in one go
         broker_commit_interval=1.0,
         broker_rebalance_timeout=REBALANCE_TIMEOUT_S,
         broker_session_timeout=SESSION_TIMEOUT_S,
