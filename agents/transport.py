@@ -39,17 +39,19 @@ from app.kafka import high_watermarks
 logger = logging.getLogger(__name__)
 
 
-#: Longest a fetch waits on the broker for new records. Faust hard-codes 1.5 s; the embedded
-#: Tansu broker answers a waiting fetch only when that time is up, so every record that
-#: arrived during a wait was delayed by up to 1.5 s (p50 ~410 ms). Apache Kafka answers as
-#: soon as data arrives; for it the shorter wait only means more idle fetches on loopback.
+#: Default longest wait of a fetch on the broker (``RulesApp.fetch_max_wait_ms``,
+#: ``APP_FETCH_MAX_WAIT_MS``). Faust hard-codes 1.5 s; the embedded Tansu broker answers a
+#: waiting fetch only when that time is up, so every record that arrived during a wait was
+#: delayed by up to 1.5 s (p50 ~410 ms). Apache Kafka answers as soon as data arrives; for
+#: it a short wait only means more idle fetches.
 FETCH_MAX_WAIT_MS = 5
 
 
 class ExactHighwaterConsumerThread(AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # noqa: SLF001 - read by start()
+        wait = getattr(self.app, "fetch_max_wait_ms", FETCH_MAX_WAIT_MS)
+        consumer._fetch_max_wait_ms = wait  # noqa: SLF001 - read by start()
         return consumer
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
@@ -128,6 +130,7 @@ class RulesApp(faust.App):
     """
 
     before_commit: tuple[Callable[[], object], ...] = ()
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
 
     def on_rebalance_end(self) -> None:
         super().on_rebalance_end()

@@ -351,6 +351,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             )
             stores[name] = TableStore(table)
     app.before_commit = tuple(store.flush for store in stores.values())
+    app.fetch_max_wait_ms = settings.fetch_max_wait_ms
     rt = Runtime(settings, ruleset, Tables(), stores)
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
