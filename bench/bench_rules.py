@@ -8,6 +8,7 @@ beside its target. Takes about 2.5 min: at most 40 s per throughput run, then th
 * evaluator alone: events/s through a mixed pack of about 50 rules (the shipped
   packs plus threshold and window variants), on real NAB, Apache and OHLC events;
 * minimal Faust agent (decode, send every event) on a pre-filled sensors topic,
+* a no-op Faust agent (only iterates the stream): Faust's own per-message floor,
   the baseline measured at ~14,000 events/s on this machine;
 * Faust worker (``python -m agents worker``, one process, embedded broker):
   events/s through decode, the same pack and produce, on the same topic, read
@@ -173,6 +174,24 @@ app.main()
 """
 
 
+NOOP_AGENT = """
+import faust, os
+from prometheus_client import Counter, start_http_server
+seen = Counter("noop_events_total", "events iterated")
+app = faust.App("bench-noop", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
+                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://")
+src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
+@app.agent(src)
+async def noop(stream):
+    async for _raw in stream:
+        seen.inc()
+@app.task
+async def serve():
+    start_http_server(int(os.environ["APP_METRICS_PORT"]), addr="127.0.0.1")
+app.main()
+"""
+
+
 def worker_env(bootstrap: str, data: Path, rules: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -203,6 +222,17 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
             len(sensors),
         )
         print(f"minimal Faust agent (decode, send): {minimal.describe(len(sensors))} (baseline ~14,000)")
+        script = tmp / "noop.py"
+        script.write_text(NOOP_AGENT)
+        noop_env = {**env, "APP_METRICS_PORT": str(free_port())}
+        noop = progress_rate(
+            [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
+            noop_env,
+            tmp / "noop.log",
+            metric(noop_env["APP_METRICS_PORT"], "noop_events_total"),
+            len(sensors),
+        )
+        print(f"no-op Faust agent (Faust's own per-message floor): {noop.describe(len(sensors))}")
         rate = progress_rate(
             [sys.executable, "-m", "agents", "worker", "-l", "warn"],
             env,
