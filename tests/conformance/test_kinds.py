@@ -168,3 +168,8 @@ def test_late_out_of_order_and_silent_cases_are_decided_the_same_way(
     assert alerting[-2].event_ts == at(736) and alerting[-2].values["no_data"] is True
     assert seen("silent-means-ok")[-2:] == [("firing", at(711), None), ("resolved", at(711), at(726))]
     assert seen("silent-kept")[-1] == ("inactive", at(710), at(711))  # keep: silence changes nothing
+    assert seen("plain-hot")[:3] == [
+        ("pending", at(645), None),
+        ("firing", at(645), None),
+        ("resolved", at(645), at(662)),
+    ]

@@ -23,9 +23,11 @@ def both(tmp_path: Path, text: str) -> Path:
 def test_every_kind_is_planned_on_the_keyed_or_the_stream_path(tmp_path: Path) -> None:
     path = both(tmp_path, GOLDEN.read_text())
     plan = plan_rules(load_rules([path]))
-    assert [r.rule.id for r in plan.rules] == ["hot-machine", "low-reading-streak"]
-    streamed = {r.id for r in plan.stream_rules}
-    assert streamed == {
+    # the two plain threshold rules ride the sensors topic-key stream, which runs anyway
+    assert plan.rules == ()
+    streamed = [r.id for r in plan.stream_rules]
+    assert streamed[:2] == ["hot-machine", "low-reading-streak"]  # file order: the evaluator's
+    assert set(streamed[2:]) == {
         "forbidden-burst", "hourly-heat", "device-silent", "stock-jump", "brute-force-then-success",
         "too-hot-for-its-site", "vehicle-left-depot", "trade-size-branch",
     }  # fmt: skip
@@ -36,7 +38,7 @@ def test_every_kind_is_planned_on_the_keyed_or_the_stream_path(tmp_path: Path) -
     assert not {rid for s in specs.values() for rid, _ in s.native} & {"stock-jump", "too-hot-for-its-site"}
     # from_json parses only what Spark SQL reads: conditions and the keyed rules' group fields
     assert plan.needed("logs") == {"status"}
-    assert plan.needed("sensors") == {"temperature", "device_id"}  # not lat, lon, battery, ...
+    assert plan.needed("sensors") == {"temperature"}  # not lat, lon, battery, ...
     assert plan.needed("finance") == frozenset()  # pct_change() and branch arms run in Python
 
 
@@ -96,3 +98,18 @@ def test_no_data_takes_the_stream_path_and_expect_from_is_still_refused(tmp_path
     plan = plan_rules(load_rules([path]))
     assert (plan.rules, [r.id for r in plan.stream_rules]) == ((), ["nd"])
     assert plan.stream_rules[0].rule.no_data is not None  # the evaluator gets the option itself
+
+
+def test_a_threshold_rule_stays_keyed_unless_its_topic_key_stream_runs_anyway(tmp_path: Path) -> None:
+    hot = "  - {id: hot, source: sensors, where: temperature > 99, for: 5m, group_by: [device_id]}\n"
+    by_kind = "  - {id: by-kind, source: sensors, where: temperature > 99, group_by: [kind]}\n"
+    window = (
+        "  - {id: w, source: sensors, group_by: [device_id], window: {type: tumbling, size: 1m},"
+        " aggregate: {n: 'count(*)'}, having: n > 1}\n"
+    )
+    alone = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot + by_kind)]))
+    assert ([r.rule.id for r in alone.rules], alone.stream_rules) == (["hot", "by-kind"], ())
+    mixed = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot + by_kind + window)]))
+    assert [r.rule.id for r in mixed.rules] == ["by-kind"]  # another grouping: its own stream
+    assert [(s.name, s.rule_ids) for s in mixed.streams] == [("sensors", ("hot", "w"))]
+    assert mixed.streams[0].native == (("hot", "(`__sensors`.`temperature` > 99L)"),)
