@@ -38,7 +38,6 @@ from pyspark.sql import functions as F
 
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.rules.loader import CompiledRule, RuleSet
-from app.rules.model import Rule
 from app.rules.spark_sql import SparkExpr, keyed_problems, spark_problems, to_spark_sql
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
@@ -104,7 +103,7 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
     runs: list[CompiledRule] = []
     keyed: set[str] = set()
     for r in (r for r in ruleset.rules if r.runs_on("spark")):
-        found = spark_problems(_without_lifted(r.rule))
+        found = spark_problems(r.rule)
         if found:
             problems.extend(RuleProblem(r.path, r.line, 1, r.id, p) for p in found)
             continue
@@ -143,17 +142,6 @@ def _riders(rules: list[CompiledRule], keyed: set[str]) -> set[str]:
     ids: the stream path is the evaluator itself."""
     streams = {r.rule.source for r in rules if r.id not in keyed and _direct(r)}
     return {r.id for r in rules if r.id in keyed and r.rule.source in streams and _direct(r)}
-
-
-#: Features :func:`app.rules.spark_sql.spark_problems` still refuses that the stream path
-#: runs since they joined the conformance suite (``tests/conformance/kinds.yaml``); drop an
-#: entry here once ``spark_problems`` stops refusing it.
-LIFTED = ("no_data",)
-
-
-def _without_lifted(rule: Rule) -> Rule:
-    lifted = {f: None for f in LIFTED if getattr(rule, f, None) is not None}
-    return rule.model_copy(update=lifted) if lifted else rule
 
 
 def native_where(rule: CompiledRule) -> SparkExpr | None:

@@ -306,6 +306,4 @@ def spark_problems(rule: Rule) -> list[str]:
         problems.append(
             "'expect_from' (absence of registry keys never seen) is not supported on the spark engine"
         )
-    if getattr(rule, "no_data", None) is not None:
-        problems.append("'no_data' is not supported on the spark engine (not yet in the conformance suite)")
     return problems
