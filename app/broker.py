@@ -27,6 +27,20 @@ from app.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started the broker dies.
+
+    A broker outlives a ``kill -9`` of its owner otherwise (a killed test run left
+    brokers behind). Linux only; elsewhere the owner's ``stop`` is the only cleanup.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
@@ -90,7 +104,12 @@ class EmbeddedBroker:
             if self._log_path is not None:
                 log = stack.enter_context(self._log_path.open("ab"))
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+                argv,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # the main thread starts it: the signal follows the process
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
