@@ -12,6 +12,7 @@ pending, inactive and no_data. The ids are the same either way.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from app.errors import IngestDecodeError
 from app.events import SCHEMAS, Event, parse_ts
 from app.rules.evaluator import Engine
 from app.rules.loader import RuleSet
-from app.tables import Tables
+from app.tables import TABLES, Tables, read_table_file
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,19 @@ def parse_statuses(text: str | None) -> frozenset[str]:
     return frozenset(given)
 
 
+def load_tables(specs: Iterable[str]) -> Tables:
+    """Registry tables from ``--table NAME=FILE`` arguments; raises ValueError or
+    IngestDecodeError naming the bad argument, file or row."""
+    tables = Tables()
+    for spec in specs:
+        name, _, file = spec.partition("=")
+        if name not in TABLES or not file:
+            msg = f"--table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}"
+            raise ValueError(msg)
+        tables.load_rows(name, read_table_file(name, Path(file)))
+    return tables
+
+
 @dataclass
 class BacktestReport:
     events: int = 0
@@ -57,6 +71,16 @@ class BacktestReport:
     late: int = 0
     problems: list[str] = field(default_factory=list)
     statuses: frozenset[str] = DEFAULT_STATUSES
+
+    def print_summary(self, label: str = "backtest") -> None:
+        """The first problems and the totals, on stderr (stdout may carry the alert lines)."""
+        for line in self.problems[:50]:
+            print(line, file=sys.stderr)
+        print(
+            f"{label}: {self.events} events, {self.alerts} alert transitions, "
+            f"{self.skipped} invalid lines skipped",
+            file=sys.stderr,
+        )
 
     def emit(self, out: TextIO, alert: Alert) -> None:
         """Write ``alert`` as one output line if its status is shown."""

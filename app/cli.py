@@ -81,10 +81,16 @@ def _statuses_arg(text: str) -> str:
 
 
 def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
-    from app.backtest import BacktestReport, backtest, backtest_file, parse_statuses, read_topic_events
+    from app.backtest import (
+        BacktestReport,
+        backtest,
+        backtest_file,
+        load_tables,
+        parse_statuses,
+        read_topic_events,
+    )
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
-    from app.tables import TABLES, Tables, read_table_file
 
     try:
         ruleset = load_rules(args.rules)
@@ -93,17 +99,8 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             print(problem, file=sys.stderr)
         return 1
     report = BacktestReport(statuses=parse_statuses(args.statuses))
-    tables = Tables()
     try:
-        for spec in args.table or ():
-            name, _, file = spec.partition("=")
-            if name not in TABLES or not file:
-                print(
-                    f"error: --table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}",
-                    file=sys.stderr,
-                )
-                return 2
-            tables.load_rows(name, read_table_file(name, Path(file)))
+        tables = load_tables(args.table or ())
         if args.topic:
             if not settings.bootstrap_servers:
                 print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
@@ -143,13 +140,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if out is not sys.stdout:
             out.close()
-    for line in report.problems[:50]:
-        print(line, file=sys.stderr)
-    print(
-        f"backtest: {report.events} events, {report.alerts} alert transitions, "
-        f"{report.skipped} invalid lines skipped",
-        file=sys.stderr,
-    )
+    report.print_summary()
     return 0
 
 

@@ -103,10 +103,9 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     plus ``--topic`` (repeatable) to read a topic range instead of ``--input``."""
     from pyspark.sql import SparkSession
 
-    from app.backtest import BacktestReport, parse_statuses
+    from app.backtest import BacktestReport, load_tables, parse_statuses
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
-    from app.tables import TABLES, Tables, read_table_file
     from jobs.backtest import file_records, run_backtest, topic_records
     from jobs.compile import plan_rules
     from jobs.session import build_session
@@ -115,20 +114,11 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     if bool(getattr(args, "input", None)) == bool(topics):
         print("error: give exactly one of --input FILE or --topic TOPIC", file=sys.stderr)
         return 2
-    tables = Tables()
-    for spec in getattr(args, "table", None) or ():
-        name, _, file = spec.partition("=")
-        if name not in TABLES or not file:
-            print(
-                f"error: --table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            tables.load_rows(name, read_table_file(name, Path(file)))
-        except (ValueError, IngestDecodeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        tables = load_tables(getattr(args, "table", None) or ())
+    except (ValueError, IngestDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if topics and not settings.bootstrap_servers:
         print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
         return 2
@@ -167,11 +157,5 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             out.close()
         if owned:
             spark.stop()
-    for line in report.problems[:50]:
-        print(line, file=sys.stderr)
-    print(
-        f"backtest (spark): {report.events} events, {report.alerts} alert transitions, "
-        f"{report.skipped} invalid lines skipped",
-        file=sys.stderr,
-    )
+    report.print_summary("backtest (spark)")
     return 0
