@@ -57,3 +57,16 @@ def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]])
             await p.stop()
 
     asyncio.run(run())
+
+
+def wait_for_json(
+    bootstrap: str, topic: str, count: int, *, timeout_s: float, what: str
+) -> list[dict[str, Any]]:
+    """Poll ``topic`` until it holds at least ``count`` JSON records; all of them."""
+    from tests.procs import wait_for
+
+    return wait_for(
+        lambda: (a := consume_json(bootstrap, topic, min_count=count, timeout_s=3)) and len(a) >= count and a,
+        timeout_s=timeout_s,
+        what=what,
+    )

@@ -18,7 +18,7 @@ from app.config import PROJECT_ROOT
 from app.rules.loader import load_rules
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
-from tests.kafka_helpers import consume_json, produce
+from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -73,14 +73,8 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
         role(["agents", "worker", "--loglevel", "info"], env, tmp_path / "worker.log"),
         role(["app", "dispatch"], env, tmp_path / "dispatch.log"),
     ):
-        alerts = wait_for(
-            lambda: (
-                (a := consume_json(broker.bootstrap, "alerts", min_count=len(expected), timeout_s=3))
-                and len(a) >= len(expected)
-                and a
-            ),
-            timeout_s=90,
-            what="alerts on the topic",
+        alerts = wait_for_json(
+            broker.bootstrap, "alerts", len(expected), timeout_s=90, what="alerts on the topic"
         )
 
         # Kafka orders records per key: compare each alert's (fingerprint's) transitions in order

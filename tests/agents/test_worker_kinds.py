@@ -17,7 +17,7 @@ from app.rules.loader import load_rules
 from app.tables import Tables
 from ingest.adapters.apache import apache_events
 from tests.conftest import APACHE_LOG, child_env, require_dataset
-from tests.kafka_helpers import consume_json, produce
+from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -109,15 +109,7 @@ def test_kinds_through_faust_match_the_backtest(broker: EmbeddedBroker, tmp_path
     with role(
         ["agents", "worker", "-l", "info"], worker_env(broker, tmp_path, rules_dir), tmp_path / "w.log"
     ):
-        alerts = wait_for(
-            lambda: (
-                (a := consume_json(broker.bootstrap, "alerts", min_count=len(expected), timeout_s=3))
-                and len(a) >= len(expected)
-                and a
-            ),
-            timeout_s=90,
-            what="alerts",
-        )
+        alerts = wait_for_json(broker.bootstrap, "alerts", len(expected), timeout_s=90, what="alerts")
         routed_high = consume_json(broker.bootstrap, "finance.high_amount", min_count=1, timeout_s=10)
         routed_low = consume_json(broker.bootstrap, "finance.low_amount", min_count=1, timeout_s=10)
     assert by_fingerprint([(a["fingerprint"], a["alert_id"]) for a in alerts]) == by_fingerprint(
