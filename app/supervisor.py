@@ -31,6 +31,20 @@ from app.config import Settings
 
 logger = logging.getLogger(__name__)
 
+
+def stop_on_signals(what: str) -> threading.Event:
+    """An event that SIGINT or SIGTERM sets (logging "received SIG..., stopping ``what``")."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("received %s, stopping %s", signal.Signals(signum).name, what)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 6.0

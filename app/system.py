@@ -27,10 +27,8 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import socket
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ import orjson
 from app.broker import EmbeddedBroker, free_port
 from app.config import PROJECT_ROOT, Settings
 from app.kafka import end_offsets
-from app.supervisor import Role, Supervisor
+from app.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
 
 logger = logging.getLogger(__name__)
@@ -318,14 +316,7 @@ def _print_urls(bootstrap: str, roles: list[Role], embedded: bool) -> None:
 def run(settings: Settings, opts: RunOptions) -> int:
     """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
     started = time.monotonic()
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logger.info("received %s, stopping everything", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals("everything")
     broker = EmbeddedBroker(log_path=settings.data_dir / "logs" / "broker.log") if settings.embedded else None
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:

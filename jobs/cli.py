@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,16 +69,10 @@ def register(sub: Any, backtest: argparse.ArgumentParser) -> None:
 def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
     """Run the streaming job until SIGINT/SIGTERM (or caught up, with ``--once``)."""
     from app import metrics
+    from app.supervisor import stop_on_signals
     from jobs.engine import EngineOptions, run
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logger.info("received %s, stopping the spark query", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals("the spark query")
     metrics.serve(settings.metrics_port)
     opts = EngineOptions(
         master=None if args.master == "submit" else args.master,
