@@ -29,9 +29,9 @@ Delivery guarantee: at least once. ``take_events`` acknowledges a batch's
 records only when the agent asks for the next batch, after every output of
 the batch (alerts, regrouped events, DLQ records) was handed to the producer;
 before committing offsets the consumer writes the pending state changelog
-and Faust flushes the producer. A crash re-processes the uncommitted batches from the restored state; alert
-ids are deterministic, so the replay re-emits the same ids, which downstream
-dedups.
+and Faust flushes the producer. A crash re-processes the uncommitted batches
+from the state as of the last commit; alert ids are deterministic, so the
+replay re-emits the same ids, which downstream dedups.
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ class TableStore:
         if known is not None:
             self.pending[key] = (int(known.get("p", 0)), None)
 
-    def flush(self) -> int:
-        """Write the batch's changes; returns how many keys changed."""
-        data, changed = self.table.data, len(self.pending)
+    def flush(self) -> None:
+        """Write the pending changes to the table and its changelog."""
+        data = self.table.data
         for key, (partition, value) in self.pending.items():
             if value is None:
                 if key in data:
@@ -136,7 +136,6 @@ class TableStore:
                 data[key] = value
                 self.table.send_changelog(partition, key, value)
         self.pending.clear()
-        return changed
 
 
 @dataclass
