@@ -47,8 +47,6 @@ class AggSpec:
 
     def add(self, state: Any, row: Row) -> Any:
         """Fold one row in."""
-        if self.func == "count_star":
-            return state + 1
         return self.add_value(state, None if self.arg is None else self.arg(row))
 
     def input(self, row: Row) -> Any:
