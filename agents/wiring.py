@@ -18,20 +18,21 @@ whole by every worker before any event is evaluated. Rule files are watched:
 a valid edit takes effect within ~2 s; an invalid one is logged with every
 problem and the last good rules keep running.
 
-Batches: each agent takes up to ``APP_WORKER_BATCH`` events at a time
-(waiting at most ``APP_WORKER_BATCH_MS`` for them), evaluates them in order
-and sends the batch's alerts; changed state keys are written once per offset
-commit (:class:`TableStore`). Per-event Faust work (a changelog record per
-rule and event, a histogram observation, an await per alert) was most of a
-worker's time.
+Batches: the agents are *batch agents* (:meth:`RulesApp.batch_agent`): the
+consumer hands each fetched partition batch (at most ``APP_WORKER_BATCH``
+records) straight to the agent's handler, which evaluates the records in
+offset order and hands the batch's outputs to the producer (:class:`Outbox`).
+Changed state keys are written once per offset commit (:class:`TableStore`).
+Faust's per-record stream machinery, a changelog record per rule and event,
+and an awaited ``Topic.send`` per alert were most of a worker's time.
 
-Delivery guarantee: at least once. ``take_events`` acknowledges a batch's
-records only when the agent asks for the next batch, after every output of
-the batch (alerts, regrouped events, DLQ records) was handed to the producer;
-before committing offsets the consumer writes the pending state changelog
-and Faust flushes the producer. A crash re-processes the uncommitted batches
-from the state as of the last commit; alert ids are deterministic, so the
-replay re-emits the same ids, which downstream dedups.
+Delivery guarantee: at least once. A batch counts as processed when its
+handler returned, that is after every output of the batch (alerts, regrouped
+events, DLQ records) was handed to the producer. Before committing offsets
+the consumer writes the pending state changelog, fails if an output could not
+be delivered, and Faust flushes the producer. A crash re-processes the
+uncommitted batches from the state as of the last commit; alert ids are
+deterministic, so the replay re-emits the same ids, which downstream dedups.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
-from faust.types import TableT
+from faust.types import TP, TableT
 from prometheus_client import Counter, Gauge, Histogram
 
-from agents.transport import RulesApp
+from agents.transport import QuietWorker, RulesApp
 from app import metrics
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
@@ -184,87 +185,106 @@ def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
-_TOPICS: dict[str, Any] = {}
+class Outbox:
+    """Hands a worker's outputs to Faust's producer without a Faust ``Topic`` per record.
+
+    ``send`` returns once the record is queued. A record the producer could not
+    deliver crashes the worker and fails the next commit (:meth:`check` runs
+    before it), so no offset is committed past a lost alert; the restarted
+    worker replays from the last commit.
+    """
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+        self.failed: BaseException | None = None
+        self._crashing: asyncio.Future[Any] | None = None
+
+    async def send(self, topic: str, key: bytes, value: bytes) -> None:
+        fut = cast("asyncio.Future[Any]", await self.app.producer.send(topic, key, value, None, None, None))
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None or self.failed is not None:
+            return
+        self.failed = fut.exception()
+        logger.error("an output record was not delivered, stopping the worker: %r", self.failed)
+        self._crashing = asyncio.ensure_future(self.app.crash(self.failed))  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        if self.failed is not None:
+            msg = "an output record was not delivered"
+            raise RuntimeError(msg) from self.failed
+
+    async def emit(self, out: Output, source: str) -> None:
+        for alert in out.alerts:
+            ALERTS_OUT.labels(alert.rule_id, alert.status).inc()
+            await self.send(ALERTS, alert.fingerprint.encode(), alert.to_json())
+        for topic, key, value in out.routed:
+            ROUTED.labels(topic).inc()
+            await self.send(topic, key, value)
+        for rule_id, value in out.late:
+            LATE.labels(source).inc()
+            await self.send(LATE_TOPIC, rule_id.encode(), value)
 
 
-def _topic(app: faust.App, name: str) -> Any:
-    if name not in _TOPICS:
-        _TOPICS[name] = app.topic(name, key_serializer="raw", value_serializer="raw")
-    return _TOPICS[name]
-
-
-async def _emit(app: faust.App, out: Output, source: str) -> None:
-    for alert in out.alerts:
-        ALERTS_OUT.labels(alert.rule_id, alert.status).inc()
-        await _topic(app, ALERTS).send(key=alert.fingerprint.encode(), value=alert.to_json())
-    for topic, key, value in out.routed:
-        ROUTED.labels(topic).inc()
-        await _topic(app, topic).send(key=key, value=value)
-    for rule_id, value in out.late:
-        LATE.labels(source).inc()
-        await _topic(app, LATE_TOPIC).send(key=rule_id.encode(), value=value)
-
-
-def _register_source(app: faust.App, rt: Runtime, source: str, topic_name: str) -> None:
+def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str) -> None:
     schema = schema_for(source)
-    topic = app.topic(topic_name, key_serializer="raw", value_serializer="raw")
-    regroup = app.topic(regroup_topic(source), key_serializer="raw", value_serializer="raw")
-    dlq = app.topic(DLQ, key_serializer="raw", value_serializer="raw")
+    regroup = regroup_topic(source)
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c = CONSUME_LAG.labels(source)
     direct_name = stream_name(source, None)
+    send = outbox.send
 
-    batch, within = rt.settings.worker_batch, rt.settings.worker_batch_ms / 1000
-
-    async def evaluate(stream: Any) -> None:
+    async def evaluate(tp: TP, records: list[Any]) -> None:
+        """A batch of the source topic: decode, run the direct stream, forward to the regroup topic."""
         await rt.tables_ready.wait()
-        async for events in stream.take_events(batch, within):
-            events_c.inc(len(events))
-            out = Output()
-            started = time.perf_counter()
-            lag_c.observe(max(0.0, time.time() - events[0].message.timestamp))
-            for event in events:
-                raw = event.value
-                try:
-                    ev = schema.decode(raw)
-                except IngestDecodeError as exc:
-                    dlq_c.inc()
-                    record = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
-                    await dlq.send(key=source.encode(), value=record)
-                    continue
-                partition = event.message.partition
-                for s in rt.engine.streams.get(source, ()):
-                    if not s.evaluator.rules:
-                        continue
-                    if s.name == direct_name:
-                        rt.ensure_restored(s, direct_store, partition)
-                        out.extend(s.evaluator.process(ev, partition))
-                    else:
-                        body = orjson.dumps({"s": s.name, "e": ev.fields})
-                        await regroup.send(key=s.key_of(ev), value=body)
-            timer.observe(time.perf_counter() - started)
-            await _emit(app, out, source)
+        events_c.inc(len(records))
+        out = Output()
+        started = time.perf_counter()
+        lag_c.observe(max(0.0, time.time() - records[0].timestamp / 1000))
+        partition = tp.partition
+        streams = [s for s in rt.engine.streams.get(source, ()) if s.evaluator.rules]
+        direct = next((s for s in streams if s.name == direct_name), None)
+        others = [s for s in streams if s is not direct]
+        if direct is not None:
+            rt.ensure_restored(direct, direct_store, partition)
+        decode, process = schema.decode, direct.evaluator.process if direct is not None else None
+        for record in records:
+            raw = record.value
+            try:
+                ev = decode(raw)
+            except IngestDecodeError as exc:
+                dlq_c.inc()
+                dead = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
+                await send(DLQ, source.encode(), dead)
+                continue
+            if process is not None:
+                out.extend(process(ev, partition))
+            for s in others:
+                await send(regroup, s.key_of(ev), orjson.dumps({"s": s.name, "e": ev.fields}))
+        timer.observe(time.perf_counter() - started)
+        await outbox.emit(out, source)
 
-    async def evaluate_regrouped(stream: Any) -> None:
+    async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
+        """A batch of the regroup topic: each event runs the stream it was re-keyed for."""
         await rt.tables_ready.wait()
-        async for events in stream.take_events(batch, within):
-            out = Output()
-            started = time.perf_counter()
-            for event in events:
-                msg = orjson.loads(event.value)
-                s = rt.stream(source, msg["s"])
-                if s is None:
-                    continue  # its rules were removed by a reload
-                ev: Event = schema.validate(msg["e"])
-                partition = event.message.partition
-                rt.ensure_restored(s, regroup_store, partition)
-                out.extend(s.evaluator.process(ev, partition))
-            timer.observe(time.perf_counter() - started)
-            await _emit(app, out, source)
+        out = Output()
+        started = time.perf_counter()
+        partition = tp.partition
+        for record in records:
+            msg = orjson.loads(record.value)
+            s = rt.stream(source, msg["s"])
+            if s is None:
+                continue  # its rules were removed by a reload
+            ev: Event = schema.validate(msg["e"])
+            rt.ensure_restored(s, regroup_store, partition)
+            out.extend(s.evaluator.process(ev, partition))
+        timer.observe(time.perf_counter() - started)
+        await outbox.emit(out, source)
 
-    app.agent(topic, name=f"evaluate-{source}")(evaluate)
-    app.agent(regroup, name=f"regroup-{source}")(evaluate_regrouped)
+    app.batch_agent(topic_name)(evaluate)
+    app.batch_agent(regroup)(evaluate_regrouped)
 
 
 async def _follow_tables(settings: Settings, rt: Runtime) -> None:
@@ -322,6 +342,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip
     app = RulesApp(
         "streamalert-rules",
+        Worker=QuietWorker,
         broker=_broker_urls(settings.bootstrap_servers),
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
@@ -349,12 +370,14 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                 help="per-(rule, group) evaluator state",
             )
             stores[name] = TableStore(table)
-    app.before_commit = tuple(store.flush for store in stores.values())
+    outbox = Outbox(app)
+    app.before_commit = (outbox.check, *(store.flush for store in stores.values()))
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms
+    app.batch_size = settings.worker_batch
     rt = Runtime(settings, ruleset, Tables(), stores)
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
-        _register_source(app, rt, source, topic_name)
+        _register_source(app, rt, outbox, source, topic_name)
 
     @app.task
     async def _start() -> None:

@@ -105,7 +105,8 @@ class Alert:
         return asdict(self)
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.to_dict())
+        """The same bytes as ``orjson.dumps(self.to_dict())``, without ``asdict``'s deep copy (~100 us)."""
+        return orjson.dumps(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Alert:

@@ -30,17 +30,13 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     "APP_REPLICATION_FACTOR": ("1", "Replication factor for created topics."),
     "APP_WORKER_BATCH": (
         "500",
-        "Most events the rule worker evaluates in one batch (state changelog and offsets are "
-        "written once per batch).",
+        "Most records of one fetched partition batch the rule worker evaluates before it sends "
+        "their alerts (a fetch can hold thousands; smaller keeps alert latency low under backlog).",
     ),
     "APP_FETCH_MAX_WAIT_MS": (
         "5",
         "Longest the rule worker's consumer waits on a fetch. The embedded broker always waits it "
         "out, so it adds to latency; on a large Apache Kafka cluster 100-500 saves idle fetches.",
-    ),
-    "APP_WORKER_BATCH_MS": (
-        "5",
-        "Longest the rule worker waits to fill a batch, in milliseconds (bounds the added latency).",
     ),
     "APP_KAFKA_IDEMPOTENCE": (
         "auto",
@@ -131,7 +127,6 @@ class Settings:
     partitions: int
     replication_factor: int
     worker_batch: int
-    worker_batch_ms: int
     fetch_max_wait_ms: int
     idempotence: str
     data_dir: Path
@@ -188,7 +183,6 @@ class Settings:
             partitions=_int(env, "APP_PARTITIONS", minimum=1),
             replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
             worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
-            worker_batch_ms=_int(env, "APP_WORKER_BATCH_MS", minimum=1),
             fetch_max_wait_ms=_int(env, "APP_FETCH_MAX_WAIT_MS", minimum=1),
             idempotence=idem,
             data_dir=_path(env, "APP_DATA_DIR"),
