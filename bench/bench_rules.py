@@ -1,9 +1,10 @@
 """Rule evaluation benchmarks: the pure evaluator, the Faust rule worker, a minimal Faust agent, latency.
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--skip-faust]
-[--skip-throughput] [--skip-latency] [--latency-rate R] [--latency-seconds S]``. Prints one line per figure,
-beside its target. Takes about 2.5 min: at most 40 s per throughput run, then the latency run
-(worker start-up, 5 s warm-up, S s measured, at most 5 s drain):
+[--skip-throughput] [--skip-latency] [--skip-echo] [--latency-rate R] [--latency-seconds S]
+[--producer-linger-ms L]``. Prints one line per figure, beside its target. Takes about 3 min: at most
+40 s per throughput run, then the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s
+drain):
 
 * evaluator alone: events/s through a mixed pack of about 50 rules (the shipped
   packs plus threshold and window variants), on real NAB, Apache and OHLC events;
@@ -18,7 +19,11 @@ beside its target. Takes about 2.5 min: at most 40 s per throughput run, then th
   probe whose alert transition is matched back to it. p50/p95/p99/max of the
   alert record's CreateTime minus the event record's (both stamped by the
   producing client on this host), and of the wall clock from this process's
-  send to its receipt of the alert, beside the 20 ms p99 target.
+  send to its receipt of the alert, beside the 20 ms p99 target. The events
+  go out every 2 ms with a producer linger of L ms (default 2);
+* latency floor: the same paced run against a bare aiokafka echo (no Faust,
+  no rules) that answers each probe at once: what the broker, the Kafka
+  clients and the shared CPUs cost before any rule work.
 
 The host's 2 CPUs are shared by the broker, the worker, this process and
 whatever else runs: figures vary from run to run.
@@ -42,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from worker_runs import (  # noqa: E402
+    ECHO_WORKER,
     PROBE_RULES,
     Item,
     end_offset,
@@ -243,16 +249,20 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
         print(f"Faust worker, full pack, sensors topic: {rate.describe(len(sensors))} (target 100,000)")
 
 
-def bench_latency(tmp: Path, args: argparse.Namespace) -> None:
-    """The rule worker under paced traffic, on its own broker (no backlog, state or offsets of the above)."""
+def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> None:
+    """The rule worker (or, ``echo``, the bare aiokafka echo) under paced traffic, on its own broker."""
     rules = rule_pack(tmp / "latency-rules")
     (rules / "latency-probe.yaml").write_text(PROBE_RULES)
     background = events(int(args.latency_rate * (LATENCY_WARMUP_S + args.latency_seconds) * 1.1) + 1000)
+    name = "echo" if echo else "latency-worker"
     with EmbeddedBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
-        env = worker_env(b.bootstrap, tmp / "latency-data", rules)
+        env = worker_env(b.bootstrap, tmp / f"{name}-data", rules)
         cmd = [sys.executable, "-m", "agents", "worker", "-l", "warn"]
-        with worker_process(cmd, env, tmp / "latency-worker.log") as proc:
+        if echo:
+            (tmp / "echo.py").write_text(ECHO_WORKER)
+            cmd = [sys.executable, str(tmp / "echo.py")]
+        with worker_process(cmd, env, tmp / f"{name}.log") as proc:
             res = asyncio.run(
                 measure_latency(
                     b.bootstrap,
@@ -262,17 +272,21 @@ def bench_latency(tmp: Path, args: argparse.Namespace) -> None:
                     seconds=args.latency_seconds,
                     warmup_s=LATENCY_WARMUP_S,
                     alive=lambda: proc.poll() is None,
+                    linger_ms=args.producer_linger_ms,
                 )
             )
-            consumed = metric(env["APP_METRICS_PORT"], "worker_events_total{")()
+            consumed = 0.0 if echo else metric(env["APP_METRICS_PORT"], "worker_events_total{")()
             if proc.poll() is not None:
-                print(f"the worker exited ({proc.returncode})")
+                print(f"the {name} process exited ({proc.returncode})")
+    if echo:
+        print("floor: a bare aiokafka echo (no Faust, no rules) answering each probe, same broker and host:")
     report_latency(res)
-    print(f"the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
-    warnings = (tmp / "latency-worker.log").read_text(errors="replace").splitlines()
+    if not echo:
+        print(f"the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
+    warnings = (tmp / f"{name}.log").read_text(errors="replace").splitlines()
     if warnings:
-        print(f"the worker logged {len(warnings)} lines at WARNING or above; the last ones:")
-        print(log_tail(tmp / "latency-worker.log", 3))
+        print(f"the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
+        print(log_tail(tmp / f"{name}.log", 3))
 
 
 def main() -> int:
@@ -285,6 +299,10 @@ def main() -> int:
     ap.add_argument("--skip-latency", action="store_true", help="no paced latency run")
     ap.add_argument("--latency-rate", type=float, default=5_000.0, help="paced input, events/s")
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="measured span after warm-up")
+    ap.add_argument(
+        "--producer-linger-ms", type=int, default=2, help="linger of the latency run's event producer"
+    )
+    ap.add_argument("--skip-echo", action="store_true", help="no bare-aiokafka echo run (the latency floor)")
     args = ap.parse_args()
     if not NAB.exists():
         print(f"datasets missing under {DATA}: skipped")
@@ -300,6 +318,8 @@ def main() -> int:
             bench_throughput(tmp, pack, items)
         if not args.skip_latency:
             bench_latency(tmp, args)
+            if not args.skip_echo:
+                bench_latency(tmp, args, echo=True)
     return 0
 
 
