@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,8 @@ _MIN_TS_MS = 0  # 1970-01-01
 _MAX_TS_MS = 4_102_444_800_000  # 2100-01-01
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+#: What :func:`format_ts` writes; a string already in this form (and valid) is kept as it is.
+_CANONICAL_TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", re.ASCII)
 
 
 class Event(NamedTuple):
@@ -135,7 +138,8 @@ class Schema:
             msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
             raise IngestDecodeError(msg, "ts")
         ts_ms = parse_ts(obj["ts"])
-        out: dict[str, Any] = {self.key: key, "ts": format_ts(ts_ms)}
+        ts = obj["ts"] if _CANONICAL_TS.fullmatch(obj["ts"]) else format_ts(ts_ms)  # format_ts: ~5 us
+        out: dict[str, Any] = {self.key: key, "ts": ts}
         for name, value in obj.items():
             if name in (self.key, "ts"):
                 continue

@@ -69,3 +69,29 @@ def test_dlq_record_keeps_non_utf8_payload_whole() -> None:
 def test_format_ts_round_trips() -> None:
     ms = parse_ts("2014-01-07T02:55:00.123Z")
     assert format_ts(ms) == "2014-01-07T02:55:00.123Z"
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        "2014-01-07T02:05:00.000Z",  # canonical: kept as it is
+        "2014-01-07T02:05:00Z",
+        "2014-01-07T02:05:00.123456Z",
+        "2014-01-07 02:05:00.000Z",
+        "2014-01-07T03:05:00.000+01:00",
+        "2014-01-07T02:05:00.000+00:00",
+    ],
+)
+def test_event_time_text_is_always_the_canonical_utc_form(ts: str) -> None:
+    ev = SENSORS.decode(orjson.dumps({"device_id": "d", "ts": ts}))
+    assert ev.fields["ts"] == format_ts(ev.ts_ms)
+    assert ev.fields["ts"].endswith("Z") and len(ev.fields["ts"]) == 24
+
+
+def test_non_ascii_digits_in_event_time_are_rejected_or_normalised() -> None:
+    ts = "２０１４-01-07T02:05:00.000Z"  # fullwidth digits: never passed through as they are  # noqa: RUF001
+    try:
+        ev = SENSORS.decode(orjson.dumps({"device_id": "d", "ts": ts}))
+    except IngestDecodeError:
+        return
+    assert ev.fields["ts"] == format_ts(ev.ts_ms)

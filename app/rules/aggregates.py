@@ -45,36 +45,13 @@ class AggSpec:
             return []
         return None  # min, max
 
-    def add(self, state: Any, row: Row) -> Any:
-        """Fold one row in."""
-        return self.add_value(state, None if self.arg is None else self.arg(row))
-
     def input(self, row: Row) -> Any:
         """The value this aggregate reads from a row (None for count(*))."""
         return None if self.arg is None else self.arg(row)
 
     def add_value(self, state: Any, v: Any) -> Any:
         """Fold in a value already read with :meth:`input`."""
-        if self.func == "count_star":
-            return state + 1
-        if v is None:
-            return state
-        if self.func == "count":
-            return state + 1
-        if self.func in ("sum", "avg"):
-            return [state[0] + v, state[1] + 1]
-        if self.func == "min":
-            return v if state is None or v < state else state
-        if self.func == "max":
-            return v if state is None or v > state else state
-        if self.func == "count_distinct":
-            key = _distinct_key(v)
-            if key not in state and len(state) < MAX_VALUES:
-                state.append(key)
-            return state
-        if len(state) < MAX_VALUES:  # percentile
-            state.append(v)
-        return state
+        return ADDERS[self.func](state, v)
 
     def result(self, state: Any) -> Any:
         if self.func in ("count_star", "count"):
@@ -88,6 +65,53 @@ class AggSpec:
         if self.func == "percentile":
             return percentile(sorted(state), float(self.param or 0.0)) if state else None
         return state
+
+
+def _add_count_star(state: Any, v: Any) -> Any:
+    return state + 1
+
+
+def _add_count(state: Any, v: Any) -> Any:
+    return state if v is None else state + 1
+
+
+def _add_sum(state: Any, v: Any) -> Any:  # sum and avg: [total, non-NULL count]
+    return state if v is None else [state[0] + v, state[1] + 1]
+
+
+def _add_min(state: Any, v: Any) -> Any:
+    return v if v is not None and (state is None or v < state) else state
+
+
+def _add_max(state: Any, v: Any) -> Any:
+    return v if v is not None and (state is None or v > state) else state
+
+
+def _add_distinct(state: Any, v: Any) -> Any:
+    if v is not None:
+        key = _distinct_key(v)
+        if key not in state and len(state) < MAX_VALUES:
+            state.append(key)
+    return state
+
+
+def _add_percentile(state: Any, v: Any) -> Any:
+    if v is not None and len(state) < MAX_VALUES:
+        state.append(v)
+    return state
+
+
+#: Per aggregate function: fold one input value (NULL skipped) into the accumulator.
+ADDERS: dict[str, Callable[[Any, Any], Any]] = {
+    "count_star": _add_count_star,
+    "count": _add_count,
+    "sum": _add_sum,
+    "avg": _add_sum,
+    "min": _add_min,
+    "max": _add_max,
+    "count_distinct": _add_distinct,
+    "percentile": _add_percentile,
+}
 
 
 def _distinct_key(v: Any) -> Any:

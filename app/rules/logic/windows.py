@@ -29,7 +29,7 @@ from typing import Any
 
 from app.alerts import Alert
 from app.events import Event
-from app.rules.aggregates import AggSpec
+from app.rules.aggregates import ADDERS, AggSpec
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row
 
@@ -46,6 +46,8 @@ class _Aggregating:
         self.where = rule.where.fn if rule.where is not None else None
         self.window = rule.rule.window
         self.lateness = rule.rule.allowed_lateness
+        # per aggregate: (input expression or None, fold function), looked up once
+        self._folds = [(a.arg, ADDERS[a.func]) for a in self.aggs]
 
     def results(self, states: list[Any]) -> dict[str, Any]:
         return {a.name: a.result(s) for a, s in zip(self.aggs, states, strict=True)}
@@ -54,7 +56,10 @@ class _Aggregating:
         return [a.init() for a in self.aggs]
 
     def fold(self, states: list[Any], row: Mapping[str, Any]) -> list[Any]:
-        return [a.add(s, row) for a, s in zip(self.aggs, states, strict=True)]
+        return [
+            add(s, None if arg is None else arg(row))
+            for (arg, add), s in zip(self._folds, states, strict=True)
+        ]
 
     def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
         row: dict[str, Any] = {**group_row(self.rule, group), **aggs}
