@@ -167,6 +167,7 @@ class ExactHighwaterConsumer(Consumer):
                 self._batch_acked[tp] = after
                 if monitor is not None:
                     monitor.stream_inbound_time[tp] = time.monotonic()  # Faust's "stream idle" check
+                await asyncio.sleep(0)  # let timers (the commit each second) and other tasks run
         return rest
 
     def _new_offset(self, tp: TP) -> int | None:

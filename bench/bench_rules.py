@@ -13,7 +13,8 @@ drain):
   the baseline measured at ~14,000 events/s on this machine;
 * Faust worker (``python -m agents worker``, one process, embedded broker):
   events/s through decode, the same pack and produce, on the same topic, read
-  from its ``worker_events_total`` counter;
+  from its ``worker_events_total`` counter; then on a fresh broker with all
+  three source topics filled with the interleaved events (mixed);
 * latency: the worker with the pack plus one probe rule, fed the mixed events
   paced at R events/s (default 5,000) on a fresh broker; one event in five is a
   probe whose alert transition is matched back to it. p50/p95/p99/max of the
@@ -63,7 +64,7 @@ from app.broker import EmbeddedBroker, free_port  # noqa: E402
 from app.events import SCHEMAS, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
-from app.topics import SENSORS, ensure_topics  # noqa: E402
+from app.topics import SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
 from ingest.adapters.apache import apache_events  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402
@@ -156,10 +157,15 @@ def bench_evaluator(pack: Path, items: list[Item]) -> float:
 
 
 async def fill(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes]) -> None:
+    await fill_many(bootstrap, [(topic, k, v) for k, v in zip(keys, values, strict=True)])
+
+
+async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> None:
+    """Produce ``(topic, key, value)`` records in order and wait for every ack."""
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
     await p.start()
     try:
-        futs = [await p.send(topic, v, key=k) for k, v in zip(keys, values, strict=True)]
+        futs = [await p.send(topic, v, key=k) for topic, k, v in records]
         await asyncio.gather(*futs)
     finally:
         await p.stop()
@@ -247,6 +253,21 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
             len(sensors),
         )
         print(f"Faust worker, full pack, sensors topic: {rate.describe(len(sensors))} (target 100,000)")
+    with EmbeddedBroker() as b:  # a fresh broker: no offsets or state of the run above
+        asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
+        asyncio.run(fill_many(b.bootstrap, [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]))
+        env = worker_env(b.bootstrap, tmp / "mixed-data", pack)
+        mixed = progress_rate(
+            [sys.executable, "-m", "agents", "worker", "-l", "warn"],
+            env,
+            tmp / "mixed.log",
+            metric(env["APP_METRICS_PORT"], "worker_events_total{"),
+            len(items),
+        )
+        print(
+            f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
+            "(log events are read twice: once as they come, once regrouped by client IP)"
+        )
 
 
 def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> None:
