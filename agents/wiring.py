@@ -321,6 +321,28 @@ async def _follow_tables(settings: Settings, rt: Runtime) -> None:
         await consumer.stop()
 
 
+async def check_partitions(settings: Settings) -> None:
+    """Refuse to start when a source or regroup topic's partition count is not ``APP_PARTITIONS``.
+
+    The worker places regrouped events and registry absences (``expect_from``) by
+    ``APP_PARTITIONS``, as the backtest does; with another count on the topics, some
+    registry devices would be expected by no worker and never reported silent.
+    """
+    from app.kafka import partition_counts
+
+    topics = [*SOURCE_TOPICS.values(), *(regroup_topic(s) for s in SOURCE_TOPICS)]
+    counts = await partition_counts(settings.bootstrap_servers, topics)
+    wrong = {t: n for t, n in counts.items() if n != settings.partitions}
+    if wrong:
+        listed = ", ".join(f"{t} has {n}" for t, n in sorted(wrong.items()))
+        msg = (
+            f"APP_PARTITIONS={settings.partitions} but {listed} partitions: the rule worker places "
+            "regrouped events and registry absences by APP_PARTITIONS, so they must agree. Set "
+            "APP_PARTITIONS to the topics' count (or recreate the topics)."
+        )
+        raise SystemExit(msg)
+
+
 def _extra_topics(ruleset: RuleSet, settings: Settings) -> tuple[TopicSpec, ...]:
     names = {regroup_topic(s) for s in SOURCE_TOPICS} | {LATE_TOPIC}
     names |= {topic for r in ruleset.rules for topic in (a.topic for a in r.rule.branch)}
@@ -340,6 +362,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip
+    asyncio.run(check_partitions(settings))
     app = RulesApp(
         "streamalert-rules",
         Worker=QuietWorker,

@@ -26,7 +26,11 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Kafka cluster to use. Unset: `make run` starts the embedded Tansu broker "
         "on a free loopback port and passes its address to every role.",
     ),
-    "APP_PARTITIONS": ("4", "Partitions for each event and alert topic created."),
+    "APP_PARTITIONS": (
+        "4",
+        "Partitions for each event and alert topic created. The rule worker refuses to start when "
+        "an existing source topic has another count.",
+    ),
     "APP_REPLICATION_FACTOR": ("1", "Replication factor for created topics."),
     "APP_WORKER_BATCH": (
         "500",

@@ -59,6 +59,17 @@ async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0
     return out
 
 
+async def partition_counts(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
+    """How many partitions each of ``topics`` has (topics that do not exist are left out)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        await asyncio.wait_for(consumer.start(), timeout_s)
+        existing = await asyncio.wait_for(consumer.topics(), timeout_s)
+        return {t: len(consumer.partitions_for_topic(t) or ()) for t in topics if t in existing}
+    finally:
+        await consumer.stop()
+
+
 async def high_watermarks(
     bootstrap: str, topics: list[str], timeout_s: float = 10.0
 ) -> dict[TopicPartition, int]:

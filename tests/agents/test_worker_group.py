@@ -93,3 +93,27 @@ def test_two_workers_share_partitions_and_hand_over_state(broker: EmbeddedBroker
             load_rules([rules_dir]), read_events(lines, "in", report), out, report, partitions=PARTITIONS
         )
     assert sorted(g[2] for g in got.values()) == sorted(a.alert_id for a in expected)
+
+
+def test_a_worker_refuses_topics_whose_partition_count_is_not_app_partitions(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "count.yaml").write_text(RULES)
+    env = child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+        APP_DATA_DIR=str(tmp_path / "data"),
+        APP_KAFKA_IDEMPOTENCE="off",
+        APP_PARTITIONS="4",  # the broker fixture made the source topics with 2
+        APP_RULES_DIR=str(rules_dir),
+    )
+    log = tmp_path / "w.log"
+    with role(["agents", "worker", "-l", "info"], env, log) as proc:
+        code = proc.wait(60)
+    text = log.read_text(errors="replace")
+    assert code != 0
+    assert (
+        "APP_PARTITIONS=4 but events.finance has 2, events.logs has 2, events.sensors has 2 partitions"
+        in text
+    )
