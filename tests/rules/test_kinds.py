@@ -378,3 +378,44 @@ def test_absence_stays_firing_until_an_event_at_or_after_its_start(tmp_path: Pat
     ]
     # one episode, not one per late event: fired at 00:30, ended by the 00:40 reading
     assert d1 == [("firing", "00:30", None), ("resolved", "00:30", "00:40")]
+
+
+HOT_TWICE = """  - id: hot-two-hours
+    source: sensors
+    group_by: [device_id]
+    window: {type: tumbling, size: 1h}
+    aggregate: {avg_t: avg(temperature)}
+    having: avg_t > 90
+    consecutive: 2
+"""
+
+
+def test_a_window_streak_pends_then_fires_on_its_second_window(tmp_path: Path) -> None:
+    events = [sensor(m, temperature=95.0) for m in (0, 30, 60, 90)] + [sensor(121, temperature=20.0)]
+    out = run_backtest(rules(tmp_path, HOT_TWICE), events)
+    assert brief(out) == [("pending", "00:00", None), ("firing", "00:00", None)]
+    assert [a.event_ts[11:16] for a in out] == ["01:00", "02:00"]
+    assert out[0].alert_id != out[1].alert_id and out[0].fingerprint == out[1].fingerprint
+
+
+def test_a_pending_window_streak_broken_by_a_cool_window_ends_inactive(tmp_path: Path) -> None:
+    events = [sensor(m, temperature=t) for m, t in ((0, 95.0), (30, 95.0), (60, 20.0), (121, 20.0))]
+    out = run_backtest(rules(tmp_path, HOT_TWICE), events)
+    assert brief(out) == [("pending", "00:00", None), ("inactive", "00:00", "01:00")]
+
+
+def test_an_empty_window_breaks_a_pending_streak(tmp_path: Path) -> None:
+    # hot in hour 0, nothing in hour 1 (the device is silent), hot again in hour 2: not 2 in a row
+    events = [sensor(m, temperature=95.0) for m in (0, 30, 120, 150)]
+    events += [sensor(m, device="other", temperature=20.0) for m in (61, 121, 181)]  # moves the clock
+    out = [a for a in run_backtest(rules(tmp_path, HOT_TWICE), events) if a.labels["device_id"] == "d1"]
+    assert brief(out) == [("pending", "00:00", None), ("inactive", "00:00", "01:00"), ("pending", "02:00", None)]
+
+
+def test_a_sliding_window_with_for_pends_first(tmp_path: Path) -> None:
+    body = FORBIDDEN.replace("    having: n >= 5\n", "    having: n >= 2\n    for: 10s\n")
+    assert body != FORBIDDEN
+    events = [log(m / 10, status=403) for m in range(3)] + [log(3, status=200)]  # 403s at 0, 6 and 12 s
+    out = run_backtest(rules(tmp_path, body), events)
+    assert brief(out)[:2] == [("pending", "00:00", None), ("firing", "00:00", None)]
+    assert [a.status for a in out] == ["pending", "firing", "resolved"]

@@ -139,14 +139,15 @@ class TumblingLogic(_Aggregating):
             st["since"] = start
         st["la"] = start
         ready = st["n"] >= self.consecutive and end - st["since"] >= self.for_ms
-        if st["fire"] is None and (ready or force):
+        if st["fire"] is not None:
+            return []
+        values = {**aggs, "window_start": start, "window_end": end}
+        row = group_row(self.rule, group)
+        if ready or force:
             st["fire"] = st["since"]
-            values = {**aggs, "window_start": start, "window_end": end}
-            return [
-                build_alert(
-                    self.rule, "firing", group, group_row(self.rule, group), st["since"], None, end, values
-                )
-            ]
+            return [build_alert(self.rule, "firing", group, row, st["since"], None, end, values)]
+        if st["n"] == 1:  # a streak that does not fire at once (for/consecutive): pending
+            return [build_alert(self.rule, "pending", group, row, start, None, end, values)]
         return []
 
     def _evaluate(self, st: State, group: tuple[str, ...], start: int, accs: list[Any]) -> list[Alert]:
@@ -154,16 +155,15 @@ class TumblingLogic(_Aggregating):
         alerts: list[Alert] = []
         if self.active(group, aggs, self._prev(st, start)):
             alerts = self._fire(st, group, start, aggs)
-        else:
-            if st["fire"] is not None:
-                ended = st["la"] + self.size
-                values = {**aggs, "window_start": start, "window_end": start + self.size}
-                row = group_row(self.rule, group)
-                alerts = [
-                    build_alert(
-                        self.rule, "resolved", group, row, st["fire"], ended, start + self.size, values
-                    )
-                ]
+        elif st["fire"] is not None or st["n"]:
+            # firing: resolved; pending (the streak broke before it fired): inactive, never notified
+            status, started = (
+                ("resolved", st["fire"]) if st["fire"] is not None else ("inactive", st["since"])
+            )
+            values = {**aggs, "window_start": start, "window_end": start + self.size}
+            row = group_row(self.rule, group)
+            ended = st["la"] + self.size
+            alerts = [build_alert(self.rule, status, group, row, started, ended, start + self.size, values)]
             st["fire"], st["n"], st["since"] = None, 0, None
         st["prev"] = [start, aggs]
         return alerts
@@ -171,7 +171,7 @@ class TumblingLogic(_Aggregating):
     def _due(self, st: State) -> int | None:
         times = [self._eval_at(int(s)) for s, w in st["w"].items() if not w["done"]]
         times += [int(s) + self.size + self.lateness for s, w in st["w"].items() if w["done"]]
-        if st["fire"] is not None and st["la"] is not None:
+        if (st["fire"] is not None or st["n"]) and st["la"] is not None:  # firing or pending
             times.append(self._eval_at(st["la"] + self.step))
         return min(times) if times else None
 
@@ -197,7 +197,7 @@ class TumblingLogic(_Aggregating):
         ]:
             del st["w"][s]
         st["due"] = self._due(st)
-        if not st["w"] and st["fire"] is None:
+        if not st["w"] and st["fire"] is None and not st["n"]:
             store.delete(key)
         else:
             store.put(key, st)
@@ -206,10 +206,10 @@ class TumblingLogic(_Aggregating):
     def _empty_until(
         self, st: State, group: tuple[str, ...], before: int | None, clock_ms: int
     ) -> list[Alert]:
-        """Evaluate the empty windows after the last active one while the group fires."""
+        """Evaluate the empty windows after the last active one while the group fires or pends."""
         alerts: list[Alert] = []
         for _ in range(MAX_EMPTY_STEPS):
-            if st["fire"] is None or st["la"] is None:
+            if (st["fire"] is None and not st["n"]) or st["la"] is None:
                 break
             nxt = st["la"] + self.step
             if (before is not None and nxt >= before) or self._eval_at(nxt) > clock_ms or str(nxt) in st["w"]:
@@ -295,14 +295,18 @@ class SlidingLogic(_Buffered):
                 if st["fire"] is None and st["n"] >= self.consecutive and p - st["since"] >= self.for_ms:
                     st["fire"] = st["since"]
                     alerts.append(build_alert(self.rule, "firing", group, row, st["since"], None, p, aggs))
+                elif st["fire"] is None and st["n"] == 1:  # for/consecutive not met yet: pending
+                    alerts.append(build_alert(self.rule, "pending", group, row, p, None, p, aggs))
             else:
                 if st["fire"] is not None:
                     alerts.append(build_alert(self.rule, "resolved", group, row, st["fire"], p, p, aggs))
+                elif st["n"]:  # the streak broke before it fired
+                    alerts.append(build_alert(self.rule, "inactive", group, row, st["since"], p, p, aggs))
                 st["fire"], st["n"], st["since"] = None, 0, None
         st["t"] = max(t, wm)
         st["ev"] = [e for e in st["ev"] if e[0] > st["t"] - self.size]
         st["due"] = self._due(st)
-        if not st["ev"] and st["fire"] is None:
+        if not st["ev"] and st["fire"] is None and not st["n"]:
             store.delete(key)
         else:
             store.put(key, st)
