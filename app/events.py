@@ -9,6 +9,7 @@ that to ``dlq.events`` with :func:`dlq_record`. Nothing is ever dropped silently
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import re
 from collections.abc import Mapping
@@ -65,6 +66,7 @@ def parse_ts(value: object, field: str = "ts") -> int:
     return ms
 
 
+@functools.lru_cache(maxsize=16_384)  # alert transitions format the same few times over and over
 def format_ts(ts_ms: int) -> str:
     """Epoch milliseconds -> RFC 3339 UTC with millisecond precision and 'Z'."""
     dt = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
