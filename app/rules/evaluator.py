@@ -145,7 +145,7 @@ class StreamEvaluator:
             for r in self.rules
         ]  # fmt: skip
         self._views: dict[tuple[str, int], _Versioned] = {}
-        self._partition_views: dict[int, list[_Versioned]] = {}
+        self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[int, list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
@@ -177,12 +177,12 @@ class StreamEvaluator:
         else:
             self.scheduled.pop(key, None)
 
-    def _views_of(self, partition: int) -> list[_Versioned]:
-        """One store view per rule (aligned with ``runners``) for ``partition``."""
-        views = self._partition_views.get(partition)
-        if views is None:
-            views = self._partition_views[partition] = [self._view(r[0], partition) for r in self.runners]
-        return views
+    def _runs_of(self, partition: int) -> list[tuple[Any, ...]]:
+        """``runners`` with each rule's store view for ``partition`` appended."""
+        runs = self._partition_runs.get(partition)
+        if runs is None:
+            runs = self._partition_runs[partition] = [(*r, self._view(r[0], partition)) for r in self.runners]
+        return runs
 
     def _view(self, rule: CompiledRule, partition: int) -> _Versioned:
         view = self._views.get((rule.id, partition))
@@ -264,9 +264,7 @@ class StreamEvaluator:
         cache: dict[tuple[str, str], dict | None] = {}
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
-        for (rule, logic, takes_clock, group_by, enriched, rid), view in zip(
-            self.runners, self._views_of(partition), strict=True
-        ):
+        for rule, logic, takes_clock, group_by, enriched, rid, view in self._runs_of(partition):
             row = self._row(rule, fields, cache) if enriched else fields
             if row is None:
                 continue
@@ -284,7 +282,7 @@ class StreamEvaluator:
                 key = rid + suffix  # = state_key(rule, group)
                 view.touched = None
                 if takes_clock:
-                    alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)  # type: ignore[call-arg]
+                    alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)
                 else:
                     alerts, late = logic.on_event(view, key, group, ev, row)
             except Exception as exc:  # one rule's bug must not stop the others

@@ -120,14 +120,15 @@ class ThresholdLogic:
                 if changed:
                     store.put(key, st)
                 return [], False
-        values = self._values(row)
+        if not holds and st["fire"] is None and not st["n"] and not changed and st.get("nd") is None:
+            return [], False  # quiet and still quiet: nothing to emit, store or re-arm (the common case)
         alerts: list[Alert] = []
         if st.get("nd") is not None:  # data is back: the no-data episode ends
             alerts.append(build_alert(self.rule, "inactive", group, row, st["nd"], ev.ts_ms, ev.ts_ms, {}))
             st["nd"] = None
         if st["fire"] is not None and st.get("kf") is not None and ev.ts_ms >= st["kf"]:
             # kept firing long enough: it ended at kf, before this event
-            alerts.append(self._resolve(st, group, row, st["kf"], values))
+            alerts.append(self._resolve(st, group, row, st["kf"], self._values(row)))
             changed = True
         if st["fire"] is not None:
             cleared = (self.clear(row) is True) if self.clear is not None else not holds
@@ -139,7 +140,7 @@ class ThresholdLogic:
             elif self.keep_ms:
                 st["kf"], changed = ev.ts_ms + self.keep_ms, True
             else:
-                alerts.append(self._resolve(st, group, row, ev.ts_ms, values))
+                alerts.append(self._resolve(st, group, row, ev.ts_ms, self._values(row)))
                 changed = True
             if holds and st["fire"] is not None:
                 st["n"] += 1
@@ -150,14 +151,16 @@ class ThresholdLogic:
             changed = changed or st["n"] <= self.consecutive
             if st["n"] >= self.consecutive and ev.ts_ms - st["since"] >= self.for_ms:
                 st["fire"] = st["since"]
+                values = self._values(row)
                 alerts.append(
                     build_alert(self.rule, "firing", group, row, st["since"], None, ev.ts_ms, values)
                 )
                 changed = True
             elif st["n"] == 1:
+                values = self._values(row)
                 alerts.append(build_alert(self.rule, "pending", group, row, ev.ts_ms, None, ev.ts_ms, values))
         elif st["n"]:
-            alerts.append(self._end_pending(st, group, row, ev.ts_ms, values))
+            alerts.append(self._end_pending(st, group, row, ev.ts_ms, self._values(row)))
             changed = True
         st["due"] = self._due(st)
         if changed:

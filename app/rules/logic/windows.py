@@ -27,7 +27,7 @@ import bisect
 from collections.abc import Mapping
 from typing import Any
 
-from app.alerts import Alert
+from app.alerts import Alert, Status
 from app.events import Event
 from app.rules.aggregates import ADDERS, AggSpec
 from app.rules.loader import CompiledRule
@@ -78,6 +78,7 @@ class TumblingLogic(_Aggregating):
         super().__init__(rule)
         self.size = int(self.window.size or 0)
         self.step = self.window.step
+        self.tumbling = self.step == self.size
         self.amend = rule.rule.late_policy == "amend"
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
@@ -98,7 +99,18 @@ class TumblingLogic(_Aggregating):
     ) -> Result:  # fmt: skip
         if not self.passes(row):
             return [], False
-        st = store.get(key) or {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
+        st = store.get(key)
+        if st is not None and self.tumbling and "due" in st:  # the common case: fold into an open window
+            start = ev.ts_ms - ev.ts_ms % self.step
+            if start + self.size + self.lateness <= clock_ms:
+                return [], True  # its only window is closed for good: late
+            w = st["w"].get(str(start))
+            if w is not None and not w["done"]:  # no window opens or fires: the same due
+                w["a"] = self.fold(w["a"], row)
+                store.put(key, st)
+                return [], False
+        if st is None:
+            st = {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
         alerts: list[Alert] = []
         added = reshaped = False
         windows = st["w"]
@@ -157,9 +169,8 @@ class TumblingLogic(_Aggregating):
             alerts = self._fire(st, group, start, aggs)
         elif st["fire"] is not None or st["n"]:
             # firing: resolved; pending (the streak broke before it fired): inactive, never notified
-            status, started = (
-                ("resolved", st["fire"]) if st["fire"] is not None else ("inactive", st["since"])
-            )
+            status: Status = "resolved" if st["fire"] is not None else "inactive"
+            started = st["fire"] if st["fire"] is not None else st["since"]
             values = {**aggs, "window_start": start, "window_end": start + self.size}
             row = group_row(self.rule, group)
             ended = st["la"] + self.size
