@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -86,9 +87,10 @@ async def run(
     disp = Dispatcher(config, clock=clock, external_url=settings.external_url)
     for table in disp.tables():
         table.restore(db.load(table.name))
-    policy = policy or RetryPolicy(
+    retry: RetryPolicy = policy or RetryPolicy(
         base_s=config.delivery.retry_base, cap_s=config.delivery.retry_cap, max_attempts=None, max_age_s=None
     )
+    delivery = config.delivery
     kafka_topics = [r.topic_name for r in config.receivers if isinstance(r, KafkaReceiverConfig)]
     if kafka_topics:
         specs = tuple(receiver_topic_spec(t) for t in kafka_topics)
@@ -113,7 +115,7 @@ async def run(
             db,
             r.name,
             notifier,
-            policy,
+            retry,
             max_age_s=cfg.delivery.max_age,
             clock=clock,
             on_published=wake_publisher,
@@ -132,7 +134,14 @@ async def run(
     async def reload(cfg: RoutesFile) -> None:
         """Apply an edited routes file: receivers whose settings changed get a new sender
         (after the old one's attempt in progress ends); new ones start; removed ones keep
-        delivering what they have queued until the next restart."""
+        delivering what they have queued until the next restart. Edited ``delivery`` settings
+        (retry base and cap, max age) apply to every sender from its next attempt on."""
+        nonlocal retry, delivery
+        if cfg.delivery != delivery:
+            delivery = cfg.delivery
+            retry = dataclasses.replace(retry, base_s=delivery.retry_base, cap_s=delivery.retry_cap)
+            for sender in senders.values():
+                sender.policy, sender.max_age_s = retry, delivery.max_age
         topics = [r.topic_name for r in cfg.receivers if isinstance(r, KafkaReceiverConfig)]
         if topics:
             specs = tuple(receiver_topic_spec(t) for t in topics)

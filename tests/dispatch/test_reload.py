@@ -92,3 +92,48 @@ def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
     rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(rejected) == 1 and f"{routes}:" in rejected[0] and "group_wait" in rejected[0], rejected
     assert any("routes file reloaded" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_edited_retry_settings_apply_to_the_next_attempt_without_a_restart(
+    broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_settings(
+        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
+    )
+    routes = tmp_path / "routes.yaml"
+    with http_receiver(status=503) as rx:
+
+        def attempts() -> int:
+            return sum(1 for r in rx.requests if r.path == "/hook")
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(dispatch_role.run(cfg, stop, routes_file=routes))
+
+            async def until(cond: Callable[[], bool], timeout_s: float) -> None:
+                deadline = time.monotonic() + timeout_s
+                while not cond():
+                    assert not task.done(), task.exception()
+                    assert time.monotonic() < deadline, "condition not reached in time"
+                    await asyncio.sleep(0.05)
+
+            await until(lambda: "dispatching" in caplog.text, 30)  # running with the slow retries
+            # the same receiver, retries now within 200 ms instead of up to a minute
+            write_routes(routes, rx.url("/hook"))
+            routes.write_text(routes.read_text().replace("retry_cap: 500ms", "retry_cap: 200ms"))
+            await until(lambda: "routes file reloaded" in caplog.text, 10)
+            await asyncio.to_thread(publish, broker.bootstrap, ALERTS, [alert("d1")])
+            await until(lambda: attempts() >= 1, 20)
+            rx.status = 204
+            await until(lambda: attempts() >= 2, 4)  # the old policy: 0 to 60 s, rarely below 4
+            stop.set()
+            await asyncio.wait_for(task, 15)
+
+        with caplog.at_level(logging.INFO):
+            write_routes(routes, rx.url("/hook"))
+            slow = routes.read_text().replace("retry_base: 100ms", "retry_base: 60s")
+            routes.write_text(slow.replace("retry_cap: 500ms", "retry_cap: 60s"))
+            asyncio.run(asyncio.wait_for(main(), 90))
+    assert alert("d1").alert_id in rx.verified_ids("/hook")

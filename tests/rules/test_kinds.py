@@ -409,7 +409,11 @@ def test_an_empty_window_breaks_a_pending_streak(tmp_path: Path) -> None:
     events = [sensor(m, temperature=95.0) for m in (0, 30, 120, 150)]
     events += [sensor(m, device="other", temperature=20.0) for m in (61, 121, 181)]  # moves the clock
     out = [a for a in run_backtest(rules(tmp_path, HOT_TWICE), events) if a.labels["device_id"] == "d1"]
-    assert brief(out) == [("pending", "00:00", None), ("inactive", "00:00", "01:00"), ("pending", "02:00", None)]
+    assert brief(out) == [
+        ("pending", "00:00", None),
+        ("inactive", "00:00", "01:00"),
+        ("pending", "02:00", None),
+    ]
 
 
 def test_a_sliding_window_with_for_pends_first(tmp_path: Path) -> None:
