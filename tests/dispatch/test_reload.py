@@ -12,6 +12,7 @@ import pytest
 
 from app import dispatch_role
 from app.broker import EmbeddedBroker
+from app.config import Settings
 from app.dispatch.config import load_routes
 from app.dispatch.reload import RoutesWatcher
 from app.topics import ALERTS
@@ -21,6 +22,22 @@ from tests.dispatch.helpers import BASE, FakeClock, alert
 from tests.dispatch.test_lifecycle import TIMERS
 
 BROKEN = "route:\n  receiver: nobody\n  group_wait: soon\n"
+
+
+def role_settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+    """The dispatch role on the test broker, allowed to post to the local receiver."""
+    return make_settings(
+        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
+    )
+
+
+async def until(task: asyncio.Task[None], cond: Callable[[], bool], timeout_s: float = 20) -> None:
+    """Wait for ``cond`` while the role ``task`` runs; fail if it ends or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert not task.done(), task.exception()
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
 
 
 def test_watcher_adopts_a_valid_edit_and_keeps_the_last_good_config_on_errors(tmp_path: Path) -> None:
@@ -51,9 +68,7 @@ def test_watcher_adopts_a_valid_edit_and_keeps_the_last_good_config_on_errors(tm
 def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
     broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cfg = make_settings(
-        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
-    )
+    cfg = role_settings(broker, tmp_path)
     routes = tmp_path / "routes.yaml"
     with http_receiver() as rx:
 
@@ -64,24 +79,17 @@ def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
             stop = asyncio.Event()
             task = asyncio.create_task(dispatch_role.run(cfg, stop, routes_file=routes))
 
-            async def until(cond: Callable[[], bool], timeout_s: float = 20) -> None:
-                deadline = time.monotonic() + timeout_s
-                while not cond():
-                    assert not task.done(), task.exception()
-                    assert time.monotonic() < deadline, "condition not reached in time"
-                    await asyncio.sleep(0.05)
-
             await asyncio.to_thread(publish, broker.bootstrap, ALERTS, [alert("d1")])
-            await until(lambda: alert("d1").alert_id in at("/hook"))
+            await until(task, lambda: alert("d1").alert_id in at("/hook"))
             write_routes(routes, rx.url("/v2"))  # the same receiver moved to another URL
             await asyncio.sleep(1.5)
             await asyncio.to_thread(publish, broker.bootstrap, ALERTS, [alert("d2")])
-            await until(lambda: alert("d2").alert_id in at("/v2"))
+            await until(task, lambda: alert("d2").alert_id in at("/v2"))
             # a broken edit is rejected; the last good config keeps running
             routes.write_text(routes.read_text().replace("group_wait: 100ms", "group_wait: sometime"))
-            await until(lambda: "routes file" in caplog.text and "rejected" in caplog.text)
+            await until(task, lambda: "routes file" in caplog.text and "rejected" in caplog.text)
             await asyncio.to_thread(publish, broker.bootstrap, ALERTS, [alert("d3")])
-            await until(lambda: alert("d3").alert_id in at("/v2"))
+            await until(task, lambda: alert("d3").alert_id in at("/v2"))
             stop.set()
             await asyncio.wait_for(task, 15)
 
@@ -99,9 +107,7 @@ def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
 def test_edited_retry_settings_apply_to_the_next_attempt_without_a_restart(
     broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cfg = make_settings(
-        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
-    )
+    cfg = role_settings(broker, tmp_path)
     routes = tmp_path / "routes.yaml"
     with http_receiver(status=503) as rx:
 
@@ -112,22 +118,15 @@ def test_edited_retry_settings_apply_to_the_next_attempt_without_a_restart(
             stop = asyncio.Event()
             task = asyncio.create_task(dispatch_role.run(cfg, stop, routes_file=routes))
 
-            async def until(cond: Callable[[], bool], timeout_s: float) -> None:
-                deadline = time.monotonic() + timeout_s
-                while not cond():
-                    assert not task.done(), task.exception()
-                    assert time.monotonic() < deadline, "condition not reached in time"
-                    await asyncio.sleep(0.05)
-
-            await until(lambda: "dispatching" in caplog.text, 30)  # running with the slow retries
+            await until(task, lambda: "dispatching" in caplog.text, 30)  # running with the slow retries
             # the same receiver, retries now within 200 ms instead of up to a minute
             write_routes(routes, rx.url("/hook"))
             routes.write_text(routes.read_text().replace("retry_cap: 500ms", "retry_cap: 200ms"))
-            await until(lambda: "routes file reloaded" in caplog.text, 10)
+            await until(task, lambda: "routes file reloaded" in caplog.text, 10)
             await asyncio.to_thread(publish, broker.bootstrap, ALERTS, [alert("d1")])
-            await until(lambda: attempts() >= 1, 20)
+            await until(task, lambda: attempts() >= 1, 20)
             rx.status = 204
-            await until(lambda: attempts() >= 2, 4)  # the old policy: 0 to 60 s, rarely below 4
+            await until(task, lambda: attempts() >= 2, 4)  # the old policy: 0 to 60 s, rarely below 4
             stop.set()
             await asyncio.wait_for(task, 15)
 
