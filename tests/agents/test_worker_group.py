@@ -15,13 +15,12 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.broker import EmbeddedBroker
 from app.rules.evaluator import partition_for
 from app.rules.loader import load_rules
-from tests.conftest import child_env
+from tests.agents.test_worker_kinds import PARTITIONS, worker_env
 from tests.kafka_helpers import produce, wait_for_json
 from tests.procs import role, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-PARTITIONS = 2  # as the broker fixture created the source topics: one each while both run
 DEVICES = [f"dev-{i}" for i in range(8)]
 RULES = """rules:
   - id: hourly-count
@@ -52,17 +51,12 @@ def ready(log: Path, count: int = 1) -> bool:
 
 
 def test_two_workers_share_partitions_and_hand_over_state(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    # PARTITIONS (2) is the broker fixture's count: one source partition per worker while both run
     assert len({partition_for(d.encode(), PARTITIONS) for d in DEVICES}) == PARTITIONS, "devices must spread"
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "count.yaml").write_text(RULES)
-    env = child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-        APP_DATA_DIR=str(tmp_path / "data"),
-        APP_KAFKA_IDEMPOTENCE="off",
-        APP_PARTITIONS=str(PARTITIONS),
-        APP_RULES_DIR=str(rules_dir),
-    )
+    env = worker_env(broker, tmp_path, rules_dir)
     # hour 0: 12 readings per device in three phases, then one at 01:05 that closes the window
     phase_a, phase_b, phase_c = (
         readings(range(0, 20, 5)),
@@ -101,13 +95,7 @@ def test_a_worker_refuses_topics_whose_partition_count_is_not_app_partitions(
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "count.yaml").write_text(RULES)
-    env = child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-        APP_DATA_DIR=str(tmp_path / "data"),
-        APP_KAFKA_IDEMPOTENCE="off",
-        APP_PARTITIONS="4",  # the broker fixture made the source topics with 2
-        APP_RULES_DIR=str(rules_dir),
-    )
+    env = {**worker_env(broker, tmp_path, rules_dir), "APP_PARTITIONS": "4"}  # the source topics have 2
     log = tmp_path / "w.log"
     with role(["agents", "worker", "-l", "info"], env, log) as proc:
         code = proc.wait(60)
