@@ -70,6 +70,7 @@ from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402
 
 PARTITIONS = 4
+WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]  # the rule worker, one process
 LATENCY_WARMUP_S = 5.0
 DATA = ROOT.parent / "shared" / "datasets"
 NAB = DATA / "nab/data/realKnownCause/machine_temperature_system_failure.csv"
@@ -218,7 +219,8 @@ def worker_env(bootstrap: str, data: Path, rules: Path) -> dict[str, str]:
 
 
 def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
-    """The minimal agent, then the rule worker, each on the same pre-filled sensors topic."""
+    """The minimal and no-op agents, then the rule worker, on the same pre-filled sensors topic;
+    then the rule worker on all three source topics (mixed), on a fresh broker."""
     sensors = [i.value for i in items if i.source == "sensors"]
     with EmbeddedBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
@@ -246,7 +248,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
         )
         print(f"no-op Faust agent (Faust's own per-message floor): {noop.describe(len(sensors))}")
         rate = progress_rate(
-            [sys.executable, "-m", "agents", "worker", "-l", "warn"],
+            WORKER,
             env,
             tmp / "worker.log",
             metric(env["APP_METRICS_PORT"], 'worker_events_total{source="sensors"}'),
@@ -258,7 +260,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
         asyncio.run(fill_many(b.bootstrap, [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]))
         env = worker_env(b.bootstrap, tmp / "mixed-data", pack)
         mixed = progress_rate(
-            [sys.executable, "-m", "agents", "worker", "-l", "warn"],
+            WORKER,
             env,
             tmp / "mixed.log",
             metric(env["APP_METRICS_PORT"], "worker_events_total{"),
@@ -279,7 +281,7 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
     with EmbeddedBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", rules)
-        cmd = [sys.executable, "-m", "agents", "worker", "-l", "warn"]
+        cmd = WORKER
         if echo:
             (tmp / "echo.py").write_text(ECHO_WORKER)
             cmd = [sys.executable, str(tmp / "echo.py")]
