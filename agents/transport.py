@@ -93,15 +93,14 @@ class ExactHighwaterConsumerThread(AIOKafkaConsumerThread):
 
 class ExactHighwaterConsumer(Consumer):
     _held: frozenset[TP] = frozenset()
+    _fetches_in_flight: int = 0
+    _no_fetch_in_flight: asyncio.Event | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
     _batch_acked: dict[TP, int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batch_acked = {}
-
-    _fetches_in_flight: int = 0
-    _no_fetch_in_flight: asyncio.Event | None = None
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return ExactHighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)

@@ -53,7 +53,7 @@ from app import metrics
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
-from app.kafka import make_consumer
+from app.kafka import make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
 from app.tables import TABLES, Tables
@@ -328,8 +328,6 @@ async def check_partitions(settings: Settings) -> None:
     ``APP_PARTITIONS``, as the backtest does; with another count on the topics, some
     registry devices would be expected by no worker and never reported silent.
     """
-    from app.kafka import partition_counts
-
     topics = [*SOURCE_TOPICS.values(), *(regroup_topic(s) for s in SOURCE_TOPICS)]
     counts = await partition_counts(settings.bootstrap_servers, topics)
     wrong = {t: n for t, n in counts.items() if n != settings.partitions}
