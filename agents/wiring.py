@@ -249,7 +249,8 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         others = [s for s in streams if s is not direct]
         if direct is not None:
             rt.ensure_restored(direct, direct_store, partition)
-        decode, process = schema.decode, direct.evaluator.process if direct is not None else None
+        decode = schema.decode
+        events: list[Event] = []
         for record in records:
             raw = record.value
             try:
@@ -259,10 +260,11 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
                 dead = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
                 await send(DLQ, source.encode(), dead)
                 continue
-            if process is not None:
-                out.extend(process(ev, partition))
+            events.append(ev)
             for s in others:
                 await send(regroup, s.key_of(ev), orjson.dumps({"s": s.name, "e": ev.fields}))
+        if direct is not None:
+            out = direct.evaluator.process_batch(events, partition)
         timer.observe(time.perf_counter() - started)
         await outbox.emit(out, source)
 
@@ -272,14 +274,16 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         out = Output()
         started = time.perf_counter()
         partition = tp.partition
+        runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
         for record in records:
             msg = orjson.loads(record.value)
-            s = rt.stream(source, msg["s"])
+            runs.setdefault(msg["s"], []).append(schema.validate(msg["e"]))
+        for name, events in runs.items():
+            s = rt.stream(source, name)
             if s is None:
                 continue  # its rules were removed by a reload
-            ev: Event = schema.validate(msg["e"])
             rt.ensure_restored(s, regroup_store, partition)
-            out.extend(s.evaluator.process(ev, partition))
+            out.extend(s.evaluator.process_batch(events, partition))
         timer.observe(time.perf_counter() - started)
         await outbox.emit(out, source)
 

@@ -9,7 +9,7 @@ can live in a Faust table and survive a restart.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,51 @@ ADDERS: dict[str, Callable[[Any, Any], Any]] = {
     "max": _add_max,
     "count_distinct": _add_distinct,
     "percentile": _add_percentile,
+}
+
+
+def _many(add: Callable[[Any, Any], Any]) -> Callable[[Any, Sequence[Any]], Any]:
+    def add_many(state: Any, values: Sequence[Any]) -> Any:
+        for v in values:
+            state = add(state, v)
+        return state
+
+    return add_many
+
+
+def _many_sum(state: Any, values: Sequence[Any]) -> Any:
+    total, n = state
+    for v in values:  # one by one, left to right: the same float rounding as _add_sum
+        if v is not None:
+            total += v
+            n += 1
+    return [total, n]
+
+
+def _many_min(state: Any, values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return state
+    return min(present) if state is None else min(state, *present)  # ties keep the earlier, as _add_min
+
+
+def _many_max(state: Any, values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return state
+    return max(present) if state is None else max(state, *present)
+
+
+#: Per aggregate function: fold a list of input values, in order; the same result as
+#: :data:`ADDERS` one value at a time.
+MANY_ADDERS: dict[str, Callable[[Any, Sequence[Any]], Any]] = {
+    **{func: _many(add) for func, add in ADDERS.items()},
+    "count_star": lambda state, values: state + len(values),
+    "count": lambda state, values: state + sum(v is not None for v in values),
+    "sum": _many_sum,
+    "avg": _many_sum,
+    "min": _many_min,
+    "max": _many_max,
 }
 
 

@@ -23,6 +23,7 @@ edited (hot reload) its old state is ignored instead of misread.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -123,6 +124,38 @@ class _Versioned:
         self.touched = False
 
 
+class _Batch:
+    """One batch of a stream's partition: events, their clocks, and what rules share per batch."""
+
+    __slots__ = ("_groups", "clocks", "events", "tables")
+
+    def __init__(self, events: Sequence[Event], clocks: list[int]) -> None:
+        self.events, self.clocks = events, clocks
+        #: looked-up registry rows, by (table, alias and key): tables do not change within a batch
+        self.tables: dict[tuple[str, str], dict | None] = {}
+        self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str]], list[int]]] = {}
+
+    def groups(
+        self, rule: CompiledRule, group_by: tuple[str, ...]
+    ) -> tuple[list[tuple[tuple[str, ...], str]], list[int]]:
+        """Per event: its group values for ``group_by`` with the state-key suffix they
+        make, and where the run of consecutive events of its group ends."""
+        found = self._groups.get(group_by)
+        if found is None:
+            keys: list[tuple[tuple[str, ...], str]] = []
+            for ev in self.events:
+                group = group_values(rule, ev.fields)
+                keys.append((group, "\x1f" + "\x1f".join(group) if group else ""))
+            ends = [0] * len(keys)
+            end = len(keys)
+            for i in range(len(keys) - 1, -1, -1):
+                if i + 1 < len(keys) and keys[i + 1][1] != keys[i][1]:
+                    end = i + 1
+                ends[i] = end
+            found = self._groups[group_by] = (keys, ends)
+        return found
+
+
 class StreamEvaluator:
     """The rules of one stream. Not thread-safe: one instance per consumer task."""
 
@@ -147,7 +180,7 @@ class StreamEvaluator:
         self._views: dict[tuple[str, int], _Versioned] = {}
         self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
         self.clocks: dict[int, int] = {}
-        self.timers: dict[int, list[tuple[int, str]]] = {}
+        self.timers: dict[tuple[int, str], list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
         self._expected: dict[int, int] = {}
 
@@ -157,31 +190,44 @@ class StreamEvaluator:
         for key, st in items:
             rid = key.split("\x1f", 1)[0]
             if versions.get(rid) == st.get("v") and st.get("due") is not None:
-                self._schedule(int(st.get("p", 0)), key, int(st["due"]))
+                self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
 
-    def _schedule(self, partition: int, key: str, due: int) -> None:
+    def _heap(self, partition: int, rule_id: str) -> list[tuple[int, str]]:
+        """The timer heap of one rule on one partition: ``(due, state key)``."""
+        heap = self.timers.get((partition, rule_id))
+        if heap is None:
+            heap = self.timers[(partition, rule_id)] = []
+        return heap
+
+    def _schedule(self, heap: list[tuple[int, str]], key: str, due: int) -> None:
         if self.scheduled.get(key) == due:
             return
         self.scheduled[key] = due
-        heapq.heappush(self.timers.setdefault(partition, []), (due, key))
+        heapq.heappush(heap, (due, key))
 
     def _after(self, partition: int, key: str, rule: CompiledRule) -> None:
         """Keep the timer heap in step with the state's ``due`` after a rule ran."""
         st = self.store.get(key)
-        self._rearm(partition, key, st if st is not None and st.get("v") == rule.version else None)
+        self._rearm(
+            self._heap(partition, rule.id),
+            key,
+            st if st is not None and st.get("v") == rule.version else None,
+        )
 
-    def _rearm(self, partition: int, key: str, st: State | None) -> None:
+    def _rearm(self, heap: list[tuple[int, str]], key: str, st: State | None) -> None:
         due = None if st is None else st.get("due")
         if due is not None:
-            self._schedule(partition, key, int(due))
+            self._schedule(heap, key, int(due))
         else:
             self.scheduled.pop(key, None)
 
     def _runs_of(self, partition: int) -> list[tuple[Any, ...]]:
-        """``runners`` with each rule's store view for ``partition`` appended."""
+        """``runners`` with each rule's store view and timer heap for ``partition`` appended."""
         runs = self._partition_runs.get(partition)
         if runs is None:
-            runs = self._partition_runs[partition] = [(*r, self._view(r[0], partition)) for r in self.runners]
+            runs = self._partition_runs[partition] = [
+                (*r, self._view(r[0], partition), self._heap(partition, r[0].id)) for r in self.runners
+            ]
         return runs
 
     def _view(self, rule: CompiledRule, partition: int) -> _Versioned:
@@ -190,22 +236,19 @@ class StreamEvaluator:
             view = self._views[(rule.id, partition)] = _Versioned(self.store, rule.version, partition)
         return view
 
-    def _run_timers(self, partition: int, clock: int, out: Output) -> None:
-        heap = self.timers.get(partition)
-        if not heap or heap[0][0] > clock:
-            return
-        by_id = self.by_id
+    def _run_timers(
+        self, heap: list[tuple[int, str]], partition: int, clock: int, rule: CompiledRule, logic: Logic,
+        out: Output,
+    ) -> None:  # fmt: skip
+        """Run one rule's timers that are due at ``clock``, in due order."""
+        view = self._view(rule, partition)
         while heap and heap[0][0] <= clock:
             due, key = heapq.heappop(heap)
             if self.scheduled.get(key) != due:
                 continue  # rescheduled or done since
             del self.scheduled[key]
-            rule = by_id.get(key.split("\x1f", 1)[0])
-            logic = self.logics.get(rule.id) if rule else None
-            if rule is None or logic is None:
-                continue
             try:
-                out.alerts += logic.on_clock(self._view(rule, partition), key, clock)
+                out.alerts += logic.on_clock(view, key, clock)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
             self._after(partition, key, rule)
@@ -255,51 +298,99 @@ class StreamEvaluator:
 
     def process(self, ev: Event, partition: int = 0) -> Output:
         """Evaluate one event on ``partition`` of this stream."""
-        self.stats.events += 1
+        return self.process_batch((ev,), partition)
+
+    def process_batch(self, events: Sequence[Event], partition: int = 0) -> Output:
+        """Evaluate ``events``, in arrival order, on ``partition`` of this stream.
+
+        Rule by rule: each rule takes the batch's events in order, its timers
+        running at each event's clock (the newest event time so far) before and
+        after the event, exactly as if the events came one at a time. Rules share
+        no state, so a batch gives the same alerts as its events one by one; only
+        the interleaving of different rules' alerts in the output differs.
+        """
         out = Output()
-        clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
+        if not events:
+            return out
+        self.stats.events += len(events)
+        clock = self.clocks.get(partition, events[0].ts_ms)
+        clocks = []
+        for ev in events:
+            if ev.ts_ms > clock:
+                clock = ev.ts_ms
+            clocks.append(clock)
         self.clocks[partition] = clock
-        self._expect_registry(partition, clock)
-        self._run_timers(partition, clock, out)
-        cache: dict[tuple[str, str], dict | None] = {}
-        groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
-        fields = ev.fields
-        for rule, logic, takes_clock, group_by, enriched, rid, view in self._runs_of(partition):
-            row = self._row(rule, fields, cache) if enriched else fields
-            if row is None:
-                continue
-            try:
-                if logic is None:
+        self._expect_registry(partition, clocks[0])
+        batch = _Batch(events, clocks)
+        for run in self._runs_of(partition):
+            self._run_rule(run, batch, partition, out)
+        self.stats.alerts += len(out.alerts)
+        return out
+
+    def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
+        """One rule over a batch: its timers, then each event, in order."""
+        rule, logic, takes_clock, group_by, enriched, rid, view, heap = run
+        events, clocks = batch.events, batch.clocks
+        if logic is None:
+            for ev in events:
+                row = self._row(rule, ev.fields, batch.tables) if enriched else ev.fields
+                if row is not None:
                     out.routed += self._route(rule, ev, row)
+            return
+        groups, ends = ([], []) if enriched else batch.groups(rule, group_by)
+        fold_many = None if enriched else getattr(logic, "fold_many", None)
+        on_event = logic.on_event
+        alerts: list[Alert]
+        i, n = 0, len(events)
+        while i < n:
+            clock = clocks[i]
+            if heap and heap[0][0] <= clock:
+                self._run_timers(heap, partition, clock, rule, logic, out)
+            if fold_many is not None and ends[i] - i > 1:
+                # a run of one group's events before the rule's next timer: the logic may take a
+                # leading part of it in one call (see Logic.fold_many)
+                end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
+                if end - i > 1:
+                    group, suffix = groups[i]
+                    try:
+                        taken = fold_many(view, rid + suffix, group, events[i:end], clocks[end - 1])
+                    except Exception:  # the events then run one by one, which reports it
+                        taken = 0
+                    if taken:
+                        i += taken
+                        continue
+            ev = events[i]
+            i += 1
+            if enriched:
+                row = self._row(rule, ev.fields, batch.tables)
+                if row is None:
                     continue
-                found = groups.get(group_by) if row is fields else None
-                if found is None:
-                    group = group_values(rule, row)
-                    found = (group, "\x1f" + "\x1f".join(group) if group else "")
-                    if row is fields:
-                        groups[group_by] = found
-                group, suffix = found
+                group = group_values(rule, row)
+                key = state_key(rule, group)
+            else:
+                row = ev.fields
+                group, suffix = groups[i - 1]
                 key = rid + suffix  # = state_key(rule, group)
-                view.touched = None
+            view.touched = None
+            try:
                 if takes_clock:
-                    alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)
+                    alerts, late = on_event(view, key, group, ev, row, clock_ms=clock)
                 else:
-                    alerts, late = logic.on_event(view, key, group, ev, row)
+                    alerts, late = on_event(view, key, group, ev, row)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
                 continue
             if late:
                 self.stats.late += 1
                 if rule.rule.late_policy == "side":
-                    out.late.append((rule.id, orjson.dumps({"rule_id": rule.id, "event": ev.fields})))
+                    out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
             if alerts:
                 out.alerts += alerts
             touched = view.touched
             if touched is not None:  # only a write can move the state's timer
-                self._rearm(partition, key, touched or None)
-        self._run_timers(partition, clock, out)
-        self.stats.alerts += len(out.alerts)
-        return out
+                self._rearm(heap, key, touched or None)
+                if heap and heap[0][0] <= clock:
+                    self._run_timers(heap, partition, clock, rule, logic, out)
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
         assert rule.parts is not None  # noqa: S101
@@ -357,10 +448,22 @@ class Engine:
 
     def process(self, source: str, ev: Event) -> Output:
         """Backtest path: every stream of ``source``, on the partition Kafka would pick."""
+        return self.process_batch([(source, ev)])
+
+    def process_batch(self, items: Sequence[tuple[str, Event]]) -> Output:
+        """Backtest path for many ``(source, event)`` pairs: each stream's partitions
+        take their events in order, in one batch each (see
+        :meth:`StreamEvaluator.process_batch`)."""
         out = Output()
-        for stream in self.streams.get(source, ()):
-            if stream.evaluator.rules:
-                out.extend(stream.evaluator.process(ev, partition_for(stream.key_of(ev), self.partitions)))
+        parts: dict[tuple[str, int], list[Event]] = {}
+        for source, ev in items:
+            for stream in self.streams.get(source, ()):
+                if stream.evaluator.rules:
+                    p = partition_for(stream.key_of(ev), self.partitions)
+                    parts.setdefault((stream.name, p), []).append(ev)
+        by_name = {s.name: s for streams in self.streams.values() for s in streams}
+        for (name, p), evs in parts.items():
+            out.extend(by_name[name].evaluator.process_batch(evs, p))
         return out
 
     @property
