@@ -35,6 +35,7 @@ from aiokafka.partitioner import murmur2
 
 from app.alerts import Alert
 from app.events import SCHEMAS, Event
+from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, Logic, State, StateStore, build_alert, group_values, state_key
 from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, SequenceLogic
@@ -127,10 +128,13 @@ class _Versioned:
 class _Batch:
     """One batch of a stream's partition: events, their clocks, and what rules share per batch."""
 
-    __slots__ = ("_groups", "clocks", "events", "tables")
+    __slots__ = ("_groups", "clocks", "columns", "events", "rows", "tables")
 
     def __init__(self, events: Sequence[Event], clocks: list[int]) -> None:
         self.events, self.clocks = events, clocks
+        self.rows = [ev.fields for ev in events]
+        #: each field's values, read once for the conditions of every rule (Compiled.over)
+        self.columns: Columns = {}
         #: looked-up registry rows, by (table, alias and key): tables do not change within a batch
         self.tables: dict[tuple[str, str], dict | None] = {}
         self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str]], list[int]]] = {}
@@ -339,6 +343,7 @@ class StreamEvaluator:
             return
         groups, ends = ([], []) if enriched else batch.groups(rule, group_by)
         fold_many = None if enriched else getattr(logic, "fold_many", None)
+        passes: list[Any] | None = None  # the rule's condition on each event, once fold_many needs it
         on_event = logic.on_event
         alerts: list[Alert]
         i, n = 0, len(events)
@@ -351,9 +356,14 @@ class StreamEvaluator:
                 # leading part of it in one call (see Logic.fold_many)
                 end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
                 if end - i > 1:
+                    if passes is None and rule.where is not None:
+                        passes = rule.where.over(batch.rows, batch.columns)
                     group, suffix = groups[i]
                     try:
-                        taken = fold_many(view, rid + suffix, group, events[i:end], clocks[end - 1])
+                        taken = fold_many(
+                            view, rid + suffix, group, events[i:end], clocks[end - 1],
+                            None if passes is None else passes[i:end],
+                        )  # fmt: skip
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:

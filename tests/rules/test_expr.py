@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -97,3 +98,51 @@ def test_rejections(text: str, fragment: str) -> None:
     with pytest.raises(ExpressionError, match=None) as info:
         compile_expr(text, SCHEMA, boolean=True)
     assert fragment in str(info.value)
+
+
+COLUMN_WISE = [
+    "temperature > 100",
+    "temperature > 1 and status = 'x'",
+    "temperature > 1 or status = 'x'",
+    "not (temperature > 1) or temperature is null",
+    "temperature >= 2 and temperature <= 2.0 and temperature != 3 and temperature < 9 and temperature = 2",
+    "status is not null and (status in ('a', 'b') or status like 'er%')",
+    "temperature between 1 and 2 and not (battery < 5)",
+    "temperature > device.max_temp",
+    "coalesce(battery, 100) >= 100 or humidity > 50",
+]
+ROWS: list[dict[str, Any]] = [
+    {"temperature": t, "status": s, "battery": b, "humidity": h, "device.max_temp": m}
+    for t in (None, 0.0, 1.5, 2, 2.0, 100.5)
+    for s in (None, "x", "b", "error")
+    for b, h, m in ((None, None, None), (3, 60.0, 1.0), (50, 10.0, 99.0))
+]
+
+
+@pytest.mark.parametrize("text", COLUMN_WISE)
+def test_column_wise_gives_the_row_wise_values(text: str) -> None:
+    c = compile_expr(text, SCHEMA, boolean=True)
+    assert c.many is not None
+    columns: dict[str, list[Any]] = {}
+    got = c.over(ROWS, columns)
+    want = [c.fn(r) for r in ROWS]
+    assert [(type(v), v) for v in got] == [(type(v), v) for v in want]
+    assert {True, False} <= set(want)  # both outcomes are exercised
+
+
+def test_column_wise_reads_each_field_once_per_batch() -> None:
+    columns: dict[str, list[Any]] = {}
+    first = compile_expr("temperature > 1 and status is null", SCHEMA).over(ROWS, columns)
+    assert set(columns) == {"temperature", "status"}
+    columns["temperature"] = [5.0] * len(ROWS)  # the cache is what the next condition reads
+    assert compile_expr("temperature > 1", SCHEMA).over(ROWS, columns) == [True] * len(ROWS)
+    assert first.count(True) == sum(1 for r in ROWS if r["status"] is None and (r["temperature"] or 0) > 1)
+
+
+def test_column_wise_that_raises_is_redone_row_by_row() -> None:
+    c = compile_expr("temperature > 1", SCHEMA, boolean=True)
+
+    def broken(rows: Any, cols: Any) -> list[Any]:
+        raise TypeError("a row the row-wise form never reaches")
+
+    assert replace(c, many=broken).over([{"temperature": 2.0}, {}], {}) == [True, None]

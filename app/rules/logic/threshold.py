@@ -168,38 +168,38 @@ class ThresholdLogic:
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int
-    ) -> int:
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int,
+        passes: Sequence[Any] | None,
+    ) -> int:  # fmt: skip
         """The common cases of a run of one group's events, in one go: the leading
         events that keep a firing group firing or a quiet group quiet (what
-        :meth:`on_event` does for them, without a call per event). Returns how many
-        it took (0: none, nothing changed).
+        :meth:`on_event` does for them, without a call per event). ``passes``: the
+        condition on each event. Returns how many it took (0: none, nothing changed).
         """
-        if self.pct or self.no_data is not None:
+        if self.pct or self.no_data is not None or passes is None:
             return 0
-        where, clear = self.where, self.clear
+        clear = self.clear
         st = store.get(key)
         taken = 0
         if st is None:  # a quiet group with no state: it stays so while the condition does not hold
-            for ev in events:
-                if where(ev.fields) is True:
+            for holds in passes:
+                if holds is True:
                     break
                 taken += 1
             return taken
         last = st["last"]
         if st["fire"] is not None and st.get("kf") is None:  # firing: stays firing while it holds
-            for ev in events:
-                row = ev.fields
-                if ev.ts_ms < last or ev.ts_ms < 0 or where(row) is not True:
+            for ev, holds in zip(events, passes, strict=True):
+                if ev.ts_ms < last or ev.ts_ms < 0 or holds is not True:
                     break
-                if clear is not None and clear(row) is True:
+                if clear is not None and clear(ev.fields) is True:
                     break
                 last = ev.ts_ms
                 taken += 1
             st["n"] += taken
         elif st["fire"] is None and not st["n"] and st.get("nd") is None:  # quiet, with state
-            for ev in events:
-                if ev.ts_ms < last or ev.ts_ms < 0 or where(ev.fields) is True:
+            for ev, holds in zip(events, passes, strict=True):
+                if ev.ts_ms < last or ev.ts_ms < 0 or holds is True:
                     break
                 last = ev.ts_ms
                 taken += 1

@@ -143,11 +143,13 @@ class TumblingLogic(_Aggregating):
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int
-    ) -> int:
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int,
+        passes: Sequence[Any] | None,
+    ) -> int:  # fmt: skip
         """The common case of a run of one group's events (``clock_ms``: the clock at
-        the last one): the leading ones that fold into the group's open tumbling
-        window, folded in one go. Returns how many it took (0: none, nothing changed).
+        the last one; ``passes``: the ``where`` on each): the leading ones that fold
+        into the group's open tumbling window, folded in one go. Returns how many it
+        took (0: none, nothing changed).
         """
         if not self.tumbling:
             return 0
@@ -167,8 +169,10 @@ class TumblingLogic(_Aggregating):
             if not start <= ev.ts_ms < end:
                 break
             taken += 1
-        where = self.where
-        rows = [ev.fields for ev in events[:taken] if where is None or where(ev.fields) is True]
+        if passes is None:
+            rows = [ev.fields for ev in events[:taken]]
+        else:
+            rows = [ev.fields for ev, p in zip(events[:taken], passes, strict=False) if p is True]
         if rows:
             w["a"] = self.fold_rows(w["a"], rows)
             store.put(key, st)
