@@ -125,38 +125,65 @@ class _Versioned:
         self.touched = False
 
 
-class _Batch:
-    """One batch of a stream's partition: events, their clocks, and what rules share per batch."""
+class _Rows:
+    """A batch's rows as some rules see them: the events' fields, or with registry
+    columns joined (None: the event is skipped, its table row missing), with what
+    the rules reading them share: each field's values and each grouping's keys."""
 
-    __slots__ = ("_groups", "clocks", "columns", "events", "rows", "tables")
+    __slots__ = ("_groups", "columns", "dense", "rows", "skipped")
 
-    def __init__(self, events: Sequence[Event], clocks: list[int]) -> None:
-        self.events, self.clocks = events, clocks
-        self.rows = [ev.fields for ev in events]
+    def __init__(self, rows: list[dict[str, Any] | None]) -> None:
+        self.rows = rows
+        self.skipped = sum(r is None for r in rows)
+        #: the rows with {} for a skipped one, for column-wise conditions (a skipped row's value is unused)
+        self.dense = rows if not self.skipped else [{} if r is None else r for r in rows]
         #: each field's values, read once for the conditions of every rule (Compiled.over)
         self.columns: Columns = {}
-        #: looked-up registry rows, by (table, alias and key): tables do not change within a batch
-        self.tables: dict[tuple[str, str], dict | None] = {}
-        self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str]], list[int]]] = {}
+        self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str] | None], list[int]]] = {}
 
     def groups(
         self, rule: CompiledRule, group_by: tuple[str, ...]
-    ) -> tuple[list[tuple[tuple[str, ...], str]], list[int]]:
-        """Per event: its group values for ``group_by`` with the state-key suffix they
-        make, and where the run of consecutive events of its group ends."""
+    ) -> tuple[list[tuple[tuple[str, ...], str] | None], list[int]]:
+        """Per row: its group values for ``group_by`` with the state-key suffix they
+        make (None for a skipped row), and where the run of consecutive rows of its
+        group ends."""
         found = self._groups.get(group_by)
         if found is None:
-            keys: list[tuple[tuple[str, ...], str]] = []
-            for ev in self.events:
-                group = group_values(rule, ev.fields)
+            keys: list[tuple[tuple[str, ...], str] | None] = []
+            for row in self.rows:
+                if row is None:
+                    keys.append(None)
+                    continue
+                group = group_values(rule, row)
                 keys.append((group, "\x1f" + "\x1f".join(group) if group else ""))
             ends = [0] * len(keys)
             end = len(keys)
             for i in range(len(keys) - 1, -1, -1):
-                if i + 1 < len(keys) and keys[i + 1][1] != keys[i][1]:
+                here, after = keys[i], keys[i + 1] if i + 1 < len(keys) else None
+                if here is None or after is None or after[1] != here[1]:
                     end = i + 1
                 ends[i] = end
             found = self._groups[group_by] = (keys, ends)
+        return found
+
+
+class _Batch:
+    """One batch of a stream's partition: events, their clocks, and the rows rules share."""
+
+    __slots__ = ("_views", "clocks", "events", "tables")
+
+    def __init__(self, events: Sequence[Event], clocks: list[int]) -> None:
+        self.events, self.clocks = events, clocks
+        #: looked-up registry rows, by (table, alias and key): tables do not change within a batch
+        self.tables: dict[tuple[str, str], dict | None] = {}
+        self._views: dict[tuple[Any, ...], _Rows] = {(): _Rows([ev.fields for ev in events])}
+
+    def rows(self, evaluator: StreamEvaluator, rule: CompiledRule) -> _Rows:
+        """The rows ``rule`` reads: shared by every rule with the same enrichment."""
+        found = self._views.get(rule.rule.enrich)
+        if found is None:
+            rows = [evaluator.enrich(rule, ev.fields, self.tables) for ev in self.events]
+            found = self._views[rule.rule.enrich] = _Rows(rows)
         return found
 
 
@@ -175,12 +202,11 @@ class StreamEvaluator:
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
         self.by_id = {r.id: r for r in self.rules}
-        # per rule: (rule, logic, takes clock_ms, group_by, enriched, id) computed once, not per event
+        # per rule: (rule, logic, takes clock_ms, group_by, id) computed once, not per event
         self.runners = [
-            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by,
-             bool(r.rule.enrich), r.id)
+            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by, r.id)
             for r in self.rules
-        ]  # fmt: skip
+        ]
         self._views: dict[tuple[str, int], _Versioned] = {}
         self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
         self.clocks: dict[int, int] = {}
@@ -279,9 +305,10 @@ class StreamEvaluator:
                 logic.expect(_Versioned(self.store, rule.version, partition), key, (dev,), clock)
                 self._after(partition, key, rule)
 
-    def _row(
+    def enrich(
         self, rule: CompiledRule, row: dict[str, Any], cache: dict[tuple[str, str], dict | None]
     ) -> dict | None:
+        """``row`` with the registry columns of ``rule``'s enrichment; None: skip the event."""
         if not rule.rule.enrich:
             return row
         out = dict(row)
@@ -293,7 +320,6 @@ class StreamEvaluator:
             extra = cache[ck]
             if extra is None:
                 if spec.missing == "skip":
-                    self.stats.skipped_no_table_row += 1
                     return None
                 table = TABLES[spec.table]
                 extra = {f"{spec.as_}.{c}": None for c in (table.key, *table.columns)}
@@ -333,17 +359,18 @@ class StreamEvaluator:
 
     def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
-        rule, logic, takes_clock, group_by, enriched, rid, view, heap = run
+        rule, logic, takes_clock, group_by, rid, view, heap = run
         events, clocks = batch.events, batch.clocks
+        rows = batch.rows(self, rule)
+        self.stats.skipped_no_table_row += rows.skipped
         if logic is None:
-            for ev in events:
-                row = self._row(rule, ev.fields, batch.tables) if enriched else ev.fields
+            for ev, row in zip(events, rows.rows, strict=True):
                 if row is not None:
                     out.routed += self._route(rule, ev, row)
             return
-        groups, ends = ([], []) if enriched else batch.groups(rule, group_by)
-        fold_many = None if enriched else getattr(logic, "fold_many", None)
-        passes: list[Any] | None = None  # the rule's condition on each event, once fold_many needs it
+        keys, ends = rows.groups(rule, group_by)
+        fold_many = getattr(logic, "fold_many", None)
+        passes: list[Any] | None = None  # the rule's condition on each row, once fold_many needs it
         on_event = logic.on_event
         alerts: list[Alert]
         i, n = 0, len(events)
@@ -351,36 +378,35 @@ class StreamEvaluator:
             clock = clocks[i]
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, partition, clock, rule, logic, out)
+            found = keys[i]
+            if found is None:  # skipped: no row in the registry table
+                i += 1
+                continue
+            group, suffix = found
+            key = rid + suffix  # = state_key(rule, group)
             if fold_many is not None and ends[i] - i > 1:
                 # a run of one group's events before the rule's next timer: the logic may take a
                 # leading part of it in one call (see Logic.fold_many)
                 end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
                 if end - i > 1:
                     if passes is None and rule.where is not None:
-                        passes = rule.where.over(batch.rows, batch.columns)
-                    group, suffix = groups[i]
+                        passes = rule.where.over(rows.dense, rows.columns)
+                    view.touched = None
                     try:
                         taken = fold_many(
-                            view, rid + suffix, group, events[i:end], clocks[end - 1],
+                            view, key, group, events[i:end], rows.rows[i:end], clocks[end - 1],
                             None if passes is None else passes[i:end],
                         )  # fmt: skip
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:
                         i += taken
+                        touched = view.touched
+                        if touched is not None:
+                            self._rearm(heap, key, touched or None)
                         continue
-            ev = events[i]
+            ev, row = events[i], rows.rows[i]
             i += 1
-            if enriched:
-                row = self._row(rule, ev.fields, batch.tables)
-                if row is None:
-                    continue
-                group = group_values(rule, row)
-                key = state_key(rule, group)
-            else:
-                row = ev.fields
-                group, suffix = groups[i - 1]
-                key = rid + suffix  # = state_key(rule, group)
             view.touched = None
             try:
                 if takes_clock:
@@ -485,6 +511,7 @@ class Engine:
                 total.late += st.late
                 total.alerts += st.alerts
                 total.errors += st.errors
+                total.skipped_no_table_row += st.skipped_no_table_row
                 total.per_rule_errors.update(st.per_rule_errors)
         return total
 

@@ -10,10 +10,11 @@ Contract (bytewax's StatefulLogic, adapted):
 * ``on_clock(store, key, clock_ms) -> alerts`` runs when the partition's
   event-time clock (the newest event time seen on it) has reached the state's
   ``due`` time. It closes windows, fires absences and ends event alerts.
-* ``fold_many(store, key, group, events, clock_ms, passes) -> taken`` is
+* ``fold_many(store, key, group, events, rows, clock_ms, passes) -> taken`` is
   optional: given a run of one group's consecutive events before the rule's
-  next timer (``clock_ms``: the clock at the last of them; ``passes``: the
-  rule's ``where`` on each, evaluated column-wise, or None), it may apply a leading part
+  next timer (``rows``: their rows; ``clock_ms``: the clock at the last of
+  them; ``passes``: the rule's ``where`` on each, evaluated column-wise, or
+  None), it may apply a leading part
   in one go when that part is the kind's common case (a firing threshold that
   keeps firing, an event that folds into an open window) and returns how many
   events it took, 0 when it changed nothing. The rest go to ``on_event``; the

@@ -168,13 +168,13 @@ class ThresholdLogic:
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int,
-        passes: Sequence[Any] | None,
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
+        rows: Sequence[Mapping[str, Any]], clock_ms: int, passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
         """The common cases of a run of one group's events, in one go: the leading
         events that keep a firing group firing or a quiet group quiet (what
-        :meth:`on_event` does for them, without a call per event). ``passes``: the
-        condition on each event. Returns how many it took (0: none, nothing changed).
+        :meth:`on_event` does for them, without a call per event). ``rows``: the
+        events' rows; ``passes``: the condition on each. Returns how many it took (0: none, nothing changed).
         """
         if self.pct or self.no_data is not None or passes is None:
             return 0
@@ -189,10 +189,10 @@ class ThresholdLogic:
             return taken
         last = st["last"]
         if st["fire"] is not None and st.get("kf") is None:  # firing: stays firing while it holds
-            for ev, holds in zip(events, passes, strict=True):
+            for ev, row, holds in zip(events, rows, passes, strict=True):
                 if ev.ts_ms < last or ev.ts_ms < 0 or holds is not True:
                     break
-                if clear is not None and clear(ev.fields) is True:
+                if clear is not None and clear(row) is True:
                     break
                 last = ev.ts_ms
                 taken += 1

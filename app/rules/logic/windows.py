@@ -48,7 +48,7 @@ class _Aggregating:
         self.lateness = rule.rule.allowed_lateness
         # per aggregate: (input expression or None, fold function), looked up once
         self._folds = [(a.arg, ADDERS[a.func]) for a in self.aggs]
-        self._many = [(None if a.arg is None else a.arg.fn, MANY_ADDERS[a.func]) for a in self.aggs]
+        self._many = [(a.arg, MANY_ADDERS[a.func]) for a in self.aggs]
 
     def results(self, states: list[Any]) -> dict[str, Any]:
         return {a.name: a.result(s) for a, s in zip(self.aggs, states, strict=True)}
@@ -64,7 +64,7 @@ class _Aggregating:
 
     def fold_rows(self, states: list[Any], rows: Sequence[Mapping[str, Any]]) -> list[Any]:
         """:meth:`fold` of each row in turn, an aggregate at a time."""
-        inputs = [rows if fn is None else [fn(r) for r in rows] for fn, _ in self._many]
+        inputs = [rows if arg is None else arg.over(rows, {}) for arg, _ in self._many]
         return [add(s, v) for (_, add), s, v in zip(self._many, states, inputs, strict=True)]
 
     def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
@@ -143,8 +143,8 @@ class TumblingLogic(_Aggregating):
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event], clock_ms: int,
-        passes: Sequence[Any] | None,
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
+        rows: Sequence[Mapping[str, Any]], clock_ms: int, passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
         """The common case of a run of one group's events (``clock_ms``: the clock at
         the last one; ``passes``: the ``where`` on each): the leading ones that fold
@@ -169,10 +169,10 @@ class TumblingLogic(_Aggregating):
             if not start <= ev.ts_ms < end:
                 break
             taken += 1
-        if passes is None:
-            rows = [ev.fields for ev in events[:taken]]
+        if passes is not None:
+            rows = [row for row, p in zip(rows[:taken], passes, strict=False) if p is True]
         else:
-            rows = [ev.fields for ev, p in zip(events[:taken], passes, strict=False) if p is True]
+            rows = rows[:taken]
         if rows:
             w["a"] = self.fold_rows(w["a"], rows)
             store.put(key, st)
