@@ -28,7 +28,7 @@ import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiokafka.partitioner import murmur2
@@ -327,8 +327,64 @@ class StreamEvaluator:
         return out
 
     def process(self, ev: Event, partition: int = 0) -> Output:
-        """Evaluate one event on ``partition`` of this stream."""
-        return self.process_batch((ev,), partition)
+        """Evaluate one event on ``partition`` of this stream: every rule in turn, its
+        timers due at the clock run before and after it (as :meth:`process_batch`,
+        without the batch's bookkeeping)."""
+        self.stats.events += 1
+        out = Output()
+        clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
+        self.clocks[partition] = clock
+        self._expect_registry(partition, clock)
+        tables: dict[tuple[str, str], dict | None] = {}
+        groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+        fields = ev.fields
+        for run in self._runs_of(partition):
+            rule, logic, _takes_clock, group_by, rid, _view, heap = run
+            if heap and heap[0][0] <= clock:
+                self._run_timers(heap, partition, clock, rule, logic, out)
+            row = self.enrich(rule, fields, tables) if rule.rule.enrich else fields
+            if row is None:
+                self.stats.skipped_no_table_row += 1
+                continue
+            if logic is None:
+                out.routed += self._route(rule, ev, row)
+                continue
+            found = groups.get(group_by) if row is fields else None
+            if found is None:
+                group = group_values(rule, row)
+                found = (group, "\x1f" + "\x1f".join(group) if group else "")
+                if row is fields:
+                    groups[group_by] = found
+            self._step(run, partition, found[0], rid + found[1], ev, row, clock, out)
+        self.stats.alerts += len(out.alerts)
+        return out
+
+    def _step(
+        self, run: tuple[Any, ...], partition: int, group: tuple[str, ...], key: str, ev: Event,
+        row: Mapping[str, Any], clock: int, out: Output,
+    ) -> None:  # fmt: skip
+        """One event through one rule's ``on_event``, then the timers it made due."""
+        rule, logic, takes_clock, _group_by, rid, view, heap = run
+        view.touched = None
+        try:
+            if takes_clock:
+                alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)
+            else:
+                alerts, late = logic.on_event(view, key, group, ev, row)
+        except Exception as exc:  # one rule's bug must not stop the others
+            self._failed(rule, exc)
+            return
+        if late:
+            self.stats.late += 1
+            if rule.rule.late_policy == "side":
+                out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
+        if alerts:
+            out.alerts += alerts
+        touched = view.touched
+        if touched is not None:  # only a write can move the state's timer
+            self._rearm(heap, key, touched or None)
+            if heap and heap[0][0] <= clock:
+                self._run_timers(heap, partition, clock, rule, logic, out)
 
     def process_batch(self, events: Sequence[Event], partition: int = 0) -> Output:
         """Evaluate ``events``, in arrival order, on ``partition`` of this stream.
@@ -359,7 +415,7 @@ class StreamEvaluator:
 
     def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
-        rule, logic, takes_clock, group_by, rid, view, heap = run
+        rule, logic, _takes_clock, group_by, rid, view, heap = run
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
@@ -371,8 +427,6 @@ class StreamEvaluator:
         keys, ends = rows.groups(rule, group_by)
         fold_many = getattr(logic, "fold_many", None)
         passes: list[Any] | None = None  # the rule's condition on each row, once fold_many needs it
-        on_event = logic.on_event
-        alerts: list[Alert]
         i, n = 0, len(events)
         while i < n:
             clock = clocks[i]
@@ -405,28 +459,10 @@ class StreamEvaluator:
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
-            ev, row = events[i], rows.rows[i]
+            self._step(
+                run, partition, group, key, events[i], cast("dict[str, Any]", rows.rows[i]), clock, out
+            )
             i += 1
-            view.touched = None
-            try:
-                if takes_clock:
-                    alerts, late = on_event(view, key, group, ev, row, clock_ms=clock)
-                else:
-                    alerts, late = on_event(view, key, group, ev, row)
-            except Exception as exc:  # one rule's bug must not stop the others
-                self._failed(rule, exc)
-                continue
-            if late:
-                self.stats.late += 1
-                if rule.rule.late_policy == "side":
-                    out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
-            if alerts:
-                out.alerts += alerts
-            touched = view.touched
-            if touched is not None:  # only a write can move the state's timer
-                self._rearm(heap, key, touched or None)
-                if heap and heap[0][0] <= clock:
-                    self._run_timers(heap, partition, clock, rule, logic, out)
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
         assert rule.parts is not None  # noqa: S101
@@ -484,7 +520,11 @@ class Engine:
 
     def process(self, source: str, ev: Event) -> Output:
         """Backtest path: every stream of ``source``, on the partition Kafka would pick."""
-        return self.process_batch([(source, ev)])
+        out = Output()
+        for stream in self.streams.get(source, ()):
+            if stream.evaluator.rules:
+                out.extend(stream.evaluator.process(ev, partition_for(stream.key_of(ev), self.partitions)))
+        return out
 
     def process_batch(self, items: Sequence[tuple[str, Event]]) -> Output:
         """Backtest path for many ``(source, event)`` pairs: each stream's partitions
