@@ -448,7 +448,7 @@ class StreamEvaluator:
                     view.touched = None
                     try:
                         taken = fold_many(
-                            view, key, group, events[i:end], rows.rows[i:end], clocks[end - 1],
+                            view, key, group, events[i:end], rows.rows[i:end], clocks[i:end],
                             None if passes is None else passes[i:end],
                         )  # fmt: skip
                     except Exception:  # the events then run one by one, which reports it

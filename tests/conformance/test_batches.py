@@ -21,6 +21,7 @@ from app.backtest import BacktestReport, read_events
 from app.events import Event
 from app.rules.evaluator import Engine, Output
 from app.rules.loader import load_rules
+from app.rules.logic.events import AbsenceLogic
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import TumblingLogic
 from tests.conformance.test_kinds import RULES as KINDS
@@ -72,7 +73,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> Counter:
 
         return fold_many
 
-    for cls in (ThresholdLogic, TumblingLogic):
+    for cls in (AbsenceLogic, ThresholdLogic, TumblingLogic):
         monkeypatch.setattr(cls, "fold_many", counting(cls, cls.fold_many))
     return counts
 
@@ -97,3 +98,4 @@ def test_batches_give_the_transitions_of_one_event_at_a_time(
     assert taken["ThresholdLogic"] > 1000
     if pack != THRESHOLDS:
         assert taken["TumblingLogic"] > 1000
+        assert taken["AbsenceLogic"] > 1000

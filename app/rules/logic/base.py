@@ -10,15 +10,17 @@ Contract (bytewax's StatefulLogic, adapted):
 * ``on_clock(store, key, clock_ms) -> alerts`` runs when the partition's
   event-time clock (the newest event time seen on it) has reached the state's
   ``due`` time. It closes windows, fires absences and ends event alerts.
-* ``fold_many(store, key, group, events, rows, clock_ms, passes) -> taken`` is
+* ``fold_many(store, key, group, events, rows, clocks, passes) -> taken`` is
   optional: given a run of one group's consecutive events before the rule's
-  next timer (``rows``: their rows; ``clock_ms``: the clock at the last of
-  them; ``passes``: the rule's ``where`` on each, evaluated column-wise, or
-  None), it may apply a leading part
+  next timer (``rows``: their rows; ``clocks``: the partition clock at each;
+  ``passes``: the rule's ``where`` on each, evaluated column-wise, or None),
+  it may apply a leading part
   in one go when that part is the kind's common case (a firing threshold that
   keeps firing, an event that folds into an open window) and returns how many
-  events it took, 0 when it changed nothing. The rest go to ``on_event``; the
-  result must be exactly what ``on_event`` gives one event at a time.
+  events it took, 0 when it changed nothing. It must stop before an event whose
+  clock reaches a timer the part it took would have set. The rest go to
+  ``on_event``; the result must be exactly what ``on_event`` gives one event at
+  a time.
 * State is a small JSON-able dict per (rule, group) holding at least ``g``
   (the group values) and, when a timer is pending, ``due``. ``store.put`` is
   called whenever the state must survive a restart.

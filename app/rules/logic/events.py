@@ -24,7 +24,7 @@ seen for the rule and group) are skipped. Absence and new term use them
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.alerts import Alert
@@ -73,6 +73,30 @@ class AbsenceLogic:
         due = None if fire is not None else self._due(last)
         store.put(key, {"g": list(group), "last": last, "fire": fire, "due": due})
         return alerts, False
+
+    def fold_many(
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
+        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
+    ) -> int:  # fmt: skip
+        """A run of one group's events while it is not silent (see ``Logic.fold_many``):
+        only the newest event time counts, so the run is one write. It stops before the
+        event whose clock reaches the silence deadline, where the timer must run first."""
+        st = store.get(key)
+        if st is not None and st["fire"] is not None:
+            return 0  # silent: the first event resolves it, one by one
+        last = None if st is None else st["last"]
+        due = None if last is None else self._due(last)
+        taken = 0
+        for ev, clock, holds in zip(events, clocks, passes or [True] * len(events), strict=True):
+            if due is not None and clock >= due:
+                break
+            if holds is True and (last is None or ev.ts_ms > last):
+                last = ev.ts_ms
+                due = self._due(last)
+            taken += 1
+        if last is not None and (st is None or last != st["last"]):
+            store.put(key, {"g": list(group), "last": last, "fire": None, "due": due})
+        return taken
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)

@@ -169,7 +169,7 @@ class ThresholdLogic:
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clock_ms: int, passes: Sequence[Any] | None,
+        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
         """The common cases of a run of one group's events, in one go: the leading
         events that keep a firing group firing or a quiet group quiet (what

@@ -144,7 +144,7 @@ class TumblingLogic(_Aggregating):
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clock_ms: int, passes: Sequence[Any] | None,
+        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
         """The common case of a run of one group's events (``clock_ms``: the clock at
         the last one; ``passes``: the ``where`` on each): the leading ones that fold
@@ -158,7 +158,7 @@ class TumblingLogic(_Aggregating):
             return 0
         step = self.step
         start = events[0].ts_ms - events[0].ts_ms % step
-        if start + self.size + self.lateness <= clock_ms:
+        if start + self.size + self.lateness <= clocks[-1]:
             return 0  # late at some point of the run: one by one
         w = st["w"].get(str(start))
         if w is None or w["done"]:
