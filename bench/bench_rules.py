@@ -6,8 +6,10 @@ Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--s
 40 s per throughput run, then the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s
 drain):
 
-* evaluator alone: events/s through a mixed pack of about 50 rules (the shipped
-  packs plus threshold and window variants), on real NAB, Apache and OHLC events;
+* evaluator alone: events/s (CPU time, best of three) through a mixed pack of
+  about 50 rules (the shipped packs plus threshold and window variants), on real
+  NAB, Apache and OHLC events, in batches of 500 as the worker evaluates them and
+  one event at a time as backtests do;
 * minimal Faust agent (decode, send every event) on a pre-filled sensors topic,
 * a no-op Faust agent (only iterates the stream): Faust's own per-message floor,
   the baseline measured at ~14,000 events/s on this machine;
@@ -38,6 +40,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,8 @@ from ingest.adapters.ohlc import ohlc_events  # noqa: E402
 PARTITIONS = 4
 WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]  # the rule worker, one process
 LATENCY_WARMUP_S = 5.0
+#: The evaluator's batch: the worker's default APP_WORKER_BATCH, split by stream and partition as there
+EVAL_BATCH = 500
 DATA = ROOT.parent / "shared" / "datasets"
 NAB = DATA / "nab/data/realKnownCause/machine_temperature_system_failure.csv"
 APACHE = DATA / "apache_logs/apache_logs"
@@ -138,21 +143,34 @@ def events(n: int) -> list[Item]:
 
 
 def bench_evaluator(pack: Path, items: list[Item]) -> float:
+    """Events/s through the evaluator, CPU time, best of three passes each way: one event at a
+    time (backtests, the Spark engine) and in batches of ``EVAL_BATCH`` (the worker's path)."""
     rs = load_rules([pack])
-    eng = Engine(rs, partitions=PARTITIONS)
     decoded = [(i.source, SCHEMAS[i.source].decode(i.value)) for i in items]
-    t = time.perf_counter()
-    for s, e in decoded:
-        eng.process(s, e)
-    rate = len(decoded) / (time.perf_counter() - t)
+
+    def best(run: Callable[[Engine], object]) -> float:
+        rates = []
+        for _ in range(3):
+            eng = Engine(rs, partitions=PARTITIONS)
+            t = time.process_time()
+            run(eng)
+            rates.append(len(decoded) / (time.process_time() - t))
+        return max(rates)
+
+    one = best(lambda eng: [eng.process(s, e) for s, e in decoded])
+    rate = best(
+        lambda eng: [
+            eng.process_batch(decoded[i : i + EVAL_BATCH]) for i in range(0, len(decoded), EVAL_BATCH)
+        ]
+    )
     t = time.perf_counter()
     for i in items:
         SCHEMAS[i.source].decode(i.value)
     decode_rate = len(items) / (time.perf_counter() - t)
     print(f"rules loaded: {len(rs.rules)}")
     print(
-        f"evaluator alone, {len(rs.rules)} rules: {rate:,.0f} events/s (target 100,000); "
-        f"decode alone {decode_rate:,.0f}/s"
+        f"evaluator alone, {len(rs.rules)} rules, batches of {EVAL_BATCH}: {rate:,.0f} events/s "
+        f"(target 100,000); one event at a time {one:,.0f}/s; decode alone {decode_rate:,.0f}/s"
     )
     return rate
 
