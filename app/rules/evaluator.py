@@ -11,11 +11,21 @@ A source's rules are split into *streams* by how their state is partitioned:
   partitioner would place them.
 
 Each stream keeps, per partition, an event-time clock (the newest event time
-seen) and a timer heap. For every event the evaluator advances the clock,
-runs the timers that became due (window closes, absences, ends of event
-alerts), then the rules' ``on_event``. Because the backtest emulates the
-same partitioning, a backtest and the live worker produce the same alerts and
-ids for the same input order.
+seen) and a timer heap per rule. For every event, each rule runs its timers
+that became due at the clock (window closes, absences, ends of event alerts),
+then its ``on_event``. Because the backtest emulates the same partitioning, a
+backtest and the live worker produce the same alerts and ids for the same
+input order.
+
+Two paths, one result: :meth:`StreamEvaluator.process` takes one event
+through every rule (backtests, the Spark engine); :meth:`StreamEvaluator.process_batch`
+takes a batch rule by rule (the live worker). Rules share no state, so only
+the interleaving of different rules' alerts differs. Per batch, each field is
+read once and each rule's condition evaluated column-wise
+(:meth:`~app.rules.expr.Compiled.over`), and a run of one group's events
+before the rule's next timer may go to the kind's ``fold_many`` in one call
+(see :mod:`app.rules.logic.base`). ``tests/conformance/test_batches.py``
+holds the two paths to the same transitions.
 
 Per-(rule, group) state is stamped with the rule version: after a rule is
 edited (hot reload) its old state is ignored instead of misread.
