@@ -23,7 +23,7 @@ from app.rules.evaluator import Engine, Output
 from app.rules.loader import load_rules
 from app.rules.logic.events import AbsenceLogic
 from app.rules.logic.threshold import ThresholdLogic
-from app.rules.logic.windows import TumblingLogic
+from app.rules.logic.windows import SlidingLogic, TumblingLogic
 from tests.conformance.test_kinds import RULES as KINDS
 from tests.conformance.test_kinds import lines_for_test, tables
 from tests.conformance.test_threshold import RULES as THRESHOLDS
@@ -73,7 +73,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> Counter:
 
         return fold_many
 
-    for cls in (AbsenceLogic, ThresholdLogic, TumblingLogic):
+    for cls in (AbsenceLogic, SlidingLogic, ThresholdLogic, TumblingLogic):
         monkeypatch.setattr(cls, "fold_many", counting(cls, cls.fold_many))
     return counts
 
@@ -99,3 +99,4 @@ def test_batches_give_the_transitions_of_one_event_at_a_time(
     if pack != THRESHOLDS:
         assert taken["TumblingLogic"] > 1000
         assert taken["AbsenceLogic"] > 1000
+        assert taken["SlidingLogic"] > 100

@@ -76,6 +76,19 @@ class _Aggregating:
     def passes(self, row: Mapping[str, Any]) -> bool:
         return self.where is None or self.where(row) is True
 
+    @staticmethod
+    def failing(passes: Sequence[Any] | None) -> int:
+        """How many leading events of a run ``where`` drops (``passes``: its value on
+        each): ``on_event`` does nothing for them, so ``fold_many`` takes them as they are."""
+        if passes is None:
+            return 0
+        n = 0
+        for p in passes:
+            if p is True:
+                break
+            n += 1
+        return n
+
 
 class TumblingLogic(_Aggregating):
     """Tumbling and hopping windows (tumbling: advance = size)."""
@@ -146,11 +159,13 @@ class TumblingLogic(_Aggregating):
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
         rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
-        """The common case of a run of one group's events (``clock_ms``: the clock at
-        the last one; ``passes``: the ``where`` on each): the leading ones that fold
-        into the group's open tumbling window, folded in one go. Returns how many it
-        took (0: none, nothing changed).
+        """The common cases of a run of one group's events (``clocks``: the clock at
+        each; ``passes``: the ``where`` on each): the leading ones ``where`` drops, or
+        the leading ones that fold into the group's open tumbling window, folded in one
+        go. Returns how many it took (0: none, nothing changed).
         """
+        if skipped := self.failing(passes):
+            return skipped
         if not self.tumbling:
             return 0
         st = store.get(key)
@@ -280,6 +295,14 @@ class _Buffered(_Aggregating):
 
     def fresh(self, group: tuple[str, ...]) -> State:
         raise NotImplementedError
+
+    def fold_many(
+        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
+        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
+    ) -> int:  # fmt: skip
+        """Only the leading events ``where`` drops (see ``Logic.fold_many``): each kept event
+        goes into the buffer one by one."""
+        return self.failing(passes)
 
     def _due(self, st: State) -> int | None:
         raise NotImplementedError
