@@ -174,7 +174,8 @@ class ThresholdLogic:
         """The common cases of a run of one group's events, in one go: the leading
         events that keep a firing group firing or a quiet group quiet (what
         :meth:`on_event` does for them, without a call per event). ``rows``: the
-        events' rows; ``passes``: the condition on each. Returns how many it took (0: none, nothing changed).
+        events' rows; ``passes``: the condition on each. Returns how many it took
+        (0: none, nothing changed).
         """
         if self.pct or self.no_data is not None or passes is None:
             return 0
