@@ -193,7 +193,8 @@ async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> 
 MINIMAL_AGENT = """
 import faust, orjson, os
 app = faust.App("bench-minimal", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://")
+                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
+                datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-minimal-data"))
 src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
 out = app.topic("bench.minimal", key_serializer="raw", value_serializer="raw")
 @app.agent(src)
@@ -210,7 +211,8 @@ import faust, os
 from prometheus_client import Counter, start_http_server
 seen = Counter("noop_events_total", "events iterated")
 app = faust.App("bench-noop", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://")
+                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
+                datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-noop-data"))
 src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
 @app.agent(src)
 async def noop(stream):
