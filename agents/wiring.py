@@ -53,7 +53,7 @@ from app import metrics
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
-from app.kafka import make_consumer, partition_counts
+from app.kafka import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
 from app.tables import TABLES, Tables
@@ -377,6 +377,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_partitioner=CachedPartitioner(),  # the default partition, with key hashes remembered
         producer_linger_ms=1,
         producer_max_batch_size=1024 * 1024,  # a commit writes the changed state in one go
         broker_commit_interval=1.0,

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from app.config import Settings
 from app.errors import BrokerError
@@ -21,10 +22,50 @@ from app.errors import BrokerError
 logger = logging.getLogger(__name__)
 
 
+#: Most key hashes a :class:`KeyHashes` keeps before it starts over.
+MAX_KEY_HASHES = 100_000
+
+
+class KeyHashes:
+    """Kafka's key hash (murmur2, as the Java client and aiokafka compute it), remembered.
+
+    aiokafka's murmur2 is pure Python, ~10 µs a key, and this project's keys repeat:
+    device ids, hosts and client IPs on the source and regroup topics, alert
+    fingerprints on the alerts topic. At :data:`MAX_KEY_HASHES` keys it starts over.
+    """
+
+    def __init__(self, limit: int = MAX_KEY_HASHES) -> None:
+        self.limit = limit
+        self.known: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes) -> int:
+        found = self.known.get(key)
+        if found is None:
+            if len(self.known) >= self.limit:
+                self.known.clear()
+            found = self.known[key] = murmur2(key) & 0x7FFFFFFF
+        return found
+
+
+class CachedPartitioner(DefaultPartitioner):
+    """aiokafka's default partitioner with the key hashes remembered (:class:`KeyHashes`):
+    the same partition for every key, as any Kafka client would pick."""
+
+    def __init__(self, hashes: KeyHashes | None = None) -> None:
+        self.hashes = hashes or KeyHashes()
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return DefaultPartitioner.__call__(key, all_partitions, available)
+        return all_partitions[self.hashes(key) % len(all_partitions)]
+
+
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
-    """A producer with acks=all, 5 ms linger and bounded in-flight buffering."""
+    """A producer with acks=all, 5 ms linger, bounded in-flight buffering and the
+    :class:`CachedPartitioner`."""
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap_servers,
+        "partitioner": CachedPartitioner(),
         "acks": "all",
         "linger_ms": 5,
         "max_batch_size": 256 * 1024,

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from aiokafka.partitioner import murmur2
 
 from app.alerts import Alert
 from app.events import SCHEMAS, Event
+from app.kafka import KeyHashes
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, Logic, State, StateStore, build_alert, group_values, state_key
@@ -64,9 +64,12 @@ __all__ = [
 LATE_TOPIC = "events.late"
 
 
+_KEY_HASHES = KeyHashes()
+
+
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default partition for a key (murmur2, as Java and aiokafka do it)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    return _KEY_HASHES(key) % partitions
 
 
 def logic_for(rule: CompiledRule) -> Logic | None:
