@@ -11,7 +11,9 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -84,7 +86,8 @@ def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | N
         msg = "chromium is not installed"
         raise RuntimeError(msg)
     port = free_port()
-    with tempfile.TemporaryDirectory() as profile:
+    # the profile goes even if a Chromium helper wrote to it after the group was gone
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}", "--remote-debugging-address=127.0.0.1",
              f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
@@ -100,9 +103,24 @@ def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | N
                     time.sleep(0.2)
             return asyncio.run(_visit(url, wait_for, timeout_s, screenshot, port))
         finally:
-            proc.terminate()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop Chromium and every helper it started (its own session), and wait until they are
+    gone: a renderer still writing to the profile made the profile's removal fail."""
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()
             try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
                 proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+                return
+            time.sleep(0.05)
+    proc.wait(5)
