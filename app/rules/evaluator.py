@@ -138,6 +138,13 @@ class _Versioned:
         self.touched = False
 
 
+def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
+    """A row's group values and the state-key suffix they make: ``rule.id + suffix`` is
+    :func:`state_key`, with the suffix shared by every rule of the same ``group_by``."""
+    group = group_values(rule, row)
+    return group, "\x1f" + "\x1f".join(group) if group else ""
+
+
 class _Rows:
     """A batch's rows as some rules see them: the events' fields, or with registry
     columns joined (None: the event is skipped, its table row missing), with what
@@ -167,8 +174,7 @@ class _Rows:
                 if row is None:
                     keys.append(None)
                     continue
-                group = group_values(rule, row)
-                keys.append((group, "\x1f" + "\x1f".join(group) if group else ""))
+                keys.append(group_and_suffix(rule, row))
             ends = [0] * len(keys)
             end = len(keys)
             for i in range(len(keys) - 1, -1, -1):
@@ -364,8 +370,7 @@ class StreamEvaluator:
                 continue
             found = groups.get(group_by) if row is fields else None
             if found is None:
-                group = group_values(rule, row)
-                found = (group, "\x1f" + "\x1f".join(group) if group else "")
+                found = group_and_suffix(rule, row)
                 if row is fields:
                     groups[group_by] = found
             self._step(run, partition, found[0], rid + found[1], ev, row, clock, out)

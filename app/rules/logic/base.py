@@ -32,7 +32,7 @@ replays and partitionings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from app.alerts import Alert, Status
@@ -81,6 +81,16 @@ class Logic(Protocol):
     ) -> Result: ...
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]: ...
+
+
+def leading_not_true(values: Sequence[Any]) -> int:
+    """How many of ``values`` come before the first TRUE (a condition's value on a run of events)."""
+    n = 0
+    for v in values:
+        if v is True:
+            break
+        n += 1
+    return n
 
 
 def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ from app.alerts import Alert
 from app.events import Event
 from app.rules.compile import PctChange
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, build_alert, group_row
+from app.rules.logic.base import Result, State, StateStore, build_alert, group_row, leading_not_true
 
 
 def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> float | None:
@@ -181,13 +181,9 @@ class ThresholdLogic:
             return 0
         clear = self.clear
         st = store.get(key)
-        taken = 0
         if st is None:  # a quiet group with no state: it stays so while the condition does not hold
-            for holds in passes:
-                if holds is True:
-                    break
-                taken += 1
-            return taken
+            return leading_not_true(passes)
+        taken = 0
         last = st["last"]
         if st["fire"] is not None and st.get("kf") is None:  # firing: stays firing while it holds
             for ev, row, holds in zip(events, rows, passes, strict=True):

@@ -31,7 +31,7 @@ from app.alerts import Alert, Status
 from app.events import Event
 from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row
+from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, leading_not_true
 
 MAX_EMPTY_STEPS = 10_000
 
@@ -80,14 +80,7 @@ class _Aggregating:
     def failing(passes: Sequence[Any] | None) -> int:
         """How many leading events of a run ``where`` drops (``passes``: its value on
         each): ``on_event`` does nothing for them, so ``fold_many`` takes them as they are."""
-        if passes is None:
-            return 0
-        n = 0
-        for p in passes:
-            if p is True:
-                break
-            n += 1
-        return n
+        return 0 if passes is None else leading_not_true(passes)
 
 
 class TumblingLogic(_Aggregating):
