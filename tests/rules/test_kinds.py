@@ -274,6 +274,65 @@ def test_sequence_within_and_too_slow(tmp_path: Path) -> None:
     assert [(a.labels["client_ip"], a.starts_at[11:16]) for a in firing] == [("1.2.3.4", "00:00")]
 
 
+def test_sequence_resolution_counts_its_matches(tmp_path: Path) -> None:
+    """The resolved alert's ``count`` is the number of completed sequences while it fired,
+    not the progress of the sequence under way when it resolved."""
+    twice = [log(m / 10, status=s) for m, s in enumerate([401, 401, 401, 200, 401, 401, 401, 200, 401])]
+    out = run_backtest(rules(tmp_path, SEQ), [*twice, log(30, ip="9.9.9.9", status=200)])
+    assert [(a.status, a.values.get("count")) for a in out] == [("firing", None), ("resolved", 2)]
+
+
+def test_sequence_forgets_idle_groups(tmp_path: Path) -> None:
+    """A group is forgotten once the partition clock moved within + allowed_lateness on
+    from its last event; a firing group or one waiting for an absent step is kept until
+    its alert resolves or its deadline passes."""
+    body = SEQ.replace("within: 5m", "within: 5m\n    allowed_lateness: 1m\n    resolve_after: 20m")
+    body += """  - id: login-without-mfa
+    source: logs
+    group_by: [client_ip]
+    sequence:
+      - {name: login, where: path = '/login' and status = 200}
+      - {name: mfa, where: path = '/mfa', absent: true}
+    within: 30m
+    resolve_after: 1h
+"""
+    eng = Engine(rules(tmp_path, body))
+    store = next(s.evaluator.store for s in eng.streams["logs"] if s.evaluator.rules)
+    scanners = [log(i / 100, ip=f"10.0.0.{i}", status=404) for i in range(50)]  # one event each
+    attack = [log(1, ip="6.6.6.6", status=401) for _ in range(3)] + [log(2, ip="6.6.6.6", status=200)]
+    waiting = [log(2, ip="7.7.7.7", path="/login", status=200)]
+    out = [a for s, e in [*scanners, *attack, *waiting] for a in eng.process(s, e).alerts]
+    assert len(store.data) == 2 * 52  # both rules keep every group while it is recent
+
+    def groups(rule: str) -> set[str]:
+        return {k.split("\x1f")[1] for k in store.data if k.startswith(rule)}
+
+    out += eng.process(*log(7.5, ip="8.8.8.8", status=404)).alerts  # 6.5 min after the scans
+    assert groups("brute-force-then-success") == {"6.6.6.6", "7.7.7.7", "8.8.8.8"}  # 6.6.6.6 is firing
+    assert len(groups("login-without-mfa")) == 53  # its within is 30 min
+    out += eng.process(*log(40, ip="8.8.8.8", status=404)).alerts
+    assert [(a.rule_id, a.labels["client_ip"], a.status) for a in out] == [
+        ("brute-force-then-success", "6.6.6.6", "firing"),
+        ("brute-force-then-success", "6.6.6.6", "resolved"),
+        ("login-without-mfa", "7.7.7.7", "firing"),
+    ]
+    assert groups("brute-force-then-success") == {"8.8.8.8"}  # resolved, then forgotten
+    assert groups("login-without-mfa") == {"7.7.7.7", "8.8.8.8"}  # firing until resolve_after
+    # a forgotten group's old events are a new group's, not late ones; the alert, already
+    # past its resolve_after, resolves at once, and the group is kept until the clock moves on
+    late_before = eng.stats.late
+    old = [log(1, ip="10.0.0.3", status=401) for _ in range(3)] + [log(1.5, ip="10.0.0.3", status=200)]
+    again = [a for s, e in old for a in eng.process(s, e).alerts]
+    assert eng.stats.late == late_before
+    assert [(a.labels["client_ip"], a.status, a.starts_at[11:16]) for a in again] == [
+        ("10.0.0.3", "firing", "00:01"),
+        ("10.0.0.3", "resolved", "00:01"),
+    ]
+    assert groups("brute-force-then-success") == {"8.8.8.8", "10.0.0.3"}
+    eng.process(*log(46, ip="8.8.8.8", status=404))  # the clock moves 6 min on from 40
+    assert groups("brute-force-then-success") == {"8.8.8.8"}
+
+
 def test_sequence_not_followed_by(tmp_path: Path) -> None:
     body = """  - id: login-without-mfa
     source: logs

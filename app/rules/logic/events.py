@@ -14,7 +14,14 @@
   still a sighting.
 * **Sequence**: steps in order within ``within`` of the first step's first
   event (other events in between are ignored); a final ``absent: true`` step
-  fires when ``within`` passes without it.
+  fires when ``within`` passes without it. A group that is neither firing nor
+  waiting for an absent step is forgotten once the partition clock has moved
+  ``within`` + ``allowed_lateness`` past where it stood at the group's last
+  event: an event that could still continue its sequence, or that it would
+  skip as older than its last, is then more than ``allowed_lateness`` behind
+  the clock. (A rule grouped by client IP would otherwise keep a state for
+  every address it ever saw.) Such an event, arriving after, counts as a new
+  group's first.
 
 Event alerts resolve ``resolve_after`` after their last trigger. For change
 and sequence rules, order matters: late events (older than the newest one
@@ -204,6 +211,10 @@ class NewTermLogic(_EventAlert):
 
 
 class SequenceLogic(_EventAlert):
+    """State: ``step`` (the step under way), ``n`` (its matches so far), ``first``
+    (the first step's first event time), ``last``, ``c`` (the partition clock at the
+    last event) and the one-shot alert's keys."""
+
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
         assert rule.parts is not None  # noqa: S101
@@ -211,6 +222,8 @@ class SequenceLogic(_EventAlert):
         self.conds = rule.parts.steps
         self.within = int(rule.rule.within or 0)
         self.negative = self.steps[-1].absent
+        #: a group neither firing nor waiting is forgotten when the clock has moved this far
+        self.forget_ms = self.within + rule.rule.allowed_lateness
 
     def on_event(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
@@ -219,8 +232,8 @@ class SequenceLogic(_EventAlert):
         st, late = self._state(store, key, group, ev)
         if late or st is None:
             return [], late
-        st["last"] = ev.ts_ms
-        step, count, first = st.get("step", 0), st.get("count", 0), st.get("first")
+        st["last"], st["c"] = ev.ts_ms, max(clock_ms, ev.ts_ms)
+        step, count, first = st.get("step", 0), st.get("n", 0), st.get("first")
         if first is not None and ev.ts_ms - first > self.within:
             step, count, first = 0, 0, None  # too slow: start over
         alerts: list[Alert] = []
@@ -238,14 +251,20 @@ class SequenceLogic(_EventAlert):
                 values = {"steps": ",".join(s.name for s in self.steps), "first_at": first}
                 alerts = self.oneshot.trigger(st, group, row, int(first or ev.ts_ms), ev.ts_ms, values)
                 step, count, first = 0, 0, None
-        st.update(step=step, count=count, first=first)
-        st["due"] = self._due(st)
+        st.update(step=step, n=count, first=first)
+        # a group's forget timer stays where it is: on_clock moves it on, so an event
+        # does not push a timer of its own
+        st["due"] = self._due(st) or st.get("due") or st["c"] + self.forget_ms
         store.put(key, st)
         return alerts, False
 
+    def _waiting(self, st: State) -> bool:
+        return self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None
+
     def _due(self, st: State) -> int | None:
+        """The resolution of a firing alert or the deadline of an absent step, the sooner."""
         times = [d] if (d := OneShot.due(st)) is not None else []
-        if self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None:
+        if self._waiting(st):
             times.append(st["first"] + self.within)
         return min(times) if times else None
 
@@ -255,13 +274,19 @@ class SequenceLogic(_EventAlert):
             return []
         group = tuple(st["g"])
         alerts = self.oneshot.expire(st, group, clock_ms)
-        if self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None:
+        if self._waiting(st):
             deadline = st["first"] + self.within
             if clock_ms >= deadline:
                 values = {"missing": self.steps[-1].name, "first_at": st["first"]}
                 row = group_row(self.rule, group)
                 alerts += self.oneshot.trigger(st, group, row, st["first"], deadline, values)
-                st.update(step=0, count=0, first=None)
-        st["due"] = self._due(st)
+                st.update(step=0, n=0, first=None)
+        due = self._due(st)
+        if due is None:  # neither firing nor waiting: forget the group once nothing on time can match
+            due = int(st.get("c", st["last"])) + self.forget_ms
+            if clock_ms >= due:
+                store.delete(key)
+                return alerts
+        st["due"] = due
         store.put(key, st)
         return alerts
