@@ -283,7 +283,8 @@ class SequenceLogic(_EventAlert):
                 st.update(step=0, n=0, first=None)
         due = self._due(st)
         if due is None:  # neither firing nor waiting: forget the group once nothing on time can match
-            due = int(st.get("c", st["last"])) + self.forget_ms
+            seen = st.get("c")
+            due = int(st["last"] if seen is None else seen) + self.forget_ms
             if clock_ms >= due:
                 store.delete(key)
                 return alerts
