@@ -28,7 +28,7 @@ system-deps: ## Install the Debian packages the integration tests use, when miss
 run: venv ## Start the whole system on this machine (Ctrl-C stops it)
 	$(PY) -m app run
 
-test: venv system-deps ## Run the whole test suite (slow tests included)
+test: venv system-deps lint ## Lint and type-check, then run the whole test suite (slow tests included)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## Run only the fast unit tests
