@@ -8,7 +8,9 @@ can live in a Faust table and survive a restart.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +159,208 @@ MANY_ADDERS: dict[str, Callable[[Any, Sequence[Any]], Any]] = {
     "min": _many_min,
     "max": _many_max,
 }
+
+
+class _Count:
+    """count(*) (``star``) or count(x) of a sliding window."""
+
+    __slots__ = ("n", "star")
+
+    def __init__(self, star: bool) -> None:
+        self.n, self.star = 0, star
+
+    def add(self, ts: int, v: Any) -> None:
+        if self.star or v is not None:
+            self.n += 1
+
+    def remove(self, ts: int, v: Any) -> None:
+        if self.star or v is not None:
+            self.n -= 1
+
+    def result(self) -> Any:
+        return self.n
+
+
+def _grow(partials: list[float], x: float) -> None:
+    """Add ``x`` exactly to the non-overlapping ``partials`` (Shewchuk, as ``math.fsum``)."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
+class _Sum:
+    """sum(x) or avg(x) of a sliding window, exact: integers as a Python int, floats
+    as exact partials, so removing a value leaves no rounding behind. The result is
+    the correctly rounded sum of the window's values (an int when they all are)."""
+
+    __slots__ = ("avg", "floats", "ints", "n", "partials")
+
+    def __init__(self, avg: bool) -> None:
+        self.avg = avg
+        self.ints, self.n, self.floats = 0, 0, 0
+        self.partials: list[float] = []
+
+    def add(self, ts: int, v: Any) -> None:
+        if v is None:
+            return
+        self.n += 1
+        if isinstance(v, int):
+            self.ints += v
+        else:
+            self.floats += 1
+            _grow(self.partials, float(v))
+
+    def remove(self, ts: int, v: Any) -> None:
+        if v is None:
+            return
+        self.n -= 1
+        if isinstance(v, int):
+            self.ints -= v
+        else:
+            self.floats -= 1
+            if self.floats:
+                _grow(self.partials, -float(v))
+            else:
+                self.partials = []
+
+    def result(self) -> Any:
+        if not self.n:
+            return None
+        total = math.fsum([*self.partials, self.ints]) if self.floats else self.ints
+        return total / self.n if self.avg else total
+
+
+class _Extreme:
+    """min(x) or max(x) of a sliding window: a monotonic queue of ``(ts, value)``
+    candidates, the oldest first; among equal extremes the earliest wins, as in
+    :func:`_add_min`."""
+
+    __slots__ = ("queue", "smallest")
+
+    def __init__(self, smallest: bool) -> None:
+        self.queue: deque[tuple[int, Any]] = deque()
+        self.smallest = smallest
+
+    def add(self, ts: int, v: Any) -> None:
+        if v is None:
+            return
+        q = self.queue
+        if self.smallest:
+            while q and q[-1][1] > v:
+                q.pop()
+        else:
+            while q and q[-1][1] < v:
+                q.pop()
+        q.append((ts, v))
+
+    def remove(self, ts: int, v: Any) -> None:
+        # the window's oldest value is either the queue's head or was dropped by a
+        # later, strictly more extreme one (which is then ahead of any equal value)
+        q = self.queue
+        if v is not None and q and q[0][0] == ts and q[0][1] == v:
+            q.popleft()
+
+    def result(self) -> Any:
+        return self.queue[0][1] if self.queue else None
+
+
+class _Distinct:
+    """count(distinct x) of a sliding window: a count per distinct value."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+
+    def add(self, ts: int, v: Any) -> None:
+        if v is not None:
+            k = _distinct_key(v)
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+    def remove(self, ts: int, v: Any) -> None:
+        if v is not None:
+            k = _distinct_key(v)
+            left = self.counts[k] - 1
+            if left:
+                self.counts[k] = left
+            else:
+                del self.counts[k]
+
+    def result(self) -> Any:
+        return min(len(self.counts), MAX_VALUES)  # as the capped list of first values
+
+
+class _Percentile:
+    """percentile(x, p) of a sliding window: its values kept sorted."""
+
+    __slots__ = ("p", "values")
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+        self.values: list[Any] = []
+
+    def add(self, ts: int, v: Any) -> None:
+        if v is not None:
+            bisect.insort(self.values, v)
+
+    def remove(self, ts: int, v: Any) -> None:
+        if v is not None:
+            del self.values[bisect.bisect_left(self.values, v)]
+
+    def result(self) -> Any:
+        return percentile(self.values, self.p) if self.values else None
+
+
+class SlidingAggregates:
+    """The aggregates of a window that slides forward in time: values enter newest
+    last and leave oldest first, each in O(1) amortised (percentile: O(log n)), so
+    evaluating a window at every change point costs no re-aggregation. The results
+    are those of folding the window's values in time order with :data:`ADDERS`,
+    except that a float sum is the correctly rounded one, and a percentile over
+    more than :data:`MAX_VALUES` values (``capped``: the caller recomputes it)."""
+
+    __slots__ = ("accs", "size")
+
+    def __init__(self, specs: Sequence[AggSpec]) -> None:
+        self.accs: list[Any] = [_sliding(a) for a in specs]
+        self.size = 0
+
+    def add(self, ts: int, inputs: Sequence[Any]) -> None:
+        self.size += 1
+        for acc, v in zip(self.accs, inputs, strict=True):
+            acc.add(ts, v)
+
+    def remove(self, ts: int, inputs: Sequence[Any]) -> None:
+        self.size -= 1
+        for acc, v in zip(self.accs, inputs, strict=True):
+            acc.remove(ts, v)
+
+    def results(self, specs: Sequence[AggSpec]) -> dict[str, Any]:
+        return {a.name: acc.result() for a, acc in zip(specs, self.accs, strict=True)}
+
+    def capped(self) -> bool:
+        return self.size > MAX_VALUES and any(isinstance(a, _Percentile) for a in self.accs)
+
+
+def _sliding(spec: AggSpec) -> Any:
+    func = spec.func
+    if func in ("count_star", "count"):
+        return _Count(star=func == "count_star")
+    if func in ("sum", "avg"):
+        return _Sum(avg=func == "avg")
+    if func in ("min", "max"):
+        return _Extreme(smallest=func == "min")
+    if func == "count_distinct":
+        return _Distinct()
+    return _Percentile(float(spec.param or 0.0))
 
 
 def _distinct_key(v: Any) -> Any:

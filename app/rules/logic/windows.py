@@ -24,16 +24,22 @@ Events older than the watermark for every window they belong to are late.
 from __future__ import annotations
 
 import bisect
+import itertools
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.alerts import Alert, Status
 from app.events import Event
-from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec
+from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, leading_not_true
 
 MAX_EMPTY_STEPS = 10_000
+#: sliding windows kept in memory between timer runs, per rule (beyond it they are rebuilt)
+MAX_LIVE_WINDOWS = 100_000
+#: sliding-window generations: unique within this process, and (a random start) across processes
+_GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
 class _Aggregating:
@@ -316,31 +322,62 @@ class _Buffered(_Aggregating):
         return [], False
 
 
+def _ts(e: list[Any]) -> int:
+    return int(e[0])
+
+
 class SlidingLogic(_Buffered):
-    """The trailing window of ``size`` at every change point, in time order."""
+    """The trailing window of ``size`` at every change point, in time order.
+
+    The window slides through the buffer (:class:`SlidingAggregates`): each event
+    enters and leaves it once, so a burst of one group's events costs time in
+    proportion to its events, not to their square. The window as of ``t`` stays in
+    memory between timer runs (``_live``, checked against the state's ``gen`` and
+    ``t``); after a restart, or with state restored from elsewhere, it is rebuilt
+    from the buffer once.
+    """
 
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
         self.size = int(self.window.size or 0)
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
+        #: per state key: (gen, t, the window (t - size, t] of its buffer)
+        self._live: dict[str, tuple[int, int, SlidingAggregates]] = {}
 
     def fresh(self, group: tuple[str, ...]) -> State:
         return {"g": list(group), "ev": [], "t": None, "fire": None, "n": 0, "since": None}
 
     def _due(self, st: State) -> int | None:
+        """The first change point after ``t`` (an event time, or one leaving the window), + lateness."""
+        ev = st["ev"]
         t = st["t"] if st["t"] is not None else -(2**62)
-        points = [e[0] for e in st["ev"] if e[0] > t] + [
-            e[0] + self.size for e in st["ev"] if e[0] + self.size > t
-        ]
+        points = []
+        if (i := bisect.bisect_right(ev, t, key=_ts)) < len(ev):
+            points.append(ev[i][0])
+        if (j := bisect.bisect_right(ev, t - self.size, key=_ts)) < len(ev):
+            points.append(ev[j][0] + self.size)
         return min(points) + self.lateness if points else None
 
     def _window(self, st: State, p: int) -> list[Any]:
+        """The window ending at ``p`` folded from scratch (a percentile over more than MAX_VALUES)."""
         accs = self.empty()
         for ts, inputs in st["ev"]:
             if p - self.size < ts <= p:
                 accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs, strict=True)]
         return accs
+
+    def _at_t(self, key: str, st: State, t: int) -> SlidingAggregates:
+        """The window ending at ``t``: every buffered event at or before ``t`` (older ones were dropped)."""
+        live = self._live.pop(key, None)
+        if live is not None and live[0] == st.get("gen") and live[1] == t:
+            return live[2]
+        window = SlidingAggregates(self.aggs)
+        for ts, inputs in st["ev"]:
+            if ts > t:
+                break
+            window.add(ts, inputs)
+        return window
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
@@ -349,14 +386,31 @@ class SlidingLogic(_Buffered):
         group = tuple(st["g"])
         wm = clock_ms - self.lateness
         t = st["t"] if st["t"] is not None else -(2**62)
-        points = sorted(
-            {e[0] for e in st["ev"] if t < e[0] <= wm}
-            | {e[0] + self.size for e in st["ev"] if t < e[0] + self.size <= wm}
-        )
+        ev = st["ev"]
+        window = self._at_t(key, st, t)
+        lo, hi = 0, bisect.bisect_right(ev, t, key=_ts)
+        # change points in (t, wm]: event times, and times an event leaves the window
+        arrivals = [e[0] for e in ev[hi : bisect.bisect_right(ev, wm, key=_ts)]]
+        departures = [
+            e[0] + self.size
+            for e in ev[
+                bisect.bisect_right(ev, t - self.size, key=_ts) : bisect.bisect_right(
+                    ev, wm - self.size, key=_ts
+                )
+            ]
+        ]
+        points = sorted(set(arrivals).union(departures))
         alerts: list[Alert] = []
         row = group_row(self.rule, group)
+        n = len(ev)
         for p in points:
-            aggs = self.results(self._window(st, p))
+            while hi < n and ev[hi][0] <= p:
+                window.add(ev[hi][0], ev[hi][1])
+                hi += 1
+            while lo < hi and ev[lo][0] <= p - self.size:
+                window.remove(ev[lo][0], ev[lo][1])
+                lo += 1
+            aggs = self.results(self._window(st, p)) if window.capped() else window.results(self.aggs)
             if self.active(group, aggs, None):
                 st["n"] += 1
                 if st["since"] is None:
@@ -372,13 +426,18 @@ class SlidingLogic(_Buffered):
                 elif st["n"]:  # the streak broke before it fired
                     alerts.append(build_alert(self.rule, "inactive", group, row, st["since"], p, p, aggs))
                 st["fire"], st["n"], st["since"] = None, 0, None
-        st["t"] = max(t, wm)
-        st["ev"] = [e for e in st["ev"] if e[0] > st["t"] - self.size]
+        # no change point lies between the last one and the new t: the window is as of t
+        st["t"] = t = max(t, wm)
+        del ev[:lo]
         st["due"] = self._due(st)
-        if not st["ev"] and st["fire"] is None and not st["n"]:
+        if not ev and st["fire"] is None and not st["n"]:
             store.delete(key)
-        else:
-            store.put(key, st)
+            return alerts
+        st["gen"] = gen = next(_GENERATIONS)
+        if len(self._live) >= MAX_LIVE_WINDOWS:
+            self._live.clear()  # groups moved away or gone quiet: rebuilt from their buffers if they return
+        self._live[key] = (gen, t, window)
+        store.put(key, st)
         return alerts
 
 
