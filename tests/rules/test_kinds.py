@@ -244,6 +244,31 @@ def test_change_and_new_term(tmp_path: Path) -> None:
     assert [a.values["user_agent"] for a in new] == ["evil-scanner", "bot"]
 
 
+def test_new_term_prunes_its_terms_only_when_a_new_one_makes_a_thousand_more(tmp_path: Path) -> None:
+    """Terms past the horizon are dropped when a new term brings the count to a multiple
+    of 1,000; a group that stays there does not rebuild its terms at every event."""
+    body = """  - id: new-agent
+    source: logs
+    group_by: [host]
+    new_term: {field: user_agent, horizon: 1h}
+"""
+    eng = Engine(rules(tmp_path, body))
+    store = next(s.evaluator.store for s in eng.streams["logs"] if s.evaluator.rules)
+    for i in range(999):
+        eng.process(*log(i * 0.01, user_agent=f"agent-{i}"))
+    eng.process(*log(70, user_agent="late-comer"))  # the 1,000th: every older term is past the horizon
+    (st,) = store.data.values()
+    assert list(st["terms"]) == ["late-comer"]
+    for i in range(998):
+        eng.process(*log(71 + i * 0.01, user_agent=f"agent-{i}"))  # new again: 999 terms
+    eng.process(*log(90, user_agent="x"))  # the 1,000th, all within the horizon: all kept
+    terms = store.data[next(iter(store.data))]["terms"]
+    assert len(terms) == 1000
+    out = [a for i in range(50) for a in eng.process(*log(91 + i, user_agent="x")).alerts]
+    assert store.data[next(iter(store.data))]["terms"] is terms  # not rebuilt by known terms
+    assert [a.status for a in out] in ([], ["resolved"])  # "x" is known: nothing new fires
+
+
 SEQ = """  - id: brute-force-then-success
     source: logs
     group_by: [client_ip]

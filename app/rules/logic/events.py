@@ -201,11 +201,15 @@ class NewTermLogic(_EventAlert):
         if not learning and (seen is None or ev.ts_ms - seen > self.horizon):
             alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, {self.field: value})
         terms[term] = max(ev.ts_ms, seen or ev.ts_ms)
-        if len(terms) > MAX_TERMS or (len(terms) % 1000 == 0):
+        if seen is None and (len(terms) > MAX_TERMS or len(terms) % 1000 == 0):
+            # a new term made it 1,000 more (or over the cap): drop those beyond the horizon, and
+            # beyond the cap the least recent (a group that stays at a multiple of 1,000 terms
+            # used to re-sort them at every event)
             cutoff = ev.ts_ms - self.horizon
-            st["terms"] = dict(
-                sorted(((t, s) for t, s in terms.items() if s >= cutoff), key=lambda x: -x[1])[:MAX_TERMS]
-            )
+            kept = {t: s for t, s in terms.items() if s >= cutoff}
+            if len(kept) > MAX_TERMS:
+                kept = dict(sorted(kept.items(), key=lambda x: -x[1])[:MAX_TERMS])
+            st["terms"] = kept
         self._save(store, key, st)
         return alerts, False
 
