@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from app.alerts import Alert
 from app.events import SCHEMAS, Event
 from app.rules.evaluator import Engine, run_backtest
 from app.rules.loader import RuleSet, load_rules
+from app.rules.logic.threshold import pct_value, remember
 from app.tables import Tables
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -507,3 +509,30 @@ def test_a_sliding_window_with_for_pends_first(tmp_path: Path) -> None:
     out = run_backtest(rules(tmp_path, body), events)
     assert brief(out)[:2] == [("pending", "00:00", None), ("firing", "00:00", None)]
     assert [a.status for a in out] == ["pending", "firing", "resolved"]
+
+
+def test_pct_change_history_matches_a_full_scan_and_stays_bounded(tmp_path: Path) -> None:
+    """The lookback history is updated in place and trimmed in bulk: each percent change
+    equals the one against the full history, and a busy group keeps about a lookback of it
+    (one symbol ticking every second used to copy its whole hour at every event)."""
+    body = """  - id: tick-jump
+    source: finance
+    group_by: [symbol]
+    where: pct_change(price, 10m) >= 1
+"""
+    rule = rules(tmp_path, body).rules[0]
+    (pc,) = rule.parts.pct_changes if rule.parts else ()
+    rng = random.Random(3)  # noqa: S311 (a reproducible test input)
+    hist: list[list[float]] = []
+    seen: list[tuple[int, float]] = []
+    ts = 0
+    for _ in range(5_000):
+        ts += rng.choice([0, 1_000, 1_000, 7_000])
+        value = rng.choice([None, 0.0, 90.0, 100.0, 101.5])
+        older = [v for t, v in seen if t <= ts - pc.lookback_ms]
+        want = None if value is None or not older or not older[-1] else (value - older[-1]) / older[-1] * 100
+        assert pct_value(hist, pc, ts, value) == want
+        remember(hist, pc, ts, value)
+        if value is not None:
+            seen.append((ts, value))
+        assert len(hist) <= 2 * sum(t > ts - pc.lookback_ms for t, _ in seen) + 2

@@ -44,12 +44,15 @@ from app.rules.loader import CompiledRule
 from app.rules.logic.base import Result, State, StateStore, build_alert, group_row, leading_not_true
 
 
+def _at(entry: list[Any]) -> Any:
+    return entry[0]
+
+
 def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> float | None:
     """Percent change of ``value`` against the newest entry at least the lookback older."""
     if value is None:
         return None
-    times = [h[0] for h in hist]
-    i = bisect.bisect_right(times, ts - pc.lookback_ms) - 1
+    i = bisect.bisect_right(hist, ts - pc.lookback_ms, key=_at) - 1
     if i < 0:
         return None
     old = hist[i][1]
@@ -59,12 +62,16 @@ def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> fl
 
 
 def remember(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> list[list[float]]:
-    """Add (ts, value) and drop entries no future lookup can need."""
+    """Add (ts, value), in place, and drop entries no future lookup can need. Events come in
+    time order (older ones are skipped as late), so ``hist`` stays sorted; the dropped entries
+    go in bulk, once they are half of it, so a busy group does not shift its whole lookback
+    at every event."""
     if value is not None:
         hist.append([ts, value])
-    times = [h[0] for h in hist]
-    keep_from = max(0, bisect.bisect_right(times, ts - pc.lookback_ms) - 1)
-    return hist[keep_from:]
+    drop = bisect.bisect_right(hist, ts - pc.lookback_ms, key=_at) - 1  # keep the newest one before
+    if drop > 0 and drop * 2 >= len(hist):
+        del hist[:drop]
+    return hist
 
 
 class ThresholdLogic:
@@ -85,15 +92,17 @@ class ThresholdLogic:
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
     ) -> tuple[Mapping[str, Any], dict]:
-        hist = dict(st.get("h", {})) if st else {}
+        hist = st.get("h", {}) if st else {}  # updated in place: the event is stored either way
         if not self.pct:
             return row, hist
         extra = {}
         for pc in self.pct:
-            h = [list(x) for x in hist.get(pc.column, [])]
+            h = hist.get(pc.column)
+            if h is None:
+                h = hist[pc.column] = []
             value = row.get(pc.field)
             extra[pc.column] = pct_value(h, pc, ev.ts_ms, value)
-            hist[pc.column] = remember(h, pc, ev.ts_ms, value)
+            remember(h, pc, ev.ts_ms, value)
         return {**row, **extra}, hist
 
     def on_event(
