@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlglot import exp
 
 from app.errors import ExpressionError
@@ -43,7 +44,9 @@ class AggSpec:
             return 0
         if self.func in ("sum", "avg"):
             return [0, 0]
-        if self.func in ("count_distinct", "percentile"):
+        if self.func == "count_distinct":
+            return {}
+        if self.func == "percentile":
             return []
         return None  # min, max
 
@@ -90,10 +93,14 @@ def _add_max(state: Any, v: Any) -> Any:
 
 
 def _add_distinct(state: Any, v: Any) -> Any:
+    """count(distinct): the state maps each value's token to 1 (JSON, found in O(1)); a
+    list is a state written before, of the values themselves."""
     if v is not None:
-        key = _distinct_key(v)
+        if isinstance(state, list):
+            state = {_token(k): 1 for k in state}
+        key = _token(v)
         if key not in state and len(state) < MAX_VALUES:
-            state.append(key)
+            state[key] = 1
     return state
 
 
@@ -367,6 +374,19 @@ def _distinct_key(v: Any) -> Any:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
+
+
+def _token(v: Any) -> str:
+    """A value as a JSON object key that keeps SQL's distinctness: 2 and 2.0 are one
+    value, 2 and '2' two."""
+    k = _distinct_key(v)
+    if isinstance(k, str):
+        return "s" + k
+    if isinstance(k, bool | int):
+        return "i" + str(int(k))
+    if isinstance(k, float):
+        return "f" + repr(k)
+    return "j" + orjson.dumps(k, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def percentile(values: list[float], p: float) -> float:
