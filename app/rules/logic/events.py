@@ -207,8 +207,8 @@ class NewTermLogic(_EventAlert):
             # used to re-sort them at every event)
             cutoff = ev.ts_ms - self.horizon
             kept = {t: s for t, s in terms.items() if s >= cutoff}
-            if len(kept) > MAX_TERMS:
-                kept = dict(sorted(kept.items(), key=lambda x: -x[1])[:MAX_TERMS])
+            if len(kept) > MAX_TERMS:  # the most recent 90 %: the next sort is 10,000 new terms away
+                kept = dict(sorted(kept.items(), key=lambda x: -x[1])[: MAX_TERMS * 9 // 10])
             st["terms"] = kept
         self._save(store, key, st)
         return alerts, False
