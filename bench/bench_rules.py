@@ -2,15 +2,16 @@
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--skip-faust]
 [--skip-throughput] [--skip-latency] [--skip-echo] [--latency-rate R] [--latency-seconds S]
-[--producer-linger-ms L]``. Prints one line per figure, beside its target. Takes about 3 min: at most
-40 s per throughput run, then the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s
-drain):
+[--producer-linger-ms L]``. Prints one line per figure, beside its target. Takes about 4 min: at most
+40 s per worker run and 90 s per plain Faust agent (they join their group ~32 s after start), then
+the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s drain):
 
 * evaluator alone: events/s (CPU time, best of three) through a mixed pack of
   about 50 rules (the shipped packs plus threshold and window variants), on real
   NAB, Apache and OHLC events, in batches of 500 as the worker evaluates them and
   one event at a time as backtests do;
-* minimal Faust agent (decode, send every event) on a pre-filled sensors topic,
+* a bare aiokafka consumer reading the pre-filled sensors topic (the transport's ceiling),
+* minimal Faust agent (decode, send every event) on the same topic,
 * a no-op Faust agent (only iterates the stream): Faust's own per-message floor,
   the baseline measured at ~14,000 events/s on this machine;
 * Faust worker (``python -m agents worker``, one process, embedded broker):
@@ -49,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
-from aiokafka import AIOKafkaProducer  # noqa: E402
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from worker_runs import (  # noqa: E402
     ECHO_WORKER,
     PROBE_RULES,
@@ -75,6 +76,9 @@ from ingest.adapters.ohlc import ohlc_events  # noqa: E402
 PARTITIONS = 4
 WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]  # the rule worker, one process
 LATENCY_WARMUP_S = 5.0
+#: plain Faust apps join their group ~32 s after start on the embedded broker (the worker's
+#: RulesApp shortens that): time enough to read the whole topic after it
+PLAIN_FAUST_TIMEOUT_S = 90.0
 #: The evaluator's batch: the worker's default APP_WORKER_BATCH, split by stream and partition as there
 EVAL_BATCH = 500
 DATA = ROOT.parent / "shared" / "datasets"
@@ -190,6 +194,26 @@ async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> 
         await p.stop()
 
 
+async def bare_consumer_rate(bootstrap: str, topic: str, expect: int) -> float:
+    """Records/s a bare aiokafka consumer (no group, no Faust, no decoding) reads from
+    ``topic``'s start: what the broker and the Kafka client allow one process."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        got, started = 0, 0.0
+        deadline = time.monotonic() + 30
+        while got < expect and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500, max_records=10_000)
+            if batch and not started:
+                started = time.perf_counter()  # from the first fetched batch: connection set-up excluded
+            got += sum(len(records) for records in batch.values())
+        return got / max(time.perf_counter() - started, 1e-6) if started else 0.0
+    finally:
+        await consumer.stop()
+
+
 MINIMAL_AGENT = """
 import faust, orjson, os
 app = faust.App("bench-minimal", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
@@ -246,6 +270,8 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill(b.bootstrap, SENSORS, sensors, [b"m1"] * len(sensors)))
         env = worker_env(b.bootstrap, tmp / "data", pack)
+        ceiling = asyncio.run(bare_consumer_rate(b.bootstrap, SENSORS, len(sensors)))
+        print(f"bare aiokafka consumer (no Faust, no decoding), same topic: {ceiling:,.0f} records/s")
         script = tmp / "minimal.py"
         script.write_text(MINIMAL_AGENT)
         minimal = progress_rate(
@@ -254,6 +280,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
             tmp / "minimal.log",
             end_offset(b.bootstrap, "bench.minimal"),  # one output record per input
             len(sensors),
+            timeout_s=PLAIN_FAUST_TIMEOUT_S,
         )
         print(f"minimal Faust agent (decode, send): {minimal.describe(len(sensors))} (baseline ~14,000)")
         script = tmp / "noop.py"
@@ -265,6 +292,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
             tmp / "noop.log",
             metric(noop_env["APP_METRICS_PORT"], "noop_events_total"),
             len(sensors),
+            timeout_s=PLAIN_FAUST_TIMEOUT_S,
         )
         print(f"no-op Faust agent (Faust's own per-message floor): {noop.describe(len(sensors))}")
         rate = progress_rate(
