@@ -29,6 +29,7 @@ from jobs import kafka_source, udfs
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
+PANDAS_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
 
 
 def python_env() -> None:
@@ -63,6 +64,9 @@ def build_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.pythonUDF.arrow.enabled": "true",  # the geo UDFs: ~3x faster in batches
         "spark.sql.parser.escapedStringLiterals": "false",  # app.rules.spark_sql.quote relies on it
+        # pyspark's applyInPandasWithState pads its frames with all-NA rows, which makes pandas
+        # warn at every micro-batch; nothing of ours: keep it out of the operators' logs
+        "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_CONCAT_WARNING}:FutureWarning",
         **(extra or {}),
     }
     for key, value in conf.items():
