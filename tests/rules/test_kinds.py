@@ -281,6 +281,15 @@ SEQ = """  - id: brute-force-then-success
     severity: critical
 """
 
+MFA = """  - id: login-without-mfa
+    source: logs
+    group_by: [client_ip]
+    sequence:
+      - {name: login, where: path = '/login' and status = 200}
+      - {name: mfa, where: path = '/mfa', absent: true}
+    within: 2m
+"""
+
 
 def test_sequence_within_and_too_slow(tmp_path: Path) -> None:
     quick = [
@@ -314,15 +323,7 @@ def test_sequence_forgets_idle_groups(tmp_path: Path) -> None:
     from its last event; a firing group or one waiting for an absent step is kept until
     its alert resolves or its deadline passes."""
     body = SEQ.replace("within: 5m", "within: 5m\n    allowed_lateness: 1m\n    resolve_after: 20m")
-    body += """  - id: login-without-mfa
-    source: logs
-    group_by: [client_ip]
-    sequence:
-      - {name: login, where: path = '/login' and status = 200}
-      - {name: mfa, where: path = '/mfa', absent: true}
-    within: 30m
-    resolve_after: 1h
-"""
+    body += MFA.replace("within: 2m", "within: 30m\n    resolve_after: 1h")
     eng = Engine(rules(tmp_path, body))
     store = next(s.evaluator.store for s in eng.streams["logs"] if s.evaluator.rules)
     scanners = [log(i / 100, ip=f"10.0.0.{i}", status=404) for i in range(50)]  # one event each
@@ -361,14 +362,7 @@ def test_sequence_forgets_idle_groups(tmp_path: Path) -> None:
 
 
 def test_sequence_not_followed_by(tmp_path: Path) -> None:
-    body = """  - id: login-without-mfa
-    source: logs
-    group_by: [client_ip]
-    sequence:
-      - {name: login, where: path = '/login' and status = 200}
-      - {name: mfa, where: path = '/mfa', absent: true}
-    within: 2m
-"""
+    body = MFA
     events = [log(0, path="/login", status=200), log(1, path="/mfa", status=200)]  # followed: fine
     events += [log(5, ip="6.6.6.6", path="/login", status=200), log(9, path="/x", status=200)]
     out = run_backtest(rules(tmp_path, body), events)
