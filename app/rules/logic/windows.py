@@ -316,14 +316,18 @@ class _Buffered(_Aggregating):
         if st["t"] is not None and ev.ts_ms <= st["t"]:
             return [], True
         # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
-        bisect.insort(st["ev"], [ev.ts_ms, [a.input(row) for a in self.aggs]], key=lambda e: e[0])
+        buffered = st["ev"]
+        buffered.insert(_after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
         st["due"] = self._due(st)
         store.put(key, st)
         return [], False
 
 
-def _ts(e: list[Any]) -> int:
-    return int(e[0])
+def _after(buffered: list[list[Any]], ts: int) -> int:
+    """Where the events after ``ts`` start in a buffer of ``[ts, inputs]`` sorted by time
+    (integer ms): ``[ts + 1]`` sorts before ``[ts + 1, inputs]`` and after ``[ts, inputs]``,
+    so the inputs are never compared and no key function runs."""
+    return bisect.bisect_left(buffered, [ts + 1])
 
 
 class SlidingLogic(_Buffered):
@@ -353,9 +357,9 @@ class SlidingLogic(_Buffered):
         ev = st["ev"]
         t = st["t"] if st["t"] is not None else -(2**62)
         points = []
-        if (i := bisect.bisect_right(ev, t, key=_ts)) < len(ev):
+        if (i := _after(ev, t)) < len(ev):
             points.append(ev[i][0])
-        if (j := bisect.bisect_right(ev, t - self.size, key=_ts)) < len(ev):
+        if (j := _after(ev, t - self.size)) < len(ev):
             points.append(ev[j][0] + self.size)
         return min(points) + self.lateness if points else None
 
@@ -388,17 +392,10 @@ class SlidingLogic(_Buffered):
         t = st["t"] if st["t"] is not None else -(2**62)
         ev = st["ev"]
         window = self._at_t(key, st, t)
-        lo, hi = 0, bisect.bisect_right(ev, t, key=_ts)
+        lo, hi = 0, _after(ev, t)
         # change points in (t, wm]: event times, and times an event leaves the window
-        arrivals = [e[0] for e in ev[hi : bisect.bisect_right(ev, wm, key=_ts)]]
-        departures = [
-            e[0] + self.size
-            for e in ev[
-                bisect.bisect_right(ev, t - self.size, key=_ts) : bisect.bisect_right(
-                    ev, wm - self.size, key=_ts
-                )
-            ]
-        ]
+        arrivals = [e[0] for e in ev[hi : _after(ev, wm)]]
+        departures = [e[0] + self.size for e in ev[_after(ev, t - self.size) : _after(ev, wm - self.size)]]
         points = sorted(set(arrivals).union(departures))
         alerts: list[Alert] = []
         row = group_row(self.rule, group)
