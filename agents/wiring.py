@@ -80,6 +80,13 @@ CONSUME_LAG = Histogram(
     "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
     ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )  # fmt: skip
+STATE_TOO_LARGE = Counter(
+    "worker_state_too_large_total",
+    "State writes kept out of the changelog: larger than a Kafka record may be",
+    ["rule"],
+)
+#: room left in a changelog record for Kafka's own fields (key length, headers, offsets)
+RECORD_OVERHEAD_BYTES = 1024
 BATCH_SECONDS = Histogram(
     "worker_batch_seconds", "Time to decode and evaluate one batch of events with every rule", ["source"],
     buckets=(1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.5),
@@ -103,9 +110,14 @@ class TableStore:
     committed offsets say was processed.
     """
 
-    def __init__(self, table: TableT[str, State]) -> None:
+    def __init__(self, table: TableT[str, State], max_record_bytes: int = 1_000_000) -> None:
         self.table = table
         self.pending: dict[str, tuple[int, State | None]] = {}
+        #: the largest state record the producer accepts (its max_request_size, less the
+        #: key and the record's overhead)
+        self.max_record_bytes = max_record_bytes
+        #: keys whose state is too large for the changelog now (logged once until they fit)
+        self.oversized: set[str] = set()
         # the memory store's own dict: a read through Faust's table layers costs ~6 us
         inner = getattr(table.data, "data", None)
         self._read = inner.get if isinstance(inner, dict) else table.get
@@ -126,16 +138,41 @@ class TableStore:
             self.pending[key] = (int(known.get("p", 0)), None)
 
     def flush(self) -> None:
-        """Write the pending changes to the table and its changelog."""
+        """Write the pending changes to the table and its changelog.
+
+        A state too large for one Kafka record (one client IP's burst filling a
+        sliding window, a long ``pct_change`` lookback of fast ticks) stays in
+        memory, and its changelog record becomes a tombstone: the producer would
+        refuse the record and stop the worker, and an older version left in the
+        changelog would be restored beside replayed events after a restart. After a
+        restart such a group starts again from the events since the last commit.
+        ``worker_state_too_large_total`` counts these writes.
+        """
         data = self.table.data
         for key, (partition, value) in self.pending.items():
             if value is None:
                 if key in data:
                     del data[key]
+                self.oversized.discard(key)
                 self.table.send_changelog(partition, key, None, value_serializer="raw")
-            else:
-                data[key] = value
-                self.table.send_changelog(partition, key, value)
+                continue
+            data[key] = value
+            blob = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+            if len(blob) + len(key) > self.max_record_bytes:
+                STATE_TOO_LARGE.labels(key.split("\x1f", 1)[0]).inc()
+                if key not in self.oversized:
+                    self.oversized.add(key)
+                    logger.error(
+                        "state %r is %d bytes, over the %d a changelog record may have: kept in "
+                        "memory only until it shrinks (a restart starts it again from the events "
+                        "since the last commit)", key, len(blob), self.max_record_bytes,
+                    )  # fmt: skip
+                self.table.send_changelog(partition, key, None, value_serializer="raw")
+                continue
+            if key in self.oversized:
+                self.oversized.discard(key)
+                logger.warning("state %r fits a changelog record again (%d bytes)", key, len(blob))
+            self.table.send_changelog(partition, key, blob, value_serializer="raw")
         self.pending.clear()
 
 
@@ -395,7 +432,10 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                 key_type=str,
                 help="per-(rule, group) evaluator state",
             )
-            stores[name] = TableStore(table)
+            limit = min(
+                settings.state_record_max_bytes, app.conf.producer_max_request_size - RECORD_OVERHEAD_BYTES
+            )
+            stores[name] = TableStore(table, limit)
     outbox = Outbox(app)
     app.before_commit = (outbox.check, *(store.flush for store in stores.values()))
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms

@@ -37,6 +37,12 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Most records of one fetched partition batch the rule worker evaluates before it sends "
         "their alerts (a fetch can hold thousands; smaller keeps alert latency low under backlog).",
     ),
+    "APP_STATE_RECORD_MAX_BYTES": (
+        "998976",
+        "Largest rule state (one rule and group, as JSON) the rule worker writes to its changelog; "
+        "a larger one stays in memory only and is logged. At most the producer's request size "
+        "(1,000,000) less 1,024.",
+    ),
     "APP_FETCH_MAX_WAIT_MS": (
         "5",
         "Longest the rule worker's consumer waits on a fetch. The embedded broker always waits it "
@@ -132,6 +138,7 @@ class Settings:
     replication_factor: int
     worker_batch: int
     fetch_max_wait_ms: int
+    state_record_max_bytes: int
     idempotence: str
     data_dir: Path
     rules_dir: Path
@@ -188,6 +195,7 @@ class Settings:
             replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
             worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
             fetch_max_wait_ms=_int(env, "APP_FETCH_MAX_WAIT_MS", minimum=1),
+            state_record_max_bytes=_int(env, "APP_STATE_RECORD_MAX_BYTES", minimum=1024),
             idempotence=idem,
             data_dir=_path(env, "APP_DATA_DIR"),
             rules_dir=_path(env, "APP_RULES_DIR"),

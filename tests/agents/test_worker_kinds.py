@@ -191,3 +191,38 @@ def test_restart_resumes_window_state_from_the_changelog(broker: EmbeddedBroker,
     # 0..50 are the first hour (61 closes it): 3 before the restart + 3 after; losing the state
     # would leave 3, below the threshold, and no alert at all
     assert [(a["rule_id"], a["status"], a["values"]["n"]) for a in alerts] == [("busy", "firing", 6)]
+
+
+def test_a_state_too_large_for_a_changelog_record_stays_in_memory(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """One client IP's burst fills its sliding window past what one Kafka record may hold:
+    the worker keeps that state in memory, logs it once, and goes on alerting. (The
+    producer refused the record, and the worker stopped with every rule.)"""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "burst.yaml").write_text(
+        "rules:\n  - id: burst\n    source: logs\n    where: status = 403\n    group_by: [client_ip]\n"
+        "    window: {type: sliding, size: 1m}\n    aggregate: {n: count(*)}\n    having: n >= 100\n"
+    )
+    env = {**worker_env(broker, tmp_path, rules_dir), "APP_STATE_RECORD_MAX_BYTES": "4096"}
+
+    def hit(ms: int, status: int) -> tuple[bytes, bytes]:
+        ts = f"2024-01-01T00:{ms // 60_000:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}Z"
+        return b"www", orjson.dumps({"ts": ts, "host": "www", "client_ip": "6.6.6.6", "status": status})
+
+    burst = [hit(i * 100, 403) for i in range(300)]  # 300 in 30 s: ~7 KB of window state
+    with role(["agents", "worker", "-l", "info"], env, tmp_path / "w.log") as proc:
+        produce(broker.bootstrap, "events.logs", burst)
+        wait_for(
+            lambda: "over the 4096 a changelog record may have" in (tmp_path / "w.log").read_text(),
+            timeout_s=60,
+            what="the oversized state at a commit",
+        )
+        produce(broker.bootstrap, "events.logs", [hit(180_000, 200)])  # the window passes
+        alerts = wait_for_json(broker.bootstrap, "alerts", 2, timeout_s=60, what="the burst's alerts")
+        assert proc.poll() is None
+    assert [(a["rule_id"], a["status"]) for a in alerts] == [("burst", "firing"), ("burst", "resolved")]
+    log = (tmp_path / "w.log").read_text()
+    assert log.count("over the 4096 a changelog record may have") == 1
+    assert "MessageSizeTooLargeError" not in log
