@@ -38,6 +38,7 @@ deterministic, so the replay re-emits the same ids, which downstream dedups.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -157,7 +158,10 @@ class TableStore:
                 self.table.send_changelog(partition, key, None, value_serializer="raw")
                 continue
             data[key] = value
-            blob = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+            try:
+                blob = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+            except TypeError:  # an integer beyond 64 bits: the standard library writes it
+                blob = json.dumps(value).encode()
             if len(blob) + len(key) > self.max_record_bytes:
                 STATE_TOO_LARGE.labels(key.split("\x1f", 1)[0]).inc()
                 if key not in self.oversized:
