@@ -98,6 +98,14 @@ def regroup_topic(source: str) -> str:
     return f"streamalert-rules-{source}-regroup"
 
 
+def encode_state(value: State) -> bytes:
+    """A rule state as the JSON its changelog record holds (read back by the table's JSON codec)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an integer beyond 64 bits: the standard library writes it
+        return json.dumps(value).encode()
+
+
 class TableStore:
     """A write-behind :class:`~app.rules.logic.base.StateStore` over a Faust table.
 
@@ -158,10 +166,7 @@ class TableStore:
                 self.table.send_changelog(partition, key, None, value_serializer="raw")
                 continue
             data[key] = value
-            try:
-                blob = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-            except TypeError:  # an integer beyond 64 bits: the standard library writes it
-                blob = json.dumps(value).encode()
+            blob = encode_state(value)
             if len(blob) + len(key) > self.max_record_bytes:
                 STATE_TOO_LARGE.labels(key.split("\x1f", 1)[0]).inc()
                 if key not in self.oversized:
