@@ -119,7 +119,7 @@ class TableStore:
     committed offsets say was processed.
     """
 
-    def __init__(self, table: TableT[str, State], max_record_bytes: int = 1_000_000) -> None:
+    def __init__(self, table: TableT[str, State], max_record_bytes: int) -> None:
         self.table = table
         self.pending: dict[str, tuple[int, State | None]] = {}
         #: the largest state record the producer accepts (its max_request_size, less the

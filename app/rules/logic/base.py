@@ -32,6 +32,7 @@ replays and partitionings.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -81,6 +82,13 @@ class Logic(Protocol):
     ) -> Result: ...
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]: ...
+
+
+def after(entries: list[list[Any]], ts: int) -> int:
+    """Where the entries after ``ts`` start in a list of ``[ts, ...]`` sorted by time
+    (integer ms): ``[ts + 1]`` sorts before ``[ts + 1, ...]`` and after ``[ts, ...]``, so
+    nothing past the time is compared and no key function runs."""
+    return bisect.bisect_left(entries, [ts + 1])
 
 
 def leading_not_true(values: Sequence[Any]) -> int:

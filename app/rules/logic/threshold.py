@@ -33,7 +33,6 @@ condition runs.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,18 +40,14 @@ from app.alerts import Alert
 from app.events import Event
 from app.rules.compile import PctChange
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, build_alert, group_row, leading_not_true
-
-
-def _at(entry: list[Any]) -> Any:
-    return entry[0]
+from app.rules.logic.base import Result, State, StateStore, after, build_alert, group_row, leading_not_true
 
 
 def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> float | None:
     """Percent change of ``value`` against the newest entry at least the lookback older."""
     if value is None:
         return None
-    i = bisect.bisect_right(hist, ts - pc.lookback_ms, key=_at) - 1
+    i = after(hist, ts - pc.lookback_ms) - 1
     if i < 0:
         return None
     old = hist[i][1]
@@ -68,7 +63,7 @@ def remember(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> lis
     at every event."""
     if value is not None:
         hist.append([ts, value])
-    drop = bisect.bisect_right(hist, ts - pc.lookback_ms, key=_at) - 1  # keep the newest one before
+    drop = after(hist, ts - pc.lookback_ms) - 1  # keep the newest one before
     if drop > 0 and drop * 2 >= len(hist):
         del hist[:drop]
     return hist

@@ -23,7 +23,6 @@ Events older than the watermark for every window they belong to are late.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import os
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,16 @@ from app.alerts import Alert, Status
 from app.events import Event
 from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, leading_not_true
+from app.rules.logic.base import (
+    OneShot,
+    Result,
+    State,
+    StateStore,
+    after,
+    build_alert,
+    group_row,
+    leading_not_true,
+)
 
 MAX_EMPTY_STEPS = 10_000
 #: sliding windows kept in memory between timer runs, per rule (beyond it they are rebuilt)
@@ -317,17 +325,10 @@ class _Buffered(_Aggregating):
             return [], True
         # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
         buffered = st["ev"]
-        buffered.insert(_after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
+        buffered.insert(after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
         st["due"] = self._due(st)
         store.put(key, st)
         return [], False
-
-
-def _after(buffered: list[list[Any]], ts: int) -> int:
-    """Where the events after ``ts`` start in a buffer of ``[ts, inputs]`` sorted by time
-    (integer ms): ``[ts + 1]`` sorts before ``[ts + 1, inputs]`` and after ``[ts, inputs]``,
-    so the inputs are never compared and no key function runs."""
-    return bisect.bisect_left(buffered, [ts + 1])
 
 
 class SlidingLogic(_Buffered):
@@ -357,9 +358,9 @@ class SlidingLogic(_Buffered):
         ev = st["ev"]
         t = st["t"] if st["t"] is not None else -(2**62)
         points = []
-        if (i := _after(ev, t)) < len(ev):
+        if (i := after(ev, t)) < len(ev):
             points.append(ev[i][0])
-        if (j := _after(ev, t - self.size)) < len(ev):
+        if (j := after(ev, t - self.size)) < len(ev):
             points.append(ev[j][0] + self.size)
         return min(points) + self.lateness if points else None
 
@@ -392,10 +393,10 @@ class SlidingLogic(_Buffered):
         t = st["t"] if st["t"] is not None else -(2**62)
         ev = st["ev"]
         window = self._at_t(key, st, t)
-        lo, hi = 0, _after(ev, t)
+        lo, hi = 0, after(ev, t)
         # change points in (t, wm]: event times, and times an event leaves the window
-        arrivals = [e[0] for e in ev[hi : _after(ev, wm)]]
-        departures = [e[0] + self.size for e in ev[_after(ev, t - self.size) : _after(ev, wm - self.size)]]
+        arrivals = [e[0] for e in ev[hi : after(ev, wm)]]
+        departures = [e[0] + self.size for e in ev[after(ev, t - self.size) : after(ev, wm - self.size)]]
         points = sorted(set(arrivals).union(departures))
         alerts: list[Alert] = []
         row = group_row(self.rule, group)
