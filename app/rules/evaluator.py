@@ -446,10 +446,17 @@ class StreamEvaluator:
         fold_many = getattr(logic, "fold_many", None)
         passes: list[Any] | None = None  # the rule's condition on each row, once fold_many needs it
         i, n = 0, len(events)
+        scheduled = self.scheduled
         while i < n:
             clock = clocks[i]
+            # drop rescheduled timers from the top: a stale entry would otherwise cut the run
+            # below short at its old time (every write of a new due leaves one behind)
+            while heap and scheduled.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, partition, clock, rule, logic, out)
+                while heap and scheduled.get(heap[0][1]) != heap[0][0]:
+                    heapq.heappop(heap)
             found = keys[i]
             if found is None:  # skipped: no row in the registry table
                 i += 1

@@ -176,7 +176,7 @@ class ThresholdLogic:
         rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
     ) -> int:  # fmt: skip
         """The common cases of a run of one group's events, in one go: the leading
-        events that keep a firing group firing or a quiet group quiet (what
+        events that keep a firing group firing, a pending one pending or a quiet one quiet (what
         :meth:`on_event` does for them, without a call per event). ``rows``: the
         events' rows; ``passes``: the condition on each. Returns how many it took
         (0: none, nothing changed).
@@ -204,6 +204,21 @@ class ThresholdLogic:
                     break
                 last = ev.ts_ms
                 taken += 1
+        elif st["fire"] is None and st.get("nd") is None:  # pending: stays so until ready or broken
+            n, since, write = st["n"], st["since"], False
+            for ev, holds in zip(events, passes, strict=True):
+                if ev.ts_ms < last or ev.ts_ms < 0 or holds is not True:
+                    break
+                if n + 1 >= self.consecutive and ev.ts_ms - since >= self.for_ms:
+                    break  # it fires: on_event raises the alert
+                n += 1
+                write = write or n <= self.consecutive  # as on_event: the streak's count is kept
+                last = ev.ts_ms
+                taken += 1
+            st["n"] = n
+            if write:
+                st["last"] = last
+                store.put(key, st)
         st["last"] = last
         return taken
 
