@@ -1,4 +1,6 @@
-"""The worker's Outbox: a record the producer could not deliver stops the worker and fails the commit."""
+"""The worker's Outbox: a handler's records go out as one record batch per topic partition,
+on the partition any Kafka client picks for the key and in order; a record the producer
+could not deliver stops the worker and fails the commit."""
 
 from __future__ import annotations
 
@@ -6,37 +8,112 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 
 from agents.wiring import Outbox
-
-
-class _Producer:
-    """Stands in for Faust's producer: ``send`` returns the delivery future, settled by the test."""
-
-    def __init__(self) -> None:
-        self.futures: list[asyncio.Future[Any]] = []
-
-    async def send(self, *_args: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.futures.append(fut)
-        return fut
+from app.broker import EmbeddedBroker
+from app.kafka import CachedPartitioner
+from app.topics import TopicSpec, ensure_topics
 
 
 class _App:
-    def __init__(self) -> None:
-        self.producer = _Producer()
+    """What the Outbox uses of a Faust app: its producer (``_ensure_producer``) and ``crash``."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = self
+        self._producer = producer
         self.crashed: list[BaseException] = []
+
+    def _ensure_producer(self) -> Any:
+        return self._producer
 
     async def crash(self, reason: BaseException) -> None:
         self.crashed.append(reason)
 
 
+@pytest.mark.slow
+def test_records_land_on_the_default_partition_in_order(broker: EmbeddedBroker) -> None:
+    """Real broker: 3,000 records over 4 partitions and two topics, in batches small
+    enough that each partition's records fill several."""
+    topics = {"out.a": 4, "out.b": 1}
+    records = [
+        (topic, f"key-{i % 37}".encode(), f"{topic}:{i:05d}:{'x' * 80}".encode())
+        for i in range(3000)
+        for topic in topics
+    ]
+
+    async def run() -> dict[tuple[str, int], list[tuple[bytes, bytes]]]:
+        await ensure_topics(
+            broker.bootstrap, 1, specs=tuple(TopicSpec(t, "key", partitions=n) for t, n in topics.items())
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_batch_size=16 * 1024)
+        await producer.start()
+        try:
+            box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+            await box.send_all(records[:10])
+            await box.send_all(records[10:])
+            await asyncio.wait_for(producer.flush(), 30)
+            box.check()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        got: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+        try:
+            async with asyncio.timeout(60):
+                while sum(map(len, got.values())) < len(records):
+                    for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                        got.setdefault((tp.topic, tp.partition), []).extend((m.key, m.value) for m in msgs)
+        finally:
+            await consumer.stop()
+        return got
+
+    got = asyncio.run(run())
+    expected: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+    for topic, key, value in records:
+        parts = list(range(topics[topic]))
+        expected.setdefault((topic, DefaultPartitioner()(key, parts, parts)), []).append((key, value))
+    assert len(expected) == 5  # every partition of both topics took records
+    assert got == expected
+
+
+class _Producer:
+    """Stands in for aiokafka's producer where a test must settle deliveries itself:
+    ``send_batch`` returns the delivery future, left to the test."""
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future[Any]] = []
+        self.batches: list[tuple[str, int, list[bytes]]] = []
+
+    async def partitions_for(self, _topic: str) -> set[int]:
+        return {0, 1}
+
+    def create_batch(self) -> _Batch:
+        return _Batch()
+
+    async def send_batch(self, batch: _Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        self.batches.append((topic, partition, batch.keys))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(fut)
+        return fut
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+
+    def append(self, *, timestamp: None, key: bytes, value: bytes) -> object:
+        self.keys.append(key)
+        return object()
+
+
 def test_delivered_records_leave_the_commit_alone() -> None:
     async def run() -> Outbox:
-        app = _App()
-        box = Outbox(app)  # type: ignore[arg-type]
-        await box.send("alerts", b"k", b"v")
-        app.producer.futures[0].set_result(None)
+        producer = _Producer()
+        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+        await box.send_all([("alerts", b"k", b"v")])
+        producer.futures[0].set_result(None)
         await asyncio.sleep(0)
         return box
 
@@ -46,18 +123,19 @@ def test_delivered_records_leave_the_commit_alone() -> None:
 
 
 def test_an_undelivered_record_crashes_the_worker_and_fails_the_commit() -> None:
-    async def run() -> tuple[_App, Outbox]:
-        app = _App()
-        box = Outbox(app)  # type: ignore[arg-type]
-        await box.send("alerts", b"k1", b"v1")
-        await box.send("alerts", b"k2", b"v2")
-        app.producer.futures[0].set_exception(ConnectionError("broker gone"))
-        app.producer.futures[1].set_exception(ConnectionError("again"))
+    async def run() -> tuple[_App, Outbox, _Producer]:
+        producer = _Producer()
+        app = _App(producer)
+        box = Outbox(app, CachedPartitioner())  # type: ignore[arg-type]
+        await box.send_all([("alerts", b"k1", b"v1"), ("alerts", b"k2", b"v2"), ("alerts", b"k3", b"v3")])
+        for fut, error in zip(producer.futures, ("broker gone", "again"), strict=True):
+            fut.set_exception(ConnectionError(error))
         for _ in range(3):
             await asyncio.sleep(0)
-        return app, box
+        return app, box, producer
 
-    app, box = asyncio.run(run())
+    app, box, producer = asyncio.run(run())
+    assert len(producer.batches) == 2  # one batch per partition the three keys hash to
     assert [str(e) for e in app.crashed] == ["broker gone"]  # once, for the first failure
     with pytest.raises(RuntimeError, match="not delivered") as info:
         box.check()
