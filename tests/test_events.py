@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from app.errors import IngestDecodeError
-from app.events import FINANCE, LOGS, SENSORS, dlq_record, format_ts, parse_ts
+from app.events import FINANCE, LOGS, MAX_STRING_LEN, SENSORS, dlq_record, format_ts, parse_ts
 
 
 def test_valid_sensor_event_is_normalised_to_utc() -> None:
@@ -49,6 +49,28 @@ def test_long_fields_reject_fractions_but_accept_integral_floats() -> None:
     assert ok.fields["status"] == 403 and isinstance(ok.fields["status"], int)
     with pytest.raises(IngestDecodeError, match="whole number"):
         LOGS.validate({"host": "h", "ts": "2015-05-17T10:05:03Z", "status": 403.5})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("status", True, "whole number"),
+        ("status", "403", "whole number"),
+        ("method", 5, "string"),
+        ("method", 1.5, "string"),
+        ("path", "/" + "a" * MAX_STRING_LEN, "longer than"),
+    ],
+)
+def test_log_fields_of_the_wrong_type_are_rejected(name: str, value: object, fragment: str) -> None:
+    with pytest.raises(IngestDecodeError, match=fragment) as info:
+        LOGS.validate({"host": "h", "ts": "2015-05-17T10:05:03Z", name: value})
+    assert info.value.field == name
+
+
+def test_values_of_the_right_type_are_kept_as_they_are() -> None:
+    row = {"host": "h", "ts": "2015-05-17T10:05:03.000Z", "status": 403, "method": "GET", "bytes": None}
+    assert LOGS.validate(row).fields == row
+    assert LOGS.validate({**row, "path": "/" + "a" * (MAX_STRING_LEN - 1)}).fields["path"][-1] == "a"
 
 
 def test_null_measurements_are_allowed() -> None:
