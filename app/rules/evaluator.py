@@ -170,11 +170,18 @@ class _Rows:
         found = self._groups.get(group_by)
         if found is None:
             keys: list[tuple[tuple[str, ...], str] | None] = []
-            for row in self.rows:
-                if row is None:
-                    keys.append(None)
-                    continue
-                keys.append(group_and_suffix(rule, row))
+            if len(group_by) == 1:  # the common case, inlined: what group_and_suffix gives
+                field = group_by[0]
+                for row in self.rows:
+                    if row is None:
+                        keys.append(None)
+                        continue
+                    v = row.get(field)
+                    text = "" if v is None else v if type(v) is str else str(v)
+                    keys.append(((text,), "\x1f" + text))
+            else:
+                for row in self.rows:
+                    keys.append(None if row is None else group_and_suffix(rule, row))
             ends = [0] * len(keys)
             end = len(keys)
             for i in range(len(keys) - 1, -1, -1):

@@ -21,7 +21,7 @@ import pytest
 
 from app.backtest import BacktestReport, read_events
 from app.events import Event, format_ts
-from app.rules.evaluator import Engine, Output
+from app.rules.evaluator import Engine, Output, _Rows, group_and_suffix
 from app.rules.loader import load_rules
 from app.rules.logic.base import DictStore
 from app.rules.logic.events import AbsenceLogic
@@ -186,3 +186,30 @@ def test_a_pending_streak_across_batches_is_written_as_one_event_at_a_time(tmp_p
         batch_store.flush()
         assert one_store.log == batch_store.log
     assert alerts["one"] == alerts["batch"] == ["pending", "firing", "resolved", "pending", "inactive"]
+
+
+@pytest.mark.parametrize("group_by", [("status",), ("host", "status"), ()])
+def test_a_batch_groups_its_rows_as_one_event_at_a_time(tmp_path: Path, group_by: tuple[str, ...]) -> None:
+    """The batch's group keys (inlined for one field) are group_and_suffix's, for any value type."""
+    (tmp_path / "r.yaml").write_text(
+        f"rules:\n  - {{id: r, source: logs, where: status > 0, group_by: [{', '.join(group_by)}]}}\n"
+    )
+    rule = load_rules([tmp_path]).rules[0]
+    rows: list[dict[str, Any] | None] = [
+        {"host": "a", "status": 200},
+        {"host": "a", "status": 200.5},
+        {"host": "a", "status": None},
+        {"host": "b"},
+        None,
+        {"host": "b", "status": True},
+        {"host": "b", "status": "404"},
+        {"host": "b", "status": "404"},
+    ]
+    keys, ends = _Rows(rows).groups(rule, group_by)
+    assert keys == [None if r is None else group_and_suffix(rule, r) for r in rows]
+    # where each row's run of one group ends; a skipped row (None) ends the run before it
+    assert ends == {
+        ("status",): [1, 2, 4, 4, 5, 6, 8, 8],  # a NULL status and a missing one: one group, ""
+        ("host", "status"): [1, 2, 3, 4, 5, 6, 8, 8],
+        (): [4, 4, 4, 4, 5, 8, 8, 8],
+    }[group_by]
