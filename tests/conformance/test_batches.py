@@ -208,8 +208,11 @@ def test_a_batch_groups_its_rows_as_one_event_at_a_time(tmp_path: Path, group_by
     keys, ends = _Rows(rows).groups(rule, group_by)
     assert keys == [None if r is None else group_and_suffix(rule, r) for r in rows]
     # where each row's run of one group ends; a skipped row (None) ends the run before it
-    assert ends == {
-        ("status",): [1, 2, 4, 4, 5, 6, 8, 8],  # a NULL status and a missing one: one group, ""
-        ("host", "status"): [1, 2, 3, 4, 5, 6, 8, 8],
-        (): [4, 4, 4, 4, 5, 8, 8, 8],
-    }[group_by]
+    assert (
+        ends
+        == {
+            ("status",): [1, 2, 4, 4, 5, 6, 8, 8],  # a NULL status and a missing one: one group, ""
+            ("host", "status"): [1, 2, 3, 4, 5, 6, 8, 8],
+            (): [4, 4, 4, 4, 5, 8, 8, 8],
+        }[group_by]
+    )

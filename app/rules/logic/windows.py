@@ -168,8 +168,9 @@ class TumblingLogic(_Aggregating):
     ) -> int:  # fmt: skip
         """The common cases of a run of one group's events (``clocks``: the clock at
         each; ``passes``: the ``where`` on each): the leading ones ``where`` drops, or
-        the leading ones that fold into the group's open tumbling window, folded in one
-        go. Returns how many it took (0: none, nothing changed).
+        the leading ones that fold into one tumbling window of the group, open or opened
+        by the run (not with the amend policy), folded in one go. Returns how many it
+        took (0: none, nothing changed).
         """
         if skipped := self.failing(passes):
             return skipped
@@ -182,21 +183,35 @@ class TumblingLogic(_Aggregating):
         start = events[0].ts_ms - events[0].ts_ms % step
         if start + self.size + self.lateness <= clocks[-1]:
             return 0  # late at some point of the run: one by one
-        w = st["w"].get(str(start))
-        if w is None or w["done"]:
+        windows = st["w"]
+        w = windows.get(str(start))
+        due = None  # the state's timer, when this run opens its window
+        if w is None:  # the run opens its window, as on_event would for its first event
+            if self.amend:
+                return 0
+            w = windows[str(start)] = {"a": self.empty(), "done": False}
+            due = self._due(st)
+        elif w["done"]:
             return 0
         end = start + step
         taken = 0
-        for ev in events:
-            if not start <= ev.ts_ms < end:
+        for ev, clock in zip(events, clocks, strict=True):
+            if not start <= ev.ts_ms < end or (due is not None and clock >= due):
                 break
             taken += 1
+        if not taken:  # (not expected: the window ends after the run's clocks) nothing changes
+            if due is not None:
+                del windows[str(start)]
+            return 0
         if passes is not None:
             rows = [row for row, p in zip(rows[:taken], passes, strict=False) if p is True]
         else:
             rows = rows[:taken]
+        if due is not None:
+            st["due"] = due
         if rows:
             w["a"] = self.fold_rows(w["a"], rows)
+        if rows or due is not None:
             store.put(key, st)
         return taken
 
