@@ -93,6 +93,28 @@ def test_format_ts_round_trips() -> None:
     assert format_ts(ms) == "2014-01-07T02:55:00.123Z"
 
 
+def test_format_ts_matches_the_calendar() -> None:
+    """Against datetime's own formatting: day and year boundaries, leap days, the range's ends."""
+    import random
+    from datetime import UTC, datetime
+
+    def reference(ts_ms: int) -> str:
+        return (
+            datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+            + f"{ts_ms % 1000:03d}Z"
+        )
+
+    edges = [
+        parse_ts(t) for t in ("1970-01-01T00:00:00Z", "2000-02-29T23:59:59.999Z", "2099-12-31T23:59:59.999Z")
+    ]
+    rng = random.Random(7)  # noqa: S311 - reproducible test samples, not secrets
+    samples = [*edges, *(e + d for e in edges for d in (-1, 1) if 0 <= e + d <= edges[-1])]
+    samples += [rng.randrange(0, edges[-1]) for _ in range(20_000)]
+    for ts in samples:
+        assert format_ts(ts) == reference(ts), ts
+        assert parse_ts(format_ts(ts)) == ts
+
+
 @pytest.mark.parametrize(
     "ts",
     [
