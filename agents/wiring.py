@@ -47,6 +47,7 @@ from typing import Any, cast
 
 import faust
 import orjson
+from aiokafka.structs import TopicPartition
 from faust.types import TP, TableT
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -237,7 +238,9 @@ class Outbox:
 
     ``send_all`` returns once every record is queued: one record batch per topic
     partition (aiokafka's ``send_batch``), in the order given, on the partition
-    the producer's partitioner picks for the key. Per record, aiokafka's ``send``
+    the producer's partitioner picks for the key; records for a partition whose
+    previous batch still waits for the sender are appended to it one by one
+    instead, since ``send_batch`` would wait for that batch to be sent. Per record, aiokafka's ``send``
     costs tens of microseconds of Python (partition lookup, a future, the
     accumulator); a worker emits about one record per event. A record the
     producer could not deliver crashes the worker and fails the next commit
@@ -264,7 +267,15 @@ class Outbox:
             if found is None:
                 found = partitions[topic] = sorted(await producer.partitions_for(topic))
             by_tp.setdefault((topic, partitioner(key, found, found)), []).append((key, value))
+        waiting = getattr(getattr(producer, "_message_accumulator", None), "_batches", None) or {}
         for (topic, partition), pairs in by_tp.items():
+            if waiting.get(TopicPartition(topic, partition)):
+                # a batch of this partition still waits for the sender: send_batch would wait for
+                # it to drain (a broker round trip when one is in flight), so append record by record
+                for key, value in pairs:
+                    fut = await producer.send(topic, value, key=key, partition=partition)
+                    fut.add_done_callback(self._done)
+                continue
             batch = producer.create_batch()
             for key, value in pairs:
                 if batch.append(timestamp=None, key=key, value=value) is None:  # full: send it, go on

@@ -5,11 +5,13 @@ could not deliver stops the worker and fails the commit."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
 
 from agents.wiring import Outbox
 from app.broker import EmbeddedBroker
@@ -82,9 +84,20 @@ class _Producer:
     """Stands in for aiokafka's producer where a test must settle deliveries itself:
     ``send_batch`` returns the delivery future, left to the test."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting: tuple[str, int] | None = None) -> None:
         self.futures: list[asyncio.Future[Any]] = []
         self.batches: list[tuple[str, int, list[bytes]]] = []
+        self.sent: list[tuple[str, int, bytes]] = []
+        #: aiokafka's accumulator: the partitions whose last batch still waits for the sender
+        self._message_accumulator = SimpleNamespace(
+            _batches={} if waiting is None else {TopicPartition(*waiting): ["a batch"]}
+        )
+
+    async def send(self, topic: str, value: bytes, *, key: bytes, partition: int) -> asyncio.Future[Any]:
+        self.sent.append((topic, partition, key))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(fut)
+        return fut
 
     async def partitions_for(self, _topic: str) -> set[int]:
         return {0, 1}
@@ -140,3 +153,22 @@ def test_an_undelivered_record_crashes_the_worker_and_fails_the_commit() -> None
     with pytest.raises(RuntimeError, match="not delivered") as info:
         box.check()
     assert isinstance(info.value.__cause__, ConnectionError)
+
+
+def test_records_for_a_partition_with_a_batch_waiting_are_appended_one_by_one() -> None:
+    """send_batch would wait for the waiting batch to be sent (a broker round trip): the
+    records of that partition go through send, in order; the other partition's in a batch."""
+
+    async def run() -> _Producer:
+        producer = _Producer(waiting=("alerts", 1))
+        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+        await box.send_all([("alerts", b"k1", b"v1"), ("alerts", b"k2", b"v2"), ("alerts", b"k3", b"v3")])
+        for fut in producer.futures:
+            fut.set_result(None)
+        await asyncio.sleep(0)
+        box.check()
+        return producer
+
+    producer = asyncio.run(run())
+    assert producer.sent == [("alerts", 1, b"k1"), ("alerts", 1, b"k2")]  # k1 and k2 hash to 1
+    assert producer.batches == [("alerts", 0, [b"k3"])]
