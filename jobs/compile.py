@@ -146,8 +146,12 @@ def _riders(rules: list[CompiledRule], keyed: set[str]) -> set[str]:
 
 def native_where(rule: CompiledRule) -> SparkExpr | None:
     """The rule's ``where`` as Spark SQL over the typed struct, or None when it must run in
-    Python: it reads enrichment columns or ``pct_change()``, or Spark cannot express it."""
+    Python: it reads enrichment columns or ``pct_change()``, the rule evaluates its events
+    after they wait (``order: event_time``: the native value belongs to the event being
+    read, not the one released), or Spark cannot express it."""
     if rule.where is None or rule.rule.where is None or rule.rule.enrich or rule.where.synthetic:
+        return None
+    if rule.rule.order == "event_time":
         return None
     try:
         return to_spark_sql(

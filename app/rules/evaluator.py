@@ -49,6 +49,7 @@ from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, Logic, State, StateStore, build_alert, group_values, state_key
 from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, SequenceLogic
+from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
 from app.tables import TABLES, Tables
@@ -84,6 +85,8 @@ def logic_for(rule: CompiledRule) -> Logic | None:
             "session": SessionLogic,
         }
         return kinds[r.window.type](rule)  # type: ignore[return-value]
+    if r.kind == "threshold" and r.order == "event_time":
+        return EventTimeOrder(rule)
     simple = {"threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic,
               "new_term": NewTermLogic, "sequence": SequenceLogic}  # fmt: skip
     cls = simple.get(r.kind)

@@ -149,6 +149,9 @@ class Rule(_Frozen):
     having: str | None = None
     allowed_lateness: DurationMs = 0
     late_policy: LatePolicy = "drop"
+    #: threshold rules: evaluate each group's events as they arrive, or in event-time order
+    #: once the watermark (clock - allowed_lateness) passes them
+    order: Literal["arrival", "event_time"] = "arrival"
     # absence, change, new term, sequence
     absent_for: DurationMs | None = None
     expect_from: Literal["devices"] | None = None
@@ -239,6 +242,16 @@ class Rule(_Frozen):
         if self.expect_from is not None and kind != "absence":
             msg = "'expect_from' belongs to absent_for rules"
             raise ValueError(msg)
+        if self.order == "event_time":
+            if kind != "threshold":
+                msg = "'order: event_time' applies to threshold rules"
+                raise ValueError(msg)
+            if not self.allowed_lateness:
+                msg = "'order: event_time' needs 'allowed_lateness': how long an event waits for older ones"
+                raise ValueError(msg)
+            if self.keep_firing_for or self.no_data is not None:
+                msg = "'order: event_time' cannot be combined with 'keep_firing_for' or 'no_data' yet"
+                raise ValueError(msg)
         lifecycle = self.for_ms or self.consecutive != 1 or self.clear is not None
         if lifecycle and kind not in ("threshold", "window"):
             msg = "'for', 'consecutive' and 'clear' apply to threshold and window rules"
@@ -276,4 +289,6 @@ def dump_canonical(rule: Rule) -> dict[str, Any]:
     Options added after rules were deployed are left out while unset, so that
     adding them does not change every existing rule's version (and state)."""
     unset_later = {"no_data"} if rule.no_data is None else set()
+    if rule.order == "arrival":
+        unset_later.add("order")
     return rule.model_dump(mode="json", by_alias=True, exclude=unset_later)
