@@ -1,6 +1,7 @@
 """Rule kinds through a real Faust worker on the real broker: regrouped streams, windows,
-registry enrichment, absence, branching; hot reload; a restart that resumes window state.
-Every alert id must equal the backtest's for the same input and partition count."""
+registry enrichment, absence, branching, a threshold in event-time order; hot reload; a
+restart that resumes window state. Every alert id must equal the backtest's for the same
+input and partition count."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ RULES = """rules:
     allowed_lateness: 1m
     aggregate: {n: count(*)}
     having: n >= 10
+  - id: errors-in-time-order
+    source: logs
+    where: status >= 400
+    for: 30s
+    group_by: [host]
+    allowed_lateness: 1m
+    order: event_time
   - id: too-hot-for-its-site
     source: sensors
     enrich: [{table: devices, on: device_id, as: device}]
@@ -104,7 +112,7 @@ def test_kinds_through_faust_match_the_backtest(broker: EmbeddedBroker, tmp_path
         expected = backtest(load_rules([rules_dir]), read_events(lines, "in", report), out, report,
                             partitions=PARTITIONS, tables=tables)  # fmt: skip
     kinds = {a.rule_id for a in expected}
-    assert {"not-found-scan", "too-hot-for-its-site", "device-silent"} <= kinds
+    assert {"not-found-scan", "errors-in-time-order", "too-hot-for-its-site", "device-silent"} <= kinds
 
     with role(
         ["agents", "worker", "-l", "info"], worker_env(broker, tmp_path, rules_dir), tmp_path / "w.log"
