@@ -74,7 +74,14 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 
 def logic_for(rule: CompiledRule) -> Logic | None:
-    """The logic object of a rule's kind (None for stateless branches)."""
+    """The logic object of a rule's kind (None for stateless branches); with
+    ``order: event_time``, fed its group's events in event-time order."""
+    if rule.rule.order == "event_time":
+        return EventTimeOrder(rule, _kind_logic)
+    return _kind_logic(rule)
+
+
+def _kind_logic(rule: CompiledRule) -> Logic | None:
     r = rule.rule
     if r.kind == "window":
         assert r.window is not None  # noqa: S101
@@ -85,8 +92,6 @@ def logic_for(rule: CompiledRule) -> Logic | None:
             "session": SessionLogic,
         }
         return kinds[r.window.type](rule)  # type: ignore[return-value]
-    if r.kind == "threshold" and r.order == "event_time":
-        return EventTimeOrder(rule)
     simple = {"threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic,
               "new_term": NewTermLogic, "sequence": SequenceLogic}  # fmt: skip
     cls = simple.get(r.kind)

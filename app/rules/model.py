@@ -149,8 +149,8 @@ class Rule(_Frozen):
     having: str | None = None
     allowed_lateness: DurationMs = 0
     late_policy: LatePolicy = "drop"
-    #: threshold rules: evaluate each group's events as they arrive, or in event-time order
-    #: once the watermark (clock - allowed_lateness) passes them
+    #: threshold, change and sequence rules: evaluate each group's events as they arrive, or in
+    #: event-time order once the watermark (clock - allowed_lateness) passes them
     order: Literal["arrival", "event_time"] = "arrival"
     # absence, change, new term, sequence
     absent_for: DurationMs | None = None
@@ -243,14 +243,11 @@ class Rule(_Frozen):
             msg = "'expect_from' belongs to absent_for rules"
             raise ValueError(msg)
         if self.order == "event_time":
-            if kind != "threshold":
-                msg = "'order: event_time' applies to threshold rules"
+            if kind not in ("threshold", "change", "sequence"):
+                msg = "'order: event_time' applies to threshold, change and sequence rules"
                 raise ValueError(msg)
             if not self.allowed_lateness:
                 msg = "'order: event_time' needs 'allowed_lateness': how long an event waits for older ones"
-                raise ValueError(msg)
-            if self.keep_firing_for or self.no_data is not None:
-                msg = "'order: event_time' cannot be combined with 'keep_firing_for' or 'no_data' yet"
                 raise ValueError(msg)
         lifecycle = self.for_ms or self.consecutive != 1 or self.clear is not None
         if lifecycle and kind not in ("threshold", "window"):

@@ -1,29 +1,36 @@
-"""Event-time order for threshold rules (``order: event_time``).
+"""Event-time order (``order: event_time``) for threshold, change and sequence rules.
 
-A threshold's lifecycle (``for``, ``consecutive``, pending, firing, resolved) depends
-on the order of its group's events, so by default it takes them as they arrive and
-skips one older than the newest it has seen. A source written out of order (a merged
-access log: 94 % of the real one's lines are older than an earlier line) then loses
-most of its events. With ``order: event_time`` each event waits in the group's state
-until the partition's watermark (clock minus ``allowed_lateness``) passes it, and the
-threshold then takes the waiting events in event-time order (arrival order among
-equal times). Alerts come ``allowed_lateness`` later in processing time; their event
-times, values and ids are those of the ordered stream.
+These kinds' state machines (``for``, ``consecutive``, pending and firing; a
+field's previous value; the steps of a sequence) depend on the order of a group's
+events, so by default they take them as they arrive and skip one older than the
+newest they have seen. A source written out of order (a merged access log: 94 % of
+the real one's lines are older than an earlier line) then loses most of its events.
 
-An event already behind the watermark when it arrives is evaluated at once if nothing
-newer was evaluated for its group, and is late otherwise. The evaluator runs a rule's
-due timers before each event, so every waiting event the watermark has passed is
-released before a newer one is looked at.
+With ``order: event_time`` the rule runs on the **watermark's time axis**: each
+event waits in the group's state until the watermark W (the partition clock minus
+``allowed_lateness``) passes it; the rule's own logic (built with no lateness of its
+own) then takes the waiting events in event-time order (arrival order among equal
+times), and its timers (``keep_firing_for``, ``no_data``, ``resolve_after``, an
+absent step, forgetting) run when W passes them, each before the first released
+event at or after its time, as they would in the stream sorted by time. Alerts come
+``allowed_lateness`` later in processing time; their times, values and ids are
+those of the sorted stream.
 
-State: ``q`` the waiting ``[ts, row]`` pairs in order, ``s`` the threshold's own
-state (or None), ``t`` the time of the newest event evaluated, ``due`` when the
-watermark passes the first waiting event. Both engines run this code (the Spark
-engine on its stream path).
+An event already behind W when it arrives is evaluated at once if nothing newer was
+evaluated for its group, and is late otherwise. The evaluator runs a rule's due
+timers before each event, so every waiting event W has passed is released before a
+newer one is looked at.
+
+State: ``q`` the waiting ``[ts, row]`` pairs in order, ``s`` the logic's own state
+(or None), ``t`` the time of the newest event evaluated, ``due`` when W reaches the
+first waiting event or the logic's own timer. Both engines run this code (the
+Spark engine on its stream path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.alerts import Alert
@@ -52,13 +59,20 @@ class _Inner:
         self.st["s"] = None
 
 
-class EventTimeOrder:
-    """A threshold rule fed its group's events in event-time order (see the module)."""
+#: most timer runs of the wrapped logic at one instant (each must move its timer on)
+MAX_TIMER_RUNS = 10_000
 
-    def __init__(self, rule: CompiledRule) -> None:
+
+class EventTimeOrder:
+    """A rule fed its group's events in event-time order (see the module)."""
+
+    def __init__(self, rule: CompiledRule, make: Callable[[CompiledRule], Any]) -> None:
         self.rule = rule
-        self.inner = ThresholdLogic(rule)
         self.lateness = rule.rule.allowed_lateness
+        # the wrapped logic lives on the watermark's axis: no lateness of its own
+        plain = rule.rule.model_copy(update={"allowed_lateness": 0, "order": "arrival"})
+        self.inner = make(dataclasses.replace(rule, rule=plain))
+        self.takes_clock = not isinstance(self.inner, ThresholdLogic)
 
     def on_event(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
@@ -71,8 +85,9 @@ class EventTimeOrder:
         newest = st["t"]
         if newest is not None and ev.ts_ms < newest:
             return [], True  # a newer event of the group was evaluated already
-        if ev.ts_ms <= clock_ms - self.lateness:  # the watermark passed it: its turn is now
-            alerts = self._evaluate(st, key, group, [(ev.ts_ms, row)])
+        watermark = clock_ms - self.lateness
+        if ev.ts_ms <= watermark:  # the watermark passed it: its turn is now
+            alerts = self._evaluate(st, key, group, ev.ts_ms, row, max(watermark, ev.ts_ms))
         else:
             queue = st["q"]
             queue.insert(after(queue, ev.ts_ms), [ev.ts_ms, dict(row)])
@@ -82,32 +97,58 @@ class EventTimeOrder:
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
-        if st is None or not st["q"]:
+        if st is None:
             return []
+        watermark = clock_ms - self.lateness
+        group = tuple(st["g"])
         queue = st["q"]
-        ready = after(queue, clock_ms - self.lateness)
-        if not ready:
-            return []
-        st["q"] = queue[ready:]
-        alerts = self._evaluate(st, key, tuple(st["g"]), queue[:ready])
+        alerts: list[Alert] = []
+        taken = 0
+        while taken < len(queue) and queue[taken][0] <= watermark:
+            ts, row = queue[taken]
+            taken += 1
+            alerts += self._evaluate(st, key, group, ts, row, ts)
+        st["q"] = queue[taken:]
+        alerts += self._timers(st, key, watermark)
         self._save(store, key, st, existed=True)
         return alerts
 
-    def _evaluate(self, st: State, key: str, group: tuple[str, ...], events: Any) -> list[Alert]:
-        """The threshold over ``events`` (``(ts, row)`` in order), on its own state."""
-        inner = _Inner(st)
+    def _timers(self, st: State, key: str, clock: int) -> list[Alert]:
+        """The wrapped logic's timers due at ``clock`` (on the watermark's axis)."""
         alerts: list[Alert] = []
-        for ts, row in events:
-            found, _late = self.inner.on_event(inner, key, group, Event("", ts, row), row)
-            alerts += found
-            st["t"] = ts
+        inner = _Inner(st)
+        for _ in range(MAX_TIMER_RUNS):
+            due = None if st["s"] is None else st["s"].get("due")
+            if due is None or due > clock:
+                break
+            alerts += self.inner.on_clock(inner, key, clock)
+            if st["s"] is not None and st["s"].get("due") == due:
+                break  # the timer did not move: it would run again forever
         return alerts
+
+    def _evaluate(
+        self, st: State, key: str, group: tuple[str, ...], ts: int, row: Mapping[str, Any], clock: int
+    ) -> list[Alert]:
+        """One event through the wrapped logic at ``clock``, after its timers due by then."""
+        alerts = self._timers(st, key, clock)
+        inner = _Inner(st)
+        ev = Event("", ts, dict(row))
+        if self.takes_clock:
+            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock_ms=clock)
+        else:
+            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields)
+        st["t"] = ts
+        return alerts + found
 
     def _save(self, store: StateStore, key: str, st: State, existed: bool) -> None:
         queue = st["q"]
-        if not queue and st["s"] is None:  # nothing waits and the threshold keeps nothing: quiet
+        if not queue and st["s"] is None:  # nothing waits and the logic keeps nothing: quiet
             if existed:
                 store.delete(key)
             return
-        st["due"] = queue[0][0] + self.lateness if queue else None
+        times = [queue[0][0]] if queue else []
+        inner_due = None if st["s"] is None else st["s"].get("due")
+        if inner_due is not None:
+            times.append(int(inner_due))
+        st["due"] = min(times) + self.lateness if times else None
         store.put(key, st)
