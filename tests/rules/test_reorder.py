@@ -1,5 +1,6 @@
-"""``order: event_time``: a threshold rule takes its group's events in event-time order
-once the watermark passes them, instead of skipping those that arrive out of order."""
+"""``order: event_time``: a threshold, change or sequence rule takes its group's events in
+event-time order once the watermark passes them, instead of skipping those that arrive out
+of order, and runs its own timers on the watermark's axis."""
 
 from __future__ import annotations
 
