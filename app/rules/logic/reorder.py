@@ -41,7 +41,7 @@ from app.rules.logic.threshold import ThresholdLogic
 
 
 class _Inner:
-    """The threshold's view of its state: ``s`` inside the reordering state."""
+    """The wrapped logic's view of its state: ``s`` inside the reordering state."""
 
     __slots__ = ("st",)
 
@@ -87,7 +87,7 @@ class EventTimeOrder:
             return [], True  # a newer event of the group was evaluated already
         watermark = clock_ms - self.lateness
         if ev.ts_ms <= watermark:  # the watermark passed it: its turn is now
-            alerts = self._evaluate(st, key, group, ev.ts_ms, row, max(watermark, ev.ts_ms))
+            alerts = self._evaluate(st, key, group, ev.ts_ms, row, watermark)
         else:
             queue = st["q"]
             queue.insert(after(queue, ev.ts_ms), [ev.ts_ms, dict(row)])
