@@ -38,7 +38,7 @@ import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -401,7 +401,7 @@ class StreamEvaluator:
         view.touched = None
         try:
             if takes_clock:
-                alerts, late = logic.on_event(view, key, group, ev, row, clock_ms=clock)
+                alerts, late = logic.on_event(view, key, group, ev, row, clock)
             else:
                 alerts, late = logic.on_event(view, key, group, ev, row)
         except Exception as exc:  # one rule's bug must not stop the others
@@ -415,7 +415,8 @@ class StreamEvaluator:
             out.alerts += alerts
         touched = view.touched
         if touched is not None:  # only a write can move the state's timer
-            self._rearm(heap, key, touched or None)
+            if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
+                self._rearm(heap, key, touched or None)
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, partition, clock, rule, logic, out)
 
@@ -459,9 +460,16 @@ class StreamEvaluator:
             return
         keys, ends = rows.groups(rule, group_by)
         fold_many = getattr(logic, "fold_many", None)
-        passes: list[Any] | None = None  # the rule's condition on each row, once fold_many needs it
+        passes: list[Any] | None = None  # the rule's condition on each row, once needed
+        # events the logic would do nothing for (see Logic.where_gate) are skipped on the
+        # condition evaluated column-wise: always, or for a group without state
+        gate = getattr(logic, "where_gate", None) if rule.where is not None else None
+        if gate is not None:
+            passes = rule.where.over(rows.dense, rows.columns)
+        always = gate == "always"
         i, n = 0, len(events)
         scheduled = self.scheduled
+        row_list = rows.rows
         while i < n:
             clock = clocks[i]
             # drop rescheduled timers from the top: a stale entry would otherwise cut the run
@@ -478,6 +486,9 @@ class StreamEvaluator:
                 continue
             group, suffix = found
             key = rid + suffix  # = state_key(rule, group)
+            if gate is not None and passes[i] is not True and (always or view.get(key) is None):  # type: ignore[index]
+                i += 1
+                continue
             if fold_many is not None and ends[i] - i > 1:
                 # a run of one group's events before the rule's next timer: the logic may take a
                 # leading part of it in one call (see Logic.fold_many)
@@ -499,9 +510,7 @@ class StreamEvaluator:
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
-            self._step(
-                run, partition, group, key, events[i], cast("dict[str, Any]", rows.rows[i]), clock, out
-            )
+            self._step(run, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
             i += 1
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:

@@ -21,6 +21,10 @@ Contract (bytewax's StatefulLogic, adapted):
   clock reaches a timer the part it took would have set. The rest go to
   ``on_event``; the result must be exactly what ``on_event`` gives one event at
   a time.
+* ``where_gate`` is optional: ``"always"`` when ``on_event`` does nothing (no
+  alert, not late, no write) for an event whose ``where`` is not TRUE, whatever
+  the state; ``"no_state"`` when that holds for a group without state. The batch
+  path then skips such events on the condition evaluated column-wise.
 * State is a small JSON-able dict per (rule, group) holding at least ``g``
   (the group values) and, when a timer is pending, ``due``. ``store.put`` is
   called whenever the state must survive a restart.

@@ -43,6 +43,8 @@ MAX_TERMS = 100_000
 
 
 class AbsenceLogic:
+    where_gate = "always"  # see base: on_event returns first when where is not TRUE
+
     def __init__(self, rule: CompiledRule) -> None:
         self.rule = rule
         self.absent_ms = int(rule.rule.absent_for or 0)
@@ -147,6 +149,8 @@ class _EventAlert:
 
 
 class ChangeLogic(_EventAlert):
+    where_gate = "always"
+
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
         self.field = str(rule.rule.change)
@@ -175,6 +179,8 @@ class ChangeLogic(_EventAlert):
 
 
 class NewTermLogic(_EventAlert):
+    where_gate = "always"
+
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
         assert rule.rule.new_term is not None  # noqa: S101

@@ -83,6 +83,9 @@ class ThresholdLogic:
         self.lateness = r.allowed_lateness
         assert rule.where is not None  # noqa: S101 - threshold rules always have one
         self.where = rule.where.fn
+        #: a quiet group (no state) stays quiet on an event where the condition is not TRUE,
+        #: unless pct_change history or a no-data deadline must be kept for it
+        self.where_gate = "no_state" if not self.pct and self.no_data is None else None
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]

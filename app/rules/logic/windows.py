@@ -51,6 +51,8 @@ _GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 
 
 
 class _Aggregating:
+    where_gate = "always"  # every kind's on_event returns first when where is not TRUE
+
     def __init__(self, rule: CompiledRule) -> None:
         assert rule.parts is not None and rule.parts.having is not None  # noqa: S101
         assert rule.rule.window is not None  # noqa: S101
@@ -60,8 +62,8 @@ class _Aggregating:
         self.where = rule.where.fn if rule.where is not None else None
         self.window = rule.rule.window
         self.lateness = rule.rule.allowed_lateness
-        # per aggregate: (input expression or None, fold function), looked up once
-        self._folds = [(a.arg, ADDERS[a.func]) for a in self.aggs]
+        # per aggregate: (input expression's function or None, fold function), looked up once
+        self._folds = [(None if a.arg is None else a.arg.fn, ADDERS[a.func]) for a in self.aggs]
         self._many = [(a.arg, MANY_ADDERS[a.func]) for a in self.aggs]
 
     def results(self, states: list[Any]) -> dict[str, Any]:
@@ -72,8 +74,7 @@ class _Aggregating:
 
     def fold(self, states: list[Any], row: Mapping[str, Any]) -> list[Any]:
         return [
-            add(s, None if arg is None else arg(row))
-            for (arg, add), s in zip(self._folds, states, strict=True)
+            add(s, None if fn is None else fn(row)) for (fn, add), s in zip(self._folds, states, strict=True)
         ]
 
     def fold_rows(self, states: list[Any], rows: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -123,7 +124,8 @@ class TumblingLogic(_Aggregating):
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
-        if not self.passes(row):
+        where = self.where
+        if where is not None and where(row) is not True:
             return [], False
         st = store.get(key)
         if st is not None and self.tumbling and "due" in st:  # the common case: fold into an open window
@@ -317,14 +319,6 @@ class _Buffered(_Aggregating):
 
     def fresh(self, group: tuple[str, ...]) -> State:
         raise NotImplementedError
-
-    def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
-    ) -> int:  # fmt: skip
-        """Only the leading events ``where`` drops (see ``Logic.fold_many``): each kept event
-        goes into the buffer one by one."""
-        return self.failing(passes)
 
     def _due(self, st: State) -> int | None:
         raise NotImplementedError
