@@ -460,6 +460,7 @@ class StreamEvaluator:
             return
         keys, ends = rows.groups(rule, group_by)
         fold_many = getattr(logic, "fold_many", None)
+        scattered = getattr(logic, "fold_scattered", None)
         passes: list[Any] | None = None  # the rule's condition on each row, once needed
         # events the logic would do nothing for (see Logic.where_gate) are skipped on the
         # condition evaluated column-wise: always, or for a group without state
@@ -510,6 +511,19 @@ class StreamEvaluator:
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
+            if scattered is not None:
+                # events of any groups before the rule's next timer: the logic may take the
+                # leading ones that are its per-event common case (see Logic.fold_scattered)
+                end = n if not heap else bisect.bisect_left(clocks, heap[0][0], i, n)
+                if passes is None and rule.where is not None:
+                    passes = rule.where.over(rows.dense, rows.columns)
+                try:
+                    taken = scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
+                except Exception:  # the events then run one by one, which reports it
+                    taken = 0
+                if taken:
+                    i += taken
+                    continue
             self._step(run, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
             i += 1
 

@@ -78,6 +78,10 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> Counter:
 
     for cls in (AbsenceLogic, ThresholdLogic, TumblingLogic):
         monkeypatch.setattr(cls, "fold_many", counting(cls, cls.fold_many))
+    for cls in (AbsenceLogic, TumblingLogic):  # fold_scattered: counted as "scattered <kind>"
+        monkeypatch.setattr(
+            cls, "fold_scattered", counting(type(f"scattered {cls.__name__}", (), {}), cls.fold_scattered)
+        )
     return counts
 
 
@@ -102,6 +106,9 @@ def test_batches_give_the_transitions_of_one_event_at_a_time(
     if pack != THRESHOLDS:
         assert taken["TumblingLogic"] > 1000
         assert taken["AbsenceLogic"] > 1000
+        # events of interleaved groups, each its kind's per-event common case
+        assert taken["scattered TumblingLogic"] > 1000
+        assert taken["scattered AbsenceLogic"] > 100
 
 
 class ChangelogStore(DictStore):

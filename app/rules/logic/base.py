@@ -21,6 +21,14 @@ Contract (bytewax's StatefulLogic, adapted):
   clock reaches a timer the part it took would have set. The rest go to
   ``on_event``; the result must be exactly what ``on_event`` gives one event at
   a time.
+* ``fold_scattered(store, rule_id, keys, events, rows, clocks, passes, begin,
+  end) -> taken`` is optional: the same for a stretch of a batch whose events
+  belong to any groups (``keys``: each event's group and state-key suffix, None
+  for an event without its registry row), before the rule's next timer: it
+  takes the leading events that are each the kind's per-event common case, as
+  ``on_event`` would apply them one by one. They must leave every timer where
+  it is, or move it later only if ``on_clock`` at the old time then does
+  nothing (the evaluator re-arms the timer at the state's ``due`` after it).
 * ``where_gate`` is optional: ``"always"`` when ``on_event`` does nothing (no
   alert, not late, no write) for an event whose ``where`` is not TRUE, whatever
   the state; ``"no_state"`` when that holds for a group without state. The batch

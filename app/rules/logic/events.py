@@ -107,6 +107,33 @@ class AbsenceLogic:
             store.put(key, {"g": list(group), "last": last, "fire": None, "due": due})
         return taken
 
+    def fold_scattered(
+        self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],
+        events: Sequence[Event], rows: Sequence[Any], clocks: Sequence[int],
+        passes: Sequence[Any] | None, begin: int, end: int,
+    ) -> int:  # fmt: skip
+        """From ``begin``, the leading events of ``[begin, end)``, of any groups, that find
+        their group known and not silent (see ``Logic.fold_scattered``): each moves the
+        group's last time and silence deadline later, as ``on_event`` would. The timer
+        already set stays: :meth:`on_clock` at that time finds the group not silent yet
+        and the evaluator re-arms it at the state's ``due``."""
+        get, put = store.get, store.put
+        j = begin
+        while j < end:
+            found = keys[j]
+            if found is None or (passes is not None and passes[j] is not True):
+                j += 1
+                continue
+            key = rule_id + found[1]
+            st = get(key)
+            if st is None or st["fire"] is not None:
+                break  # a new group (a timer to set) or a silent one (to resolve): on_event
+            ts = events[j].ts_ms
+            if ts > st["last"]:
+                put(key, {"g": list(found[0]), "last": ts, "fire": None, "due": self._due(ts)})
+            j += 1
+        return j - begin
+
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None or st["fire"] is not None or clock_ms < self._due(st["last"]):

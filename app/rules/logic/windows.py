@@ -217,6 +217,50 @@ class TumblingLogic(_Aggregating):
             store.put(key, st)
         return taken
 
+    def fold_scattered(
+        self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],
+        events: Sequence[Event], rows: Sequence[Any], clocks: Sequence[int],
+        passes: Sequence[Any] | None, begin: int, end: int,
+    ) -> int:  # fmt: skip
+        """From ``begin``, the leading events of ``[begin, end)``, of any groups, that each
+        fold into their group's open tumbling window (``on_event``'s common case: no
+        window opens, fires or is late, so no timer moves), each folded as ``on_event``
+        would; and those it ignores (``where`` not TRUE, no registry row). No timer of the
+        rule is due before ``end``. Returns how many it took (see ``Logic.fold_scattered``)."""
+        if not self.tumbling:
+            return 0
+        get, put = store.get, store.put
+        step, span, folds = self.step, self.size + self.lateness, self._folds
+        j = begin
+        while j < end:
+            found = keys[j]
+            if found is None or (passes is not None and passes[j] is not True):
+                j += 1
+                continue
+            key = rule_id + found[1]
+            st = get(key)
+            if st is None or "due" not in st:
+                break
+            ts = events[j].ts_ms
+            start = ts - ts % step
+            if start + span <= clocks[j]:
+                break  # late (not expected: its window closed at a timer before end): on_event
+            w = st["w"].get(str(start))
+            if w is None or w["done"]:
+                break
+            row = rows[j]
+            try:
+                accs = [
+                    add(v, None if fn is None else fn(row))
+                    for (fn, add), v in zip(folds, w["a"], strict=True)
+                ]
+            except Exception:  # on_event takes this event and reports the error
+                break
+            w["a"] = accs
+            put(key, st)
+            j += 1
+        return j - begin
+
     def _prev(self, st: State, start: int) -> dict[str, Any] | None:
         prev = st.get("prev")
         if prev is not None and prev[0] == start - self.step:
