@@ -21,7 +21,8 @@ the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s drain):
 * Faust worker (``python -m agents worker``, one process, embedded broker):
   events/s through decode, the same pack and produce, on the same topic, read
   from its ``worker_events_total`` counter; then on a fresh broker with all
-  three source topics filled with the interleaved events (mixed);
+  three source topics filled with the interleaved events (mixed); then on the fleet's
+  readings (``--fleet-devices``), its registry in the ``tables.devices`` topic;
 * latency: the worker with the pack plus one probe rule, fed the mixed events
   paced at R events/s (default 5,000) on a fresh broker; one event in five is a
   probe whose alert transition is matched back to it. p50/p95/p99/max of the
@@ -73,7 +74,7 @@ from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
 from app.tables import Tables  # noqa: E402
-from app.topics import SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
+from app.topics import DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
 from ingest.adapters.apache import apache_events  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402
@@ -194,16 +195,22 @@ def bench_evaluator(pack: Path, items: list[Item]) -> float:
     return rate
 
 
-def bench_fleet(pack: Path, devices: int, n: int) -> None:
-    """The evaluator alone on a simulated fleet of ``devices`` sensors (and a vehicle per 20),
-    a reading a minute each, their registry loaded: many groups, each seen once in a while."""
+def fleet(devices: int, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A simulated fleet of ``devices`` sensors (and a vehicle per 20), a reading a minute
+    each: its registry rows and its first ``n`` readings."""
     cfg = FleetConfig(
         seed=7, start_ms=1_700_000_000_000, sensors=devices, vehicles=devices // 20, interval_s=60.0
     )
+    return fleet_registry(cfg), list(islice(fleet_events(cfg), n))
+
+
+def bench_fleet(pack: Path, devices: int, n: int) -> None:
+    """The evaluator alone on the fleet, its registry loaded: many groups, each seen once in a while."""
+    registry, readings = fleet(devices, n)
     tables = Tables()
-    tables.load_rows("devices", fleet_registry(cfg))
+    tables.load_rows("devices", registry)
     sensors = SCHEMAS["sensors"]
-    decoded = [("sensors", sensors.decode(orjson.dumps(r))) for r in islice(fleet_events(cfg), n)]
+    decoded = [("sensors", sensors.decode(orjson.dumps(r))) for r in readings]
     rate, one = evaluator_rates(pack, decoded, tables)
     print(
         f"evaluator alone, fleet of {devices:,} devices and {devices // 20:,} vehicles ({n:,} readings): "
@@ -294,9 +301,10 @@ def worker_env(bootstrap: str, data: Path, rules: Path) -> dict[str, str]:
     }
 
 
-def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
+def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: int) -> None:
     """The minimal and no-op agents, then the rule worker, on the same pre-filled sensors topic;
-    then the rule worker on all three source topics (mixed), on a fresh broker."""
+    then the rule worker on all three source topics (mixed), on a fresh broker; then on the
+    fleet's readings with its registry, on a fresh broker."""
     sensors = [i.value for i in items if i.source == "sensors"]
     with EmbeddedBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
@@ -349,6 +357,30 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item]) -> None:
         print(
             f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
             "(log events are read twice: once as they come, once regrouped by client IP)"
+        )
+    if not fleet_devices:
+        return
+    registry, readings = fleet(fleet_devices, len(items))
+    with EmbeddedBroker() as b:
+        asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
+        table = [(DEVICES_TABLE, str(r["device_id"]).encode(), orjson.dumps(r)) for r in registry]
+        asyncio.run(fill_many(b.bootstrap, table))  # first: the worker reads it as it starts
+        asyncio.run(
+            fill_many(
+                b.bootstrap, [(SENSORS, str(r["device_id"]).encode(), orjson.dumps(r)) for r in readings]
+            )
+        )
+        env = worker_env(b.bootstrap, tmp / "fleet-data", pack)
+        rate = progress_rate(
+            WORKER,
+            env,
+            tmp / "fleet.log",
+            metric(env["APP_METRICS_PORT"], 'worker_events_total{source="sensors"}'),
+            len(readings),
+        )
+        print(
+            f"Faust worker, full pack, fleet of {fleet_devices:,} devices and "
+            f"{fleet_devices // 20:,} vehicles: {rate.describe(len(readings))}"
         )
 
 
@@ -421,7 +453,7 @@ def main() -> int:
         if args.skip_faust:
             return 0
         if not args.skip_throughput:
-            bench_throughput(tmp, pack, items)
+            bench_throughput(tmp, pack, items, args.fleet_devices)
         if not args.skip_latency:
             bench_latency(tmp, args)
             if not args.skip_echo:
