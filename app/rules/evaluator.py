@@ -66,6 +66,8 @@ LATE_TOPIC = "events.late"
 
 
 _KEY_HASHES = KeyHashes()
+#: joined registry rows kept across batches, at most (more: the cache starts again)
+MAX_JOIN_CACHE = 100_000
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -206,10 +208,12 @@ class _Batch:
 
     __slots__ = ("_views", "clocks", "events", "tables")
 
-    def __init__(self, events: Sequence[Event], clocks: list[int]) -> None:
+    def __init__(
+        self, events: Sequence[Event], clocks: list[int], tables: dict[tuple[str, str], dict | None]
+    ) -> None:
         self.events, self.clocks = events, clocks
-        #: looked-up registry rows, by (table, alias and key): tables do not change within a batch
-        self.tables: dict[tuple[str, str], dict | None] = {}
+        #: looked-up registry rows, by (table, alias and key): see StreamEvaluator._join_cache
+        self.tables = tables
         self._views: dict[tuple[Any, ...], _Rows] = {(): _Rows([ev.fields for ev in events])}
 
     def rows(self, evaluator: StreamEvaluator, rule: CompiledRule) -> _Rows:
@@ -247,6 +251,8 @@ class StreamEvaluator:
         self.timers: dict[tuple[int, str], list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
         self._expected: dict[int, int] = {}
+        self._joined: dict[tuple[str, str], dict | None] = {}
+        self._joined_version = -1
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
         """Re-arm timers from persisted state (after a restart or a rule reload)."""
@@ -339,6 +345,13 @@ class StreamEvaluator:
                 logic.expect(_Versioned(self.store, rule.version, partition), key, (dev,), clock)
                 self._after(partition, key, rule)
 
+    def _join_cache(self) -> dict[tuple[str, str], dict | None]:
+        """Registry rows with their columns prefixed, by (table, alias and key), kept across
+        batches until a table changes (any change: the tables' version moves)."""
+        if self._joined_version != self.tables.version or len(self._joined) > MAX_JOIN_CACHE:
+            self._joined, self._joined_version = {}, self.tables.version
+        return self._joined
+
     def enrich(
         self, rule: CompiledRule, row: dict[str, Any], cache: dict[tuple[str, str], dict | None]
     ) -> dict | None:
@@ -369,7 +382,7 @@ class StreamEvaluator:
         clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
         self.clocks[partition] = clock
         self._expect_registry(partition, clock)
-        tables: dict[tuple[str, str], dict | None] = {}
+        tables = self._join_cache()
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
         for run in self._runs_of(partition):
@@ -441,7 +454,7 @@ class StreamEvaluator:
             clocks.append(clock)
         self.clocks[partition] = clock
         self._expect_registry(partition, clocks[0])
-        batch = _Batch(events, clocks)
+        batch = _Batch(events, clocks, self._join_cache())
         for run in self._runs_of(partition):
             self._run_rule(run, batch, partition, out)
         self.stats.alerts += len(out.alerts)

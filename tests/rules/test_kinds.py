@@ -530,3 +530,31 @@ def test_pct_change_history_matches_a_full_scan_and_stays_bounded(tmp_path: Path
         if value is not None:
             seen.append((ts, value))
         assert len(hist) <= 2 * sum(t > ts - pc.lookback_ms for t, _ in seen) + 2
+
+
+def test_a_registry_change_between_events_reaches_the_next_event(tmp_path: Path) -> None:
+    """Joined registry rows are cached across events and batches until a table changes."""
+    body = """  - id: too-hot-for-its-site
+    source: sensors
+    enrich: [{table: devices, on: device_id, as: device}]
+    where: temperature > device.max_temp
+    group_by: [device_id]
+    severity: warning
+"""
+    rs = rules(tmp_path, body)
+    for batched in (False, True):
+        tables = Tables()
+        tables.load_rows("devices", [{"device_id": "d1", "site": "lab", "max_temp": 30.0}])
+        eng = Engine(rs, tables=tables)
+        first = [sensor(0, temperature=35.0), sensor(1, temperature=35.0)]
+        out = eng.process_batch(first) if batched else eng.process(*first[0])
+        if not batched:
+            out.extend(eng.process(*first[1]))
+        assert [a.status for a in out.alerts] == ["firing"]
+        tables.apply("devices", "d1", orjson.dumps({"device_id": "d1", "site": "lab", "max_temp": 40.0}))
+        out = (
+            eng.process_batch([sensor(2, temperature=35.0)])
+            if batched
+            else eng.process(*sensor(2, temperature=35.0))
+        )
+        assert [a.status for a in out.alerts] == ["resolved"], batched  # 35 is under the new 40
