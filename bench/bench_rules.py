@@ -2,7 +2,8 @@
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--skip-faust]
 [--skip-throughput] [--skip-latency] [--skip-echo] [--latency-rate R] [--latency-seconds S]
-[--producer-linger-ms L]``. Prints one line per figure, beside its target. Takes about 4 min: at most
+[--producer-linger-ms L] [--fleet-devices D]``. Prints one line per figure, beside its target. Takes
+about 5 min: at most
 40 s per worker run and 90 s per plain Faust agent (they join their group ~32 s after start), then
 the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s drain):
 
