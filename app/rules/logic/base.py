@@ -45,7 +45,7 @@ replays and partitionings.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from app.alerts import Alert, Status
@@ -101,6 +101,23 @@ def after(entries: list[list[Any]], ts: int) -> int:
     (integer ms): ``[ts + 1]`` sorts before ``[ts + 1, ...]`` and after ``[ts, ...]``, so
     nothing past the time is compared and no key function runs."""
     return bisect.bisect_left(entries, [ts + 1])
+
+
+def scattered_events(
+    keys: Sequence[tuple[tuple[str, ...], str] | None],
+    passes: Sequence[Any] | None,
+    rule_id: str,
+    begin: int,
+    end: int,
+) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+    """For ``fold_scattered``: each event of ``[begin, end)`` its logic must look at, as
+    (index, state key, group values), passing over those the evaluator passes over too
+    (no registry row; ``where`` not TRUE, for a kind gated ``always``)."""
+    for j in range(begin, end):
+        found = keys[j]
+        if found is None or (passes is not None and passes[j] is not True):
+            continue
+        yield j, rule_id + found[1], found[0]
 
 
 def leading_not_true(values: Sequence[Any]) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 from app.alerts import Alert
 from app.events import Event
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row
+from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, scattered_events
 
 MAX_TERMS = 100_000
 
@@ -118,21 +118,14 @@ class AbsenceLogic:
         already set stays: :meth:`on_clock` at that time finds the group not silent yet
         and the evaluator re-arms it at the state's ``due``."""
         get, put = store.get, store.put
-        j = begin
-        while j < end:
-            found = keys[j]
-            if found is None or (passes is not None and passes[j] is not True):
-                j += 1
-                continue
-            key = rule_id + found[1]
+        for j, key, group in scattered_events(keys, passes, rule_id, begin, end):
             st = get(key)
             if st is None or st["fire"] is not None:
-                break  # a new group (a timer to set) or a silent one (to resolve): on_event
+                return j - begin  # a new group (a timer to set) or a silent one (to resolve): on_event
             ts = events[j].ts_ms
             if ts > st["last"]:
-                put(key, {"g": list(found[0]), "last": ts, "fire": None, "due": self._due(ts)})
-            j += 1
-        return j - begin
+                put(key, {"g": list(group), "last": ts, "fire": None, "due": self._due(ts)})
+        return end - begin
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)

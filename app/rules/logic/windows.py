@@ -41,6 +41,7 @@ from app.rules.logic.base import (
     build_alert,
     group_row,
     leading_not_true,
+    scattered_events,
 )
 
 MAX_EMPTY_STEPS = 10_000
@@ -231,23 +232,17 @@ class TumblingLogic(_Aggregating):
             return 0
         get, put = store.get, store.put
         step, span, folds = self.step, self.size + self.lateness, self._folds
-        j = begin
-        while j < end:
-            found = keys[j]
-            if found is None or (passes is not None and passes[j] is not True):
-                j += 1
-                continue
-            key = rule_id + found[1]
+        for j, key, _group in scattered_events(keys, passes, rule_id, begin, end):
             st = get(key)
             if st is None or "due" not in st:
-                break
+                return j - begin
             ts = events[j].ts_ms
             start = ts - ts % step
             if start + span <= clocks[j]:
-                break  # late (not expected: its window closed at a timer before end): on_event
+                return j - begin  # late (not expected: its window closed at a timer before end): on_event
             w = st["w"].get(str(start))
             if w is None or w["done"]:
-                break
+                return j - begin
             row = rows[j]
             try:
                 accs = [
@@ -255,11 +250,10 @@ class TumblingLogic(_Aggregating):
                     for (fn, add), v in zip(folds, w["a"], strict=True)
                 ]
             except Exception:  # on_event takes this event and reports the error
-                break
+                return j - begin
             w["a"] = accs
             put(key, st)
-            j += 1
-        return j - begin
+        return end - begin
 
     def _prev(self, st: State, start: int) -> dict[str, Any] | None:
         prev = st.get("prev")
