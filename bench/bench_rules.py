@@ -61,6 +61,7 @@ from worker_runs import (  # noqa: E402
     ECHO_WORKER,
     PROBE_RULES,
     Item,
+    Progress,
     end_offset,
     log_tail,
     measure_latency,
@@ -344,44 +345,37 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
             len(sensors),
         )
         print(f"Faust worker, full pack, sensors topic: {rate.describe(len(sensors))} (target 100,000)")
-    with EmbeddedBroker() as b:  # a fresh broker: no offsets or state of the run above
-        asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
-        asyncio.run(fill_many(b.bootstrap, [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]))
-        env = worker_env(b.bootstrap, tmp / "mixed-data", pack)
-        mixed = progress_rate(
-            WORKER,
-            env,
-            tmp / "mixed.log",
-            metric(env["APP_METRICS_PORT"], "worker_events_total{"),
-            len(items),
-        )
-        print(
-            f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
-            "(log events are read twice: once as they come, once regrouped by client IP)"
-        )
+    records = [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]
+    mixed = worker_on_fresh_broker(tmp, pack, "mixed", records, "worker_events_total{", len(items))
+    print(
+        f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
+        "(log events are read twice: once as they come, once regrouped by client IP)"
+    )
     if not fleet_devices:
         return
     registry, readings = fleet(fleet_devices, len(items))
+    # the registry first: the worker reads it as it starts
+    records = [(DEVICES_TABLE, str(r["device_id"]).encode(), orjson.dumps(r)) for r in registry]
+    records += [(SENSORS, str(r["device_id"]).encode(), orjson.dumps(r)) for r in readings]
+    counter = 'worker_events_total{source="sensors"}'
+    rate = worker_on_fresh_broker(tmp, pack, "fleet", records, counter, len(readings))
+    print(
+        f"Faust worker, full pack, fleet of {fleet_devices:,} devices and "
+        f"{fleet_devices // 20:,} vehicles: {rate.describe(len(readings))}"
+    )
+
+
+def worker_on_fresh_broker(
+    tmp: Path, pack: Path, name: str, records: list[tuple[str, bytes, bytes]], counter: str, expect: int
+) -> Progress:
+    """The rule worker on a fresh broker (no offsets or state of an earlier run) whose topics
+    hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric."""
     with EmbeddedBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
-        table = [(DEVICES_TABLE, str(r["device_id"]).encode(), orjson.dumps(r)) for r in registry]
-        asyncio.run(fill_many(b.bootstrap, table))  # first: the worker reads it as it starts
-        asyncio.run(
-            fill_many(
-                b.bootstrap, [(SENSORS, str(r["device_id"]).encode(), orjson.dumps(r)) for r in readings]
-            )
-        )
-        env = worker_env(b.bootstrap, tmp / "fleet-data", pack)
-        rate = progress_rate(
-            WORKER,
-            env,
-            tmp / "fleet.log",
-            metric(env["APP_METRICS_PORT"], 'worker_events_total{source="sensors"}'),
-            len(readings),
-        )
-        print(
-            f"Faust worker, full pack, fleet of {fleet_devices:,} devices and "
-            f"{fleet_devices // 20:,} vehicles: {rate.describe(len(readings))}"
+        asyncio.run(fill_many(b.bootstrap, records))
+        env = worker_env(b.bootstrap, tmp / f"{name}-data", pack)
+        return progress_rate(
+            WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect
         )
 
 
