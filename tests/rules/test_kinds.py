@@ -546,15 +546,13 @@ def test_a_registry_change_between_events_reaches_the_next_event(tmp_path: Path)
         tables = Tables()
         tables.load_rows("devices", [{"device_id": "d1", "site": "lab", "max_temp": 30.0}])
         eng = Engine(rs, tables=tables)
-        first = [sensor(0, temperature=35.0), sensor(1, temperature=35.0)]
-        out = eng.process_batch(first) if batched else eng.process(*first[0])
-        if not batched:
-            out.extend(eng.process(*first[1]))
-        assert [a.status for a in out.alerts] == ["firing"]
+
+        def statuses(
+            events: list[tuple[str, Event]], eng: Engine = eng, batched: bool = batched
+        ) -> list[str]:
+            outs = [eng.process_batch(events)] if batched else [eng.process(s, e) for s, e in events]
+            return [a.status for out in outs for a in out.alerts]
+
+        assert statuses([sensor(0, temperature=35.0), sensor(1, temperature=35.0)]) == ["firing"]
         tables.apply("devices", "d1", orjson.dumps({"device_id": "d1", "site": "lab", "max_temp": 40.0}))
-        out = (
-            eng.process_batch([sensor(2, temperature=35.0)])
-            if batched
-            else eng.process(*sensor(2, temperature=35.0))
-        )
-        assert [a.status for a in out.alerts] == ["resolved"], batched  # 35 is under the new 40
+        assert statuses([sensor(2, temperature=35.0)]) == ["resolved"], batched  # 35 is under the new 40
