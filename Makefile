@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.dev-installed-$(REQ_HASH)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test test-fast lint fmt bench clean system-deps
+.PHONY: help venv native run test test-fast lint fmt bench clean system-deps
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -25,11 +25,16 @@ venv: $(STAMP) ## Create .venv and install pinned requirements (idempotent)
 system-deps: ## Install the Debian packages the integration tests use, when missing
 	@bash scripts/system-deps.sh
 
-run: venv ## Start the whole system on this machine (Ctrl-C stops it)
+native: $(DEV_STAMP) ## Compile the evaluator's hot path with mypyc (idempotent; plain Python without a C compiler)
+	$(PY) -m app native build
+
+run: venv native ## Start the whole system on this machine (Ctrl-C stops it)
 	$(PY) -m app run
 
-test: venv system-deps lint ## Lint and type-check, then run the whole test suite (slow tests included)
+test: venv system-deps lint native ## Lint and type-check, then the whole suite (slow tests included) on the compiled hot path, then the rule tests on plain Python
+	$(PY) -m app native status
 	$(PY) -m pytest $(PYTEST_ARGS)
+	APP_NATIVE=0 $(PY) -m pytest -q -m "not slow" tests/rules tests/conformance
 
 test-fast: venv ## Run only the fast unit tests
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -52,4 +57,4 @@ bench: venv ## Run the benchmarks in bench/ and print their figures
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean: ## Remove local state (.data) and caches, keep .venv
-	rm -rf .data .pytest_cache .ruff_cache .mypy_cache
+	rm -rf .data .pytest_cache .ruff_cache .mypy_cache build

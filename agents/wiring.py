@@ -52,7 +52,7 @@ from faust.types import TP, TableT
 from prometheus_client import Counter, Gauge, Histogram
 
 from agents.transport import QuietWorker, RulesApp
-from app import metrics
+from app import metrics, native
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
@@ -449,6 +449,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     if ruleset is None:
         ruleset = load_rules([settings.rules_dir])
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
+    logger.info("evaluator hot path: %s", native.status())
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip

@@ -188,6 +188,15 @@ def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
     return 0
 
 
+def _cmd_native(args: argparse.Namespace, _settings: Settings) -> int:
+    from app import native
+
+    if args.action == "build":
+        return native.build()
+    print(native.status())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m app", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
 
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
+
+    nat = sub.add_parser("native", help="compile the evaluator's hot path with mypyc, or show what runs")
+    nat.add_argument("action", choices=["build", "status"])
+    nat.set_defaults(func=_cmd_native)
 
     br = sub.add_parser("broker", help="run the embedded Tansu broker alone")
     br.add_argument("--port", type=int, default=0)

@@ -71,6 +71,7 @@ from worker_runs import (  # noqa: E402
     worker_process,
 )
 
+from app import native  # noqa: E402
 from app.broker import EmbeddedBroker, free_port  # noqa: E402
 from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
@@ -438,6 +439,8 @@ def main() -> int:
     if not NAB.exists():
         print(f"datasets missing under {DATA}: skipped")
         return 0
+    # the workers started below inherit APP_NATIVE, and find the same build
+    print(f"evaluator hot path: {native.status()} (APP_NATIVE=0 for plain Python)")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         pack = rule_pack(tmp / "rules")

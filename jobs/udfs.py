@@ -10,6 +10,7 @@ Everything else in a rule condition is native Spark SQL.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from operator import itemgetter
@@ -30,13 +31,23 @@ _SIGNATURES: dict[str, tuple[list[str], DataType]] = {
 }
 
 
-def python_function(name: str) -> Callable[..., Any]:
-    """The whitelisted function ``name`` as a plain positional Python function."""
+@functools.cache
+def _built(name: str) -> Callable[[tuple[Any, ...]], Any]:
+    """The function spec built over a tuple of arguments, once per process."""
     types, _ = _SIGNATURES[name]
-    call = fn.FUNCTIONS[name].build([itemgetter(i) for i in range(len(types))], types)
+    return fn.FUNCTIONS[name].build([itemgetter(i) for i in range(len(types))], types)
+
+
+def python_function(name: str) -> Callable[..., Any]:
+    """The whitelisted function ``name`` as a plain positional Python function.
+
+    It captures only ``name`` and builds the function in the process that calls it: Spark
+    pickles the UDF to its Python workers, and the built function may be compiled code
+    (:mod:`app.native`), which pickle cannot carry.
+    """
 
     def udf(*args: Any) -> Any:
-        return call(args)
+        return _built(name)(args)
 
     udf.__name__ = UDF_NAMES[name]
     return udf

@@ -389,7 +389,7 @@ def _token(v: Any) -> str:
     return "j" + orjson.dumps(k, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def percentile(values: list[float], p: float) -> float:
+def percentile(values: Sequence[int | float], p: float) -> float:
     """Exact percentile with linear interpolation between closest ranks (Spark's ``percentile``)."""
     if len(values) == 1:
         return float(values[0])

@@ -23,7 +23,7 @@ Eval = Callable[[Any], Any]
 NUMERIC = frozenset({"long", "double"})
 
 
-def sql_mod(a: float, b: float) -> float:
+def sql_mod(a: int | float, b: int | float) -> int | float:
     """Remainder whose sign follows the dividend (Spark/Java), not Python's floor mod."""
     if isinstance(a, int) and isinstance(b, int):
         r = abs(a) % abs(b)
@@ -50,12 +50,12 @@ def round_half_up(x: float, digits: int = 0) -> float:
     return float(Decimal(repr(x)).quantize(q, rounding=ROUND_HALF_UP, context=_WIDE))
 
 
-def floor_long(x: float) -> int | None:
+def floor_long(x: int | float) -> int | None:
     """FLOOR to a 64-bit integer; NULL when infinite, NaN or out of range."""
     return long_or_none(math.floor(x)) if math.isfinite(x) else None
 
 
-def ceil_long(x: float) -> int | None:
+def ceil_long(x: int | float) -> int | None:
     return long_or_none(math.ceil(x)) if math.isfinite(x) else None
 
 

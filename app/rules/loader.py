@@ -54,6 +54,12 @@ class CompiledRule:
     def runs_on(self, engine: str) -> bool:
         return self.engine in (engine, "both")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as its validated model, and compiled again where it is loaded: Spark ships
+        # rules to its Python workers, and the compiled closures may be native code
+        # (app.native), which pickle cannot carry
+        return (_recompile, (self.rule, self.engine, self.path, self.line))
+
 
 @dataclass(frozen=True)
 class RuleSet:
@@ -73,6 +79,18 @@ def rule_version(rule: Rule, engine: str) -> str:
     """12 hex digits that change whenever anything about the rule changes."""
     blob = orjson.dumps({"rule": dump_canonical(rule), "engine": engine}, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _recompile(rule: Rule, engine: Engine, path: str, line: int) -> CompiledRule:
+    """The CompiledRule the loader made of ``rule`` (see CompiledRule.__reduce__)."""
+    problems: list[str] = []
+    parts = compile_parts(rule, schema_for(rule.source), lambda _where, msg: problems.append(msg))
+    if parts is None:  # it compiled where it was pickled: the same code gives the same result
+        msg = f"{path}:{line}: rule {rule.id!r} no longer compiles: {'; '.join(problems)}"
+        raise ValueError(msg)
+    return CompiledRule(
+        rule, rule_version(rule, engine), engine, path, schema_for(rule.source), parts.where, line, parts
+    )
 
 
 def _pydantic_message(err: Mapping[str, Any]) -> str:

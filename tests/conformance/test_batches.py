@@ -23,7 +23,6 @@ from app.backtest import BacktestReport, read_events
 from app.events import Event, format_ts
 from app.rules.evaluator import Engine, Output, _Rows, group_and_suffix
 from app.rules.loader import load_rules
-from app.rules.logic.base import DictStore
 from app.rules.logic.events import AbsenceLogic, ChangeLogic
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SlidingLogic, TumblingLogic
@@ -111,21 +110,25 @@ def test_batches_give_the_transitions_of_one_event_at_a_time(
         assert taken["scattered AbsenceLogic"] > 100
 
 
-class ChangelogStore(DictStore):
+class ChangelogStore:
     """Writes as the worker's table store does: ``put`` marks a key dirty, and ``flush``
-    records the live state of each dirty key (its changelog record)."""
+    records the live state of each dirty key (its changelog record). (A state store of its
+    own, not a DictStore subclass: the compiled evaluator's classes take no Python subclasses.)"""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.data: dict[str, dict[str, Any]] = {}
         self.dirty: set[str] = set()
         self.log: dict[str, bytes | None] = {}
 
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.data.get(key)
+
     def put(self, key: str, value: dict[str, Any]) -> None:
-        super().put(key, value)
+        self.data[key] = value
         self.dirty.add(key)
 
     def delete(self, key: str) -> None:
-        super().delete(key)
+        self.data.pop(key, None)
         self.dirty.add(key)
 
     def flush(self) -> None:

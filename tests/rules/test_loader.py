@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,24 @@ def test_rules_check_cli_exit_codes() -> None:
     lines = [line for line in bad.stdout.splitlines() if line]
     assert len(lines) >= 4
     assert all(line.startswith(str(GOLDEN / "many-problems.bad.yaml") + ":") for line in lines)
+
+
+def test_a_pickled_rule_is_compiled_again_as_the_same_rule() -> None:
+    """Spark ships rules to its Python workers by pickle. A rule travels as its validated
+    model and is compiled again there (compiled closures cannot be pickled), into a rule
+    with the same identity, version and behaviour."""
+    rules = load_rules([PROJECT_ROOT / "rules"]).rules
+    back = pickle.loads(pickle.dumps(rules))  # noqa: S301 - our own bytes
+    assert [(r.id, r.version, r.engine, r.path, r.line) for r in back] == [
+        (r.id, r.version, r.engine, r.path, r.line) for r in rules
+    ]
+    row = {"device_id": "d1", "temperature": 31.0, "humidity": 80.0, "battery": 5.0, "lat": 1.0, "lon": 2.0}
+    with_where = [
+        (a, b) for a, b in zip(rules, back, strict=True) if a.where is not None and a.rule.source == "sensors"
+    ]
+    assert with_where
+    for a, b in with_where:
+        assert b.where is not None and a.where is not None
+        assert b.where.text == a.where.text
+        assert b.where(row) == a.where(row), a.id
+    assert all(b.parts is not None for b in back)

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from app import native
 from app.events import SCHEMAS, Event, format_ts
 from app.rules import aggregates
 from app.rules.aggregates import ADDERS, AggSpec, SlidingAggregates
@@ -133,6 +134,11 @@ def _events(seed: int, n: int) -> list[Event]:
     return out
 
 
+@pytest.mark.skipif(
+    native.active(),
+    reason="its reference patches SlidingAggregates, which compiled callers do not see; "
+    "make test runs it in its plain-Python pass (APP_NATIVE=0)",
+)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("batch", [1, 50])
 def test_incremental_sliding_window_gives_the_refolded_alerts(tmp_path: Path, seed: int, batch: int) -> None:
@@ -165,28 +171,20 @@ def test_a_burst_from_one_ip_keeps_its_window_in_memory(tmp_path: Path) -> None:
     eng = Engine(ruleset(tmp_path))
     logic = next(s.evaluator.logics["all-aggregates"] for s in eng.streams["logs"] if s.evaluator.rules)
     assert isinstance(logic, SlidingLogic)
-    rebuilt = 0
-    real = SlidingAggregates.__init__
-
-    def counting(self: SlidingAggregates, specs: Any) -> None:
-        nonlocal rebuilt
-        rebuilt += 1
-        real(self, specs)
-
-    SlidingAggregates.__init__ = counting  # type: ignore[method-assign]
-    try:
-        for i in range(3_000):
-            row = {
-                "ts": format_ts(T0 + i * 20),
-                "host": "www",
-                "client_ip": "6.6.6.6",
-                "status": 403,
-                "bytes": i,
-            }
-            eng.process("logs", SCHEMAS["logs"].validate(row))
-    finally:
-        SlidingAggregates.__init__ = real  # type: ignore[method-assign]
-    assert rebuilt == 1
+    windows: list[SlidingAggregates] = []  # each distinct window object the logic kept
+    for i in range(3_000):
+        row = {
+            "ts": format_ts(T0 + i * 20),
+            "host": "www",
+            "client_ip": "6.6.6.6",
+            "status": 403,
+            "bytes": i,
+        }
+        eng.process("logs", SCHEMAS["logs"].validate(row))
+        for _gen, _t, window in logic._live.values():
+            if not any(window is seen for seen in windows):
+                windows.append(window)
+    assert len(windows) == 1
 
 
 def test_count_distinct_state_is_a_json_map_that_keeps_sql_distinctness(tmp_path: Path) -> None:

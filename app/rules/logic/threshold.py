@@ -43,7 +43,7 @@ from app.rules.loader import CompiledRule
 from app.rules.logic.base import Result, State, StateStore, after, build_alert, group_row, leading_not_true
 
 
-def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> float | None:
+def pct_value(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> float | None:
     """Percent change of ``value`` against the newest entry at least the lookback older."""
     if value is None:
         return None
@@ -56,7 +56,7 @@ def pct_value(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> fl
     return float((value - old) / abs(old) * 100.0)
 
 
-def remember(hist: list[list[float]], pc: PctChange, ts: int, value: Any) -> list[list[float]]:
+def remember(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> list[list[Any]]:
     """Add (ts, value), in place, and drop entries no future lookup can need. Events come in
     time order (older ones are skipped as late), so ``hist`` stays sorted; the dropped entries
     go in bulk, once they are half of it, so a busy group does not shift its whole lookback

@@ -1,0 +1,114 @@
+"""The compiled hot path (app/native.py): it loads only while it matches the sources, and
+APP_NATIVE=0 runs plain Python. `make test` builds it before the suite, so the suite runs on
+it; the rule and conformance tests then run once more on plain Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from app import native
+from app.config import PROJECT_ROOT
+
+
+def fake_build(root: Path) -> Path:
+    """A build directory for the sources under ``root``: the manifest, and empty files where
+    the extension modules go (enough for :func:`native.current`, which never loads them)."""
+    directory = root / "build" / "native" / "k"
+    for name in (*native.MODULES, f"{native.GROUP}__mypyc"):
+        path = directory.joinpath(*name.split(".")).with_name(
+            name.rsplit(".", 1)[-1] + str(sysconfig.get_config_var("EXT_SUFFIX"))
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    (directory / native.MANIFEST).write_text(json.dumps({**native.manifest(root), "key": "k"}))
+    return directory
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Path:
+    shutil.copytree(PROJECT_ROOT / "app", tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_the_manifest_covers_the_modules_and_what_they_import(sources: Path) -> None:
+    files = native.sources(sources)
+    for name in native.MODULES:
+        assert name.replace(".", "/") + ".py" in files
+    # imported by compiled modules without being compiled: a change there changes their types
+    assert {"app/rules/loader.py", "app/rules/compile.py", "app/rules/model.py", "app/__init__.py"} <= set(
+        files
+    )
+    assert "app/dispatch/dispatcher.py" not in files  # not reachable from the hot path
+
+
+def test_a_build_is_used_only_while_every_source_matches(sources: Path) -> None:
+    directory = fake_build(sources)
+    assert native.current(sources)[0] == directory
+    model = sources / "app" / "rules" / "model.py"  # a dependency, not itself compiled
+    model.write_text(model.read_text() + "\n# edited\n")
+    found, why = native.current(sources)
+    assert found is None and "out of date" in why
+
+
+def test_a_build_for_another_interpreter_is_not_used(sources: Path) -> None:
+    directory = fake_build(sources)
+    manifest = json.loads((directory / native.MANIFEST).read_text())
+    (directory / native.MANIFEST).write_text(json.dumps({**manifest, "abi": "cpython-399 .so other"}))
+    assert native.current(sources)[0] is None
+
+
+def test_a_build_missing_a_module_is_not_used(sources: Path) -> None:
+    directory = fake_build(sources)
+    next(directory.rglob(f"evaluator{sysconfig.get_config_var('EXT_SUFFIX')}")).unlink()
+    assert native.current(sources)[0] is None
+
+
+def test_no_build_says_so(tmp_path: Path) -> None:
+    found, why = native.current(tmp_path)
+    assert found is None and "not built" in why
+
+
+def probe(env: dict[str, str]) -> tuple[str, str]:
+    """In a fresh interpreter: where the evaluator module was loaded from, and the status line."""
+    code = (
+        "import app.rules.evaluator as e; from app import native; print(e.__file__); print(native.status())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    file, status = done.stdout.strip().splitlines()
+    return file, status
+
+
+def test_app_native_0_runs_plain_python() -> None:
+    file, status = probe({native.ENV: "0"})
+    assert file.endswith("evaluator.py")
+    assert status == f"plain Python: {native.ENV}=0"
+
+
+def test_a_current_build_is_what_runs() -> None:
+    """`make test` builds before the suite: this process and a fresh one run the build."""
+    directory, why = native.current()
+    if directory is None:
+        pytest.skip(f"no current build here ({why}); `make native` makes one")
+    assert native.active()
+    file, status = probe({native.ENV: "1"})
+    assert file.startswith(str(directory)) and file.endswith(str(sysconfig.get_config_var("EXT_SUFFIX")))
+    assert status.startswith("compiled (12 modules")
+    import app.rules.logic.windows as windows
+
+    assert str(windows.__file__).startswith(str(directory))
