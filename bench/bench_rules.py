@@ -440,7 +440,7 @@ def main() -> int:
         print(f"datasets missing under {DATA}: skipped")
         return 0
     # the workers started below inherit APP_NATIVE, and find the same build
-    print(f"evaluator hot path: {native.status()} (APP_NATIVE=0 for plain Python)")
+    print(f"evaluator hot path: {native.status()}")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         pack = rule_pack(tmp / "rules")

@@ -23,9 +23,7 @@ def fake_build(root: Path) -> Path:
     the extension modules go (enough for :func:`native.current`, which never loads them)."""
     directory = root / "build" / "native" / "k"
     for name in (*native.MODULES, f"{native.GROUP}__mypyc"):
-        path = directory.joinpath(*name.split(".")).with_name(
-            name.rsplit(".", 1)[-1] + str(sysconfig.get_config_var("EXT_SUFFIX"))
-        )
+        path = native._extension(directory, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     (directory / native.MANIFEST).write_text(json.dumps({**native.manifest(root), "key": "k"}))
