@@ -110,3 +110,55 @@ def test_a_current_build_is_what_runs() -> None:
     import app.rules.logic.windows as windows
 
     assert str(windows.__file__).startswith(str(directory))
+
+
+DECODE_PROBE = """
+import json
+from app.errors import AppError
+from app.events import SCHEMAS
+cases = [
+    {"device_id": "d1", "ts": 1700000000000, "temperature": 1},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "temperature": "hot"},
+    {"device_id": 5, "ts": "2024-01-01T00:00:00Z", "temperature": 1.5},
+    {"device_id": "d1", "ts": None, "temperature": 1.5},
+    {"device_id": "d1", "ts": "garbage", "temperature": 1},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "temperature": 2**70},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "temperature": {"a": 1}},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00+02:00", "temperature": 7, "lat": "1.5"},
+    [1, 2],
+    {"host": "h", "ts": "2024-01-01T00:00:00Z", "status": "403", "client_ip": 7},
+    {"host": "h", "ts": "2024-01-01T00:00:00Z", "status": 400.0, "bytes": 1.5},
+    {"symbol": "A", "ts": "2024-01-01T00:00:00Z", "close": 1, "adj_close": None, "volume": 1.0},
+]
+out = []
+for source in ("sensors", "logs", "finance"):
+    for raw in [json.dumps(c).encode() for c in cases] + [b"{not json", b"\\xff"]:
+        try:
+            ev = SCHEMAS[source].decode(raw)
+            out.append(["ok", ev.key, ev.ts_ms, sorted((k, repr(v)) for k, v in ev.fields.items())])
+        except AppError as exc:
+            out.append([type(exc).__name__, str(exc)])
+print(json.dumps(out))
+"""
+
+
+def test_bad_events_get_the_same_errors_compiled_and_plain() -> None:
+    """Compiled code checks argument types where Python would not: a device's odd values
+    must still end as the same decoded event or the same clear error, never a crash."""
+    if native.current()[0] is None:
+        pytest.skip("no current build here; `make native` makes one")
+    runs = {}
+    for mode in ("1", "0"):
+        done = subprocess.run(
+            [sys.executable, "-c", DECODE_PROBE],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, native.ENV: mode},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        runs[mode] = json.loads(done.stdout)
+    assert runs["1"] == runs["0"]
+    assert sum(r[0] == "ok" for r in runs["1"]) >= 2  # the good ones decode
+    assert sum(r[0] == "IngestDecodeError" for r in runs["1"]) >= 20
