@@ -6,7 +6,7 @@
 # while its manifest matches the sources copied below, and runs plain Python otherwise.
 FROM python:3.11 AS native
 WORKDIR /opt/streamalert
-COPY requirements.txt requirements-dev.txt ./
+COPY pyproject.toml requirements.txt requirements-dev.txt ./
 RUN pip install --no-cache-dir -r requirements-dev.txt
 COPY app ./app
 RUN python -c "from app import native; raise SystemExit(native.build())" \
@@ -40,6 +40,8 @@ COPY agents ./agents
 COPY ingest ./ingest
 COPY dashboard ./dashboard
 COPY rules ./rules
+COPY jobs ./jobs
+COPY config ./config
 COPY --from=native /opt/streamalert/build ./build
 
 USER streamalert

@@ -44,7 +44,6 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = ROOT / "build" / "native"
 MANIFEST = "manifest.json"
 #: the modules compiled together (one mypyc group: they call each other natively)
 MODULES = (
