@@ -449,7 +449,6 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     if ruleset is None:
         ruleset = load_rules([settings.rules_dir])
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
-    logger.info("evaluator hot path: %s", native.status())
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip
@@ -501,6 +500,8 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     @app.task
     async def _start() -> None:
         metrics.serve(settings.metrics_port)
+        # here, not in build_app: Faust sets up logging as the worker starts
+        logger.info("%d rules; evaluator hot path: %s", len(rt.ruleset.rules), native.status())
 
     @app.task
     async def _tables() -> None:
