@@ -62,6 +62,8 @@ MODULES = (
 )
 #: the group's shared library is the top-level module ``app_native__mypyc``
 GROUP = "app_native"
+#: the extension modules a build holds, each loaded in place of its ``.py`` file
+EXTENSIONS = (*MODULES, f"{GROUP}__mypyc")
 ENV = "APP_NATIVE"
 
 #: the build in use, or why there is none (see :func:`status`)
@@ -138,9 +140,13 @@ def _extension(directory: Path, name: str) -> Path:
     )
 
 
-def current(root: Path = ROOT, builds: Path | None = None) -> tuple[Path | None, str]:
+def _builds(root: Path) -> Path:
+    return root / "build" / "native"
+
+
+def current(root: Path = ROOT) -> tuple[Path | None, str]:
     """The build that matches the sources under ``root`` and this interpreter, or None and why."""
-    builds = builds if builds is not None else root / "build" / "native"
+    builds = _builds(root)
     found = sorted(builds.glob(f"*/{MANIFEST}")) if builds.is_dir() else []
     if not found:
         return None, "not built (make native)"
@@ -156,7 +162,7 @@ def current(root: Path = ROOT, builds: Path | None = None) -> tuple[Path | None,
         if not isinstance(have, dict) or {k: v for k, v in have.items() if k != "key"} != want:
             continue
         directory = path.parent
-        if all(_extension(directory, m).is_file() for m in (*MODULES, f"{GROUP}__mypyc")):
+        if all(_extension(directory, m).is_file() for m in EXTENSIONS):
             return directory, f"compiled ({len(MODULES)} modules, build {directory.name})"
     return None, "out of date: the sources changed since the last build (make native)"
 
@@ -165,7 +171,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Loads the compiled modules of one build in place of their ``.py`` files."""
 
     def __init__(self, directory: Path) -> None:
-        self.files = {name: _extension(directory, name) for name in (*MODULES, f"{GROUP}__mypyc")}
+        self.files = {name: _extension(directory, name) for name in EXTENSIONS}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -200,14 +206,8 @@ def active() -> bool:
 
 
 def status() -> str:
-    """One line for logs and benchmarks: whether the hot path runs compiled, and if not why."""
-    loaded = [m for m in MODULES if m in sys.modules]
-    if (
-        _active is not None
-        and loaded
-        and not all(str(getattr(sys.modules[m], "__file__", "")).startswith(str(_active)) for m in loaded)
-    ):
-        return f"mixed: some modules were loaded before activation ({_reason})"
+    """One line for logs and benchmarks: whether the hot path runs compiled, and if not why.
+    (``app`` activates before any of its modules loads, so the modules all come from one side.)"""
     return _reason if _active is not None else f"plain Python: {_reason}"
 
 
@@ -225,7 +225,7 @@ def build(root: Path = ROOT, *, quiet: bool = False) -> int:
 
 
 def _build(root: Path, *, quiet: bool) -> int:
-    builds = root / "build" / "native"
+    builds = _builds(root)
     want = manifest(root)
     key = _key(want)
     target = builds / key

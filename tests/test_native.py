@@ -22,7 +22,7 @@ def fake_build(root: Path) -> Path:
     """A build directory for the sources under ``root``: the manifest, and empty files where
     the extension modules go (enough for :func:`native.current`, which never loads them)."""
     directory = root / "build" / "native" / "k"
-    for name in (*native.MODULES, f"{native.GROUP}__mypyc"):
+    for name in native.EXTENSIONS:
         path = native._extension(directory, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()

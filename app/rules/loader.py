@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from app.errors import RuleConfigError, RuleProblem
 from app.events import Schema, schema_for
-from app.rules.compile import RuleParts, compile_parts
+from app.rules.compile import Report, RuleParts, compile_parts
 from app.rules.expr import Compiled
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
@@ -81,16 +81,23 @@ def rule_version(rule: Rule, engine: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+def _compiled(rule: Rule, engine: Engine, path: str, line: int, report: Report) -> CompiledRule | None:
+    """``rule`` compiled for ``engine``, or None after telling ``report`` every problem."""
+    schema = schema_for(rule.source)
+    parts = compile_parts(rule, schema, report)
+    if parts is None:
+        return None
+    return CompiledRule(rule, rule_version(rule, engine), engine, path, schema, parts.where, line, parts)
+
+
 def _recompile(rule: Rule, engine: Engine, path: str, line: int) -> CompiledRule:
     """The CompiledRule the loader made of ``rule`` (see CompiledRule.__reduce__)."""
     problems: list[str] = []
-    parts = compile_parts(rule, schema_for(rule.source), lambda _where, msg: problems.append(msg))
-    if parts is None:  # it compiled where it was pickled: the same code gives the same result
+    compiled = _compiled(rule, engine, path, line, lambda _where, msg: problems.append(msg))
+    if compiled is None:  # it compiled where it was pickled: the same code gives the same result
         msg = f"{path}:{line}: rule {rule.id!r} no longer compiles: {'; '.join(problems)}"
         raise ValueError(msg)
-    return CompiledRule(
-        rule, rule_version(rule, engine), engine, path, schema_for(rule.source), parts.where, line, parts
-    )
+    return compiled
 
 
 def _pydantic_message(err: Mapping[str, Any]) -> str:
@@ -138,14 +145,8 @@ class _FileLoader:
         if rule.no_data is not None and rule.kind != "threshold":
             self.add((*base, "no_data"), f"'no_data' belongs to threshold rules, not {rule.kind} rules")
             return None
-        schema = schema_for(rule.source)
-        parts = compile_parts(rule, schema, lambda path, msg: self.add((*base, *path), msg))
-        if parts is None:
-            return None
         line, _ = position_of(self.positions, (*base, "id"))
-        return CompiledRule(
-            rule, rule_version(rule, engine), engine, self.path, schema, parts.where, line, parts
-        )
+        return _compiled(rule, engine, self.path, line, lambda path, msg: self.add((*base, *path), msg))
 
     def load(self) -> list[CompiledRule]:
         """Validate the file level, then each rule on its own, so that one bad
