@@ -31,8 +31,9 @@ skips it: the consumer hands each fetched partition batch (aiokafka
 to the topic's handler, on the fetcher task, and counts the batch as processed
 when the handler returns. Offsets are then committed by Faust's own commit
 loop (``_new_offset``), with its flush of the producer and, before it, the
-``before_commit`` hooks, so delivery stays at least once. Every other topic
-(table changelogs, other agents) takes Faust's path unchanged.
+``before_commit`` hooks (the rule worker's: write the changed states, flush,
+check every delivery), so delivery stays at least once. Every other topic
+(table changelogs in recovery, other agents) takes Faust's path unchanged.
 
 **No spinner.** Faust's worker draws a progress spinner and, for it, sets the
 root logger to DEBUG whenever the log level is WARN or above, so every debug
@@ -45,6 +46,7 @@ These are subclasses wired in by :class:`RulesApp`; nothing in Faust is patched.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -194,8 +196,10 @@ class ExactHighwaterConsumer(Consumer):
 
     async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
         """Write the rule state first, so the changelog always covers the offsets committed."""
-        for flush in getattr(self.app, "before_commit", ()):
-            flush()
+        for hook in getattr(self.app, "before_commit", ()):
+            done = hook()
+            if inspect.isawaitable(done):
+                await done
         return await super()._commit_offsets(offsets, start_new_transaction)
 
     def release_held(self) -> None:
@@ -224,7 +228,7 @@ class RulesApp(faust.App):
     ``batch_handlers``: per topic, the handler of a :meth:`batch_agent`.
     """
 
-    before_commit: tuple[Callable[[], object], ...] = ()
+    before_commit: tuple[Callable[[], object], ...] = ()  # each may return an awaitable
     fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
     #: most records per handler call (a fetch holds up to a few thousand per partition)
     batch_size: int = 500

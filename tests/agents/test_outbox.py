@@ -172,3 +172,47 @@ def test_records_for_a_partition_with_a_batch_waiting_are_appended_one_by_one() 
     producer = asyncio.run(run())
     assert producer.sent == [("alerts", 1, b"k1"), ("alerts", 1, b"k2")]  # k1 and k2 hash to 1
     assert producer.batches == [("alerts", 0, [b"k3"])]
+
+
+@pytest.mark.slow
+def test_placed_records_and_tombstones_land_on_their_given_partitions_in_order(
+    broker: EmbeddedBroker,
+) -> None:
+    """Real broker: the state changelog goes out on the partition each record names (the
+    partition of the events that own the state), not where the key would hash, with its
+    tombstones (a None value) kept as such and in order."""
+    topic = "out.changelog"
+    records = [(topic, i % 3, f"rule\x1fkey-{i % 11}".encode(), None if i % 7 == 0 else f"{i}".encode())
+               for i in range(600)]  # fmt: skip
+
+    async def run() -> dict[int, list[tuple[bytes, bytes | None]]]:
+        await ensure_topics(broker.bootstrap, 1, specs=(TopicSpec(topic, "key", partitions=3),))
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_batch_size=4 * 1024)
+        await producer.start()
+        try:
+            box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+            await box.send_placed(records[:5])
+            await box.send_placed(records[5:])
+            await box.send_placed([])
+            await asyncio.wait_for(producer.flush(), 30)
+            box.check()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        got: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        try:
+            async with asyncio.timeout(60):
+                while sum(map(len, got.values())) < len(records):
+                    for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                        got.setdefault(tp.partition, []).extend((m.key, m.value) for m in msgs)
+        finally:
+            await consumer.stop()
+        return got
+
+    got = asyncio.run(run())
+    expected: dict[int, list[tuple[bytes, bytes | None]]] = {}
+    for _topic, partition, key, value in records:
+        expected.setdefault(partition, []).append((key, value))
+    assert got == expected
+    assert sum(value is None for pairs in got.values() for _key, value in pairs) == 86
