@@ -84,7 +84,8 @@ class _Producer:
     """Stands in for aiokafka's producer where a test must settle deliveries itself:
     ``send_batch`` returns the delivery future, left to the test."""
 
-    def __init__(self, waiting: tuple[str, int] | None = None) -> None:
+    def __init__(self, waiting: tuple[str, int] | None = None, batch_capacity: int | None = None) -> None:
+        self.batch_capacity = batch_capacity
         self.futures: list[asyncio.Future[Any]] = []
         self.batches: list[tuple[str, int, list[bytes]]] = []
         self.sent: list[tuple[str, int, bytes]] = []
@@ -103,7 +104,7 @@ class _Producer:
         return {0, 1}
 
     def create_batch(self) -> _Batch:
-        return _Batch()
+        return _Batch(self.batch_capacity)
 
     async def send_batch(self, batch: _Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
         self.batches.append((topic, partition, batch.keys))
@@ -113,10 +114,13 @@ class _Producer:
 
 
 class _Batch:
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
         self.keys: list[bytes] = []
 
-    def append(self, *, timestamp: None, key: bytes, value: bytes) -> object:
+    def append(self, *, timestamp: None, key: bytes, value: bytes | None) -> object | None:
+        if self.capacity is not None and len(self.keys) >= self.capacity:
+            return None  # full, as aiokafka's builder says
         self.keys.append(key)
         return object()
 
@@ -216,3 +220,35 @@ def test_placed_records_and_tombstones_land_on_their_given_partitions_in_order(
         expected.setdefault(partition, []).append((key, value))
     assert got == expected
     assert sum(value is None for pairs in got.values() for _key, value in pairs) == 86
+
+
+def test_placed_records_are_batched_per_partition_before_any_is_sent() -> None:
+    """The changelog's records go into one record batch per partition as they come (a full
+    one first, in order), and nothing is sent before the last record is in a batch."""
+    sent_when: list[int] = []
+
+    def records() -> Any:
+        for i, (partition, key) in enumerate(
+            [(0, b"a"), (1, b"b"), (0, b"c"), (0, b"d"), (1, b"e"), (0, b"f")]
+        ):
+            sent_when.append(len(producer.batches))  # batches handed to send_batch so far
+            yield "changelog", partition, key, None if i == 4 else key
+
+    async def run() -> None:
+        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+        await box.send_placed(records())
+        await box.send_placed([])  # nothing: no producer call
+        for fut in producer.futures:
+            fut.set_result(None)
+        await asyncio.sleep(0)
+        box.check()
+
+    producer = _Producer(batch_capacity=2)
+    asyncio.run(run())
+    assert sent_when == [0] * 6
+    assert producer.batches == [
+        ("changelog", 0, [b"a", b"c"]),  # full at "d": sent first
+        ("changelog", 0, [b"d", b"f"]),
+        ("changelog", 1, [b"b", b"e"]),
+    ]
+    assert producer.sent == []

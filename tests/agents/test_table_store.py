@@ -57,16 +57,16 @@ def test_each_changed_key_is_one_record_per_commit_with_its_latest_state() -> No
     store.put("r\x1fa", state)
     store.put("r\x1fb", {"p": 1, "n": 7})
     store.delete("gone\x1fx")
-    changes = store.changes()
+    changes = list(store.changes())
     assert [(t, p, k, None if v is None else orjson.loads(v)) for t, p, k, v in changes] == [
         (TOPIC, 3, KA, {"p": 3, "n": 2}),
         (TOPIC, 1, KB, {"p": 1, "n": 7}),
         (TOPIC, 0, KG, None),  # a tombstone on the partition of the deleted state
     ]
-    assert store.changes() == []  # nothing changed since
+    assert list(store.changes()) == []  # nothing changed since
     store.put("r\x1fa", {"p": 3, "n": 3})
     store.delete("r\x1fa")  # written and deleted between two commits: only the tombstone
-    assert store.changes() == [(TOPIC, 3, KA, None)]
+    assert list(store.changes()) == [(TOPIC, 3, KA, None)]
 
 
 def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
@@ -76,14 +76,14 @@ def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
     big = {"p": 1, "buf": ["x" * 40] * 10}
     before = _too_large("burst")
     store.put("burst\x1fip", big)
-    assert store.changes() == [(TOPIC, 1, KBURST, None)]
+    assert list(store.changes()) == [(TOPIC, 1, KBURST, None)]
     store.put("burst\x1fip", big)
-    assert store.changes() == [(TOPIC, 1, KBURST, None)]
+    assert list(store.changes()) == [(TOPIC, 1, KBURST, None)]
     assert store.get("burst\x1fip") is big  # evaluation goes on from memory
     assert _too_large("burst") == before + 2
     assert sum("over the 200 a changelog record may have" in r.message for r in caplog.records) == 1
     store.put("burst\x1fip", {"p": 1, "buf": []})
-    ((_, _, _, blob),) = store.changes()
+    ((_, _, _, blob),) = list(store.changes())
     assert blob is not None and orjson.loads(blob) == {"p": 1, "buf": []}
     assert "fits a changelog record again" in caplog.text
 
@@ -103,6 +103,6 @@ def test_changelog_keys_read_back_through_the_tables_own_key_codec() -> None:
     store = TableStore(table, 10_000)
     key = 'hot-machine\x1fcapteur-é-东京\x1f"quoted"'
     store.put(key, {"p": 1})
-    ((topic, _, raw_key, _),) = store.changes()
+    ((topic, _, raw_key, _),) = list(store.changes())
     assert topic == table.changelog_topic.get_topic_name()
     assert app.serializers.loads_key(str, raw_key, serializer=table.key_serializer) == key
