@@ -5,6 +5,7 @@ could not deliver stops the worker and fails the commit."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +35,37 @@ class _App:
         self.crashed.append(reason)
 
 
+async def _through_broker(
+    bootstrap: str, topics: dict[str, int], max_batch_size: int, send: Callable[[Outbox], Awaitable[None]],
+    expect: int,
+) -> dict[tuple[str, int], list[tuple[bytes, bytes | None]]]:  # fmt: skip
+    """Create ``topics`` (name: partitions), have ``send`` queue records on an Outbox over a
+    real producer, flush, then read every topic back: per topic partition, (key, value) in order."""
+    await ensure_topics(
+        bootstrap, 1, specs=tuple(TopicSpec(t, "key", partitions=n) for t, n in topics.items())
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=max_batch_size)
+    await producer.start()
+    try:
+        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+        await send(box)
+        await asyncio.wait_for(producer.flush(), 30)
+        box.check()
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    got: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
+    try:
+        async with asyncio.timeout(60):
+            while sum(map(len, got.values())) < expect:
+                for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                    got.setdefault((tp.topic, tp.partition), []).extend((m.key, m.value) for m in msgs)
+    finally:
+        await consumer.stop()
+    return got
+
+
 @pytest.mark.slow
 def test_records_land_on_the_default_partition_in_order(broker: EmbeddedBroker) -> None:
     """Real broker: 3,000 records over 4 partitions and two topics, in batches small
@@ -45,34 +77,12 @@ def test_records_land_on_the_default_partition_in_order(broker: EmbeddedBroker) 
         for topic in topics
     ]
 
-    async def run() -> dict[tuple[str, int], list[tuple[bytes, bytes]]]:
-        await ensure_topics(
-            broker.bootstrap, 1, specs=tuple(TopicSpec(t, "key", partitions=n) for t, n in topics.items())
-        )
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_batch_size=16 * 1024)
-        await producer.start()
-        try:
-            box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
-            await box.send_all(records[:10])
-            await box.send_all(records[10:])
-            await asyncio.wait_for(producer.flush(), 30)
-            box.check()
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
-        await consumer.start()
-        got: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
-        try:
-            async with asyncio.timeout(60):
-                while sum(map(len, got.values())) < len(records):
-                    for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
-                        got.setdefault((tp.topic, tp.partition), []).extend((m.key, m.value) for m in msgs)
-        finally:
-            await consumer.stop()
-        return got
+    async def send(box: Outbox) -> None:
+        await box.send_all(records[:10])
+        await box.send_all(records[10:])
 
-    got = asyncio.run(run())
-    expected: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+    got = asyncio.run(_through_broker(broker.bootstrap, topics, 16 * 1024, send, len(records)))
+    expected: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
     for topic, key, value in records:
         parts = list(range(topics[topic]))
         expected.setdefault((topic, DefaultPartitioner()(key, parts, parts)), []).append((key, value))
@@ -189,35 +199,15 @@ def test_placed_records_and_tombstones_land_on_their_given_partitions_in_order(
     records = [(topic, i % 3, f"rule\x1fkey-{i % 11}".encode(), None if i % 7 == 0 else f"{i}".encode())
                for i in range(600)]  # fmt: skip
 
-    async def run() -> dict[int, list[tuple[bytes, bytes | None]]]:
-        await ensure_topics(broker.bootstrap, 1, specs=(TopicSpec(topic, "key", partitions=3),))
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_batch_size=4 * 1024)
-        await producer.start()
-        try:
-            box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
-            await box.send_placed(records[:5])
-            await box.send_placed(records[5:])
-            await box.send_placed([])
-            await asyncio.wait_for(producer.flush(), 30)
-            box.check()
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
-        await consumer.start()
-        got: dict[int, list[tuple[bytes, bytes | None]]] = {}
-        try:
-            async with asyncio.timeout(60):
-                while sum(map(len, got.values())) < len(records):
-                    for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
-                        got.setdefault(tp.partition, []).extend((m.key, m.value) for m in msgs)
-        finally:
-            await consumer.stop()
-        return got
+    async def send(box: Outbox) -> None:
+        await box.send_placed(records[:5])
+        await box.send_placed(records[5:])
+        await box.send_placed([])
 
-    got = asyncio.run(run())
-    expected: dict[int, list[tuple[bytes, bytes | None]]] = {}
+    got = asyncio.run(_through_broker(broker.bootstrap, {topic: 3}, 4 * 1024, send, len(records)))
+    expected: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
     for _topic, partition, key, value in records:
-        expected.setdefault(partition, []).append((key, value))
+        expected.setdefault((topic, partition), []).append((key, value))
     assert got == expected
     assert sum(value is None for pairs in got.values() for _key, value in pairs) == 86
 
