@@ -14,10 +14,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
-from agents.wiring import Outbox
+from agents.wiring import Outbox, TableStore, commit_hooks
 from app.broker import EmbeddedBroker
 from app.kafka import CachedPartitioner
 from app.topics import TopicSpec, ensure_topics
+from tests.agents.test_table_store import TOPIC, fake_table
 
 
 class _App:
@@ -242,3 +243,41 @@ def test_placed_records_are_batched_per_partition_before_any_is_sent() -> None:
         ("changelog", 1, [b"b", b"e"]),
     ]
     assert producer.sent == []
+
+
+def test_the_commit_waits_for_the_states_and_fails_on_a_record_lost_in_the_flush() -> None:
+    """Before each commit: the changed states go to the producer, the producer is flushed,
+    and a record that failed meanwhile fails the commit (no offset past a lost record)."""
+
+    async def run() -> tuple[_Producer, list[str]]:
+        producer = _Producer()
+        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+        store = TableStore(fake_table(), 10_000)
+        outcome = "ok"
+
+        async def flush() -> None:  # the producer's flush: each batch is delivered, or fails
+            for fut in producer.futures:
+                if fut.done():
+                    continue
+                if outcome == "ok":
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(ConnectionError(outcome))
+            await asyncio.sleep(0)
+
+        check, write_state, delivered = commit_hooks(box, [store], flush)
+        results = []
+        for outcome in ("ok", "broker gone"):
+            store.put(f"r\x1f{outcome}", {"p": 1, "n": 1})
+            check()
+            await write_state()
+            try:
+                await delivered()
+                results.append("committed")
+            except RuntimeError as exc:
+                results.append(f"failed: {exc.__cause__}")
+        return producer, results
+
+    producer, results = asyncio.run(run())
+    assert [(t, p, len(keys)) for t, p, keys in producer.batches] == [(TOPIC, 1, 1), (TOPIC, 1, 1)]
+    assert results == ["committed", "failed: broker gone"]

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from agents.wiring import TableStore
 
 
-def _table(data: dict[str, Any] | None = None) -> Any:
+def fake_table(data: dict[str, Any] | None = None) -> Any:
     """What TableStore uses of a Faust table: its name, its changelog topic's name and its
     memory store's dict (``table.data.data``)."""
     return SimpleNamespace(
@@ -37,7 +37,7 @@ TOPIC = "streamalert-rules-rule-state-sensors-changelog"
 
 def test_writes_are_read_back_at_once_and_land_in_the_table() -> None:
     data: dict[str, Any] = {"old\x1fa": {"p": 1, "n": 1}}
-    store = TableStore(_table(data), 10_000)
+    store = TableStore(fake_table(data), 10_000)
     assert store.get("old\x1fa") == {"p": 1, "n": 1}  # state recovered from the changelog
     store.put("r\x1fb", {"p": 2, "n": 5})
     assert store.get("r\x1fb") == {"p": 2, "n": 5}
@@ -50,7 +50,7 @@ def test_writes_are_read_back_at_once_and_land_in_the_table() -> None:
 
 
 def test_each_changed_key_is_one_record_per_commit_with_its_latest_state() -> None:
-    store = TableStore(_table({"gone\x1fx": {"p": 0, "n": 9}}), 10_000)
+    store = TableStore(fake_table({"gone\x1fx": {"p": 0, "n": 9}}), 10_000)
     state = {"p": 3, "n": 1}
     store.put("r\x1fa", state)
     state["n"] = 2  # a state mutated in place, then written again: its latest value goes out
@@ -72,7 +72,7 @@ def test_each_changed_key_is_one_record_per_commit_with_its_latest_state() -> No
 def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = TableStore(_table(), 200)
+    store = TableStore(fake_table(), 200)
     big = {"p": 1, "buf": ["x" * 40] * 10}
     before = _too_large("burst")
     store.put("burst\x1fip", big)
@@ -89,7 +89,7 @@ def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
 
 
 def test_only_memory_stores_are_accepted() -> None:
-    table = _table()
+    table = fake_table()
     table.data = SimpleNamespace(data=SimpleNamespace())  # e.g. a RocksDB store
     with pytest.raises(TypeError, match="rule-state-sensors: expected an in-memory store"):
         TableStore(table, 1000)
