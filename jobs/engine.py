@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 from py4j.protocol import Py4JError
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -42,6 +44,9 @@ from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
+
+#: how long a stopping role waits for its JVM to exit before killing it
+JVM_EXIT_TIMEOUT_S = 5.0
 
 QUERY = "rules"
 EVENTS = Counter("spark_events_total", "Records read by the Spark engine's query (valid or not)")
@@ -142,6 +147,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         return 0
     asyncio.run(ensure_output_topics(plan, settings))
     spark = build_session(opts.master)
+    # the JVM pyspark launched: launch_gateway keeps its Popen on the gateway
+    jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
     query, sink = start(spark, plan, settings, opts)
     try:
         _watch(query, stop)
@@ -158,6 +165,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         _quietly(query.stop)
         _quietly(sink.close)
         _quietly(spark.stop)
+        if stop.is_set():
+            _wait_for_jvm(jvm)
     if failure is not None and stop.is_set():
         logger.info("spark query %r ended with the shutdown: %s", opts.query, str(failure).splitlines()[0])
     elif failure is not None:
@@ -182,6 +191,25 @@ def _watch(query: StreamingQuery, stop: threading.Event) -> None:
                 "batch %s: %s rows, %s rows/s", p["batchId"], p["numInputRows"], p["processedRowsPerSecond"]
             )
             last_log = time.monotonic()
+
+
+def _wait_for_jvm(jvm: subprocess.Popen[bytes] | None, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
+    """On shutdown, after ``spark.stop()``: stop the JVM (a signal to the process group already
+    did; a signal to this process alone did not) and return once it has exited, so the role's
+    exit means its checkpoint and ports are free and nothing of it is left running. A JVM
+    that outlives ``timeout_s`` is killed."""
+    if jvm is None:
+        return
+    if jvm.poll() is None:
+        jvm.terminate()
+    try:
+        jvm.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning(
+            "the Spark JVM (pid %d) still runs %.0f s after the stop; killing it", jvm.pid, timeout_s
+        )
+        jvm.kill()
+        jvm.wait(timeout_s)
 
 
 def _quietly(step: Callable[[], object]) -> None:
