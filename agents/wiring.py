@@ -128,7 +128,6 @@ class TableStore:
     """
 
     def __init__(self, table: TableT[str, State], max_record_bytes: int) -> None:
-        self.table = table
         self.topic = table.changelog_topic.get_topic_name()
         live = getattr(table.data, "data", None)
         if not isinstance(live, dict):  # the worker's tables are memory:// stores
@@ -291,22 +290,14 @@ class Outbox:
         with no other task running in between (a generator of states sees none change).
         """
         producer: Any = None
-        building: dict[tuple[str, int], Any] = {}
-        ready: list[tuple[tuple[str, int], Any]] = []
+        building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
         for topic, partition, key, value in records:
-            tp = (topic, partition)
-            batch = building.get(tp)
-            if batch is None:
-                if producer is None:
-                    producer = self._producer()
-                batch = building[tp] = producer.create_batch()
-            if batch.append(timestamp=None, key=key, value=value) is None:  # full: it goes first
-                ready.append((tp, batch))
-                batch = building[tp] = producer.create_batch()
-                batch.append(timestamp=None, key=key, value=value)  # a new batch takes any record
-        ready += building.items()
-        for (topic, partition), batch in ready:
-            await self._send_batch(producer, batch, topic, partition)
+            if producer is None:
+                producer = self._producer()
+            self._append(producer, building.setdefault((topic, partition), []), key, value)
+        for (topic, partition), batches in building.items():
+            for batch in batches:
+                await self._send_batch(producer, batch, topic, partition)
 
     def _producer(self) -> Any:
         return cast("Any", self.app.producer)._ensure_producer()  # noqa: SLF001 - its aiokafka producer
@@ -323,13 +314,20 @@ class Outbox:
                     fut = await producer.send(topic, value, key=key, partition=partition)
                     fut.add_done_callback(self._done)
                 continue
-            batch = producer.create_batch()
+            batches: list[Any] = []
             for key, value in pairs:
-                if batch.append(timestamp=None, key=key, value=value) is None:  # full: send it, go on
-                    await self._send_batch(producer, batch, topic, partition)
-                    batch = producer.create_batch()
-                    batch.append(timestamp=None, key=key, value=value)  # a new batch takes any record
-            await self._send_batch(producer, batch, topic, partition)
+                self._append(producer, batches, key, value)
+            for batch in batches:
+                await self._send_batch(producer, batch, topic, partition)
+
+    @staticmethod
+    def _append(producer: Any, batches: list[Any], key: bytes, value: bytes | None) -> None:
+        """Append a record to the last of one partition's ``batches``, opening a batch when
+        there is none or the last is full."""
+        if not batches or batches[-1].append(timestamp=None, key=key, value=value) is None:
+            batch = producer.create_batch()
+            batch.append(timestamp=None, key=key, value=value)  # a new batch takes any record
+            batches.append(batch)
 
     async def _send_batch(self, producer: Any, batch: Any, topic: str, partition: int) -> None:
         fut = cast("asyncio.Future[Any]", await producer.send_batch(batch, topic, partition=partition))
