@@ -62,7 +62,9 @@ from worker_runs import (  # noqa: E402
     PROBE_RULES,
     Item,
     Progress,
+    bucket_quantile,
     end_offset,
+    histogram,
     log_tail,
     measure_latency,
     metric,
@@ -294,14 +296,14 @@ app.main()
 """
 
 
-def worker_env(bootstrap: str, data: Path, rules: Path) -> dict[str, str]:
+def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int = PARTITIONS) -> dict[str, str]:
     return {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "APP_KAFKA_IDEMPOTENCE": "off",
         "APP_DATA_DIR": str(data),
         "APP_RULES_DIR": str(rules),
-        "APP_PARTITIONS": str(PARTITIONS),
+        "APP_PARTITIONS": str(partitions),
         "APP_LOG_LEVEL": "WARNING",
         "APP_METRICS_PORT": str(free_port()),
     }
@@ -398,9 +400,19 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
     (rules / "latency-probe.yaml").write_text(PROBE_RULES)
     background = events(int(args.latency_rate * (LATENCY_WARMUP_S + args.latency_seconds) * 1.1) + 1000)
     name = "echo" if echo else "latency-worker"
+    partitions = args.latency_partitions
     with EmbeddedBroker() as b:
-        asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
-        env = worker_env(b.bootstrap, tmp / f"{name}-data", rules)
+        asyncio.run(ensure_topics(b.bootstrap, partitions))
+        env = worker_env(b.bootstrap, tmp / f"{name}-data", rules, partitions)
+        port = env["APP_METRICS_PORT"]
+        # the worker's own histograms, read as measuring begins and after it
+        histograms = ("worker_consume_lag_seconds", "worker_batch_seconds")
+        marks: dict[str, dict[float, float]] = {}
+
+        def on_measure() -> None:
+            if not echo:
+                marks.update({h: histogram(port, h) for h in histograms})
+
         cmd = WORKER
         if echo:
             (tmp / "echo.py").write_text(ECHO_WORKER)
@@ -410,15 +422,18 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
                 measure_latency(
                     b.bootstrap,
                     background,
-                    partitions=PARTITIONS,
+                    partitions=partitions,
                     rate=args.latency_rate,
                     seconds=args.latency_seconds,
                     warmup_s=LATENCY_WARMUP_S,
                     alive=lambda: proc.poll() is None,
                     linger_ms=args.producer_linger_ms,
+                    broker_pid=b.pid,
+                    on_measure=on_measure,
                 )
             )
-            consumed = 0.0 if echo else metric(env["APP_METRICS_PORT"], "worker_events_total{")()
+            consumed = 0.0 if echo else metric(port, "worker_events_total{")()
+            after = {h: histogram(port, h) for h in histograms} if marks else {}
             if proc.poll() is not None:
                 print(f"the {name} process exited ({proc.returncode})")
     if echo:
@@ -426,6 +441,15 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
     report_latency(res)
     if not echo:
         print(f"the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
+    if after:
+        lag, batch = (
+            [bucket_quantile(marks[h], after[h], q) for q in (0.5, 0.99)] for h in histograms
+        )  # fmt: skip
+        print(
+            "  the worker's own histograms, from the measured window on (bucket bounds): "
+            f"a batch's decoding and evaluation p50 {batch[0]}, p99 {batch[1]}; the age of a "
+            f"batch's first record as its evaluation starts p50 {lag[0]}, p99 {lag[1]}"
+        )
     warnings = (tmp / f"{name}.log").read_text(errors="replace").splitlines()
     if warnings:
         print(f"the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
@@ -444,6 +468,9 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="measured span after warm-up")
     ap.add_argument(
         "--producer-linger-ms", type=int, default=2, help="linger of the latency run's event producer"
+    )
+    ap.add_argument(
+        "--latency-partitions", type=int, default=PARTITIONS, help="partitions per topic in the latency runs"
     )
     ap.add_argument("--skip-echo", action="store_true", help="no bare-aiokafka echo run (the latency floor)")
     ap.add_argument("--fleet-devices", type=int, default=1_000, help="sensors of the fleet figure (0: none)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import subprocess
 import time
 import urllib.request
@@ -179,6 +180,41 @@ class LatencyResult:
     wrong_status: int = 0
     other_alerts: int = 0
     not_create_time: int = 0  # probe alerts whose record timestamp is not CreateTime (the broker's instead)
+    broker_cpu: list[float] = field(default_factory=list)  # the broker's CPU share, each second measured
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def histogram(port: int | str, name: str) -> dict[float, float]:
+    """A Prometheus histogram's cumulative bucket counts, by upper bound, summed over its
+    labels; empty when the endpoint does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            bound = float(line.split('le="', 1)[1].split('"', 1)[0])
+            counts[bound] = counts.get(bound, 0.0) + float(line.split()[-1])
+    return counts
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> str:
+    """The upper bound of the bucket holding the ``q`` quantile of what a histogram counted
+    between two readings, as text (``<= 5 ms``)."""
+    grown = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    if not grown or grown[-1][1] <= 0:
+        return "n/a"
+    for bound, count in grown:
+        if count >= q * grown[-1][1]:
+            return "over the last bucket" if math.isinf(bound) else f"<= {bound * 1000:g} ms"
+    return "n/a"
 
 
 def percentiles(values: list[float], qs: Sequence[float] = (0.5, 0.95, 0.99, 1.0)) -> list[float]:
@@ -201,6 +237,8 @@ async def measure_latency(
     ready_timeout_s: float = 45.0,
     drain_s: float = 5.0,
     linger_ms: int = 2,
+    broker_pid: int | None = None,
+    on_measure: Callable[[], object] | None = None,
 ) -> LatencyResult:
     """Pace ``rate`` events/s at a running worker and time each probe event to its alert.
 
@@ -222,6 +260,9 @@ async def measure_latency(
     and those tiny requests alone kept the embedded broker busy enough that even
     a bare aiokafka echo fell behind at 5,000 events/s. The ingest adapters
     linger 5 ms; the default 2 ms batches one tick.
+
+    ``broker_pid``: the embedded broker's process, whose CPU share is taken each second
+    measured (``LatencyResult.broker_cpu``); ``on_measure``: called as measuring begins.
     """
     device = probe_device(partitions)
     res = LatencyResult(requested_rate=rate)
@@ -279,6 +320,7 @@ async def measure_latency(
             print(f"latency: no probe alert within {ready_timeout_s:.0f} s (or the worker exited)")
             return res
         sent = measured = 0
+        cpu_mark = (0.0, 0.0)  # (when, the broker's CPU seconds then)
         t0 = time.monotonic()
         res.ready_s = t0 - (deadline - ready_timeout_s)
         start, end = t0 + warmup_s, t0 + warmup_s + seconds
@@ -286,6 +328,13 @@ async def measure_latency(
         while (now := time.monotonic()) < end:
             if not measuring and now >= start:
                 measuring, measured, start = True, 0, now
+                if on_measure is not None:
+                    on_measure()
+                cpu_mark = (now, cpu_seconds(broker_pid) if broker_pid is not None else 0.0)
+            if measuring and broker_pid is not None and now - cpu_mark[0] >= 1.0:
+                cpu = cpu_seconds(broker_pid)
+                res.broker_cpu.append(100 * (cpu - cpu_mark[1]) / (now - cpu_mark[0]))
+                cpu_mark = (now, cpu)
             due = int(rate * (now - t0))
             while sent < due:
                 if sent % PROBE_EVERY == 0:
@@ -375,9 +424,15 @@ def report_latency(res: LatencyResult, target_ms: float = 20.0) -> None:
         elif tail < max(2 * head, head + target_ms):
             trend = "steady"
         else:
-            trend = "growing: the worker falls behind"
+            trend = "growing: the path falls behind"
         print(
             f"  p50 over the first quarter of the probes {head:.0f} ms, over the last {tail:.0f} ms ({trend})"
+        )
+    if len(res.broker_cpu) >= 2:
+        n = min(5, len(res.broker_cpu) // 2)
+        first, last = sum(res.broker_cpu[:n]) / n, sum(res.broker_cpu[-n:]) / n
+        print(
+            f"  the broker's CPU share: {first:.0f} % in the first {n} s measured, {last:.0f} % in the last"
         )
     if res.not_create_time:
         print(f"  warning: {res.not_create_time} alert records carry the broker's time, not CreateTime")
