@@ -4,6 +4,12 @@ Lifecycle: :meth:`EmbeddedBroker.start` picks a free loopback port, spawns the
 binary in its own process group, and returns once a Kafka metadata request
 succeeds; :meth:`stop` sends SIGTERM, then SIGKILL after a grace period. Data
 lives in memory only: a stopped broker loses every topic.
+
+Tansu 0.6.0's memory store also gets slower as it fills: a fetch costs time in
+proportion to the record batches its partitions hold, and it cannot delete
+records (no retention, and ``DeleteRecords`` crashes the connection). Under a
+steady load its CPU share climbs until it saturates (``bench/bench_broker.py``).
+:class:`BusyWatch` tells the operator of ``make run`` when that happens.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -81,6 +89,56 @@ async def probe(bootstrap: str, timeout_s: float = 5.0) -> bool:
         return True
     finally:
         await client.close()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds a process has used so far (Linux ``/proc``); None when
+    that cannot be read (no such process, not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class BusyWatch:
+    """Notices a process that keeps a CPU busy: ``warn(share)`` once its CPU share over
+    the last ``window_s`` reaches ``threshold`` (1.0: one whole CPU).
+
+    ``read`` gives the process's CPU seconds so far (:func:`cpu_seconds`), None when
+    it cannot; :meth:`poll` takes a reading at most every ``every_s``.
+    """
+
+    def __init__(
+        self, read: Callable[[], float | None], warn: Callable[[float], None], *, threshold: float = 0.8,
+        window_s: float = 60.0, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.read, self.warn, self.clock = read, warn, clock
+        self.threshold, self.window_s, self.every_s = threshold, window_s, every_s
+        self.samples: deque[tuple[float, float]] = deque()  # (when, CPU seconds then)
+        self.warned = False
+
+    def poll(self) -> float | None:
+        """Take a reading when one is due; return the CPU share over the last window
+        (None: no reading taken, or less than a window of readings so far)."""
+        now = self.clock()
+        if self.samples and now - self.samples[-1][0] < self.every_s:
+            return None
+        cpu = self.read()
+        if cpu is None:
+            return None
+        self.samples.append((now, cpu))
+        # keep one reading at least a window old: the share is taken from it
+        while len(self.samples) > 1 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        since, before = self.samples[0]
+        if now - since < self.window_s:
+            return None
+        share = (cpu - before) / (now - since)
+        if share >= self.threshold and not self.warned:
+            self.warned = True
+            self.warn(share)
+        return share
 
 
 class EmbeddedBroker:

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from app.broker import EmbeddedBroker, free_port
+from app.broker import BusyWatch, EmbeddedBroker, cpu_seconds, free_port
 from app.config import PROJECT_ROOT, Settings
 from app.kafka import end_offsets
 from app.supervisor import Role, Supervisor, stop_on_signals
@@ -313,6 +313,24 @@ def _print_urls(bootstrap: str, roles: list[Role], embedded: bool) -> None:
     print("streamalert is starting:\n" + "\n".join(lines), flush=True)
 
 
+def _broker_warning(share: float) -> None:
+    logger.warning(
+        "the embedded broker has kept %.0f %% of a CPU busy over the last minute, and alerts will lag "
+        "more and more: Tansu's in-memory store gets slower with every record batch it holds, and "
+        "keeps them all (README, Known limits). For a long run, restart `make run`, or run on "
+        "Apache Kafka (`docker compose up`, or KAFKA_BOOTSTRAP_SERVERS set to a cluster).",
+        share * 100,
+    )
+
+
+def _broker_watch(broker: EmbeddedBroker | None) -> BusyWatch | None:
+    """A watch on the embedded broker's CPU share (None without one)."""
+    pid = None if broker is None else broker.pid
+    if pid is None:
+        return None
+    return BusyWatch(lambda: cpu_seconds(pid), _broker_warning)
+
+
 def run(settings: Settings, opts: RunOptions) -> int:
     """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
     started = time.monotonic()
@@ -332,8 +350,11 @@ def run(settings: Settings, opts: RunOptions) -> int:
         sup.start()
         _print_urls(bootstrap, roles, broker is not None)
         deadline = None if opts.duration_s is None else started + opts.duration_s
+        busy = _broker_watch(broker)
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()
+            if busy is not None:
+                busy.poll()
             stop.wait(0.2)
         receiver = next((r for r in roles if r.name == "receiver"), None)
         stats: dict[str, Any] | None = None

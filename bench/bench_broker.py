@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
-from worker_runs import cpu_seconds, percentiles  # noqa: E402
+from worker_runs import percentiles  # noqa: E402
 
 from agents.transport import FETCH_MAX_WAIT_MS  # noqa: E402
-from app.broker import EmbeddedBroker  # noqa: E402
+from app.broker import EmbeddedBroker, cpu_seconds  # noqa: E402
 
 TOPIC = "bench.broker"
 REPORT_EVERY_S = 5.0
@@ -94,14 +94,14 @@ async def run(bootstrap: str, pid: int, v: Variant, rate: float, seconds: float,
     keys = [str(i).encode() for i in range(100)]
     try:
         t0 = time.monotonic()
-        mark, cpu_mark, sent = t0, cpu_seconds(pid), 0
+        mark, cpu_mark, sent = t0, cpu_seconds(pid) or 0.0, 0
         while (now := time.monotonic()) < t0 + seconds:
             due = int(rate * (now - t0))
             while sent < due:
                 await producer.send(TOPIC, body, key=keys[sent % len(keys)])
                 sent += 1
             if now - mark >= REPORT_EVERY_S:
-                cpu = cpu_seconds(pid)
+                cpu = cpu_seconds(pid) or 0.0
                 share = 100 * (cpu - cpu_mark) / (now - mark)
                 line = f"  t={now - t0:4.0f} s: {sent:>9,} events stored, broker CPU {share:3.0f} %"
                 if consumer is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import subprocess
 import time
 import urllib.request
@@ -24,6 +23,7 @@ from typing import NamedTuple
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from app.broker import cpu_seconds
 from app.events import format_ts
 from app.kafka import end_offsets
 from app.rules.evaluator import partition_for
@@ -183,12 +183,6 @@ class LatencyResult:
     broker_cpu: list[float] = field(default_factory=list)  # the broker's CPU share, each second measured
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def histogram(port: int | str, name: str) -> dict[float, float]:
     """A Prometheus histogram's cumulative bucket counts, by upper bound, summed over its
     labels; empty when the endpoint does not answer."""
@@ -330,9 +324,9 @@ async def measure_latency(
                 measuring, measured, start = True, 0, now
                 if on_measure is not None:
                     on_measure()
-                cpu_mark = (now, cpu_seconds(broker_pid) if broker_pid is not None else 0.0)
+                cpu_mark = (now, (cpu_seconds(broker_pid) or 0.0) if broker_pid is not None else 0.0)
             if measuring and broker_pid is not None and now - cpu_mark[0] >= 1.0:
-                cpu = cpu_seconds(broker_pid)
+                cpu = cpu_seconds(broker_pid) or 0.0
                 res.broker_cpu.append(100 * (cpu - cpu_mark[1]) / (now - cpu_mark[0]))
                 cpu_mark = (now, cpu)
             due = int(rate * (now - t0))
