@@ -2,10 +2,10 @@
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--skip-faust]
 [--skip-throughput] [--skip-latency] [--skip-echo] [--latency-rate R] [--latency-seconds S]
-[--producer-linger-ms L] [--fleet-devices D]``. Prints one line per figure, beside its target. Takes
-about 5 min: at most
-40 s per worker run and 90 s per plain Faust agent (they join their group ~32 s after start), then
-the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s drain):
+[--producer-linger-ms L] [--latency-partitions P] [--fleet-devices D]``. Prints one line per
+figure, beside its target. Takes about 5 min: at most 40 s per worker run and 90 s per plain
+Faust agent (they join their group ~32 s after start), then the two latency runs (start-up,
+5 s warm-up, S s measured, at most 5 s drain):
 
 * evaluator alone: events/s (CPU time, best of three) through a mixed pack of
   about 50 rules (the shipped packs plus threshold and window variants), on real
@@ -30,7 +30,10 @@ the two latency runs (start-up, 5 s warm-up, S s measured, at most 5 s drain):
   alert record's CreateTime minus the event record's (both stamped by the
   producing client on this host), and of the wall clock from this process's
   send to its receipt of the alert, beside the 20 ms p99 target. The events
-  go out every 2 ms with a producer linger of L ms (default 2);
+  go out every 2 ms with a producer linger of L ms (default 2), into topics of P partitions
+  (``--latency-partitions``, default 4). It also prints the broker's CPU share at the start
+  and end of the measured window (the embedded broker's climbs as it fills:
+  ``bench_broker.py``), and the worker's own histograms over that window;
 * latency floor: the same paced run against a bare aiokafka echo (no Faust,
   no rules) that answers each probe at once: what the broker, the Kafka
   clients and the shared CPUs cost before any rule work.
