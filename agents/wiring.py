@@ -244,19 +244,30 @@ def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
+#: Most record batches of one partition the :class:`Outbox` queues in the producer before
+#: it waits for them to be sent (up to 1 MiB each: ``producer_max_batch_size``).
+MAX_QUEUED_BATCHES = 8
+
+
 class Outbox:
     """Hands a worker's outputs to Faust's producer, a handler's batch at a time.
 
     ``send_all`` returns once every record is queued: one record batch per topic
-    partition (aiokafka's ``send_batch``), in the order given, on the partition
-    the producer's partitioner picks for the key; records for a partition whose
-    previous batch still waits for the sender are appended to it one by one
-    instead, since ``send_batch`` would wait for that batch to be sent. Per record, aiokafka's ``send``
-    costs tens of microseconds of Python (partition lookup, a future, the
-    accumulator); a worker emits about one record per event. A record the
-    producer could not deliver crashes the worker and fails the next commit
-    (:meth:`check` runs before it), so no offset is committed past a lost alert;
-    the restarted worker replays from the last commit.
+    partition (more when one fills up), in the order given, on the partition the
+    producer's partitioner picks for the key. Per record, aiokafka's ``send`` costs
+    tens of microseconds of Python (partition lookup, a future, the accumulator); a
+    worker emits about one record per event. A record the producer could not
+    deliver crashes the worker and fails the next commit (:meth:`check` runs
+    before it), so no offset is committed past a lost alert; the restarted worker
+    replays from the last commit.
+
+    aiokafka's ``send_batch`` waits until the partition's queue is empty, which under
+    load is a broker round trip: a batch is usually still waiting while the one
+    before it is in flight. So a batch for a partition with batches queued goes in
+    behind them at once, as aiokafka's accumulator would queue it after the wait,
+    up to :data:`MAX_QUEUED_BATCHES`; past that, ``send_batch`` waits, which bounds
+    what a stalled broker leaves in memory. The sender takes a partition's batches
+    in queue order, so the records keep theirs.
     """
 
     def __init__(self, app: faust.App, partitioner: CachedPartitioner) -> None:
@@ -305,15 +316,7 @@ class Outbox:
     async def _send_grouped(
         self, producer: Any, by_tp: dict[tuple[str, int], list[tuple[bytes, bytes | None]]]
     ) -> None:
-        waiting = getattr(getattr(producer, "_message_accumulator", None), "_batches", None) or {}
         for (topic, partition), pairs in by_tp.items():
-            if waiting.get(TopicPartition(topic, partition)):
-                # a batch of this partition still waits for the sender: send_batch would wait for
-                # it to drain (a broker round trip when one is in flight), so append record by record
-                for key, value in pairs:
-                    fut = await producer.send(topic, value, key=key, partition=partition)
-                    fut.add_done_callback(self._done)
-                continue
             batches: list[Any] = []
             for key, value in pairs:
                 self._append(producer, batches, key, value)
@@ -330,7 +333,15 @@ class Outbox:
             batches.append(batch)
 
     async def _send_batch(self, producer: Any, batch: Any, topic: str, partition: int) -> None:
-        fut = cast("asyncio.Future[Any]", await producer.send_batch(batch, topic, partition=partition))
+        """Queue one record batch for ``topic``/``partition``: behind the partition's queued
+        batches without waiting while there are fewer than :data:`MAX_QUEUED_BATCHES`."""
+        tp = TopicPartition(topic, partition)
+        queue = producer._message_accumulator  # noqa: SLF001 - aiokafka's, see the class docstring
+        queued = queue._batches.get(tp)  # noqa: SLF001
+        if queued and len(queued) < MAX_QUEUED_BATCHES and not queue._closed and queue._exception is None:  # noqa: SLF001
+            fut = queue._append_batch(batch, tp).future  # noqa: SLF001 - what add_batch does after its wait
+        else:  # nothing queued (or too much, or a closed or failed producer, which send_batch reports)
+            fut = await producer.send_batch(batch, topic, partition=partition)
         fut.add_done_callback(self._done)
 
     def _done(self, fut: asyncio.Future[Any]) -> None:

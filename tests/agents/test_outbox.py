@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
-from agents.wiring import Outbox, TableStore, commit_hooks
+from agents.wiring import MAX_QUEUED_BATCHES, Outbox, TableStore, commit_hooks
 from app.broker import EmbeddedBroker
 from app.kafka import CachedPartitioner
 from app.topics import TopicSpec, ensure_topics
@@ -78,9 +78,9 @@ def test_records_land_on_the_default_partition_in_order(broker: EmbeddedBroker) 
         for topic in topics
     ]
 
-    async def send(box: Outbox) -> None:
-        await box.send_all(records[:10])
-        await box.send_all(records[10:])
+    async def send(box: Outbox) -> None:  # chunks in quick succession: batches queue behind waiting ones
+        for start, end in ((0, 10), (10, 400), (400, 410), (410, 2500), (2500, len(records))):
+            await box.send_all(records[start:end])
 
     got = asyncio.run(_through_broker(broker.bootstrap, topics, 16 * 1024, send, len(records)))
     expected: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
@@ -95,15 +95,27 @@ class _Producer:
     """Stands in for aiokafka's producer where a test must settle deliveries itself:
     ``send_batch`` returns the delivery future, left to the test."""
 
-    def __init__(self, waiting: tuple[str, int] | None = None, batch_capacity: int | None = None) -> None:
+    def __init__(
+        self, waiting: tuple[str, int] | None = None, batch_capacity: int | None = None, queued: int = 1
+    ) -> None:
         self.batch_capacity = batch_capacity
         self.futures: list[asyncio.Future[Any]] = []
-        self.batches: list[tuple[str, int, list[bytes]]] = []
+        self.batches: list[tuple[str, int, list[bytes]]] = []  # handed to send_batch
+        self.queued: list[tuple[str, int, list[bytes]]] = []  # queued behind a waiting batch
         self.sent: list[tuple[str, int, bytes]] = []
-        #: aiokafka's accumulator: the partitions whose last batch still waits for the sender
+        #: aiokafka's accumulator: per partition, the batches still waiting for the sender
         self._message_accumulator = SimpleNamespace(
-            _batches={} if waiting is None else {TopicPartition(*waiting): ["a batch"]}
+            _batches={} if waiting is None else {TopicPartition(*waiting): ["a batch"] * queued},
+            _closed=False,
+            _exception=None,
+            _append_batch=self._append_batch,
         )
+
+    def _append_batch(self, batch: _Batch, tp: TopicPartition) -> SimpleNamespace:
+        self.queued.append((tp.topic, tp.partition, batch.keys))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(fut)
+        return SimpleNamespace(future=fut)
 
     async def send(self, topic: str, value: bytes, *, key: bytes, partition: int) -> asyncio.Future[Any]:
         self.sent.append((topic, partition, key))
@@ -170,23 +182,53 @@ def test_an_undelivered_record_crashes_the_worker_and_fails_the_commit() -> None
     assert isinstance(info.value.__cause__, ConnectionError)
 
 
-def test_records_for_a_partition_with_a_batch_waiting_are_appended_one_by_one() -> None:
-    """send_batch would wait for the waiting batch to be sent (a broker round trip): the
-    records of that partition go through send, in order; the other partition's in a batch."""
-
-    async def run() -> _Producer:
-        producer = _Producer(waiting=("alerts", 1))
-        box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+def _three_alerts(producer: _Producer, fail: bool = False) -> tuple[_App, Outbox]:
+    async def run() -> tuple[_App, Outbox]:
+        app = _App(producer)
+        box = Outbox(app, CachedPartitioner())  # type: ignore[arg-type]
         await box.send_all([("alerts", b"k1", b"v1"), ("alerts", b"k2", b"v2"), ("alerts", b"k3", b"v3")])
         for fut in producer.futures:
-            fut.set_result(None)
-        await asyncio.sleep(0)
-        box.check()
-        return producer
+            if fail:
+                fut.set_exception(ConnectionError("broker gone"))
+            else:
+                fut.set_result(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return app, box
 
-    producer = asyncio.run(run())
-    assert producer.sent == [("alerts", 1, b"k1"), ("alerts", 1, b"k2")]  # k1 and k2 hash to 1
+    return asyncio.run(run())
+
+
+def test_a_batch_for_a_partition_with_a_batch_waiting_is_queued_behind_it_at_once() -> None:
+    """send_batch would wait for the waiting batch to be sent (a broker round trip): the
+    batch of that partition is queued behind it instead, in order, and its delivery is
+    watched; the other partition's goes through send_batch."""
+    producer = _Producer(waiting=("alerts", 1))
+    _app, box = _three_alerts(producer)
+    box.check()
+    assert producer.queued == [("alerts", 1, [b"k1", b"k2"])]  # k1 and k2 hash to 1
     assert producer.batches == [("alerts", 0, [b"k3"])]
+    assert producer.sent == []  # no record goes through send one by one
+
+    producer = _Producer(waiting=("alerts", 1))
+    app, box = _three_alerts(producer, fail=True)
+    assert len(app.crashed) == 1  # a queued batch that fails stops the worker too
+    with pytest.raises(RuntimeError, match="not delivered"):
+        box.check()
+
+
+def test_past_the_queue_bound_a_batch_waits_for_the_queue_to_drain() -> None:
+    """With MAX_QUEUED_BATCHES already queued for a partition, its next batch goes through
+    send_batch, which waits for them to be sent: a stalled broker does not fill the memory."""
+    producer = _Producer(waiting=("alerts", 1), queued=MAX_QUEUED_BATCHES)
+    _app, box = _three_alerts(producer)
+    box.check()
+    assert producer.queued == []
+    assert producer.batches == [("alerts", 1, [b"k1", b"k2"]), ("alerts", 0, [b"k3"])]
+
+    producer = _Producer(waiting=("alerts", 1), queued=MAX_QUEUED_BATCHES - 1)
+    _three_alerts(producer)
+    assert producer.queued == [("alerts", 1, [b"k1", b"k2"])]
 
 
 @pytest.mark.slow
