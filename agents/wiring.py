@@ -284,13 +284,15 @@ class Outbox:
         producer = self._producer()
         partitioner = self.partitioner
         partitions: dict[str, list[int]] = {}
-        by_tp: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
+        building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
         for topic, key, value in records:
             found = partitions.get(topic)
             if found is None:
                 found = partitions[topic] = sorted(await producer.partitions_for(topic))
-            by_tp.setdefault((topic, partitioner(key, found, found)), []).append((key, value))
-        await self._send_grouped(producer, by_tp)
+            self._append(
+                producer, building.setdefault((topic, partitioner(key, found, found)), []), key, value
+            )
+        await self._send_built(producer, building)
 
     async def send_placed(self, records: Iterable[tuple[str, int, bytes, bytes | None]]) -> None:
         """Queue ``(topic, partition, key, value)`` records (the state changelog) on their
@@ -306,20 +308,14 @@ class Outbox:
             if producer is None:
                 producer = self._producer()
             self._append(producer, building.setdefault((topic, partition), []), key, value)
-        for (topic, partition), batches in building.items():
-            for batch in batches:
-                await self._send_batch(producer, batch, topic, partition)
+        await self._send_built(producer, building)
 
     def _producer(self) -> Any:
         return cast("Any", self.app.producer)._ensure_producer()  # noqa: SLF001 - its aiokafka producer
 
-    async def _send_grouped(
-        self, producer: Any, by_tp: dict[tuple[str, int], list[tuple[bytes, bytes | None]]]
-    ) -> None:
-        for (topic, partition), pairs in by_tp.items():
-            batches: list[Any] = []
-            for key, value in pairs:
-                self._append(producer, batches, key, value)
+    async def _send_built(self, producer: Any, building: dict[tuple[str, int], list[Any]]) -> None:
+        """Queue each partition's record batches (:meth:`_append`), in order."""
+        for (topic, partition), batches in building.items():
             for batch in batches:
                 await self._send_batch(producer, batch, topic, partition)
 
