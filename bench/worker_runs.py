@@ -125,17 +125,21 @@ def end_offset(bootstrap: str, topic: str) -> Callable[[], float]:
     return lambda: float(asyncio.run(end_offsets(bootstrap, [topic]))[topic])
 
 
+def scrape(port: int | str) -> list[str]:
+    """The lines of a Prometheus endpoint on 127.0.0.1; none when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            return resp.read().decode().splitlines()
+    except OSError:
+        return []
+
+
 def metric(port: int | str, sample: str) -> Callable[[], float]:
     """A progress reading: the sum of the samples of a Prometheus endpoint whose ``name{labels}``
     starts with ``sample``; 0 when there are none or the endpoint does not answer."""
 
     def read() -> float:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-                text = resp.read().decode()
-        except OSError:
-            return 0.0
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(sample))
+        return sum(float(line.split()[-1]) for line in scrape(port) if line.startswith(sample))
 
     return read
 
@@ -186,13 +190,8 @@ class LatencyResult:
 def histogram(port: int | str, name: str) -> dict[float, float]:
     """A Prometheus histogram's cumulative bucket counts, by upper bound, summed over its
     labels; empty when the endpoint does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
     counts: dict[float, float] = {}
-    for line in text.splitlines():
+    for line in scrape(port):
         if line.startswith(name + "_bucket{"):
             bound = float(line.split('le="', 1)[1].split('"', 1)[0])
             counts[bound] = counts.get(bound, 0.0) + float(line.split()[-1])
