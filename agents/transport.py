@@ -226,9 +226,15 @@ class RulesApp(faust.App):
 
     ``before_commit``: callables run before every offset commit (the state stores' flush).
     ``batch_handlers``: per topic, the handler of a :meth:`batch_agent`.
+    ``early_tasks``: coroutine functions started with the app, before table recovery.
+    Faust starts its own tasks (``@app.task``) only once recovery is complete, and
+    recovery ends with a seek that waits for the fetch under way (see
+    :meth:`ExactHighwaterConsumer.perform_seek`); a batch handler in that fetch that
+    waits for what such a task provides (the registry tables) would wait forever.
     """
 
     before_commit: tuple[Callable[[], object], ...] = ()  # each may return an awaitable
+    early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
     fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
     #: most records per handler call (a fetch holds up to a few thousand per partition)
     batch_size: int = 500
@@ -236,6 +242,11 @@ class RulesApp(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        for task in self.early_tasks:
+            self.add_future(task())  # cancelled when the app stops, as Faust's tasks are
 
     def batch_agent(self, topic: str) -> Callable[[BatchHandler], BatchHandler]:
         """Subscribe to ``topic`` and have ``handler(tp, records)`` process it a batch at a time."""

@@ -46,6 +46,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from json.encoder import encode_basestring_ascii as json_string  # orjson: ~3 us a new str, this ~0.2
 from typing import Any, cast
 
@@ -585,9 +586,8 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         # here, not in build_app: Faust sets up logging as the worker starts
         logger.info("%d rules; evaluator hot path: %s", len(rt.ruleset.rules), native.status())
 
-    @app.task
-    async def _tables() -> None:
-        await _follow_tables(settings, rt)
+    # early: the batch handlers wait for the tables, and may run before recovery completes
+    app.early_tasks = (partial(_follow_tables, settings, rt),)
 
     if watch:
 

@@ -1,0 +1,43 @@
+"""The rule worker's start: the registry tables load before Faust's table recovery ends.
+
+Every batch handler first waits for the registry tables. Faust's recovery ends with a
+seek that waits for the fetch under way, in which a handler may already run, and Faust
+starts its own tasks (``@app.task``) only after recovery. So with the tables loaded by
+such a task, a worker restarted on a backlog could hang at the seek for good (CI caught
+one). The worker loads them from the app's start instead (``RulesApp.early_tasks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from agents.wiring import build_app
+from app.config import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_registry_tables_load_as_the_app_starts_before_table_recovery(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = build_app(settings)
+
+    async def run() -> bool:
+        await app.on_start()  # what the worker's start runs first, before any recovery
+        try:
+            async with asyncio.timeout(20):
+                while "registry tables are empty; evaluating" not in caplog.text:
+                    await asyncio.sleep(0.05)
+            return app.tables.recovery.completed.is_set()
+        finally:
+            futures = list(app._futures)  # the tasks the app would cancel as it stops
+            for fut in futures:
+                fut.cancel()
+            await asyncio.gather(*futures, return_exceptions=True)
+
+    with caplog.at_level(logging.INFO, logger="agents.wiring"):
+        recovered = app.loop.run_until_complete(run())  # the app's futures live on its own loop
+    assert recovered is False  # the tables were ready with no recovery run at all
