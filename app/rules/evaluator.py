@@ -512,10 +512,7 @@ class StreamEvaluator:
                         passes = rule.where.over(rows.dense, rows.columns)
                     view.touched = None
                     try:
-                        taken = fold_many(
-                            view, key, group, events[i:end], rows.rows[i:end], clocks[i:end],
-                            None if passes is None else passes[i:end],
-                        )  # fmt: skip
+                        taken = fold_many(view, key, group, events, row_list, clocks, passes, i, end)
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:

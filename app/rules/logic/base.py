@@ -10,11 +10,12 @@ Contract (bytewax's StatefulLogic, adapted):
 * ``on_clock(store, key, clock_ms) -> alerts`` runs when the partition's
   event-time clock (the newest event time seen on it) has reached the state's
   ``due`` time. It closes windows, fires absences and ends event alerts.
-* ``fold_many(store, key, group, events, rows, clocks, passes) -> taken`` is
-  optional: given a run of one group's consecutive events before the rule's
-  next timer (``rows``: their rows; ``clocks``: the partition clock at each;
-  ``passes``: the rule's ``where`` on each, evaluated column-wise, or None),
-  it may apply a leading part
+* ``fold_many(store, key, group, events, rows, clocks, passes, begin, end) -> taken``
+  is optional: given a run ``[begin, end)`` of one group's consecutive events of
+  the batch before the rule's next timer (``events``, ``rows``: the batch's
+  events and their rows; ``clocks``: the partition clock at each; ``passes``:
+  the rule's ``where`` on each, evaluated column-wise, or None), it may apply a
+  leading part
   in one go when that part is the kind's common case (a firing threshold that
   keeps firing, an event that folds into an open window) and returns how many
   events it took, 0 when it changed nothing. It must stop before an event whose
@@ -120,14 +121,13 @@ def scattered_events(
         yield j, rule_id + found[1], found[0]
 
 
-def leading_not_true(values: Sequence[Any]) -> int:
-    """How many of ``values`` come before the first TRUE (a condition's value on a run of events)."""
-    n = 0
-    for v in values:
-        if v is True:
-            break
-        n += 1
-    return n
+def leading_not_true(values: Sequence[Any], begin: int, end: int) -> int:
+    """How many of ``values[begin:end]`` come before the first TRUE (a condition's value
+    on a run of events)."""
+    for j in range(begin, end):
+        if values[j] is True:
+            return j - begin
+    return end - begin
 
 
 def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:

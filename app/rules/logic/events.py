@@ -86,26 +86,29 @@ class AbsenceLogic:
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
         rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
+        begin: int, end: int,
     ) -> int:  # fmt: skip
-        """A run of one group's events while it is not silent (see ``Logic.fold_many``):
-        only the newest event time counts, so the run is one write. It stops before the
-        event whose clock reaches the silence deadline, where the timer must run first."""
+        """The run ``[begin, end)`` of one group's events while it is not silent (see
+        ``Logic.fold_many``): only the newest event time counts, so the run is one write.
+        It stops before the event whose clock reaches the silence deadline, where the
+        timer must run first."""
         st = store.get(key)
         if st is not None and st["fire"] is not None:
             return 0  # silent: the first event resolves it, one by one
         last = None if st is None else st["last"]
         due = None if last is None else self._due(last)
-        taken = 0
-        for ev, clock, holds in zip(events, clocks, passes or [True] * len(events), strict=True):
-            if due is not None and clock >= due:
+        j = begin
+        while j < end:
+            if due is not None and clocks[j] >= due:
                 break
-            if holds is True and (last is None or ev.ts_ms > last):
-                last = ev.ts_ms
+            ts = events[j].ts_ms
+            if (passes is None or passes[j] is True) and (last is None or ts > last):
+                last = ts
                 due = self._due(last)
-            taken += 1
+            j += 1
         if last is not None and (st is None or last != st["last"]):
             store.put(key, {"g": list(group), "last": last, "fire": None, "due": due})
-        return taken
+        return j - begin
 
     def fold_scattered(
         self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],

@@ -177,53 +177,57 @@ class ThresholdLogic:
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
         rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
+        begin: int, end: int,
     ) -> int:  # fmt: skip
-        """The common cases of a run of one group's events, in one go: the leading
-        events that keep a firing group firing, a pending one pending or a quiet one quiet (what
-        :meth:`on_event` does for them, without a call per event). ``rows``: the
-        events' rows; ``passes``: the condition on each. Returns how many it took
-        (0: none, nothing changed).
+        """The common cases of the run ``[begin, end)`` of one group's events, in one go:
+        the leading events that keep a firing group firing, a pending one pending or a
+        quiet one quiet (what :meth:`on_event` does for them, without a call per event).
+        ``rows``: the events' rows; ``passes``: the condition on each. Returns how many
+        it took (0: none, nothing changed).
         """
         if self.pct or self.no_data is not None or passes is None:
             return 0
         clear = self.clear
         st = store.get(key)
         if st is None:  # a quiet group with no state: it stays so while the condition does not hold
-            return leading_not_true(passes)
-        taken = 0
+            return leading_not_true(passes, begin, end)
+        j = begin
         last = st["last"]
         if st["fire"] is not None and st.get("kf") is None:  # firing: stays firing while it holds
-            for ev, row, holds in zip(events, rows, passes, strict=True):
-                if ev.ts_ms < last or ev.ts_ms < 0 or holds is not True:
+            while j < end:
+                ts = events[j].ts_ms
+                if ts < last or ts < 0 or passes[j] is not True:
                     break
-                if clear is not None and clear(row) is True:
+                if clear is not None and clear(rows[j]) is True:
                     break
-                last = ev.ts_ms
-                taken += 1
-            st["n"] += taken
+                last = ts
+                j += 1
+            st["n"] += j - begin
         elif st["fire"] is None and not st["n"] and st.get("nd") is None:  # quiet, with state
-            for ev, holds in zip(events, passes, strict=True):
-                if ev.ts_ms < last or ev.ts_ms < 0 or holds is True:
+            while j < end:
+                ts = events[j].ts_ms
+                if ts < last or ts < 0 or passes[j] is True:
                     break
-                last = ev.ts_ms
-                taken += 1
+                last = ts
+                j += 1
         elif st["fire"] is None and st.get("nd") is None:  # pending: stays so until ready or broken
             n, since, write = st["n"], st["since"], False
-            for ev, holds in zip(events, passes, strict=True):
-                if ev.ts_ms < last or ev.ts_ms < 0 or holds is not True:
+            while j < end:
+                ts = events[j].ts_ms
+                if ts < last or ts < 0 or passes[j] is not True:
                     break
-                if n + 1 >= self.consecutive and ev.ts_ms - since >= self.for_ms:
+                if n + 1 >= self.consecutive and ts - since >= self.for_ms:
                     break  # it fires: on_event raises the alert
                 n += 1
                 write = write or n <= self.consecutive  # as on_event: the streak's count is kept
-                last = ev.ts_ms
-                taken += 1
+                last = ts
+                j += 1
             st["n"] = n
             if write:
                 st["last"] = last
                 store.put(key, st)
         st["last"] = last
-        return taken
+        return j - begin
 
     def _values(self, row: Mapping[str, Any]) -> dict[str, Any]:
         values = {c: row.get(c) for c in self.columns}

@@ -92,10 +92,11 @@ class _Aggregating:
         return self.where is None or self.where(row) is True
 
     @staticmethod
-    def failing(passes: Sequence[Any] | None) -> int:
-        """How many leading events of a run ``where`` drops (``passes``: its value on
-        each): ``on_event`` does nothing for them, so ``fold_many`` takes them as they are."""
-        return 0 if passes is None else leading_not_true(passes)
+    def failing(passes: Sequence[Any] | None, begin: int, end: int) -> int:
+        """How many leading events of the run ``[begin, end)`` ``where`` drops (``passes``:
+        its value on each): ``on_event`` does nothing for them, so ``fold_many`` takes
+        them as they are."""
+        return 0 if passes is None else leading_not_true(passes, begin, end)
 
 
 class TumblingLogic(_Aggregating):
@@ -167,14 +168,15 @@ class TumblingLogic(_Aggregating):
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
         rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
+        begin: int, end: int,
     ) -> int:  # fmt: skip
-        """The common cases of a run of one group's events (``clocks``: the clock at
-        each; ``passes``: the ``where`` on each): the leading ones ``where`` drops, or
-        the leading ones that fold into one tumbling window of the group, open or opened
-        by the run (not with the amend policy), folded in one go. Returns how many it
-        took (0: none, nothing changed).
+        """The common cases of the run ``[begin, end)`` of one group's events (``clocks``:
+        the clock at each; ``passes``: the ``where`` on each): the leading ones ``where``
+        drops, or the leading ones that fold into one tumbling window of the group, open
+        or opened by the run (not with the amend policy), folded in one go. Returns how
+        many it took (0: none, nothing changed).
         """
-        if skipped := self.failing(passes):
+        if skipped := self.failing(passes, begin, end):
             return skipped
         if not self.tumbling:
             return 0
@@ -182,8 +184,9 @@ class TumblingLogic(_Aggregating):
         if st is None or "due" not in st:
             return 0
         step = self.step
-        start = events[0].ts_ms - events[0].ts_ms % step
-        if start + self.size + self.lateness <= clocks[-1]:
+        first = events[begin].ts_ms
+        start = first - first % step
+        if start + self.size + self.lateness <= clocks[end - 1]:
             return 0  # late at some point of the run: one by one
         windows = st["w"]
         w = windows.get(str(start))
@@ -195,27 +198,28 @@ class TumblingLogic(_Aggregating):
             due = self._due(st)
         elif w["done"]:
             return 0
-        end = start + step
-        taken = 0
-        for ev, clock in zip(events, clocks, strict=True):
-            if not start <= ev.ts_ms < end or (due is not None and clock >= due):
+        stop = start + step
+        j = begin
+        while j < end:
+            ts = events[j].ts_ms
+            if not start <= ts < stop or (due is not None and clocks[j] >= due):
                 break
-            taken += 1
-        if not taken:  # (not expected: the window ends after the run's clocks) nothing changes
+            j += 1
+        if j == begin:  # (not expected: the window ends after the run's clocks) nothing changes
             if due is not None:
                 del windows[str(start)]
             return 0
         if passes is not None:
-            rows = [row for row, p in zip(rows[:taken], passes, strict=False) if p is True]
+            folded = [rows[k] for k in range(begin, j) if passes[k] is True]
         else:
-            rows = rows[:taken]
+            folded = list(rows[begin:j])
         if due is not None:
             st["due"] = due
-        if rows:
-            w["a"] = self.fold_rows(w["a"], rows)
-        if rows or due is not None:
+        if folded:
+            w["a"] = self.fold_rows(w["a"], folded)
+        if folded or due is not None:
             store.put(key, st)
-        return taken
+        return j - begin
 
     def fold_scattered(
         self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],
