@@ -53,7 +53,7 @@ fmt: $(DEV_STAMP) ## Apply ruff format and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: venv ## Run the benchmarks in bench/ and print their figures
+bench: venv native ## Run the benchmarks in bench/ (the evaluator compiled) and print their figures
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean: ## Remove local state (.data) and caches, keep .venv
