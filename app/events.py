@@ -71,17 +71,31 @@ def _format_day(day: int) -> str:
     return (_EPOCH + timedelta(days=day)).date().isoformat()
 
 
-@functools.lru_cache(maxsize=16_384)  # alert transitions format the same few times over and over
+#: formatted times by epoch ms: alert transitions format the same few times over and over
+_FORMATTED: dict[int, str] = {}
+MAX_FORMATTED = 16_384
+
+
 def format_ts(ts_ms: int) -> str:
     """Epoch milliseconds -> RFC 3339 UTC with millisecond precision and 'Z'.
 
     The date comes from a cache of days, the time of day from integer arithmetic:
-    a third of ``strftime``'s cost (each alert transition formats two or three times)."""
+    a third of ``strftime``'s cost (each alert transition formats two or three times).
+    The results are remembered in a plain dict (up to ``MAX_FORMATTED``, then it starts
+    again): from compiled code, a call through ``functools.lru_cache`` cost more than
+    the formatting it saved."""
+    found = _FORMATTED.get(ts_ms)
+    if found is not None:
+        return found
     day, ms = divmod(ts_ms, 86_400_000)
     seconds, ms = divmod(ms, 1000)
     hours, seconds = divmod(seconds, 3600)
     minutes, seconds = divmod(seconds, 60)
-    return f"{_format_day(day)}T{hours:02d}:{minutes:02d}:{seconds:02d}.{ms:03d}Z"
+    text = f"{_format_day(day)}T{hours:02d}:{minutes:02d}:{seconds:02d}.{ms:03d}Z"
+    if len(_FORMATTED) >= MAX_FORMATTED:
+        _FORMATTED.clear()
+    _FORMATTED[ts_ms] = text
+    return text
 
 
 def check_value(name: str, ftype: FieldType, value: object) -> object:

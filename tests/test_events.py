@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+import app.events as events
 from app.errors import IngestDecodeError
 from app.events import FINANCE, LOGS, MAX_STRING_LEN, SENSORS, dlq_record, format_ts, parse_ts
 
@@ -113,6 +114,16 @@ def test_format_ts_matches_the_calendar() -> None:
     for ts in samples:
         assert format_ts(ts) == reference(ts), ts
         assert parse_ts(format_ts(ts)) == ts
+
+
+def test_remembered_formatted_times_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "MAX_FORMATTED", 10)
+    monkeypatch.setattr(events, "_FORMATTED", {})
+    times = [1_389_063_300_123 + 1_000 * i for i in range(25)]
+    first = [format_ts(ts) for ts in times]
+    assert 0 < len(events._FORMATTED) <= 10
+    assert first[0] == "2014-01-07T02:55:00.123Z" and first[24] == "2014-01-07T02:55:24.123Z"
+    assert [format_ts(ts) for ts in times] == first  # forgotten or not, the same text
 
 
 @pytest.mark.parametrize(

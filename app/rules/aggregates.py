@@ -342,16 +342,16 @@ class SlidingAggregates:
 
     def add(self, ts: int, inputs: Sequence[Any]) -> None:
         self.size += 1
-        for acc, v in zip(self.accs, inputs, strict=True):
+        for acc, v in zip(self.accs, inputs):
             acc.add(ts, v)
 
     def remove(self, ts: int, inputs: Sequence[Any]) -> None:
         self.size -= 1
-        for acc, v in zip(self.accs, inputs, strict=True):
+        for acc, v in zip(self.accs, inputs):
             acc.remove(ts, v)
 
     def results(self, specs: Sequence[AggSpec]) -> dict[str, Any]:
-        return {a.name: acc.result() for a, acc in zip(specs, self.accs, strict=True)}
+        return {a.name: acc.result() for a, acc in zip(specs, self.accs)}
 
     def capped(self) -> bool:
         return self.size > MAX_VALUES and any(isinstance(a, _Percentile) for a in self.accs)

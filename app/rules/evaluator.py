@@ -467,7 +467,7 @@ class StreamEvaluator:
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
         if logic is None:
-            for ev, row in zip(events, rows.rows, strict=True):
+            for ev, row in zip(events, rows.rows):
                 if row is not None:
                     out.routed += self._route(rule, ev, row)
             return

@@ -429,14 +429,13 @@ _CMP_CONST: dict[type[exp.Expression], Callable[[list[Any], Any], list[Any]]] = 
 def _and(xs: list[Any], ys: list[Any]) -> list[Any]:
     return [
         False if x is False or y is False else None if x is None or y is None else True
-        for x, y in zip(xs, ys, strict=True)
+        for x, y in zip(xs, ys)
     ]
 
 
 def _or(xs: list[Any], ys: list[Any]) -> list[Any]:
     return [
-        True if x is True or y is True else None if x is None or y is None else False
-        for x, y in zip(xs, ys, strict=True)
+        True if x is True or y is True else None if x is None or y is None else False for x, y in zip(xs, ys)
     ]
 
 

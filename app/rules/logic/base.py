@@ -151,7 +151,7 @@ def build_alert(
     """An alert transition with labels from the rule and group, annotations rendered."""
     r = rule.rule
     labels = {"alertname": r.id, "severity": r.severity, **r.labels}
-    labels.update(zip(r.group_by, group, strict=True))
+    labels.update(zip(r.group_by, group))
     context = {**row, **values}
     annotations = {k: render(v, context) for k, v in r.annotations.items()}
     if r.description and "description" not in annotations:
@@ -173,7 +173,7 @@ def build_alert(
 
 def group_row(rule: CompiledRule, group: tuple[str, ...]) -> dict[str, Any]:
     """The group fields as a row, for alerts raised by a timer (no event at hand)."""
-    return dict(zip(rule.rule.group_by, group, strict=True))
+    return dict(zip(rule.rule.group_by, group))
 
 
 class OneShot:

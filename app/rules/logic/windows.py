@@ -65,27 +65,27 @@ class _Aggregating:
         # per aggregate: (input expression's function or None, fold function), looked up once
         self._folds = [(None if a.arg is None else a.arg.fn, ADDERS[a.func]) for a in self.aggs]
         self._many = [(a.arg, MANY_ADDERS[a.func]) for a in self.aggs]
+        #: each aggregate's name and its previous window's column in ``having`` (``prev(x)``)
+        self._prev_names = [(a.name, f"prev.{a.name}") for a in self.aggs]
 
     def results(self, states: list[Any]) -> dict[str, Any]:
-        return {a.name: a.result(s) for a, s in zip(self.aggs, states, strict=True)}
+        return {a.name: a.result(s) for a, s in zip(self.aggs, states)}
 
     def empty(self) -> list[Any]:
         return [a.init() for a in self.aggs]
 
     def fold(self, states: list[Any], row: Mapping[str, Any]) -> list[Any]:
-        return [
-            add(s, None if fn is None else fn(row)) for (fn, add), s in zip(self._folds, states, strict=True)
-        ]
+        return [add(s, None if fn is None else fn(row)) for (fn, add), s in zip(self._folds, states)]
 
     def fold_rows(self, states: list[Any], rows: Sequence[Mapping[str, Any]]) -> list[Any]:
         """:meth:`fold` of each row in turn, an aggregate at a time."""
         inputs = [rows if arg is None else arg.over(rows, {}) for arg, _ in self._many]
-        return [add(s, v) for (_, add), s, v in zip(self._many, states, inputs, strict=True)]
+        return [add(s, v) for (_, add), s, v in zip(self._many, states, inputs)]
 
     def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
         row: dict[str, Any] = {**group_row(self.rule, group), **aggs}
-        for name in aggs:
-            row[f"prev.{name}"] = None if prev is None else prev.get(name)
+        for name, prev_name in self._prev_names:
+            row[prev_name] = None if prev is None else prev.get(name)
         return self.having(row) is True
 
     def passes(self, row: Mapping[str, Any]) -> bool:
@@ -255,10 +255,7 @@ class TumblingLogic(_Aggregating):
                 return j - begin
             row = rows[j]
             try:
-                accs = [
-                    add(v, None if fn is None else fn(row))
-                    for (fn, add), v in zip(folds, w["a"], strict=True)
-                ]
+                accs = [add(v, None if fn is None else fn(row)) for (fn, add), v in zip(folds, w["a"])]
             except Exception:  # on_event takes this event and reports the error
                 return j - begin
             w["a"] = accs
@@ -426,7 +423,7 @@ class SlidingLogic(_Buffered):
         accs = self.empty()
         for ts, inputs in st["ev"]:
             if p - self.size < ts <= p:
-                accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs, strict=True)]
+                accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs)]
         return accs
 
     def _at_t(self, key: str, st: State, t: int) -> SlidingAggregates:
@@ -531,7 +528,7 @@ class SessionLogic(_Buffered):
             if s is None:
                 s = [ts, ts, self.empty()]
             s[1] = max(s[1], ts)
-            s[2] = [a.add_value(acc, v) for a, acc, v in zip(self.aggs, s[2], inputs, strict=True)]
+            s[2] = [a.add_value(acc, v) for a, acc, v in zip(self.aggs, s[2], inputs)]
             st["s"] = s
             st["t"] = ts
         if st["s"] is not None and wm >= st["s"][1] + self.gap:
