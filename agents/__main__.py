@@ -16,9 +16,9 @@ from agents.wiring import build_app
 #: after 700 net new containers, about every 150 events under load, each time walking
 #: the batch's live events and states; and every ~20,000 events a full collection
 #: walked everything Faust and the modules had built, ~75 ms each time. At 20,000 a
-#: young collection runs about every 15,000 events (~5 ms). With the start-up objects
+#: young collection runs about every 15,000 events (5-11 ms). With the start-up objects
 #: frozen (``gc.freeze``: no collection walks them again) a full one took ~14 ms.
-#: Figures and the command in the README (Performance).
+#: Figures in the README's table of changes (taken with a temporary ``gc.callbacks`` timer).
 GC_THRESHOLDS = (20_000, 20, 20)
 
 if len(sys.argv) > 1 and sys.argv[1] == "worker" and not {"--with-web", "--without-web"} & set(sys.argv):
