@@ -209,10 +209,11 @@ class TumblingLogic(_Aggregating):
             if due is not None:
                 del windows[str(start)]
             return 0
+        folded: Sequence[Mapping[str, Any]]
         if passes is not None:
             folded = [rows[k] for k in range(begin, j) if passes[k] is True]
         else:
-            folded = list(rows[begin:j])
+            folded = rows[begin:j]  # a slice of the batch's list: already a copy
         if due is not None:
             st["due"] = due
         if folded:
