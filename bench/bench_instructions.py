@@ -32,21 +32,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 SYMBOL = "CPyDef_evaluator___Engine___process_batch"
 
 
-def workload(mode: str, n: int) -> list[tuple[str, object]]:
-    """The decoded events of one bench shape: the NAB sensor series, the three sources mixed,
-    or a fleet of 1,000 devices (with its registry loaded: see :func:`run`)."""
+def workload(mode: str, n: int) -> tuple[list[tuple[str, object]], list[dict[str, object]]]:
+    """The decoded events of one bench shape (the NAB sensor series, the three sources
+    mixed, or a fleet of 1,000 devices) and the registry rows to load (the fleet's)."""
     import bench_rules as b
     import orjson
 
     from app.events import SCHEMAS
 
     if mode == "fleet":
-        _registry, readings = b.fleet(1000, n)
-        return [("sensors", SCHEMAS["sensors"].decode(orjson.dumps(r))) for r in readings]
+        registry, readings = b.fleet(1000, n)
+        return [("sensors", SCHEMAS["sensors"].decode(orjson.dumps(r))) for r in readings], registry
     items = b.events(3 * n if mode == "sensors" else n)
     if mode == "sensors":
         items = [i for i in items if i.source == "sensors"][:n]
-    return [(i.source, SCHEMAS[i.source].decode(i.value)) for i in items]
+    return [(i.source, SCHEMAS[i.source].decode(i.value)) for i in items], []
 
 
 def run(mode: str, n: int) -> None:
@@ -58,10 +58,10 @@ def run(mode: str, n: int) -> None:
     from app.tables import Tables
 
     rules = load_rules([b.rule_pack(Path(tempfile.mkdtemp()) / "pack")])
+    decoded, registry = workload(mode, n)
     tables = Tables()
-    if mode == "fleet":
-        tables.load_rows("devices", b.fleet(1000, 0)[0])
-    decoded = workload(mode, n)
+    if registry:
+        tables.load_rows("devices", registry)
     engine = Engine(rules, partitions=b.PARTITIONS, tables=tables)
     for i in range(0, len(decoded), b.EVAL_BATCH):
         engine.process_batch(decoded[i : i + b.EVAL_BATCH])  # type: ignore[arg-type]
