@@ -62,7 +62,7 @@ from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
-from app.rules.evaluator import LATE_TOPIC, Engine, Output, State, Stream, stream_name
+from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
 from app.tables import TABLES, Tables
 from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
@@ -116,9 +116,10 @@ def encode_state(value: State) -> bytes:
 class TableStore:
     """A write-behind :class:`~app.rules.logic.base.StateStore` over a Faust table.
 
-    The states live in the table's own memory dict: reads are a plain dict lookup
-    (``get`` is that dict's ``get``, with no Python frame in between), writes land
-    there at once and mark the key changed. :meth:`changes`, which the consumer
+    The states live in the table's own memory dict, which the evaluator reads and
+    writes through :attr:`store`, a compiled ``DictStore`` over it (native calls from the
+    compiled evaluator; a Python ``put`` here cost ~7 µs of CPU per sensors event in
+    the bench). Writes land there at once and mark the key changed. :meth:`changes`, which the consumer
     runs before every offset commit (``RulesApp.before_commit``, each second),
     turns each changed key into one changelog record, on the partition the
     evaluator stamped on the state (``p``: the partition of the events that own it,
@@ -136,8 +137,9 @@ class TableStore:
             raise TypeError(msg)
         self.live: dict[str, State] = live
         self.get = live.get
-        #: changed keys since the last commit, with the partition of their changelog record
-        self.pending: dict[str, int] = {}
+        #: the store the evaluator writes to: the compiled DictStore over the table's dict,
+        #: recording the keys changed since the last commit with their changelog partition
+        self.store = DictStore(live, {})
         #: the largest state record the producer accepts (its max_request_size, less the
         #: key and the record's overhead)
         self.max_record_bytes = max_record_bytes
@@ -145,13 +147,10 @@ class TableStore:
         self.oversized: set[str] = set()
 
     def put(self, key: str, value: State) -> None:
-        self.live[key] = value
-        self.pending[key] = int(value.get("p", 0))
+        self.store.put(key, value)
 
     def delete(self, key: str) -> None:
-        known = self.live.pop(key, None)
-        if known is not None:
-            self.pending[key] = int(known.get("p", 0))
+        self.store.delete(key)
 
     def items(self) -> list[tuple[str, State]]:
         return list(self.live.items())
@@ -173,7 +172,7 @@ class TableStore:
         restart such a group starts again from the events since the last commit.
         ``worker_state_too_large_total`` counts these writes.
         """
-        pending, self.pending = self.pending, {}
+        pending, self.store.changed = self.store.changed or {}, {}
         topic, live = self.topic, self.live
         for key, partition in pending.items():
             value = live.get(key)
@@ -217,9 +216,9 @@ class Runtime:
         self.engine = self.build(self.ruleset)
 
     def build(self, ruleset: RuleSet) -> Engine:
-        def store_of(stream: str) -> TableStore:
+        def store_of(stream: str) -> DictStore:
             source, _, grouping = stream.partition(".by.")
-            return self.stores[f"{source}.regroup" if grouping else source]
+            return self.stores[f"{source}.regroup" if grouping else source].store
 
         return Engine(
             ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of

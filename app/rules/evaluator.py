@@ -127,24 +127,36 @@ class EvalStats:
 class _Versioned:
     """A view of the store for one rule: stamps version and partition, ignores stale state."""
 
-    __slots__ = ("base", "partition", "touched", "version")
+    __slots__ = ("base", "data", "partition", "touched", "version")
 
     def __init__(self, base: StateStore, version: str, partition: int) -> None:
         self.base, self.version, self.partition = base, version, partition
+        #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
+        #: methods are then native calls, not a Python method lookup and call each
+        self.data: DictStore | None = base if isinstance(base, DictStore) else None
         #: the state last written or deleted (``False``: deleted) since the evaluator reset it
         self.touched: State | bool | None = None
 
     def get(self, key: str) -> State | None:
-        st = self.base.get(key)
+        data = self.data
+        st = data.data.get(key) if data is not None else self.base.get(key)
         return st if st is not None and st.get("v") == self.version else None
 
     def put(self, key: str, value: State) -> None:
         value["v"], value["p"] = self.version, self.partition
-        self.base.put(key, value)
+        data = self.data
+        if data is not None:
+            data.put(key, value)
+        else:
+            self.base.put(key, value)
         self.touched = value
 
     def delete(self, key: str) -> None:
-        self.base.delete(key)
+        data = self.data
+        if data is not None:
+            data.delete(key)
+        else:
+            self.base.delete(key)
         self.touched = False
 
 
@@ -209,7 +221,7 @@ class _Batch:
     __slots__ = ("_views", "clocks", "events", "tables")
 
     def __init__(
-        self, events: Sequence[Event], clocks: list[int], tables: dict[tuple[str, str], dict | None]
+        self, events: list[Event], clocks: list[int], tables: dict[tuple[str, str], dict | None]
     ) -> None:
         self.events, self.clocks = events, clocks
         #: looked-up registry rows, by (table, alias and key): see StreamEvaluator._join_cache
@@ -454,7 +466,8 @@ class StreamEvaluator:
             clocks.append(clock)
         self.clocks[partition] = clock
         self._expect_registry(partition, clocks[0])
-        batch = _Batch(events, clocks, self._join_cache())
+        # a list, as every kind's batch path takes it (indexed natively in the compiled build)
+        batch = _Batch(events if isinstance(events, list) else list(events), clocks, self._join_cache())
         for run in self._runs_of(partition):
             self._run_rule(run, batch, partition, out)
         self.stats.alerts += len(out.alerts)
@@ -483,7 +496,7 @@ class StreamEvaluator:
         always = gate == "always"
         i, n = 0, len(events)
         scheduled = self.scheduled
-        row_list = rows.rows
+        row_list, columns = rows.rows, rows.columns
         while i < n:
             clock = clocks[i]
             # drop rescheduled timers from the top: a stale entry would otherwise cut the run
@@ -512,7 +525,7 @@ class StreamEvaluator:
                         passes = rule.where.over(rows.dense, rows.columns)
                     view.touched = None
                     try:
-                        taken = fold_many(view, key, group, events, row_list, clocks, passes, i, end)
+                        taken = fold_many(view, key, group, events, row_list, clocks, passes, i, end, columns)
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:

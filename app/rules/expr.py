@@ -73,6 +73,8 @@ class Compiled:
     synthetic: frozenset[str] = frozenset()
     #: the same expression column-wise (see :data:`Many`), for a batch of rows at once
     many: Many | None = None
+    #: the field it reads when the expression is just that field (its column can be shared)
+    field: str | None = None
 
     def __call__(self, row: Row) -> Any:
         return self.fn(row)
@@ -496,7 +498,9 @@ def compile_expr(
     if boolean and t not in ("boolean", "null"):
         msg = f"in {text!r}: expected a condition (true/false), but the expression is {t}"
         raise ExpressionError(msg)
+    bare = tree.this if isinstance(tree, exp.Paren) else tree
+    field = _column_name(bare) if isinstance(bare, exp.Column) and not comp.synthetic_cols else None
     return Compiled(
         fn=f, type=t, text=text, columns=frozenset(comp.columns), synthetic=frozenset(comp.synthetic_cols),
-        many=_columnar(comp, tree),
+        many=_columnar(comp, tree), field=field,
     )  # fmt: skip

@@ -161,3 +161,19 @@ def test_column_wise_that_raises_is_redone_row_by_row() -> None:
         raise TypeError("a row the row-wise form never reaches")
 
     assert replace(c, many=broken).over([{"temperature": 2.0}, {}], {}) == [True, None]
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("temperature", "temperature"),
+        ("(temperature)", "temperature"),
+        ("device.max_temp", "device.max_temp"),
+        ("temperature + 1", None),
+        ("abs(temperature)", None),
+        ("coalesce(temperature, 0)", None),
+    ],
+)
+def test_a_bare_field_names_its_column(text: str, field: str | None) -> None:
+    """What a window's fold may read from the batch's shared columns (_Aggregating.fold_range)."""
+    assert compile_expr(text, SCHEMA).field == field

@@ -556,3 +556,40 @@ def test_a_registry_change_between_events_reaches_the_next_event(tmp_path: Path)
         assert statuses([sensor(0, temperature=35.0), sensor(1, temperature=35.0)]) == ["firing"]
         tables.apply("devices", "d1", orjson.dumps({"device_id": "d1", "site": "lab", "max_temp": 40.0}))
         assert statuses([sensor(2, temperature=35.0)]) == ["resolved"], batched  # 35 is under the new 40
+
+
+def test_a_window_fold_reads_plain_fields_from_the_batchs_shared_columns(tmp_path: Path) -> None:
+    """fold_range folds ``rows[begin:end]`` (or the kept indexes) as fold does row by row,
+    reading a plain-field input from the batch's columns: a column already read (by
+    another rule's condition or fold) is not read from the rows again."""
+    from app.rules.evaluator import logic_for
+    from app.rules.logic.windows import TumblingLogic
+
+    rule = rules(
+        tmp_path,
+        """  - id: w
+    source: sensors
+    group_by: [device_id]
+    window: {type: tumbling, size: 1h}
+    aggregate: {a: avg(temperature), m: max(temperature + 1), n: count(*)}
+    having: a > 0
+""",
+    ).rules[0]
+    logic = logic_for(rule)
+    assert isinstance(logic, TumblingLogic)
+    rows: list[Any] = [{"temperature": t} for t in (1.0, None, 4.0, 7.5, 2.0)]
+
+    def by_row(picked: list[Any]) -> list[Any]:
+        states = logic.empty()
+        for row in picked:
+            states = logic.fold(states, row)
+        return states
+
+    assert logic.fold_range(logic.empty(), rows, {}, None, 1, 4) == by_row(rows[1:4])
+    assert logic.fold_range(logic.empty(), rows, {}, [0, 3], 0, 5) == by_row([rows[0], rows[3]])
+    columns: dict[str, list[Any]] = {}
+    logic.fold_range(logic.empty(), rows, columns, None, 0, 2)
+    assert columns == {"temperature": [1.0, None, 4.0, 7.5, 2.0]}  # the whole batch's, read once
+    shared = {"temperature": [10.0] * 5}  # what the next fold reads instead of the rows
+    sums = logic.results(logic.fold_range(logic.empty(), rows, shared, None, 0, 5))
+    assert sums == {"a": 10.0, "m": 8.5, "n": 5}  # max(temperature + 1) reads the rows

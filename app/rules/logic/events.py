@@ -31,11 +31,12 @@ seen for the rule and group) are skipped. Absence and new term use them
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from app.alerts import Alert
 from app.events import Event
+from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, scattered_events
 
@@ -84,9 +85,9 @@ class AbsenceLogic:
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
-        begin: int, end: int,
+        self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
+        rows: list[Any], clocks: list[int], passes: list[Any] | None,
+        begin: int, end: int, _columns: Columns,
     ) -> int:  # fmt: skip
         """The run ``[begin, end)`` of one group's events while it is not silent (see
         ``Logic.fold_many``): only the newest event time counts, so the run is one write.
@@ -111,9 +112,9 @@ class AbsenceLogic:
         return j - begin
 
     def fold_scattered(
-        self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],
-        events: Sequence[Event], rows: Sequence[Any], clocks: Sequence[int],
-        passes: Sequence[Any] | None, begin: int, end: int,
+        self, store: StateStore, rule_id: str, keys: list[tuple[tuple[str, ...], str] | None],
+        events: list[Event], rows: list[Any], clocks: list[int],
+        passes: list[Any] | None, begin: int, end: int,
     ) -> int:  # fmt: skip
         """From ``begin``, the leading events of ``[begin, end)``, of any groups, that find
         their group known and not silent (see ``Logic.fold_scattered``): each moves the

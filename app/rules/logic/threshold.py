@@ -33,12 +33,13 @@ condition runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from app.alerts import Alert
 from app.events import Event
 from app.rules.compile import PctChange
+from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import Result, State, StateStore, after, build_alert, group_row, leading_not_true
 
@@ -175,9 +176,9 @@ class ThresholdLogic:
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
-        begin: int, end: int,
+        self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
+        rows: list[Any], clocks: list[int], passes: list[Any] | None,
+        begin: int, end: int, _columns: Columns,
     ) -> int:  # fmt: skip
         """The common cases of the run ``[begin, end)`` of one group's events, in one go:
         the leading events that keep a firing group firing, a pending one pending or a

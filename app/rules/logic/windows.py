@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from app.alerts import Alert, Status
 from app.events import Event
 from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
+from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import (
     OneShot,
@@ -65,6 +66,8 @@ class _Aggregating:
         # per aggregate: (input expression's function or None, fold function), looked up once
         self._folds = [(None if a.arg is None else a.arg.fn, ADDERS[a.func]) for a in self.aggs]
         self._many = [(a.arg, MANY_ADDERS[a.func]) for a in self.aggs]
+        #: per aggregate: its input's field when the input is just a field (see fold_range)
+        self._fields = [None if a.arg is None else a.arg.field for a in self.aggs]
         #: each aggregate's name and its previous window's column in ``having`` (``prev(x)``)
         self._prev_names = [(a.name, f"prev.{a.name}") for a in self.aggs]
 
@@ -77,10 +80,33 @@ class _Aggregating:
     def fold(self, states: list[Any], row: Mapping[str, Any]) -> list[Any]:
         return [add(s, None if fn is None else fn(row)) for (fn, add), s in zip(self._folds, states)]
 
-    def fold_rows(self, states: list[Any], rows: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """:meth:`fold` of each row in turn, an aggregate at a time."""
-        inputs = [rows if arg is None else arg.over(rows, {}) for arg, _ in self._many]
-        return [add(s, v) for (_, add), s, v in zip(self._many, states, inputs)]
+    def fold_range(
+        self,
+        states: list[Any],
+        rows: list[Any],
+        columns: Columns,
+        keep: list[int] | None,
+        begin: int,
+        end: int,
+    ) -> list[Any]:
+        """:meth:`fold` of each of ``rows[begin:end]`` in turn (``keep``: only the rows at these
+        indexes), an aggregate at a time. An input that is a plain field is read from
+        ``columns``, the batch's field columns, which the rules reading these rows share:
+        each field is read from the rows once per batch, not once per rule and run."""
+        out: list[Any] = []
+        for (arg, add), name, s in zip(self._many, self._fields, states):
+            values: list[Any]
+            if name is not None:
+                col = columns.get(name)
+                if col is None:  # as a field's column-wise form reads it (a skipped row: None)
+                    col = columns[name] = [None if r is None else r.get(name) for r in rows]
+                values = col[begin:end] if keep is None else [col[k] for k in keep]
+            else:
+                values = rows[begin:end] if keep is None else [rows[k] for k in keep]
+                if arg is not None:
+                    values = arg.over(values, {})
+            out.append(add(s, values))
+        return out
 
     def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
         row: dict[str, Any] = {**group_row(self.rule, group), **aggs}
@@ -92,7 +118,7 @@ class _Aggregating:
         return self.where is None or self.where(row) is True
 
     @staticmethod
-    def failing(passes: Sequence[Any] | None, begin: int, end: int) -> int:
+    def failing(passes: list[Any] | None, begin: int, end: int) -> int:
         """How many leading events of the run ``[begin, end)`` ``where`` drops (``passes``:
         its value on each): ``on_event`` does nothing for them, so ``fold_many`` takes
         them as they are."""
@@ -166,12 +192,13 @@ class TumblingLogic(_Aggregating):
         return alerts, False
 
     def fold_many(
-        self, store: StateStore, key: str, group: tuple[str, ...], events: Sequence[Event],
-        rows: Sequence[Mapping[str, Any]], clocks: Sequence[int], passes: Sequence[Any] | None,
-        begin: int, end: int,
+        self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
+        rows: list[Any], clocks: list[int], passes: list[Any] | None,
+        begin: int, end: int, columns: Columns,
     ) -> int:  # fmt: skip
         """The common cases of the run ``[begin, end)`` of one group's events (``clocks``:
-        the clock at each; ``passes``: the ``where`` on each): the leading ones ``where``
+        the clock at each; ``passes``: the ``where`` on each; ``columns``: the batch's field
+        columns, see :meth:`fold_range`): the leading ones ``where``
         drops, or the leading ones that fold into one tumbling window of the group, open
         or opened by the run (not with the amend policy), folded in one go. Returns how
         many it took (0: none, nothing changed).
@@ -209,23 +236,20 @@ class TumblingLogic(_Aggregating):
             if due is not None:
                 del windows[str(start)]
             return 0
-        folded: Sequence[Mapping[str, Any]]
-        if passes is not None:
-            folded = [rows[k] for k in range(begin, j) if passes[k] is True]
-        else:
-            folded = rows[begin:j]  # a slice of the batch's list: already a copy
+        keep = None if passes is None else [k for k in range(begin, j) if passes[k] is True]
         if due is not None:
             st["due"] = due
-        if folded:
-            w["a"] = self.fold_rows(w["a"], folded)
-        if folded or due is not None:
+        if keep is None or keep:
+            w["a"] = self.fold_range(w["a"], rows, columns, keep, begin, j)
+            store.put(key, st)
+        elif due is not None:
             store.put(key, st)
         return j - begin
 
     def fold_scattered(
-        self, store: StateStore, rule_id: str, keys: Sequence[tuple[tuple[str, ...], str] | None],
-        events: Sequence[Event], rows: Sequence[Any], clocks: Sequence[int],
-        passes: Sequence[Any] | None, begin: int, end: int,
+        self, store: StateStore, rule_id: str, keys: list[tuple[tuple[str, ...], str] | None],
+        events: list[Event], rows: list[Any], clocks: list[int],
+        passes: list[Any] | None, begin: int, end: int,
     ) -> int:  # fmt: skip
         """From ``begin``, the leading events of ``[begin, end)``, of any groups, that each
         fold into their group's open tumbling window (``on_event``'s common case: no
