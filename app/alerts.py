@@ -125,10 +125,15 @@ class Alert:
         event_ts: str,
         values: Mapping[str, Any],
     ) -> Alert:
-        """Derive the fingerprint and the id, so callers cannot get them wrong."""
+        """Derive the fingerprint and the id, so callers cannot get them wrong.
+
+        It builds an ``Alert`` by name, not ``cls``: compiled, that is a direct call of the
+        constructor, where a call of ``cls`` with 14 keywords went through the type's call
+        and parsed the keywords (~16,000 instructions, half of building an alert). Compiled
+        classes take no interpreted subclasses, so ``cls`` is always ``Alert``."""
         lbls = dict(labels)
         fp = fingerprint(lbls)
-        return cls(
+        return Alert(
             alert_id=alert_id(rule_id, fp, starts_at, status),
             rule_id=rule_id,
             rule_version=rule_version,

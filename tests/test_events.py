@@ -119,6 +119,11 @@ def test_format_ts_matches_the_calendar() -> None:
 def test_remembered_formatted_times_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "MAX_FORMATTED", 10)
     monkeypatch.setattr(events, "_FORMATTED", {})
+    monkeypatch.setattr(events, "MAX_DAYS", 3)
+    monkeypatch.setattr(events, "_DAYS", {})
+    days = [1_389_063_300_123 + 86_400_000 * i for i in range(7)]
+    assert [format_ts(ts)[:10] for ts in days] == [f"2014-01-{7 + i:02d}" for i in range(7)]
+    assert 0 < len(events._DAYS) <= 3
     times = [1_389_063_300_123 + 1_000 * i for i in range(25)]
     first = [format_ts(ts) for ts in times]
     assert 0 < len(events._FORMATTED) <= 10
