@@ -253,7 +253,7 @@ class _Compiler:
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise self.fail(f"unknown field '{name}'{hint}")
         self.columns.add(name)
-        return (lambda r: r.get(name)), ftype
+        return _getter(name), ftype
 
     def _numeric(self, node: exp.Expression, what: str) -> tuple[Eval, str]:
         f, t = self.compile(node)
@@ -407,11 +407,28 @@ class _Compiler:
         return spec.build([f for f, _ in compiled], types), result_type
 
 
+def _get(r: Row, name: str) -> Any:
+    """``r.get(name)``. Rows are dicts but for callers' own mappings; on a dict, compiled,
+    ``get`` is then a native dict lookup instead of a Python method call."""
+    if isinstance(r, dict):  # the same call, typed: compiled, a native dict lookup
+        return r.get(name)
+    return r.get(name)
+
+
+def _getter(name: str) -> Eval:
+    """A field's value in a row (see :func:`_get`)."""
+
+    def get(r: Row) -> Any:
+        return _get(r, name)
+
+    return get
+
+
 def _field(name: str) -> Many:
     def column(rows: Sequence[Row], cols: Columns) -> list[Any]:
         found = cols.get(name)
         if found is None:
-            found = cols[name] = [r.get(name) for r in rows]
+            found = cols[name] = [_get(r, name) for r in rows]
         return found
 
     return column
