@@ -110,6 +110,40 @@ def format_ts(ts_ms: int) -> str:
     return text
 
 
+#: the day number of each canonical date text seen (at most MAX_DAYS)
+_DAY_NUMBERS: dict[str, int] = {}
+
+
+def _digits(text: str, begin: int, end: int) -> int:
+    """The number ``text[begin:end]`` writes in ASCII digits (compiled, cheaper than ``int``
+    of a slice)."""
+    n = 0
+    for i in range(begin, end):
+        n = n * 10 + ord(text[i]) - 48
+    return n
+
+
+def canonical_ms(text: str) -> int:
+    """The epoch milliseconds of a time in the canonical form ``_CANONICAL_TS`` matched
+    (``2014-01-07T02:55:00.123Z``), or -1 when a field is out of range or the time is
+    outside 1970..2100: :func:`parse_ts` then names the problem. The digits are read in
+    place and the date's day remembered: under half of ``parse_ts``'s instructions, on every event decoded."""
+    day = _DAY_NUMBERS.get(text[:10])
+    if day is None:
+        try:
+            day = (datetime.fromisoformat(text[:10] + "T00:00:00+00:00") - _EPOCH).days
+        except ValueError:
+            return -1
+        if len(_DAY_NUMBERS) >= MAX_DAYS:
+            _DAY_NUMBERS.clear()
+        _DAY_NUMBERS[text[:10]] = day
+    hours, minutes, seconds = _digits(text, 11, 13), _digits(text, 14, 16), _digits(text, 17, 19)
+    if hours > 23 or minutes > 59 or seconds > 59:
+        return -1
+    ms = ((day * 24 + hours) * 60 + minutes) * 60_000 + seconds * 1000 + _digits(text, 20, 23)
+    return ms if _MIN_TS_MS <= ms < _MAX_TS_MS else -1
+
+
 def check_value(name: str, ftype: FieldType, value: object) -> object:
     if value is None:
         return None
@@ -176,8 +210,11 @@ class Schema:
         if "ts" not in obj:
             msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
             raise IngestDecodeError(msg, "ts")
-        ts_ms = parse_ts(obj["ts"])
-        ts = obj["ts"] if _CANONICAL_TS.fullmatch(obj["ts"]) else format_ts(ts_ms)  # format_ts: ~5 us
+        ts = obj["ts"]
+        ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
+        if ts_ms < 0:  # another form (or out of range: parse_ts names the problem)
+            ts_ms = parse_ts(ts)
+            ts = format_ts(ts_ms)
         out: dict[str, Any] = {self.key: key, "ts": ts}
         key_field, fields = self.key, self.fields
         for name, value in obj.items():

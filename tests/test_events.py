@@ -124,6 +124,9 @@ def test_remembered_formatted_times_are_bounded(monkeypatch: pytest.MonkeyPatch)
     days = [1_389_063_300_123 + 86_400_000 * i for i in range(7)]
     assert [format_ts(ts)[:10] for ts in days] == [f"2014-01-{7 + i:02d}" for i in range(7)]
     assert 0 < len(events._DAYS) <= 3
+    monkeypatch.setattr(events, "_DAY_NUMBERS", {})
+    assert [events.canonical_ms(format_ts(ts)) for ts in days] == days
+    assert 0 < len(events._DAY_NUMBERS) <= 3
     times = [1_389_063_300_123 + 1_000 * i for i in range(25)]
     first = [format_ts(ts) for ts in times]
     assert 0 < len(events._FORMATTED) <= 10
@@ -155,3 +158,29 @@ def test_non_ascii_digits_in_event_time_are_rejected_or_normalised() -> None:
     except IngestDecodeError:
         return
     assert ev.fields["ts"] == format_ts(ev.ts_ms)
+
+
+def test_canonical_times_decode_as_parse_ts_reads_them() -> None:
+    """The decoder's fast path for ``2014-01-07T02:55:00.123Z`` (events.canonical_ms) gives
+    parse_ts's milliseconds, and leaves every out-of-range time to parse_ts's error."""
+    import random
+
+    rng = random.Random(11)  # noqa: S311 - reproducible test samples, not secrets
+    for ms in [0, 1, 86_399_999, 951_782_400_000, 4_102_444_799_999] + [
+        rng.randrange(0, 4_102_444_800_000) for _ in range(5_000)
+    ]:
+        text = format_ts(ms)
+        assert events.canonical_ms(text) == parse_ts(text) == ms
+        assert SENSORS.validate({"device_id": "d", "ts": text}).ts_ms == ms
+    for text, problem in [
+        ("2014-13-01T00:00:00.000Z", "not an RFC 3339 timestamp"),
+        ("2014-02-30T00:00:00.000Z", "not an RFC 3339 timestamp"),
+        ("2014-01-01T24:00:00.000Z", "not an RFC 3339 timestamp"),
+        ("2014-01-01T23:60:00.000Z", "not an RFC 3339 timestamp"),
+        ("2014-01-01T23:59:60.000Z", "not an RFC 3339 timestamp"),
+        ("1969-12-31T23:59:59.999Z", "outside 1970..2100"),
+        ("2100-01-01T00:00:00.000Z", "outside 1970..2100"),
+    ]:
+        assert events.canonical_ms(text) == -1, text
+        with pytest.raises(IngestDecodeError, match=problem):
+            SENSORS.validate({"device_id": "d", "ts": text})
