@@ -232,8 +232,10 @@ class _Batch:
         """The rows ``rule`` reads: shared by every rule with the same enrichment."""
         found = self._views.get(rule.rule.enrich)
         if found is None:
-            rows = [evaluator.enrich(rule, ev.fields, self.tables) for ev in self.events]
-            found = self._views[rule.rule.enrich] = _Rows(rows)
+            joins, tables = evaluator.joins(rule), self.tables  # (no enrichment: the view ``()``)
+            found = self._views[rule.rule.enrich] = _Rows(
+                [evaluator.join(joins, ev.fields, tables) for ev in self.events]
+            )
         return found
 
 
@@ -258,6 +260,8 @@ class StreamEvaluator:
             for r in self.rules
         ]
         self._views: dict[tuple[str, int], _Versioned] = {}
+        #: per enrichment spec list (a rule model's ``enrich``): see :meth:`joins`
+        self._joins: dict[Any, list[tuple[str, str, str, bool, dict[str, None]]]] = {}
         self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[tuple[int, str], list[tuple[int, str]]] = {}
@@ -370,18 +374,39 @@ class StreamEvaluator:
         """``row`` with the registry columns of ``rule``'s enrichment; None: skip the event."""
         if not rule.rule.enrich:
             return row
-        out = dict(row)
-        for spec in rule.rule.enrich:
-            ck = (spec.table, spec.as_ + "\x1f" + str(row.get(spec.on)))
-            if ck not in cache:
-                found = self.tables.get(spec.table, str(row.get(spec.on)))
-                cache[ck] = None if found is None else {f"{spec.as_}.{k}": v for k, v in found.items()}
-            extra = cache[ck]
-            if extra is None:
-                if spec.missing == "skip":
-                    return None
+        return self.join(self.joins(rule), row, cache)
+
+    def joins(self, rule: CompiledRule) -> list[tuple[str, str, str, bool, dict[str, None]]]:
+        """``rule``'s enrichments as (table, alias, key field, skip when the key is missing,
+        the alias's columns all null): read from the rule's model once, not for every row."""
+        found = self._joins.get(rule.rule.enrich)
+        if found is None:
+            found = []
+            for spec in rule.rule.enrich:
                 table = TABLES[spec.table]
-                extra = {f"{spec.as_}.{c}": None for c in (table.key, *table.columns)}
+                nulls: dict[str, None] = {f"{spec.as_}.{c}": None for c in (table.key, *table.columns)}
+                found.append((spec.table, spec.as_, spec.on, spec.missing == "skip", nulls))
+            self._joins[rule.rule.enrich] = found
+        return found
+
+    def join(
+        self, joins: list[tuple[str, str, str, bool, dict[str, None]]], row: dict[str, Any],
+        cache: dict[tuple[str, str], dict | None],
+    ) -> dict | None:  # fmt: skip
+        """``row`` with the registry columns of ``joins`` (see :meth:`joins`); None: skip the event."""
+        out = dict(row)
+        for table, alias, on, skip, nulls in joins:
+            key = str(row.get(on))
+            ck = (table, alias + "\x1f" + key)
+            if ck in cache:
+                extra = cache[ck]
+            else:
+                found = self.tables.get(table, key)
+                extra = cache[ck] = None if found is None else {f"{alias}.{k}": v for k, v in found.items()}
+            if extra is None:
+                if skip:
+                    return None
+                extra = nulls
             out.update(extra)
         return out
 
