@@ -114,14 +114,14 @@ def encode_state(value: State) -> bytes:
 
 
 class TableStore:
-    """A write-behind :class:`~app.rules.logic.base.StateStore` over a Faust table.
+    """A write-behind state store over a Faust table.
 
-    The states live in the table's own memory dict, which the evaluator reads and
-    writes through :attr:`store`, a compiled ``DictStore`` over it (native calls from the
-    compiled evaluator; a Python ``put`` here cost ~7 µs of CPU per sensors event in
-    the bench). Writes land there at once and mark the key changed. :meth:`changes`, which the consumer
-    runs before every offset commit (``RulesApp.before_commit``, each second),
-    turns each changed key into one changelog record, on the partition the
+    The states live in the table's own memory dict. The evaluator reads and writes them
+    through :attr:`store`, a compiled ``DictStore`` over that dict (its calls from the
+    compiled evaluator are native), which records each key written or deleted. Writes
+    land in the dict at once. :meth:`changes`, which the consumer runs before every
+    offset commit (``RulesApp.before_commit``, each second), turns each changed key
+    into one changelog record, on the partition the
     evaluator stamped on the state (``p``: the partition of the events that own it,
     as Faust would pick), and :class:`Outbox` sends them as record batches. A
     window rule updates its state on every event, so this turns one changelog
@@ -136,7 +136,6 @@ class TableStore:
             msg = f"table {table.name}: expected an in-memory store, got {type(table.data).__name__}"
             raise TypeError(msg)
         self.live: dict[str, State] = live
-        self.get = live.get
         #: the store the evaluator writes to: the compiled DictStore over the table's dict,
         #: recording the keys changed since the last commit with their changelog partition
         self.store = DictStore(live, {})
@@ -145,12 +144,6 @@ class TableStore:
         self.max_record_bytes = max_record_bytes
         #: keys whose state is too large for the changelog now (logged once until they fit)
         self.oversized: set[str] = set()
-
-    def put(self, key: str, value: State) -> None:
-        self.store.put(key, value)
-
-    def delete(self, key: str) -> None:
-        self.store.delete(key)
 
     def items(self) -> list[tuple[str, State]]:
         return list(self.live.items())

@@ -127,7 +127,8 @@ def canonical_ms(text: str) -> int:
     """The epoch milliseconds of a time in the canonical form ``_CANONICAL_TS`` matched
     (``2014-01-07T02:55:00.123Z``), or -1 when a field is out of range or the time is
     outside 1970..2100: :func:`parse_ts` then names the problem. The digits are read in
-    place and the date's day remembered: under half of ``parse_ts``'s instructions, on every event decoded."""
+    place and the date's day remembered: under half of ``parse_ts``'s instructions, on
+    every event decoded."""
     day = _DAY_NUMBERS.get(text[:10])
     if day is None:
         try:

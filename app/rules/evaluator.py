@@ -127,34 +127,34 @@ class EvalStats:
 class _Versioned:
     """A view of the store for one rule: stamps version and partition, ignores stale state."""
 
-    __slots__ = ("base", "data", "partition", "touched", "version")
+    __slots__ = ("base", "dict_base", "partition", "touched", "version")
 
     def __init__(self, base: StateStore, version: str, partition: int) -> None:
         self.base, self.version, self.partition = base, version, partition
         #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
         #: methods are then native calls, not a Python method lookup and call each
-        self.data: DictStore | None = base if isinstance(base, DictStore) else None
+        self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
         #: the state last written or deleted (``False``: deleted) since the evaluator reset it
         self.touched: State | bool | None = None
 
     def get(self, key: str) -> State | None:
-        data = self.data
-        st = data.data.get(key) if data is not None else self.base.get(key)
+        dict_base = self.dict_base
+        st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
         return st if st is not None and st.get("v") == self.version else None
 
     def put(self, key: str, value: State) -> None:
         value["v"], value["p"] = self.version, self.partition
-        data = self.data
-        if data is not None:
-            data.put(key, value)
+        dict_base = self.dict_base
+        if dict_base is not None:
+            dict_base.put(key, value)
         else:
             self.base.put(key, value)
         self.touched = value
 
     def delete(self, key: str) -> None:
-        data = self.data
-        if data is not None:
-            data.delete(key)
+        dict_base = self.dict_base
+        if dict_base is not None:
+            dict_base.delete(key)
         else:
             self.base.delete(key)
         self.touched = False

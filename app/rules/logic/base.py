@@ -76,9 +76,8 @@ class DictStore:
     With ``changed``, it also records each key written or deleted, with the partition
     its state is stamped with (``p``, see the evaluator's version view): the live
     worker's store (``agents.wiring.TableStore``) holds its Faust table's dict here and
-    turns the changed keys into changelog records at each commit. Being compiled with
-    the evaluator, the evaluator's writes reach it as native calls, not as calls of a
-    Python method (~1 µs each, two or more per event).
+    turns the changed keys into changelog records at each commit. Compiled with the
+    evaluator, it takes the evaluator's reads and writes as native calls.
     """
 
     def __init__(self, data: dict[str, State] | None = None, changed: dict[str, int] | None = None) -> None:
