@@ -62,6 +62,30 @@ def alert_id(rule_id: str, fp: str, starts_at: str, status: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
+class RuleFacts:
+    """What every alert of one rule takes from the rule, read from its model once.
+
+    Each :class:`CompiledRule <app.rules.loader.CompiledRule>` holds one (``facts``). The
+    rule's model is a pydantic model: each attribute read from compiled code is a generic
+    lookup through its ``__getattr__`` hook, and the evaluator builds an alert for every
+    transition and a group row for every window it closes. ``labels`` holds the labels
+    every alert of the rule starts with, in their order: ``alertname``, ``severity``, then
+    the rule's own."""
+
+    def __init__(
+        self, rule_id: str, version: str, severity: str, source: str, labels: Mapping[str, str],
+        annotations: Mapping[str, str], description: str, group_by: tuple[str, ...],
+    ) -> None:  # fmt: skip
+        self.rule_id = rule_id
+        self.version = version
+        self.severity = severity
+        self.source = source
+        self.labels: dict[str, str] = {"alertname": rule_id, "severity": severity, **labels}
+        self.annotations: dict[str, str] = dict(annotations)
+        self.description = description
+        self.group_by = group_by
+
+
 @dataclass(init=False)
 class Alert:
     """One alert transition. Times are RFC 3339 UTC strings in event time. Treat it as

@@ -291,14 +291,11 @@ class StreamEvaluator:
         self.scheduled[key] = due
         heapq.heappush(heap, (due, key))
 
-    def _after(self, partition: int, key: str, rule: CompiledRule) -> None:
-        """Keep the timer heap in step with the state's ``due`` after a rule ran."""
+    def _after(self, heap: list[tuple[int, str]], key: str, view: _Versioned) -> None:
+        """Keep the rule's timer heap in step with the state's ``due`` after the rule ran
+        (``view``: the rule's store view, for its version)."""
         st = self.store.get(key)
-        self._rearm(
-            self._heap(partition, rule.id),
-            key,
-            st if st is not None and st.get("v") == rule.version else None,
-        )
+        self._rearm(heap, key, st if st is not None and st.get("v") == view.version else None)
 
     def _rearm(self, heap: list[tuple[int, str]], key: str, st: State | None) -> None:
         due = None if st is None else st.get("due")
@@ -323,11 +320,11 @@ class StreamEvaluator:
         return view
 
     def _run_timers(
-        self, heap: list[tuple[int, str]], partition: int, clock: int, rule: CompiledRule, logic: Logic,
+        self, heap: list[tuple[int, str]], view: _Versioned, clock: int, rule: CompiledRule, logic: Logic,
         out: Output,
     ) -> None:  # fmt: skip
-        """Run one rule's timers that are due at ``clock``, in due order."""
-        view = self._view(rule, partition)
+        """Run one rule's timers that are due at ``clock``, in due order (``heap`` and
+        ``view``: the rule's timer heap and store view on the partition)."""
         while heap and heap[0][0] <= clock:
             due, key = heapq.heappop(heap)
             if self.scheduled.get(key) != due:
@@ -337,7 +334,7 @@ class StreamEvaluator:
                 out.alerts += logic.on_clock(view, key, clock)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
-            self._after(partition, key, rule)
+            self._after(heap, key, view)
 
     def _failed(self, rule: CompiledRule, exc: Exception) -> None:
         self.stats.errors += 1
@@ -358,8 +355,9 @@ class StreamEvaluator:
                 if partition_for(dev.encode(), self.partitions) != partition:
                     continue
                 key = state_key(rule, (dev,))
-                logic.expect(_Versioned(self.store, rule.version, partition), key, (dev,), clock)
-                self._after(partition, key, rule)
+                view = _Versioned(self.store, rule.version, partition)
+                logic.expect(view, key, (dev,), clock)
+                self._after(self._heap(partition, rule.id), key, view)
 
     def _join_cache(self) -> dict[tuple[str, str], dict | None]:
         """Registry rows with their columns prefixed, by (table, alias and key), kept across
@@ -423,9 +421,9 @@ class StreamEvaluator:
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
         for run in self._runs_of(partition):
-            rule, logic, _takes_clock, group_by, rid, _view, heap = run
+            rule, logic, _takes_clock, group_by, rid, view, heap = run
             if heap and heap[0][0] <= clock:
-                self._run_timers(heap, partition, clock, rule, logic, out)
+                self._run_timers(heap, view, clock, rule, logic, out)
             row = self.enrich(rule, fields, tables) if rule.rule.enrich else fields
             if row is None:
                 self.stats.skipped_no_table_row += 1
@@ -468,7 +466,7 @@ class StreamEvaluator:
             if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
                 self._rearm(heap, key, touched or None)
             if heap and heap[0][0] <= clock:
-                self._run_timers(heap, partition, clock, rule, logic, out)
+                self._run_timers(heap, view, clock, rule, logic, out)
 
     def process_batch(self, events: Sequence[Event], partition: int = 0) -> Output:
         """Evaluate ``events``, in arrival order, on ``partition`` of this stream.
@@ -529,7 +527,7 @@ class StreamEvaluator:
             while heap and scheduled.get(heap[0][1]) != heap[0][0]:
                 heapq.heappop(heap)
             if heap and heap[0][0] <= clock:
-                self._run_timers(heap, partition, clock, rule, logic, out)
+                self._run_timers(heap, view, clock, rule, logic, out)
                 while heap and scheduled.get(heap[0][1]) != heap[0][0]:
                     heapq.heappop(heap)
             found = keys[i]

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from app.alerts import RuleFacts
 from app.errors import RuleConfigError, RuleProblem
 from app.events import Schema, schema_for
 from app.rules.compile import Report, RuleParts, compile_parts
@@ -46,10 +47,18 @@ class CompiledRule:
     where: Compiled | None
     line: int = 1
     parts: RuleParts | None = None
+    #: what its alerts take from the rule, read once (derived: not compared, not pickled)
+    facts: RuleFacts = field(init=False, repr=False, compare=False)
+    #: the rule's id, a plain attribute: the evaluator reads it for every timer it runs
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        return self.rule.id
+    def __post_init__(self) -> None:
+        r = self.rule
+        facts = RuleFacts(
+            r.id, self.version, r.severity, r.source, r.labels, r.annotations, r.description, r.group_by
+        )
+        object.__setattr__(self, "facts", facts)  # frozen: set once, here
+        object.__setattr__(self, "id", r.id)
 
     def runs_on(self, engine: str) -> bool:
         return self.engine in (engine, "both")

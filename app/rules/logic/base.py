@@ -51,7 +51,7 @@ import bisect
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from app.alerts import Alert, Status
+from app.alerts import Alert, RuleFacts, Status
 from app.events import Event, format_ts
 from app.rules.loader import CompiledRule
 from app.rules.template import render
@@ -148,11 +148,11 @@ def leading_not_true(values: list[Any], begin: int, end: int) -> int:
 
 
 def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple("" if row.get(g) is None else str(row.get(g)) for g in rule.rule.group_by)
+    return tuple("" if row.get(g) is None else str(row.get(g)) for g in rule.facts.group_by)
 
 
 def state_key(rule: CompiledRule, group: tuple[str, ...]) -> str:
-    return "\x1f".join((rule.id, *group))
+    return "\x1f".join((rule.facts.rule_id, *group))
 
 
 def build_alert(
@@ -166,23 +166,23 @@ def build_alert(
     values: Mapping[str, Any],
 ) -> Alert:
     """An alert transition with labels from the rule and group, annotations rendered."""
-    r = rule.rule
-    labels = {"alertname": r.id, "severity": r.severity, **r.labels}
-    labels.update(zip(r.group_by, group))
+    f: RuleFacts = rule.facts
+    labels = dict(f.labels)
+    labels.update(zip(f.group_by, group))
     context = {**row, **values}
-    annotations = {k: render(v, context) for k, v in r.annotations.items()}
-    if r.description and "description" not in annotations:
-        annotations["description"] = r.description
+    annotations = {k: render(v, context) for k, v in f.annotations.items()}
+    if f.description and "description" not in annotations:
+        annotations["description"] = f.description
     return Alert.build(
-        rule_id=r.id,
-        rule_version=rule.version,
+        rule_id=f.rule_id,
+        rule_version=f.version,
         status=status,
-        severity=r.severity,
+        severity=f.severity,
         labels=labels,
         annotations=annotations,
         starts_at=format_ts(starts_at_ms),
         ends_at=None if ends_at_ms is None else format_ts(ends_at_ms),
-        source=r.source,
+        source=f.source,
         event_ts=format_ts(event_ts_ms),
         values=values,
     )
@@ -190,7 +190,7 @@ def build_alert(
 
 def group_row(rule: CompiledRule, group: tuple[str, ...]) -> dict[str, Any]:
     """The group fields as a row, for alerts raised by a timer (no event at hand)."""
-    return dict(zip(rule.rule.group_by, group))
+    return dict(zip(rule.facts.group_by, group))
 
 
 class OneShot:
