@@ -68,8 +68,12 @@ class _Aggregating:
         self._many = [(a.arg, MANY_ADDERS[a.func]) for a in self.aggs]
         #: per aggregate: its input's field when the input is just a field (see fold_range)
         self._fields = [None if a.arg is None else a.arg.field for a in self.aggs]
-        #: each aggregate's name and its previous window's column in ``having`` (``prev(x)``)
-        self._prev_names = [(a.name, f"prev.{a.name}") for a in self.aggs]
+        #: each aggregate's name and its previous window's column in ``having`` (``prev(x)``),
+        #: when ``having`` reads any (its only synthetic columns are ``prev.<name>``)
+        self._prev_names = [(a.name, f"prev.{a.name}") for a in self.aggs] if self.having.synthetic else []
+        #: the results of an empty window (``prev(x)`` when the previous window had no event);
+        #: shared, read only
+        self._empty_results = self.results(self.empty())
 
     def results(self, states: list[Any]) -> dict[str, Any]:
         return {a.name: a.result(s) for a, s in zip(self.aggs, states)}
@@ -109,7 +113,8 @@ class _Aggregating:
         return out
 
     def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
-        row: dict[str, Any] = {**group_row(self.rule, group), **aggs}
+        row = group_row(self.rule, group)
+        row.update(aggs)
         for name, prev_name in self._prev_names:
             row[prev_name] = None if prev is None else prev.get(name)
         return self.having(row) is True
@@ -289,11 +294,15 @@ class TumblingLogic(_Aggregating):
             put(key, st)
         return end - begin
 
-    def _prev(self, st: State, start: int) -> dict[str, Any] | None:
+    def _prev(self, st: State, start: int) -> Mapping[str, Any] | None:
+        """The results of the window before ``start`` (read only), when ``having`` reads them."""
+        if not self._prev_names:
+            return None
         prev = st.get("prev")
         if prev is not None and prev[0] == start - self.step:
-            return dict(prev[1])
-        return self.results(self.empty())
+            found: Mapping[str, Any] = prev[1]
+            return found
+        return self._empty_results
 
     def _fire(
         self, st: State, group: tuple[str, ...], start: int, aggs: dict, force: bool = False
@@ -333,12 +342,20 @@ class TumblingLogic(_Aggregating):
         return alerts
 
     def _due(self, st: State) -> int | None:
+        """The earliest of: each open window's first evaluation, each amended window's end of
+        lateness, and the next window's evaluation while the group fires or pends."""
         windows: dict[str, Any] = st["w"]
-        times = [self._eval_at(int(s)) for s, w in windows.items() if not w["done"]]
-        times += [int(s) + self.size + self.lateness for s, w in windows.items() if w["done"]]
+        due, found = 0, False
+        for s, w in windows.items():
+            start = int(s)
+            at = start + self.size + self.lateness if w["done"] else self._eval_at(start)
+            if not found or at < due:
+                due, found = at, True
         if (st["fire"] is not None or st["n"]) and st["la"] is not None:  # firing or pending
-            times.append(self._eval_at(st["la"] + self.step))
-        return min(times) if times else None
+            at = self._eval_at(st["la"] + self.step)
+            if not found or at < due:
+                due, found = at, True
+        return due if found else None
 
     def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
@@ -347,20 +364,29 @@ class TumblingLogic(_Aggregating):
         group = tuple(st["g"])
         alerts: list[Alert] = []
         windows: dict[str, Any] = st["w"]
-        ready = sorted(
-            int(s) for s, w in windows.items() if not w["done"] and self._eval_at(int(s)) <= clock_ms
-        )
-        for start in ready:
-            alerts += self._empty_until(st, group, start, clock_ms)
-            alerts += self._evaluate(st, group, start, windows[str(start)]["a"])
+        ready: list[tuple[int, str, dict[str, Any]]] = []  # (start, its name, window); starts are unique
+        gone: list[str] = []
+        for s, w in windows.items():
+            start = int(s)
+            if not w["done"]:
+                if self._eval_at(start) <= clock_ms:
+                    ready.append((start, s, w))
+            elif start + self.size + self.lateness <= clock_ms:
+                gone.append(s)
+        ready.sort()
+        for start, s, w in ready:
+            if st["fire"] is not None or st["n"]:
+                alerts += self._empty_until(st, group, start, clock_ms)
+            alerts += self._evaluate(st, group, start, w["a"])
             if self.amend:
-                windows[str(start)]["done"] = True
+                w["done"] = True
+                if start + self.size + self.lateness <= clock_ms:
+                    gone.append(s)
             else:
-                del windows[str(start)]
-        alerts += self._empty_until(st, group, None, clock_ms)
-        for s in [
-            s for s, w in windows.items() if w["done"] and int(s) + self.size + self.lateness <= clock_ms
-        ]:
+                del windows[s]
+        if st["fire"] is not None or st["n"]:
+            alerts += self._empty_until(st, group, None, clock_ms)
+        for s in gone:
             del windows[s]
         st["due"] = self._due(st)
         if not windows and st["fire"] is None and not st["n"]:
