@@ -2,8 +2,9 @@
 
 The host's timing drifts by 20-40 % within an hour, more than most single changes; the
 count of instructions executed does not. This runs the bench pack through
-``Engine.process_batch`` in batches of 500, as ``bench_rules.py`` does, under callgrind
-with counting switched on only inside that call, and prints instructions per event.
+``Engine.process_batch`` in batches of ``EVAL_BATCH`` (2,000, the worker's; 500 before
+2026-11-24), as ``bench_rules.py`` does, under callgrind with counting switched on only
+inside that call, and prints instructions per event.
 Compare two checkouts with the same command in each: two runs of the same code gave the
 same count.
 
@@ -101,8 +102,10 @@ def main() -> int:
             return 1
         totals = [line for line in out.read_text().splitlines() if line.startswith(("summary:", "totals:"))]
         instructions = int(totals[0].split()[1])
+    import bench_rules as b
+
     print(f"{args.mode}: {instructions / args.events:,.0f} instructions per event in the evaluator "
-          f"({args.events:,} events, batches of 500)")  # fmt: skip
+          f"({args.events:,} events, batches of {b.EVAL_BATCH:,})")  # fmt: skip
     return 0
 
 

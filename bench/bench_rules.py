@@ -9,7 +9,7 @@ Faust agent (they join their group ~32 s after start), then the two latency runs
 
 * evaluator alone: events/s (CPU time, best of three) through a mixed pack of
   about 50 rules (the shipped packs plus threshold and window variants), on real
-  NAB, Apache and OHLC events, in batches of 500 as the worker evaluates them and
+  NAB, Apache and OHLC events, in batches of 2,000 as the worker evaluates them and
   one event at a time as backtests do;
 * the same, on a fleet: ``--fleet-devices`` simulated sensors (default 1,000) and one
   vehicle per 20 of them, each reading every minute, with their registry loaded. The
@@ -101,7 +101,7 @@ LATENCY_WARMUP_S = 5.0
 #: RulesApp shortens that): time enough to read the whole topic after it
 PLAIN_FAUST_TIMEOUT_S = 90.0
 #: The evaluator's batch: the worker's default APP_WORKER_BATCH, split by stream and partition as there
-EVAL_BATCH = 500
+EVAL_BATCH = 2000
 DATA = ROOT.parent / "shared" / "datasets"
 NAB = DATA / "nab/data/realKnownCause/machine_temperature_system_failure.csv"
 APACHE = DATA / "apache_logs/apache_logs"
