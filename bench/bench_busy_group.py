@@ -2,7 +2,8 @@
 proportion to its size at every event.
 
 Run: ``.venv/bin/python bench/bench_busy_group.py [--seconds S] [--rates R,R]``. For each
-rate R, in batches of 500 as the worker evaluates them, prints events/s (CPU time):
+rate R, in batches of 500 (the worker's batch until 2026-11-24; its figures in the README were
+taken so), prints events/s (CPU time):
 
 * **sliding burst**: S seconds of event time of one client IP sending 403s at R/s
   through a 1-minute sliding rule (count, count distinct, sum, max). The window holds
