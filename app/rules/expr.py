@@ -169,6 +169,22 @@ _CMP: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
 }
 
 
+#: the comparisons a distance is compared by without always measuring the geodesic
+_CMP_SIGN: dict[type[exp.Expression], str] = {exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+#: ``x <op> y`` is ``y <flipped op> x``
+_FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
+
+
+def _is_call(node: exp.Expression, name: str) -> bool:
+    """``node`` (in parentheses or not) is a call of the function ``name``."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return (
+        isinstance(node, exp.Func)
+        and (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower() == name
+    )
+
+
 class _Compiler:
     def __init__(
         self, text: str, schema: Mapping[str, str], allow_intervals: bool, synthetic: Synthetic | None
@@ -306,11 +322,51 @@ class _Compiler:
         b, tb = self.compile(node.expression)
         self._comparable(ta, tb, node)
         op = _CMP[type(node)]
+        bounded = self._distance_compare(node)
+        if bounded is not None:
+            return bounded, "boolean"
         if isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Literal):
             # the common `field <op> constant`: one call per row instead of three
             name, c = _column_name(node.this), b({})
             return (lambda r: None if (x := r.get(name)) is None else op(x, c)), "boolean"
         return (lambda r: None if (x := a(r)) is None or (y := b(r)) is None else op(x, y)), "boolean"
+
+    def _distance_compare(self, node: exp.Expression) -> Eval | None:
+        """``distance_km(...) <op> x`` (or ``x <op> distance_km(...)``) for ``<``, ``<=``, ``>``,
+        ``>=``, through :func:`~app.rules.functions.distance_compare`: the same value as the
+        plain comparison, which measures the geodesic only when the great circle leaves the
+        answer open. None for any other comparison. Called once the plain form compiled,
+        so the arguments are checked."""
+        sign = _CMP_SIGN.get(type(node))
+        if sign is None:
+            return None
+        if _is_call(node.this, "distance_km"):
+            call, other = node.this, node.expression
+        elif _is_call(node.expression, "distance_km"):
+            call, other, sign = node.expression, node.this, _FLIPPED[sign]
+        else:
+            return None
+        while isinstance(call, exp.Paren):
+            call = call.this
+        if not isinstance(call, exp.Func):
+            return None
+        args = [self.compile(a)[0] for a in fn.call_args(call)]
+        if len(args) != 4:
+            return None
+        a1, a2, a3, a4 = args
+        k_of, _ = self.compile(other)
+        compare = fn.distance_compare
+
+        def distance_cmp(r: Row) -> bool | None:
+            lat1, lon1, lat2, lon2 = a1(r), a2(r), a3(r), a4(r)
+            if lat1 is None or lon1 is None or lat2 is None or lon2 is None:
+                return None
+            k = k_of(r)
+            if k is None:
+                return None
+            return compare(sign, lat1, lon1, lat2, lon2, k)
+
+        return distance_cmp
 
     def _in(self, node: exp.In) -> tuple[Eval, str]:
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):

@@ -86,9 +86,78 @@ def distance_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float | N
 _GEODESIC = geodesic()
 
 
+#: Bounds of the WGS-84 geodesic distance ``s`` against the great-circle distance ``d``
+#: between the same latitudes and longitudes on a sphere of radius :data:`SPHERE_KM`:
+#: ``GEODESIC_LOW * d <= s <= GEODESIC_HIGH * d`` for every pair of points.
+#:
+#: Why: along any path, the ellipsoid's length element over the sphere's lies between
+#: min(M, N) / R and max(M, N) / R, where M (meridional) and N (prime vertical) are the
+#: ellipsoid's radii of curvature: 6,335.439 km (M at the equator) to 6,399.594 km (both at
+#: the poles). So the geodesic, the ellipsoid's shortest path, is at most the great circle's
+#: path measured on the ellipsoid (<= 1.004487 d), and at least its own path measured on the
+#: sphere (>= 0.994417 d). The constants widen that by about half a percent each way, far
+#: beyond the floating-point error of either distance. ``tests/rules/test_expr.py`` checks the
+#: bounds on random pairs across the globe.
+SPHERE_KM = 6371.0088
+GEODESIC_LOW = 0.99
+GEODESIC_HIGH = 1.01
+
+
+def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Haversine distance on the sphere of radius :data:`SPHERE_KM` (coordinates in range)."""
+    p1, p2 = math.radians(lat1), math.radians(lat2)
+    dlon = math.radians(lon2 - lon1)
+    h = math.sin((p2 - p1) / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dlon / 2) ** 2
+    return 2 * SPHERE_KM * math.asin(min(1.0, math.sqrt(h)))
+
+
+#: the comparisons :func:`distance_compare` decides from the bounds (``distance <op> k``)
+DISTANCE_OPS = (">", ">=", "<", "<=")
+
+
+def bounded_compare(op: str, d: float, k: float) -> bool | None:
+    """``s <op> k`` for the geodesic ``s`` between two points whose great-circle distance is
+    ``d``, when the bounds (:data:`GEODESIC_LOW`, :data:`GEODESIC_HIGH`) decide it; None
+    when ``k`` is too close to call (or NaN). ``op`` is one of :data:`DISTANCE_OPS`."""
+    lo, hi = d * GEODESIC_LOW, d * GEODESIC_HIGH
+    if op == ">":
+        return True if lo > k else False if hi <= k else None
+    if op == ">=":
+        return True if lo >= k else False if hi < k else None
+    if op == "<":
+        return True if hi < k else False if lo >= k else None
+    if op == "<=":
+        return True if hi <= k else False if lo > k else None
+    msg = f"unsupported distance comparison {op!r}"
+    raise ValueError(msg)
+
+
+def distance_compare(op: str, lat1: float, lon1: float, lat2: float, lon2: float, k: float) -> bool | None:
+    """``distance_km(lat1, lon1, lat2, lon2) <op> k``, exactly, for ``op`` in :data:`DISTANCE_OPS`.
+
+    The geodesic costs ~130 us (geographiclib in Python), the great circle ~1 us. The
+    bounds decide the comparison from the great circle unless ``k`` lies within about
+    1 % of the distance (:func:`bounded_compare`); only then is the geodesic measured. The
+    answer is always the one the geodesic gives, so a rule's alerts do not depend on which
+    was computed, and the Spark engine, which calls the same function, agrees."""
+    if not (-90 <= lat1 <= 90 and -90 <= lat2 <= 90 and -180 <= lon1 <= 180 and -180 <= lon2 <= 180):
+        return None
+    decided = bounded_compare(op, great_circle_km(lat1, lon1, lat2, lon2), k)
+    if decided is not None:
+        return decided
+    s = float(_GEODESIC.measure((lat1, lon1), (lat2, lon2)))
+    if op == ">":
+        return s > k
+    if op == ">=":
+        return s >= k
+    if op == "<":
+        return s < k
+    return s <= k
+
+
 def inside_radius(lat: float, lon: float, clat: float, clon: float, radius_km: float) -> bool | None:
-    d = distance_km(lat, lon, clat, clon)
-    return None if d is None else d <= radius_km
+    """``distance_km(lat, lon, clat, clon) <= radius_km`` (the geodesic only near the edge)."""
+    return distance_compare("<=", lat, lon, clat, clon, radius_km)
 
 
 @lru_cache(maxsize=256)

@@ -12,7 +12,16 @@ from geopy.distance import geodesic
 from app.errors import ExpressionError
 from app.events import SENSORS
 from app.rules.expr import compile_expr
-from app.rules.functions import distance_km
+from app.rules.functions import (
+    DISTANCE_OPS,
+    GEODESIC_HIGH,
+    GEODESIC_LOW,
+    bounded_compare,
+    distance_compare,
+    distance_km,
+    great_circle_km,
+    inside_radius,
+)
 
 SCHEMA = {
     **SENSORS.all_fields(),
@@ -85,6 +94,137 @@ def test_distance_is_geopys_geodesic_to_the_bit() -> None:
     for (lat1, lon1), (lat2, lon2) in pairs:
         assert distance_km(lat1, lon1, lat2, lon2) == geodesic((lat1, lon1), (lat2, lon2)).km
     assert distance_km(91.0, 0.0, 0.0, 0.0) is None
+
+
+def _globe_pairs(n: int, seed: int) -> list[tuple[float, float, float, float]]:
+    """Random pairs across the globe, pairs a few metres to a few km apart, and the edge cases
+    (antipodes, poles, the date line, the same point)."""
+    rng = random.Random(seed)  # noqa: S311 (a reproducible test input)
+    pairs = [(rng.uniform(-90, 90), rng.uniform(-180, 180), rng.uniform(-90, 90), rng.uniform(-180, 180))
+             for _ in range(n)]  # fmt: skip
+    for _ in range(n):
+        lat, lon = rng.uniform(-89, 89), rng.uniform(-179, 179)
+        step = 10 ** rng.uniform(-5, -1)  # ~1 m to ~10 km
+        pairs.append((lat, lon, lat + rng.uniform(-step, step), lon + rng.uniform(-step, step)))
+    pairs += [
+        (0.0, 0.0, 0.0, 180.0),
+        (90.0, 0.0, -90.0, 0.0),
+        (10.0, 179.9, 10.0, -179.9),
+        (0.0, 0.0, 0.5, 179.5),
+    ]
+    pairs += [(52.52, 13.405, 52.52, 13.405), (89.9, 0.0, 89.9, 180.0), (0.0, 0.0, 0.0, 0.001)]
+    return pairs
+
+
+def test_geodesic_lies_within_its_bounds_of_the_great_circle() -> None:
+    """The bounds distance comparisons rely on: the WGS-84 geodesic is within 0.994417-1.004487
+    of the great circle on the sphere, so within the wider GEODESIC_LOW and GEODESIC_HIGH."""
+    worst_low, worst_high = 1.0, 1.0
+    for lat1, lon1, lat2, lon2 in _globe_pairs(400, 11):
+        s, d = distance_km(lat1, lon1, lat2, lon2), great_circle_km(lat1, lon1, lat2, lon2)
+        assert s is not None
+        assert GEODESIC_LOW * d <= s <= GEODESIC_HIGH * d
+        if d > 1e-3:
+            worst_low, worst_high = min(worst_low, s / d), max(worst_high, s / d)
+    assert 0.9944 <= worst_low and worst_high <= 1.0045  # the analytic bounds, with rounding
+
+
+def test_distance_comparisons_give_the_geodesics_answer() -> None:
+    """``distance_compare`` equals comparing the geodesic itself, for every operator and for
+    thresholds at, just around, within 2 % of and far from the distance, NaN and infinities;
+    the bounds alone decide it only where they must agree with the geodesic."""
+    rng = random.Random(5)  # noqa: S311 (a reproducible test input)
+    cmp = {
+        ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b,
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+    }
+    decided = 0
+    for lat1, lon1, lat2, lon2 in _globe_pairs(150, 3):
+        s = distance_km(lat1, lon1, lat2, lon2)
+        d = great_circle_km(lat1, lon1, lat2, lon2)
+        assert s is not None
+        ks = [s, d, s * 1.005, s * 0.995, s * rng.uniform(0.98, 1.02), s * 1.5, s / 2, s + 5, s - 5, 0, -1]
+        ks += [s + 1e-9, s - 1e-9, float("nan"), float("inf"), float("-inf")]
+        for k in ks:
+            for op in DISTANCE_OPS:
+                want = cmp[op](s, k)
+                assert distance_compare(op, lat1, lon1, lat2, lon2, k) is want, (op, s, k)
+                early = bounded_compare(op, d, k)
+                assert early is None or early is want, (op, s, d, k)
+                if k in (s * 1.5, s / 2) and s > 1e-3:  # far from the edge: no geodesic needed
+                    decided += early is not None
+                    assert early is not None, (op, s, k)
+    assert decided > 1000
+    # only near the edge is the geodesic needed
+    assert bounded_compare(">", 10.0, 5.0) is True
+    assert bounded_compare(">", 10.0, 20.0) is False
+    assert bounded_compare(">", 10.0, 10.0) is None
+    assert bounded_compare("<=", 10.0, float("nan")) is None
+    assert distance_compare(">", 91.0, 0.0, 0.0, 0.0, 5) is None
+    with pytest.raises(ValueError, match="unsupported"):
+        bounded_compare("=", 1.0, 1.0)
+
+
+def test_inside_radius_is_the_geodesic_within_the_radius() -> None:
+    for lat1, lon1, lat2, lon2 in _globe_pairs(60, 9):
+        s = distance_km(lat1, lon1, lat2, lon2)
+        assert s is not None
+        for r in (s, s * 1.001, s * 0.999, s * 2, s / 2, 0.0):
+            assert inside_radius(lat1, lon1, lat2, lon2, r) is (s <= r)
+    assert inside_radius(0.0, 181.0, 0.0, 0.0, 5.0) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "distance_km(lat, lon, device.depot_lat, device.depot_lon) > device.max_temp",
+        "distance_km(lat, lon, device.depot_lat, device.depot_lon) >= 5",
+        "(distance_km(lat, lon, device.depot_lat, device.depot_lon)) < device.max_temp - 0.5",
+        "device.max_temp <= distance_km(lat, lon, device.depot_lat, device.depot_lon)",
+        "5 > distance_km(lat, lon, device.depot_lat, device.depot_lon)",
+        "distance_km(lat, lon, device.depot_lat, device.depot_lon) = 5",
+    ],
+)
+def test_compiled_distance_comparisons_match_the_plain_comparison(text: str) -> None:
+    """A compiled distance comparison (both sides, either order, NULLs, out-of-range
+    coordinates) gives what comparing the measured distance gives, row-wise and column-wise."""
+    rng = random.Random(2)  # noqa: S311 (a reproducible test input)
+    c = compile_expr(text, SCHEMA, boolean=True)
+    left, op, right = _split_comparison(text)
+    rows: list[dict[str, Any]] = []
+    for lat1, lon1, lat2, lon2 in _globe_pairs(20, 4)[:40]:
+        s = distance_km(lat1, lon1, lat2, lon2)
+        assert s is not None
+        for k in (5.0, s, s * 1.004, s * 0.996, rng.uniform(0, 2 * s + 1), None):
+            rows.append({"lat": lat1, "lon": lon1, "device.depot_lat": lat2, "device.depot_lon": lon2,
+                         "device.max_temp": k})  # fmt: skip
+    rows += [
+        {"lat": None, "lon": 1.0, "device.depot_lat": 0.0, "device.depot_lon": 0.0, "device.max_temp": 1.0}
+    ]
+    rows += [
+        {"lat": 95.0, "lon": 1.0, "device.depot_lat": 0.0, "device.depot_lon": 0.0, "device.max_temp": 1.0}
+    ]
+    plain_left = compile_expr(left, SCHEMA)
+    plain_right = compile_expr(right, SCHEMA)
+    for row in rows:
+        x, y = plain_left(row), plain_right(row)
+        want = None if x is None or y is None else op(x, y)
+        assert c(row) is want, (row, x, y)
+    assert c.over(rows, {}) == [c(r) for r in rows]
+
+
+def _split_comparison(text: str) -> tuple[str, Any, str]:
+    for sym, op in ((">=", lambda a, b: a >= b), ("<=", lambda a, b: a <= b), (">", lambda a, b: a > b),
+                    ("<", lambda a, b: a < b), ("=", lambda a, b: a == b)):  # fmt: skip
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and text.startswith(sym, i):
+                return text[:i], op, text[i + len(sym) :]
+    raise AssertionError(text)
 
 
 def test_columns_are_reported() -> None:
