@@ -47,7 +47,16 @@ from app.events import SCHEMAS, Event
 from app.kafka import KeyHashes
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
-from app.rules.logic.base import DictStore, Logic, State, StateStore, build_alert, group_values, state_key
+from app.rules.logic.base import (
+    DictStore,
+    Logic,
+    State,
+    StateStore,
+    VersionedStore,
+    build_alert,
+    group_values,
+    state_key,
+)
 from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, SequenceLogic
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
@@ -122,42 +131,6 @@ class EvalStats:
     errors: int = 0
     skipped_no_table_row: int = 0
     per_rule_errors: dict[str, str] = field(default_factory=dict)
-
-
-class _Versioned:
-    """A view of the store for one rule: stamps version and partition, ignores stale state."""
-
-    __slots__ = ("base", "dict_base", "partition", "touched", "version")
-
-    def __init__(self, base: StateStore, version: str, partition: int) -> None:
-        self.base, self.version, self.partition = base, version, partition
-        #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
-        #: methods are then native calls, not a Python method lookup and call each
-        self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
-        #: the state last written or deleted (``False``: deleted) since the evaluator reset it
-        self.touched: State | bool | None = None
-
-    def get(self, key: str) -> State | None:
-        dict_base = self.dict_base
-        st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
-        return st if st is not None and st.get("v") == self.version else None
-
-    def put(self, key: str, value: State) -> None:
-        value["v"], value["p"] = self.version, self.partition
-        dict_base = self.dict_base
-        if dict_base is not None:
-            dict_base.put(key, value)
-        else:
-            self.base.put(key, value)
-        self.touched = value
-
-    def delete(self, key: str) -> None:
-        dict_base = self.dict_base
-        if dict_base is not None:
-            dict_base.delete(key)
-        else:
-            self.base.delete(key)
-        self.touched = False
 
 
 def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
@@ -259,7 +232,7 @@ class StreamEvaluator:
             (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by, r.id)
             for r in self.rules
         ]
-        self._views: dict[tuple[str, int], _Versioned] = {}
+        self._views: dict[tuple[str, int], VersionedStore] = {}
         #: per enrichment spec list (a rule model's ``enrich``): see :meth:`joins`
         self._joins: dict[Any, list[tuple[str, str, str, bool, dict[str, None]]]] = {}
         self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
@@ -291,7 +264,7 @@ class StreamEvaluator:
         self.scheduled[key] = due
         heapq.heappush(heap, (due, key))
 
-    def _after(self, heap: list[tuple[int, str]], key: str, view: _Versioned) -> None:
+    def _after(self, heap: list[tuple[int, str]], key: str, view: VersionedStore) -> None:
         """Keep the rule's timer heap in step with the state's ``due`` after the rule ran
         (``view``: the rule's store view, for its version)."""
         st = self.store.get(key)
@@ -313,14 +286,14 @@ class StreamEvaluator:
             ]
         return runs
 
-    def _view(self, rule: CompiledRule, partition: int) -> _Versioned:
+    def _view(self, rule: CompiledRule, partition: int) -> VersionedStore:
         view = self._views.get((rule.id, partition))
         if view is None:
-            view = self._views[(rule.id, partition)] = _Versioned(self.store, rule.version, partition)
+            view = self._views[(rule.id, partition)] = VersionedStore(self.store, rule.version, partition)
         return view
 
     def _run_timers(
-        self, heap: list[tuple[int, str]], view: _Versioned, clock: int, rule: CompiledRule, logic: Logic,
+        self, heap: list[tuple[int, str]], view: VersionedStore, clock: int, rule: CompiledRule, logic: Logic,
         out: Output,
     ) -> None:  # fmt: skip
         """Run one rule's timers that are due at ``clock``, in due order (``heap`` and
@@ -355,7 +328,7 @@ class StreamEvaluator:
                 if partition_for(dev.encode(), self.partitions) != partition:
                     continue
                 key = state_key(rule, (dev,))
-                view = _Versioned(self.store, rule.version, partition)
+                view = VersionedStore(self.store, rule.version, partition)
                 logic.expect(view, key, (dev,), clock)
                 self._after(self._heap(partition, rule.id), key, view)
 

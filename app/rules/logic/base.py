@@ -104,6 +104,44 @@ class DictStore:
         return list(self.data.items())
 
 
+class VersionedStore:
+    """A view of the store for one rule and partition (the evaluator's): stamps each state
+    written with the rule's version and the partition, and ignores a stale one (another
+    version's) as absent. Compiled, a kind that knows it has one calls it natively."""
+
+    __slots__ = ("base", "dict_base", "partition", "touched", "version")
+
+    def __init__(self, base: StateStore, version: str, partition: int) -> None:
+        self.base, self.version, self.partition = base, version, partition
+        #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
+        #: methods are then native calls, not a Python method lookup and call each
+        self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
+        #: the state last written or deleted (``False``: deleted) since the evaluator reset it
+        self.touched: State | bool | None = None
+
+    def get(self, key: str) -> State | None:
+        dict_base = self.dict_base
+        st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
+        return st if st is not None and st.get("v") == self.version else None
+
+    def put(self, key: str, value: State) -> None:
+        value["v"], value["p"] = self.version, self.partition
+        dict_base = self.dict_base
+        if dict_base is not None:
+            dict_base.put(key, value)
+        else:
+            self.base.put(key, value)
+        self.touched = value
+
+    def delete(self, key: str) -> None:
+        dict_base = self.dict_base
+        if dict_base is not None:
+            dict_base.delete(key)
+        else:
+            self.base.delete(key)
+        self.touched = False
+
+
 class Logic(Protocol):
     rule: CompiledRule
 

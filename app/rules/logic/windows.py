@@ -38,6 +38,7 @@ from app.rules.logic.base import (
     Result,
     State,
     StateStore,
+    VersionedStore,
     after,
     build_alert,
     group_row,
@@ -264,15 +265,19 @@ class TumblingLogic(_Aggregating):
         rule is due before ``end``. Returns how many it took (see ``Logic.fold_scattered``)."""
         if not self.tumbling:
             return 0
+        # the evaluator's view, called natively when compiled (through the StateStore
+        # protocol, each get and put was a bound-method object and a generic call)
+        view = store if isinstance(store, VersionedStore) else None
         get, put = store.get, store.put
-        step, span, folds = self.step, self.size + self.lateness, self._folds
+        step, span, folds, fields = self.step, self.size + self.lateness, self._folds, self._fields
+        n = len(folds)
         last_start, last_name = -1, ""  # the window's name (its start as text), for a run of one window
         for j in range(begin, end):  # scattered_events, inlined: this loop is most of a fleet's time
             found = keys[j]
             if found is None or (passes is not None and passes[j] is not True):
                 continue
             key = rule_id + found[1]
-            st = get(key)
+            st = view.get(key) if view is not None else get(key)
             if st is None or "due" not in st:
                 return j - begin
             ts = events[j].ts_ms
@@ -286,12 +291,24 @@ class TumblingLogic(_Aggregating):
             if w is None or w["done"]:
                 return j - begin
             row = rows[j]
+            before: list[Any] = w["a"]
+            accs: list[Any] = []
             try:
-                accs = [add(v, None if fn is None else fn(row)) for (fn, add), v in zip(folds, w["a"])]
+                for i in range(n):
+                    fn, add = folds[i]
+                    name = fields[i]
+                    if name is not None and isinstance(row, dict):
+                        value = row.get(name)  # a plain field: what its getter returns, read natively
+                    else:
+                        value = None if fn is None else fn(row)
+                    accs.append(add(before[i], value))
             except Exception:  # on_event takes this event and reports the error
                 return j - begin
             w["a"] = accs
-            put(key, st)
+            if view is not None:
+                view.put(key, st)
+            else:
+                put(key, st)
         return end - begin
 
     def _prev(self, st: State, start: int) -> Mapping[str, Any] | None:
