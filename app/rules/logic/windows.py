@@ -291,9 +291,9 @@ class TumblingLogic(_Aggregating):
             if w is None or w["done"]:
                 return j - begin
             row = rows[j]
-            before: list[Any] = w["a"]
             accs: list[Any] = []
             try:
+                before: list[Any] = w["a"]
                 for i in range(n):
                     fn, add = folds[i]
                     name = fields[i]
