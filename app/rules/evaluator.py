@@ -289,7 +289,9 @@ class StreamEvaluator:
     def _view(self, rule: CompiledRule, partition: int) -> VersionedStore:
         view = self._views.get((rule.id, partition))
         if view is None:
-            view = self._views[(rule.id, partition)] = VersionedStore(self.store, rule.version, partition)
+            view = self._views[(rule.id, partition)] = VersionedStore(
+                self.store, rule.version, partition, rule.id
+            )
         return view
 
     def _run_timers(
@@ -328,7 +330,7 @@ class StreamEvaluator:
                 if partition_for(dev.encode(), self.partitions) != partition:
                     continue
                 key = state_key(rule, (dev,))
-                view = VersionedStore(self.store, rule.version, partition)
+                view = VersionedStore(self.store, rule.version, partition, rule.id)
                 logic.expect(view, key, (dev,), clock)
                 self._after(self._heap(partition, rule.id), key, view)
 
@@ -394,7 +396,7 @@ class StreamEvaluator:
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
         for run in self._runs_of(partition):
-            rule, logic, _takes_clock, group_by, rid, view, heap = run
+            rule, logic, _takes_clock, group_by, _rid, view, heap = run
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, view, clock, rule, logic, out)
             row = self.enrich(rule, fields, tables) if rule.rule.enrich else fields
@@ -409,7 +411,8 @@ class StreamEvaluator:
                 found = group_and_suffix(rule, row)
                 if row is fields:
                     groups[group_by] = found
-            self._step(run, partition, found[0], rid + found[1], ev, row, clock, out)
+            names: VersionedStore = view  # typed: a native call when compiled
+            self._step(run, partition, found[0], names.key(found[1]), ev, row, clock, out)
         self.stats.alerts += len(out.alerts)
         return out
 
@@ -472,6 +475,7 @@ class StreamEvaluator:
     def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
         rule, logic, _takes_clock, group_by, rid, view, heap = run
+        store: VersionedStore = view  # typed: its calls below are native when compiled
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
@@ -508,8 +512,8 @@ class StreamEvaluator:
                 i += 1
                 continue
             group, suffix = found
-            key = rid + suffix  # = state_key(rule, group)
-            if gate is not None and passes[i] is not True and (always or view.get(key) is None):  # type: ignore[index]
+            key = store.key(suffix)  # = state_key(rule, group)
+            if gate is not None and passes[i] is not True and (always or store.get(key) is None):  # type: ignore[index]
                 i += 1
                 continue
             if fold_many is not None and ends[i] - i > 1:

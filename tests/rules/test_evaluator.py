@@ -155,3 +155,21 @@ def test_real_nab_series_is_deterministic_and_fires_in_labelled_failures() -> No
     resolved = {a.starts_at for a in first if a.rule_id == "machine-overheat" and a.status == "resolved"}
     assert len({a.starts_at for a in overheat} - resolved) <= 1
     assert overheat[0].starts_at == "2013-12-11T05:05:00.000Z"
+
+
+def test_a_views_state_keys_are_the_rules_keys_remembered(tmp_path: Path) -> None:
+    """``VersionedStore.key`` gives ``state_key`` for a group's suffix, the same string object
+    each time (so its hash is not computed again), and stays right when its memo fills."""
+    from app.rules.evaluator import group_and_suffix
+    from app.rules.logic import base
+    from app.rules.logic.base import DictStore, VersionedStore, state_key
+
+    rule = rules(tmp_path, HOT).rules[0]
+    view = VersionedStore(DictStore(), rule.version, 0, rule.id)
+    group, suffix = group_and_suffix(rule, {"device_id": "m1"})
+    first = view.key(suffix)
+    assert first == state_key(rule, group) == f"{rule.id}\x1fm1"
+    assert view.key("\x1fm" + "1") is first  # an equal suffix built anew finds the same key
+    for i in range(base.MAX_STATE_KEYS + 5):  # past the memo's bound it starts again
+        assert view.key(f"\x1fd{i}") == f"{rule.id}\x1fd{i}"
+    assert view.key(suffix) == first

@@ -104,20 +104,42 @@ class DictStore:
         return list(self.data.items())
 
 
+#: state keys a rule's store view remembers (:meth:`VersionedStore.key`) before it starts again
+MAX_STATE_KEYS = 100_000
+
+
 class VersionedStore:
     """A view of the store for one rule and partition (the evaluator's): stamps each state
     written with the rule's version and the partition, and ignores a stale one (another
     version's) as absent. Compiled, a kind that knows it has one calls it natively."""
 
-    __slots__ = ("base", "dict_base", "partition", "touched", "version")
+    __slots__ = ("_keys", "base", "dict_base", "partition", "rule_id", "touched", "version")
 
-    def __init__(self, base: StateStore, version: str, partition: int) -> None:
-        self.base, self.version, self.partition = base, version, partition
+    def __init__(self, base: StateStore, version: str, partition: int, rule_id: str = "") -> None:
+        self.base, self.version, self.partition, self.rule_id = base, version, partition, rule_id
         #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
         #: methods are then native calls, not a Python method lookup and call each
         self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
         #: the state last written or deleted (``False``: deleted) since the evaluator reset it
         self.touched: State | bool | None = None
+        #: state keys by group suffix (see :meth:`key`)
+        self._keys: dict[str, str] = {}
+
+    def key(self, suffix: str) -> str:
+        """The state key of the group whose key suffix is ``suffix``: ``rule_id + suffix``
+        (:func:`state_key`), remembered, up to ``MAX_STATE_KEYS`` at a time.
+
+        A key built anew is a new string, hashed again by every dict it is looked up in;
+        the one remembered carries its hash. A batch's rows share each suffix string
+        among the rules of one grouping, so the suffix is hashed once per event, not the
+        ~30 keys a fleet event's rules would build."""
+        keys = self._keys
+        found = keys.get(suffix)
+        if found is None:
+            if len(keys) >= MAX_STATE_KEYS:
+                keys.clear()
+            found = keys[suffix] = self.rule_id + suffix
+        return found
 
     def get(self, key: str) -> State | None:
         dict_base = self.dict_base

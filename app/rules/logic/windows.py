@@ -276,8 +276,12 @@ class TumblingLogic(_Aggregating):
             found = keys[j]
             if found is None or (passes is not None and passes[j] is not True):
                 continue
-            key = rule_id + found[1]
-            st = view.get(key) if view is not None else get(key)
+            if view is not None:
+                key = view.key(found[1])
+                st = view.get(key)
+            else:
+                key = rule_id + found[1]
+                st = get(key)
             if st is None or "due" not in st:
                 return j - begin
             ts = events[j].ts_ms
