@@ -175,14 +175,16 @@ _CMP_SIGN: dict[type[exp.Expression], str] = {exp.GT: ">", exp.GTE: ">=", exp.LT
 _FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
 
 
-def _is_call(node: exp.Expression, name: str) -> bool:
-    """``node`` (in parentheses or not) is a call of the function ``name``."""
+def _call_of(node: exp.Expression, name: str) -> exp.Func | None:
+    """``node``, out of any parentheses, when it is a call of the function ``name``."""
     while isinstance(node, exp.Paren):
         node = node.this
-    return (
+    if (
         isinstance(node, exp.Func)
         and (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower() == name
-    )
+    ):
+        return node
+    return None
 
 
 class _Compiler:
@@ -340,15 +342,10 @@ class _Compiler:
         sign = _CMP_SIGN.get(type(node))
         if sign is None:
             return None
-        if _is_call(node.this, "distance_km"):
-            call, other = node.this, node.expression
-        elif _is_call(node.expression, "distance_km"):
-            call, other, sign = node.expression, node.this, _FLIPPED[sign]
-        else:
-            return None
-        while isinstance(call, exp.Paren):
-            call = call.this
-        if not isinstance(call, exp.Func):
+        call, other = _call_of(node.this, "distance_km"), node.expression
+        if call is None:
+            call, other, sign = _call_of(node.expression, "distance_km"), node.this, _FLIPPED[sign]
+        if call is None:
             return None
         args = [self.compile(a)[0] for a in fn.call_args(call)]
         if len(args) != 4:

@@ -9,6 +9,7 @@ engines give identical results.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -111,8 +112,12 @@ def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float
     return 2 * SPHERE_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
-#: the comparisons :func:`distance_compare` decides from the bounds (``distance <op> k``)
-DISTANCE_OPS = (">", ">=", "<", "<=")
+#: the comparisons :func:`distance_compare` takes (``distance <op> k``), each as it is made
+#: once the geodesic is measured
+_EXACT: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+}  # fmt: skip
+DISTANCE_OPS = tuple(_EXACT)
 
 
 def bounded_compare(op: str, d: float, k: float) -> bool | None:
@@ -145,14 +150,7 @@ def distance_compare(op: str, lat1: float, lon1: float, lat2: float, lon2: float
     decided = bounded_compare(op, great_circle_km(lat1, lon1, lat2, lon2), k)
     if decided is not None:
         return decided
-    s = float(_GEODESIC.measure((lat1, lon1), (lat2, lon2)))
-    if op == ">":
-        return s > k
-    if op == ">=":
-        return s >= k
-    if op == "<":
-        return s < k
-    return s <= k
+    return _EXACT[op](float(_GEODESIC.measure((lat1, lon1), (lat2, lon2))), k)
 
 
 def inside_radius(lat: float, lon: float, clat: float, clon: float, radius_km: float) -> bool | None:

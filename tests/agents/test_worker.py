@@ -4,7 +4,6 @@ the demo webhook receiver; malformed events -> `dlq.events` while processing goe
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -20,7 +19,6 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.broker import EmbeddedBroker, free_port
 from app.config import PROJECT_ROOT
 from app.rules.loader import load_rules
-from app.topics import ensure_topics
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
 from tests.kafka_helpers import consume_json, produce, wait_for_json
@@ -64,11 +62,9 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
     assert len(expected) >= 4, "the first 3000 NAB rows hold several overheat episodes"
 
     port = free_port()
-    env = child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-        APP_DATA_DIR=str(tmp_path / "data"),
-        APP_KAFKA_IDEMPOTENCE="off",
-        APP_PARTITIONS="2",
+    env = role_env(
+        broker,
+        tmp_path,
         APP_RECEIVER_PORT=str(port),
         APP_WEBHOOK_URL=f"http://127.0.0.1:{port}/webhook",
         APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1",
@@ -117,29 +113,34 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
     assert dlq[1]["field"] == "temperature" and dlq[1]["source"] == "sensors"
 
 
-def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(tmp_path: Path) -> None:
+def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
     """SIGTERM stops a worker whose brokers all went away within seconds: Faust waited up to
     60 s for aiokafka's consumer thread, which retries the lost cluster until then."""
-    with EmbeddedBroker(log_path=tmp_path / "broker.log") as b:
-        asyncio.run(ensure_topics(b.bootstrap, partitions=2))
-        metrics = free_port()
-        env = child_env(
-            KAFKA_BOOTSTRAP_SERVERS=b.bootstrap,
-            APP_DATA_DIR=str(tmp_path / "data"),
-            APP_KAFKA_IDEMPOTENCE="off",
-            APP_PARTITIONS="2",
-            APP_METRICS_PORT=str(metrics),
-        )
-        with role(["agents", "worker"], env, tmp_path / "worker.log") as proc:
-            wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
-            time.sleep(2)  # past its start-up: consuming, committing
-            b.stop()
-            time.sleep(1)
-            began = time.monotonic()
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(45)  # (the role's own stop would SIGKILL it after its grace)
-            assert time.monotonic() - began < 20
-            assert proc.returncode == 0
+    metrics = free_port()
+    env = role_env(broker, tmp_path, APP_METRICS_PORT=str(metrics))
+    with role(["agents", "worker"], env, tmp_path / "worker.log") as proc:
+        wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
+        time.sleep(2)  # past its start-up: consuming, committing
+        broker.stop()
+        time.sleep(1)
+        began = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(45)  # (the role's own stop would SIGKILL it after its grace)
+        assert time.monotonic() - began < 20
+        assert proc.returncode == 0
+
+
+def role_env(broker: EmbeddedBroker, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a role under test against ``broker`` (the fixture's 2 partitions)."""
+    return child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+        APP_DATA_DIR=str(tmp_path / "data"),
+        APP_KAFKA_IDEMPOTENCE="off",
+        APP_PARTITIONS="2",
+        **extra,
+    )
 
 
 def _metrics_answer(port: int) -> bool:

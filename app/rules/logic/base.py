@@ -115,7 +115,7 @@ class VersionedStore:
 
     __slots__ = ("_keys", "base", "dict_base", "partition", "rule_id", "touched", "version")
 
-    def __init__(self, base: StateStore, version: str, partition: int, rule_id: str = "") -> None:
+    def __init__(self, base: StateStore, version: str, partition: int, rule_id: str) -> None:
         self.base, self.version, self.partition, self.rule_id = base, version, partition, rule_id
         #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
         #: methods are then native calls, not a Python method lookup and call each
@@ -184,18 +184,21 @@ def after(entries: list[list[Any]], ts: int) -> int:
 def scattered_events(
     keys: list[tuple[tuple[str, ...], str] | None],
     passes: list[Any] | None,
+    store: StateStore,
     rule_id: str,
     begin: int,
     end: int,
 ) -> Iterator[tuple[int, str, tuple[str, ...]]]:
     """For ``fold_scattered``: each event of ``[begin, end)`` its logic must look at, as
     (index, state key, group values), passing over those the evaluator passes over too
-    (no registry row; ``where`` not TRUE, for a kind gated ``always``)."""
+    (no registry row; ``where`` not TRUE, for a kind gated ``always``). The keys are the
+    evaluator's view's remembered ones (:meth:`VersionedStore.key`) when ``store`` is one."""
+    view = store if isinstance(store, VersionedStore) else None
     for j in range(begin, end):
         found = keys[j]
         if found is None or (passes is not None and passes[j] is not True):
             continue
-        yield j, rule_id + found[1], found[0]
+        yield j, view.key(found[1]) if view is not None else rule_id + found[1], found[0]
 
 
 def leading_not_true(values: list[Any], begin: int, end: int) -> int:

@@ -122,7 +122,7 @@ class AbsenceLogic:
         already set stays: :meth:`on_clock` at that time finds the group not silent yet
         and the evaluator re-arms it at the state's ``due``."""
         get, put = store.get, store.put
-        for j, key, group in scattered_events(keys, passes, rule_id, begin, end):
+        for j, key, group in scattered_events(keys, passes, store, rule_id, begin, end):
             st = get(key)
             if st is None or st["fire"] is not None:
                 return j - begin  # a new group (a timer to set) or a silent one (to resolve): on_event
