@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.dev-installed-$(REQ_HASH)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv native run test test-fast lint fmt bench clean system-deps
+.PHONY: help venv jars native run test test-fast lint fmt bench clean system-deps
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -25,18 +25,21 @@ venv: $(STAMP) ## Create .venv and install pinned requirements (idempotent)
 system-deps: ## Install the Debian packages the integration tests use, when missing
 	@bash scripts/system-deps.sh
 
+jars: ## Fetch Apache Kafka (the embedded broker) and Spark's Kafka connector from Maven (idempotent)
+	@bash scripts/fetch-jars.sh kafka spark-kafka
+
 native: $(DEV_STAMP) ## Compile the evaluator's hot path with mypyc (idempotent; plain Python without a C compiler)
 	$(PY) -m app native build
 
-run: venv native ## Start the whole system on this machine (Ctrl-C stops it)
-	$(PY) -m app run
+run: venv jars native ## Start the whole system on this machine (Ctrl-C stops it; a second run resumes)
+	$(PY) -m app run $(RUN_ARGS)
 
-test: venv system-deps lint native ## Lint and type-check, then the whole suite (slow tests included) on the compiled hot path, then the rule tests on plain Python
+test: venv system-deps jars lint native ## Lint and type-check, then the whole suite (slow tests included) on the compiled hot path, then the rule tests on plain Python
 	$(PY) -m app native status
 	$(PY) -m pytest $(PYTEST_ARGS)
 	APP_NATIVE=0 $(PY) -m pytest -q -m "not slow" tests/rules tests/conformance
 
-test-fast: venv ## Run only the fast unit tests
+test-fast: venv jars ## Run only the fast unit tests
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 $(DEV_STAMP): requirements-dev.txt $(STAMP)
@@ -53,8 +56,8 @@ fmt: $(DEV_STAMP) ## Apply ruff format and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: venv native ## Run the benchmarks in bench/ (the evaluator compiled) and print their figures
+bench: venv jars native ## Run the benchmarks in bench/ (the evaluator compiled) and print their figures
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-clean: ## Remove local state (.data) and caches, keep .venv
+clean: ## Remove local state (.data: broker log, alert store, dispatcher, progress) and caches; keep .venv and .cache/jars
 	rm -rf .data .pytest_cache .ruff_cache .mypy_cache build

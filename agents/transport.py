@@ -1,14 +1,4 @@
-"""Faust's aiokafka transport, fixed for two ways a restarted worker lost data.
-
-**Exact high watermarks for changelog recovery.**
-
-Faust recovers a table by reading its changelog up to the high watermark it
-gets from ListOffsets(latest). The embedded Tansu broker answers that with
-the base offset of the last record batch plus one, so when several state
-updates went out in one batch, recovery stopped early and a restarted worker
-lost window and lifecycle state. This consumer thread also reads the true
-high watermark from a Fetch response (:func:`app.kafka.high_watermarks`)
-and uses the larger value; on Apache Kafka both agree.
+"""Faust's aiokafka transport, with record batches for the rule topics and two fixes.
 
 **No stream records fetched between resume and seek.** After recovery,
 Faust's ``Recovery`` resumes the stream partitions, *then* seeks them to the
@@ -16,7 +6,7 @@ committed offsets, and only then resumes flow control, which clears every
 stream queue. Records fetched in that gap were delivered, advanced Faust's
 read offset and the fetch position, and were then cleared from the queue, so
 a worker restarted after events arrived sometimes consumed none of them
-until new events came. :meth:`ExactHighwaterConsumer.perform_seek` holds the
+until new events came. :meth:`BatchConsumer.perform_seek` holds the
 stream partitions paused through the seek, and :meth:`RulesApp.on_rebalance_end`
 releases them once flow control is active again.
 
@@ -53,23 +43,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Transport
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
 from faust.types import TP, TransportT
-
-from app.kafka import high_watermarks
 
 logger = logging.getLogger(__name__)
 
 #: A batch agent's handler: the partition and its records, in offset order.
 BatchHandler = Callable[[TP, list[Any]], Awaitable[None]]
-
-
-#: Default longest wait of a fetch on the broker (``RulesApp.fetch_max_wait_ms``,
-#: ``APP_FETCH_MAX_WAIT_MS``). Faust hard-codes 1.5 s; the embedded Tansu broker answers a
-#: waiting fetch only when that time is up, so every record that arrived during a wait was
-#: delayed by up to 1.5 s (p50 ~410 ms). Apache Kafka answers as soon as data arrives; for
-#: it a short wait only means more idle fetches.
-FETCH_MAX_WAIT_MS = 5
 
 
 #: Longest wait for the consumer's thread to stop (mode's default: 60 s). Its stop only stops
@@ -80,30 +60,11 @@ FETCH_MAX_WAIT_MS = 5
 CONSUMER_THREAD_STOP_S = 5.0
 
 
-class ExactHighwaterConsumerThread(AIOKafkaConsumerThread):
+class WorkerConsumerThread(AIOKafkaConsumerThread):
     shutdown_timeout = CONSUMER_THREAD_STOP_S
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        wait = getattr(self.app, "fetch_max_wait_ms", FETCH_MAX_WAIT_MS)
-        consumer._fetch_max_wait_ms = wait  # noqa: SLF001 - read by start()
-        return consumer
 
-    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
-        listed = dict(await super()._highwaters(partitions))
-        if not partitions:
-            return listed
-        bootstrap = ",".join(f"{u.host}:{u.port}" for u in self.app.conf.broker_consumer)
-        marks = await high_watermarks(bootstrap, sorted({tp.topic for tp in partitions}))
-        for tp in partitions:
-            exact = marks.get(tp)
-            if exact is not None and exact > (listed.get(tp) or 0):
-                logger.debug("high watermark of %s: %d (ListOffsets said %s)", tp, exact, listed.get(tp))
-                listed[tp] = exact
-        return listed
-
-
-class ExactHighwaterConsumer(Consumer):
+class BatchConsumer(Consumer):
     _held: frozenset[TP] = frozenset()
     _fetches_in_flight: int = 0
     _no_fetch_in_flight: asyncio.Event | None = None
@@ -115,7 +76,7 @@ class ExactHighwaterConsumer(Consumer):
         self._batch_acked = {}
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
-        return ExactHighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)
+        return WorkerConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def _idle_event(self) -> asyncio.Event:
         if self._no_fetch_in_flight is None:
@@ -227,8 +188,19 @@ class QuietWorker(faust.Worker):
         self.spinner = None
 
 
-class ExactHighwaterTransport(Transport):
-    Consumer = ExactHighwaterConsumer
+class IdempotentProducer(Producer):
+    """Faust's producer with the idempotent producer on (``RulesApp.idempotence``): a send
+    retried after a lost answer is written once and in order. Faust never sets it."""
+
+    def _settings_default(self) -> Mapping[str, Any]:
+        settings = dict(super()._settings_default())
+        settings["enable_idempotence"] = bool(getattr(self.app, "idempotence", True))
+        return settings
+
+
+class WorkerTransport(Transport):
+    Consumer = BatchConsumer
+    Producer = IdempotentProducer
 
 
 class RulesApp(faust.App):
@@ -239,13 +211,14 @@ class RulesApp(faust.App):
     ``early_tasks``: coroutine functions started with the app, before table recovery.
     Faust starts its own tasks (``@app.task``) only once recovery is complete, and
     recovery ends with a seek that waits for the fetch under way (see
-    :meth:`ExactHighwaterConsumer.perform_seek`); a batch handler in that fetch that
+    :meth:`BatchConsumer.perform_seek`); a batch handler in that fetch that
     waits for what such a task provides (the registry tables) would wait forever.
     """
 
     before_commit: tuple[Callable[[], object], ...] = ()  # each may return an awaitable
     early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
-    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+    #: the idempotent producer (``APP_KAFKA_IDEMPOTENCE``)
+    idempotence: bool = True
     #: most records per handler call (a fetch holds up to a few thousand per partition)
     batch_size: int = 500
 
@@ -274,9 +247,9 @@ class RulesApp(faust.App):
     def on_rebalance_end(self) -> None:
         super().on_rebalance_end()
         consumer = self.consumer
-        if isinstance(consumer, ExactHighwaterConsumer):
+        if isinstance(consumer, BatchConsumer):
             consumer.release_held()
 
     def _new_transport(self) -> TransportT:
-        transport: TransportT = ExactHighwaterTransport(self.conf.broker_consumer, self)
+        transport: TransportT = WorkerTransport(self.conf.broker_consumer, self)
         return transport

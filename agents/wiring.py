@@ -69,10 +69,10 @@ from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
 
 logger = logging.getLogger(__name__)
 
-# Group membership timings. The embedded broker holds a new group's first
-# JoinGroup for the whole rebalance timeout, so a short one makes start-up fast;
-# a failed worker's partitions move after SESSION_TIMEOUT_S.
-REBALANCE_TIMEOUT_S = 3.0
+# Group membership timings: a failed worker's partitions move after SESSION_TIMEOUT_S;
+# a rebalance waits up to REBALANCE_TIMEOUT_S for every member to rejoin (Faust's
+# default is 60 s; a member's rejoin here takes well under a second).
+REBALANCE_TIMEOUT_S = 10.0
 SESSION_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
 RELOAD_INTERVAL_S = 1.0
@@ -565,7 +565,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             stores[name] = TableStore(table, limit)
     outbox = Outbox(app, partitioner)
     app.before_commit = commit_hooks(outbox, stores.values(), app.producer.flush)
-    app.fetch_max_wait_ms = settings.fetch_max_wait_ms
+    app.idempotence = settings.enable_idempotence
     app.batch_size = settings.worker_batch
     rt = Runtime(settings, ruleset, Tables(), stores)
     RULES.set(len(ruleset.rules))

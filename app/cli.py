@@ -10,7 +10,7 @@ Commands:
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
-  broker       run the embedded Tansu broker alone and print its address
+  broker       run the embedded Apache Kafka broker alone and print its address
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from app.system import RunOptions, run
 
     return run(
-        settings, RunOptions(duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet)
+        settings,
+        RunOptions(
+            duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet, fresh=args.fresh
+        ),
     )
 
 
@@ -172,18 +175,19 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cmd_broker(args: argparse.Namespace, _settings: Settings) -> int:
+def _cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     """Run the embedded broker until SIGINT or SIGTERM, then stop it (no orphan)."""
     import signal
     import threading
 
-    from app.broker import EmbeddedBroker
+    from app.broker import KafkaBroker
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with EmbeddedBroker(port=args.port or None) as b:
-        print(f"KAFKA_BOOTSTRAP_SERVERS={b.bootstrap}", flush=True)
+    home = args.home or settings.data_dir / "kafka"
+    with KafkaBroker(home, port=args.port or None) as b:
+        print(f"KAFKA_BOOTSTRAP_SERVERS={b.bootstrap}  (ready in {b.ready_s or 0:.1f} s, {home})", flush=True)
         stop.wait()
     return 0
 
@@ -213,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-dashboard", action="store_true", help="do not start Streamlit")
     run.add_argument("--quiet", action="store_true", help="send role output only to .data/logs/")
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from nothing: remove APP_DATA_DIR (broker log, alert store, dispatcher, progress) first",
+    )
     run.set_defaults(func=_cmd_run)
 
     rules = sub.add_parser("rules", help="rule tooling")
@@ -286,8 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     nat.add_argument("action", choices=["build", "status"])
     nat.set_defaults(func=_cmd_native)
 
-    br = sub.add_parser("broker", help="run the embedded Tansu broker alone")
-    br.add_argument("--port", type=int, default=0)
+    br = sub.add_parser("broker", help="run the embedded Apache Kafka broker alone")
+    br.add_argument(
+        "--port", type=int, default=0, help="listener port (default: the last one, or a free one)"
+    )
+    br.add_argument("--home", type=Path, default=None, help="broker state dir (default APP_DATA_DIR/kafka)")
     br.set_defaults(func=_cmd_broker)
     return p
 

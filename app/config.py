@@ -23,8 +23,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_DOCS: dict[str, tuple[str, str]] = {
     "KAFKA_BOOTSTRAP_SERVERS": (
         "",
-        "Kafka cluster to use. Unset: `make run` starts the embedded Tansu broker "
-        "on a free loopback port and passes its address to every role.",
+        "Kafka cluster to use. Unset: `make run` starts the embedded Apache Kafka broker "
+        "(single-node KRaft, log dir under APP_DATA_DIR) on loopback and passes its address to every role.",
     ),
     "APP_PARTITIONS": (
         "4",
@@ -44,15 +44,10 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "a larger one stays in memory only and is logged. At most the producer's request size "
         "(1,000,000) less 1,024.",
     ),
-    "APP_FETCH_MAX_WAIT_MS": (
-        "5",
-        "Longest the rule worker's consumer waits on a fetch. The embedded broker always waits it "
-        "out, so it adds to latency; on a large Apache Kafka cluster 100-500 saves idle fetches.",
-    ),
     "APP_KAFKA_IDEMPOTENCE": (
-        "auto",
-        "`on`, `off` or `auto` (on for an external cluster, off on the embedded "
-        "broker, which rejects InitProducerId).",
+        "on",
+        "`on` or `off`: the idempotent producer (with acks=all) in every role. Off only for a "
+        "cluster that refuses InitProducerId (an ACL without IdempotentWrite).",
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
     "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml`)."),
@@ -138,7 +133,6 @@ class Settings:
     partitions: int
     replication_factor: int
     worker_batch: int
-    fetch_max_wait_ms: int
     state_record_max_bytes: int
     idempotence: str
     data_dir: Path
@@ -163,10 +157,7 @@ class Settings:
 
     @property
     def enable_idempotence(self) -> bool:
-        """Idempotent producer on or off. ``auto`` is on for an external cluster;
-        the supervisor passes ``off`` to children that use the embedded broker."""
-        if self.idempotence == "auto":
-            return not self.embedded
+        """Idempotent producer on (the default) or off."""
         return self.idempotence == "on"
 
     @property
@@ -182,8 +173,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         idem = _get(env, "APP_KAFKA_IDEMPOTENCE").lower()
-        if idem not in {"on", "off", "auto"}:
-            msg = f"APP_KAFKA_IDEMPOTENCE={idem!r}: expected on, off or auto"
+        if idem not in {"on", "off"}:
+            msg = f"APP_KAFKA_IDEMPOTENCE={idem!r}: expected on or off"
             raise ConfigError(msg)
         level = _get(env, "APP_LOG_LEVEL").upper()
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
@@ -195,7 +186,6 @@ class Settings:
             partitions=_int(env, "APP_PARTITIONS", minimum=1),
             replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
             worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
-            fetch_max_wait_ms=_int(env, "APP_FETCH_MAX_WAIT_MS", minimum=1),
             state_record_max_bytes=_int(env, "APP_STATE_RECORD_MAX_BYTES", minimum=1024),
             idempotence=idem,
             data_dir=_path(env, "APP_DATA_DIR"),

@@ -51,7 +51,7 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
 from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
-from app.kafka import high_watermarks, make_consumer, make_producer
+from app.kafka import high_watermarks, make_consumer, make_producer, partitions_of
 from app.notify import RetryPolicy
 from app.notify.receivers import make_notifier
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, ensure_topics, receiver_topic_spec
@@ -275,8 +275,7 @@ async def _assign(
     A kept offset past a partition's end means the topic was recreated (an embedded broker
     restarted empty): that partition is read from the beginning, with a warning."""
     await consumer.start()
-    await consumer.topics()
-    tps = [TopicPartition(t, p) for t in INPUTS for p in sorted(consumer.partitions_for_topic(t) or ())]
+    tps = await partitions_of(settings.bootstrap_servers, list(INPUTS))
     consumer.assign(tps)
     kept = db.offsets()
     marks = await high_watermarks(settings.bootstrap_servers, list(INPUTS))

@@ -1,9 +1,8 @@
 """Kafka client factories with this project's defaults, and small admin helpers.
 
-Producers default to ``acks=all`` with a short linger for batching; the
-idempotent producer follows :attr:`Settings.enable_idempotence` (the embedded
-Tansu broker rejects ``InitProducerId``, so it is off there and deterministic
-alert ids carry the dedup instead).
+Producers default to ``acks=all`` and the idempotent producer
+(:attr:`Settings.enable_idempotence`, on unless configured off) with a short linger
+for batching: a retried send is written once, in order.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
@@ -90,8 +89,7 @@ def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafk
 async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
     """Records ever written to each topic: the sum of its partitions' high watermarks.
 
-    A topic that does not exist counts 0. See :func:`high_watermarks` for why
-    this does not trust ListOffsets alone.
+    A topic that does not exist counts 0.
     """
     marks = await high_watermarks(bootstrap, topics, timeout_s)
     out = {t: 0 for t in topics}
@@ -100,56 +98,51 @@ async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0
     return out
 
 
+async def topic_partitions(
+    bootstrap: str, topics: list[str], timeout_s: float = 10.0
+) -> dict[str, list[int]]:
+    """The partition numbers of each of ``topics`` that exists, from a metadata request for all
+    topics. (A consumer's ``topics()`` asks the same but keeps the answer to itself: its own
+    metadata knows only the topics it subscribed to or was assigned.)"""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+        found = cluster.topics()
+        return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
+    except (TimeoutError, KafkaError, OSError) as exc:
+        msg = f"cannot read topic metadata from {bootstrap}: {exc!r}"
+        raise BrokerError(msg) from exc
+    finally:
+        await client.close()
+
+
 async def partition_counts(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
     """How many partitions each of ``topics`` has (topics that do not exist are left out)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        existing = await asyncio.wait_for(consumer.topics(), timeout_s)
-        return {t: len(consumer.partitions_for_topic(t) or ()) for t in topics if t in existing}
-    finally:
-        await consumer.stop()
+    return {t: len(ps) for t, ps in (await topic_partitions(bootstrap, topics, timeout_s)).items()}
+
+
+async def partitions_of(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> list[TopicPartition]:
+    """Every partition of ``topics`` that exists, in topic order then partition order."""
+    found = await topic_partitions(bootstrap, topics, timeout_s)
+    return [TopicPartition(t, p) for t in topics for p in found.get(t, ())]
 
 
 async def high_watermarks(
     bootstrap: str, topics: list[str], timeout_s: float = 10.0
 ) -> dict[TopicPartition, int]:
-    """The true end offset (high watermark) of every partition of ``topics``.
+    """The end offset (high watermark, from ListOffsets latest) of every partition of ``topics``.
 
-    The embedded Tansu broker answers ListOffsets(latest) with the base offset
-    of the last record batch plus one, which undercounts when that batch holds
-    several records. A Fetch response carries the correct high watermark, so
-    this reads one fetch from just below the ListOffsets answer (at most the
-    last batch) and takes the larger value. On Apache Kafka both agree.
+    Topics that do not exist are left out. With transactional producers the end offset
+    also counts the commit and abort markers, so it is an upper bound on data records.
     """
+    tps = await partitions_of(bootstrap, topics, timeout_s)
+    if not tps:
+        return {}
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
-        existing = await asyncio.wait_for(consumer.topics(), timeout_s)
-        tps = [
-            TopicPartition(t, p)
-            for t in topics
-            if t in existing
-            for p in sorted(consumer.partitions_for_topic(t) or ())
-        ]
-        if not tps:
-            return {}
-        listed = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-        marks = dict(listed)
-        pending = [tp for tp in tps if listed[tp] > 0]
-        if pending:
-            consumer.assign(pending)
-            for tp in pending:
-                consumer.seek(tp, listed[tp] - 1)
-            deadline = asyncio.get_running_loop().time() + timeout_s
-            while pending and asyncio.get_running_loop().time() < deadline:
-                await consumer.getmany(*pending, timeout_ms=200, max_records=1)
-                for tp in list(pending):
-                    hw = consumer.highwater(tp)
-                    if hw is not None:
-                        marks[tp] = max(marks[tp], hw)
-                        pending.remove(tp)
-        return marks
+        return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     except (TimeoutError, KafkaError, OSError) as exc:
         msg = f"cannot read end offsets from {bootstrap}: {exc!r}"
         raise BrokerError(msg) from exc

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from app.alerts import Alert
 from app.config import Settings
 from app.dispatch.commands import parse_command
-from app.kafka import high_watermarks, make_consumer
+from app.kafka import high_watermarks, make_consumer, partitions_of
 from app.store import AlertStore, order_key
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 
@@ -84,8 +84,7 @@ def decode_batch(polled: Polled) -> tuple[list[Alert], list[dict[str, Any]], lis
 async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: str) -> None:
     """Assign every partition of :data:`TOPICS` at the store's offset, or the beginning (also
     when the kept offset lies past the partition's end: the topic was recreated)."""
-    await consumer.topics()
-    tps = [TopicPartition(t, p) for t in TOPICS for p in sorted(consumer.partitions_for_topic(t) or ())]
+    tps = await partitions_of(bootstrap, list(TOPICS))
     consumer.assign(tps)
     kept = store.offsets()
     marks = await high_watermarks(bootstrap, list(TOPICS))

@@ -1,7 +1,8 @@
 """`python -m app run`: the whole system on one machine, under one supervisor.
 
-Starts the embedded Tansu broker unless ``KAFKA_BOOTSTRAP_SERVERS`` is set,
-creates the topics, and runs these roles as child processes (stop order in
+Starts the embedded Apache Kafka broker (:class:`app.broker.KafkaBroker`, its log dir
+under ``APP_DATA_DIR/kafka``) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, creates the
+topics, and runs these roles as child processes (stop order in
 brackets, producers first):
 
 - [1] ``replay-sensors``: the NAB machine-temperature series -> events.sensors
@@ -19,6 +20,14 @@ brackets, producers first):
 - [4] ``dashboard``: Streamlit, reading the alert store
 
 At the end it prints one JSON line of counters (see :func:`counters`).
+
+A second run on the same data dir resumes: the broker keeps its topics, offsets and
+groups, the consumers continue from their committed offsets, the replays and simulators
+continue after what they published before (their progress files under
+``APP_DATA_DIR/ingest``), and the dispatcher's memory matches the broker's topics.
+``--fresh`` (:func:`wipe`) starts from nothing. A data dir whose broker state is gone
+while the rest remains is refused (:func:`check_consistent`): a fresh broker would replay
+alert ids the dispatcher remembers as delivered.
 """
 
 from __future__ import annotations
@@ -37,8 +46,9 @@ from typing import Any
 
 import orjson
 
-from app.broker import BusyWatch, EmbeddedBroker, cpu_seconds, free_port
+from app.broker import KafkaBroker, free_port, kafka_version
 from app.config import PROJECT_ROOT, Settings
+from app.errors import ConfigError
 from app.kafka import end_offsets
 from app.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
@@ -58,6 +68,7 @@ class RunOptions:
     duration_s: float | None = None
     dashboard: bool = True
     quiet: bool = False
+    fresh: bool = False
 
 
 def _port_free(port: int) -> bool:
@@ -79,8 +90,6 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    if settings.embedded and settings.idempotence == "auto":
-        base_env["APP_KAFKA_IDEMPOTENCE"] = "off"  # Tansu rejects InitProducerId
     receiver_port = settings.receiver_port or free_port()
     receiver_url = f"http://127.0.0.1:{receiver_port}"
     webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
@@ -303,8 +312,11 @@ def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: flo
     }
 
 
-def _print_urls(bootstrap: str, roles: list[Role], embedded: bool) -> None:
-    lines = [f"  kafka       {bootstrap}{' (embedded Tansu)' if embedded else ''}"]
+def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -> None:
+    kafka = bootstrap
+    if broker is not None:
+        kafka += f" (embedded Apache Kafka {kafka_version()}, ready in {broker.ready_s or 0:.1f} s)"
+    lines = [f"  kafka       {kafka}"]
     for r in roles:
         if r.url:
             lines.append(f"  {r.name:<11} {r.url}")
@@ -313,34 +325,44 @@ def _print_urls(bootstrap: str, roles: list[Role], embedded: bool) -> None:
     print("streamalert is starting:\n" + "\n".join(lines), flush=True)
 
 
-def _broker_warning(share: float) -> None:
-    logger.warning(
-        "the embedded broker has kept %.0f %% of a CPU busy over the last minute, and alerts will lag "
-        "more and more: Tansu's in-memory store gets slower with every record batch it holds, and "
-        "keeps them all (README, Known limits). For a long run, restart `make run`, or run on "
-        "Apache Kafka (`docker compose up`, or KAFKA_BOOTSTRAP_SERVERS set to a cluster).",
-        share * 100,
-    )
+#: What a data dir holds that remembers broker data (offsets, alert ids, progress).
+STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark")
 
 
-def _broker_watch(broker: EmbeddedBroker | None) -> BusyWatch | None:
-    """A watch on the embedded broker's CPU share (None without one)."""
-    pid = None if broker is None else broker.pid
-    if pid is None:
-        return None
-    return BusyWatch(lambda: cpu_seconds(pid), _broker_warning)
+def wipe(data_dir: Path) -> None:
+    """Remove everything ``make run`` keeps in ``data_dir`` (``--fresh``, ``make clean``)."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def check_consistent(settings: Settings) -> None:
+    """Refuse a data dir whose embedded broker state is gone while state derived from it stays.
+
+    The dispatcher remembers the alert ids it delivered, the replays how far they got, and
+    Spark its offsets; on an empty broker those would silence or skip the new run's data.
+    """
+    if not settings.embedded or (settings.data_dir / "kafka" / "log" / "meta.properties").exists():
+        return
+    left = [name for name in STATEFUL if (settings.data_dir / name).exists()]
+    if left:
+        msg = (
+            f"{settings.data_dir} holds state from an earlier run ({', '.join(left)}) but not its "
+            "Kafka log dir (kafka/log): run `python -m app run --fresh` (or `make clean`) to start "
+            "from nothing"
+        )
+        raise ConfigError(msg)
 
 
 def run(settings: Settings, opts: RunOptions) -> int:
     """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
     started = time.monotonic()
     stop = stop_on_signals("everything")
-    broker = EmbeddedBroker(log_path=settings.data_dir / "logs" / "broker.log") if settings.embedded else None
+    if opts.fresh:
+        wipe(settings.data_dir)
+    check_consistent(settings)
+    broker = KafkaBroker(settings.data_dir / "kafka") if settings.embedded else None
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:
         broker.start()
-        # the embedded broker starts empty: a Spark checkpoint from an earlier run points past its end
-        shutil.rmtree(settings.data_dir / "spark" / "checkpoints", ignore_errors=True)
     bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
     sup: Supervisor | None = None
     try:
@@ -348,13 +370,10 @@ def run(settings: Settings, opts: RunOptions) -> int:
         roles = build_roles(settings, bootstrap, opts)
         sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
         sup.start()
-        _print_urls(bootstrap, roles, broker is not None)
+        _print_urls(bootstrap, roles, broker)
         deadline = None if opts.duration_s is None else started + opts.duration_s
-        busy = _broker_watch(broker)
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()
-            if busy is not None:
-                busy.poll()
             stop.wait(0.2)
         receiver = next((r for r in roles if r.name == "receiver"), None)
         stats: dict[str, Any] | None = None

@@ -39,7 +39,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 from worker_runs import percentiles  # noqa: E402
 
 from agents.transport import FETCH_MAX_WAIT_MS  # noqa: E402
-from app.broker import EmbeddedBroker, cpu_seconds  # noqa: E402
+from app.broker import KafkaBroker, cpu_seconds  # noqa: E402
 
 TOPIC = "bench.broker"
 REPORT_EVERY_S = 5.0
@@ -134,7 +134,7 @@ def main() -> int:
             f"embedded broker, {v.name}: {args.rate:,.0f} events/s for {args.seconds:.0f} s into "
             f"{args.partitions} partitions, producer linger {v.linger_ms} ms, {reads}"
         )
-        with EmbeddedBroker() as b:
+        with KafkaBroker() as b:
             assert b.pid is not None
             asyncio.run(run(b.bootstrap, b.pid, v, args.rate, args.seconds, args.partitions))
     return 0

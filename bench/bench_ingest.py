@@ -40,7 +40,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 
 from app import topics  # noqa: E402
-from app.broker import EmbeddedBroker, free_port  # noqa: E402
+from app.broker import KafkaBroker, free_port  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.kafka import end_offsets  # noqa: E402
 from app.topics import ensure_topics  # noqa: E402
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(BENCHES)
     if unknown:
         parser.error(f"unknown adapters: {', '.join(sorted(unknown))}")
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, EmbeddedBroker() as broker:
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, KafkaBroker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, partitions=4))
         env = {
             "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,

@@ -83,7 +83,7 @@ from worker_runs import (  # noqa: E402
 )
 
 from app import native  # noqa: E402
-from app.broker import EmbeddedBroker, free_port  # noqa: E402
+from app.broker import KafkaBroker, free_port  # noqa: E402
 from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
@@ -332,7 +332,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
     then the rule worker on all three source topics (mixed), on a fresh broker; then on the
     fleet's readings with its registry, on a fresh broker."""
     sensors = [i.value for i in items if i.source == "sensors"]
-    with EmbeddedBroker() as b:
+    with KafkaBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill(b.bootstrap, SENSORS, sensors, [b"m1"] * len(sensors)))
         env = worker_env(b.bootstrap, tmp / "data", pack)
@@ -406,7 +406,7 @@ def worker_on_fresh_broker(
 ) -> Progress:
     """The rule worker on a fresh broker (no offsets or state of an earlier run) whose topics
     hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric."""
-    with EmbeddedBroker() as b:
+    with KafkaBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill_many(b.bootstrap, records))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", pack)
@@ -422,7 +422,7 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
     background = events(int(args.latency_rate * (LATENCY_WARMUP_S + args.latency_seconds) * 1.1) + 1000)
     name = "echo" if echo else "latency-worker"
     partitions = args.latency_partitions
-    with EmbeddedBroker() as b:
+    with KafkaBroker() as b:
         asyncio.run(ensure_topics(b.bootstrap, partitions))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", rules, partitions)
         port = env["APP_METRICS_PORT"]

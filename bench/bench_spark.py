@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
-from app.broker import EmbeddedBroker  # noqa: E402
+from app.broker import KafkaBroker  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.events import format_ts  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
-        with EmbeddedBroker(log_path=scratch / "broker.log") as broker:
+        with KafkaBroker(log_path=scratch / "broker.log") as broker:
             asyncio.run(ensure_topics(broker.bootstrap, partitions=2))
             t0 = time.monotonic()
             asyncio.run(produce(broker.bootstrap, events(args.events, args.devices)))

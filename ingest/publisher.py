@@ -101,7 +101,7 @@ class Publisher:
             await producer.stop()
             msg = f"cannot start a producer on {self._settings.bootstrap_servers}: {exc!r}"
             if self._settings.enable_idempotence:
-                msg += " (with the embedded Tansu broker, set APP_KAFKA_IDEMPOTENCE=off)"
+                msg += " (a cluster that refuses InitProducerId needs APP_KAFKA_IDEMPOTENCE=off)"
             raise BrokerError(msg) from exc
         self._producer = producer
         return self

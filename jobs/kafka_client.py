@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from app.errors import BrokerError
-from app.kafka import high_watermarks
+from app.kafka import high_watermarks, topic_partitions
 from jobs.kafka_offsets import TP, KafkaSourceOptions, Offsets
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ async def _topic_partitions(opts: KafkaSourceOptions) -> list[TP]:
                     "(`python -m app topics`) or fix the 'subscribe'/'assign' option"
                 )
                 raise KafkaSourceError(msg)
-        tps = [(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        parts = await topic_partitions(opts.bootstrap, topics, timeout_s)
+        tps = [(t, p) for t in topics for p in parts.get(t, ())]
         if opts.assign:
             unknown = sorted(set(opts.assign) - set(tps))
             if unknown:

@@ -1,16 +1,21 @@
-"""Shared fixtures: a real embedded Kafka broker per test, settings pointed at it,
-and bounded helpers to read topics. Nothing here mocks Kafka."""
+"""Shared fixtures: one real Apache Kafka broker for the whole session, reset to the app's
+empty topics before each test that uses it, settings pointed at it, and bounded helpers to
+read topics. Nothing here mocks Kafka. Tests that stop, kill or restart a broker start their
+own with :func:`own_broker`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT, Settings
 from app.topics import ensure_topics
 
@@ -26,23 +31,63 @@ def require_dataset(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    """A fresh in-memory Tansu broker on a free loopback port, with the app's topics."""
-    with EmbeddedBroker(log_path=tmp_path / "broker.log") as b:
-        asyncio.run(ensure_topics(b.bootstrap, partitions=2))
+@pytest.fixture(scope="session")
+def session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The session's Apache Kafka broker (single-node KRaft, its log dir in a temp dir)."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka"), heap="1g") as b:
         yield b
 
 
+async def reset_topics(bootstrap: str, partitions: int = 2) -> None:
+    """Delete every topic but Kafka's internal ones, then create the app's topics anew: each
+    test starts on an empty cluster, as with a broker of its own. The group coordinator drops
+    the committed offsets of deleted topics, so no group resumes from an earlier test's offsets
+    (``test_a_reset_forgets_committed_offsets``)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20_000)
+    await admin.start()
+    try:
+        topics = [t for t in await admin.list_topics() if not t.startswith("__")]
+        if topics:
+            await admin.delete_topics(topics, timeout_ms=20_000)
+        deadline = time.monotonic() + 20
+        while topics and set(topics) & set(await admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"topics not deleted within 20 s: {topics}")
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+    await ensure_topics(bootstrap, partitions=partitions)
+
+
 @pytest.fixture
-def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def broker(session_broker: KafkaBroker) -> KafkaBroker:
+    """The session's broker, emptied: only the app's topics (2 partitions each), no groups."""
+    if not session_broker.running():
+        session_broker.start()  # a test stopped it by mistake: the rest of the session still runs
+    asyncio.run(reset_topics(session_broker.bootstrap))
+    return session_broker
+
+
+@contextmanager
+def own_broker(home: Path, *, topics: bool = True) -> Iterator[KafkaBroker]:
+    """A broker of the test's own, for tests that stop, kill or restart it; stopped at the end."""
+    b = KafkaBroker(home, heap="512m").start()
+    try:
+        if topics:
+            asyncio.run(ensure_topics(b.bootstrap, partitions=2))
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
     return make_settings(tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap)
 
 
 def make_settings(tmp_path: Path, **env: str) -> Settings:
     base = {
         "APP_DATA_DIR": str(tmp_path / "data"),
-        "APP_KAFKA_IDEMPOTENCE": "off",
         "APP_PARTITIONS": "2",
     }
     base.update(env)

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
@@ -33,7 +33,7 @@ def run_backtest(*args: str, **env: str) -> tuple[int, list[dict], str]:
 
 
 @pytest.mark.integration
-def test_topic_range_gives_the_same_transitions_as_the_file(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_topic_range_gives_the_same_transitions_as_the_file(broker: KafkaBroker, tmp_path: Path) -> None:
     rows = [
         r
         for r in islice(

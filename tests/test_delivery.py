@@ -12,15 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import REGISTRY
 
 from app import dispatch_role, receiver
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.delivery import OutboxSender
 from app.dispatch.db import DispatchDB
 from app.dispatch.messages import OutboxMessage
+from app.kafka import partitions_of
 from app.notify import RetryPolicy
 from app.topics import ALERTS
 from tests.conftest import make_settings
@@ -33,16 +34,15 @@ from tests.notify.servers import make_alert
 def committed(bootstrap: str, group: str, topic: str = ALERTS) -> int:
     """Sum of ``group``'s committed offsets over ``topic`` (0 where none).
 
-    Compared with the number of records produced, not with end offsets: the
-    embedded Tansu 0.6.0 reports the last batch's base offset + 1 as the end.
+    Compared with the number of records produced (end offsets would also count the
+    markers of transactional producers).
     """
 
     async def main() -> int:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
         await consumer.start()
         try:
-            await consumer.topics()
-            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            tps = await partitions_of(bootstrap, [topic])
             return sum([(await consumer.committed(tp)) or 0 for tp in tps])
         finally:
             await consumer.stop()
@@ -112,7 +112,7 @@ def fast_policy(**kw: Any) -> RetryPolicy:
 
 
 @pytest.fixture
-def loopback_settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def loopback_settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
     return make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1",
         APP_WEBHOOK_SECRET=SECRET,
@@ -130,7 +130,7 @@ def outbox(settings: Settings) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.integration
 def test_every_alert_reaches_the_receiver_exactly_once(
-    broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     alerts = [make_alert(i) for i in range(40)] + [make_alert(i, "resolved") for i in range(40, 60)]
     pending = make_alert(99, "pending")
@@ -156,7 +156,7 @@ def test_every_alert_reaches_the_receiver_exactly_once(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_refused_messages_are_dead_lettered_and_logged(
-    broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     alert = make_alert(1)
     produce(broker.bootstrap, ALERTS, [(b"k", alert.to_json())])
@@ -186,7 +186,7 @@ def test_refused_messages_are_dead_lettered_and_logged(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_stop_during_retries_keeps_the_message_pending(
-    broker: EmbeddedBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture, tmp_path: Path
+    broker: KafkaBroker, loopback_settings: Settings, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     produce(broker.bootstrap, ALERTS, [(b"k", make_alert(1).to_json())])
     stats, stopped_in = run_pair(
@@ -201,7 +201,7 @@ def test_stop_during_retries_keeps_the_message_pending(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_refused_url_disables_the_receiver_and_keeps_its_messages(
-    broker: EmbeddedBroker, settings: Settings, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     produce(broker.bootstrap, ALERTS, [(b"k", make_alert(1).to_json())])
     cfg = Settings(**{**settings.__dict__, "webhook_secret": SECRET})

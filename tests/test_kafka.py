@@ -8,22 +8,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT
 from app.kafka import end_offsets
+from tests.conftest import reset_topics
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.integration]
 
 
-def test_end_offsets_count_every_record_even_in_multi_record_batches(broker: EmbeddedBroker) -> None:
+def test_end_offsets_count_every_record_even_in_multi_record_batches(broker: KafkaBroker) -> None:
     async def produce() -> None:
         p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=50)
         await p.start()
         try:
-            for n in (300, 50):  # two batches; Tansu's ListOffsets alone would say 301
+            for n in (300, 50):  # two multi-record batches
                 futs = [await p.send("events.logs", value=b"x", partition=0) for _ in range(n)]
                 await asyncio.gather(*futs)
             await (await p.send("events.logs", value=b"y", partition=1))
@@ -40,8 +41,9 @@ def test_the_embedded_broker_dies_with_its_owner_even_on_kill_9(tmp_path: Path) 
     pid_file = tmp_path / "pid"
     script = (
         "import sys, time\n"
-        "from app.broker import EmbeddedBroker\n"
-        "b = EmbeddedBroker().start()\n"
+        "from pathlib import Path\n"
+        "from app.broker import KafkaBroker\n"
+        f"b = KafkaBroker(Path({str(tmp_path / 'kafka')!r})).start()\n"
         f"open({str(pid_file)!r}, 'w').write(str(b.pid))\n"
         "time.sleep(60)\n"
     )
@@ -64,3 +66,29 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_reset_forgets_committed_offsets(broker: KafkaBroker) -> None:
+    """The per-test reset (tests/conftest.py) leaves no committed offset behind: a group that
+    committed before the reset starts from the beginning after it."""
+
+    async def commit_then_read_position() -> tuple[int | None, int | None]:
+        tp = TopicPartition("events.logs", 0)
+        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await p.start()
+        await (await p.send("events.logs", value=b"x", partition=0))
+        await p.stop()
+        c = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="g-reset", enable_auto_commit=False)
+        await c.start()
+        c.assign([tp])
+        await c.commit({tp: 1})
+        before = await c.committed(tp)
+        await c.stop()
+        await reset_topics(broker.bootstrap)
+        c = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="g-reset", enable_auto_commit=False)
+        await c.start()
+        after = await c.committed(tp)
+        await c.stop()
+        return before, after
+
+    assert asyncio.run(commit_then_read_position()) == (1, None)

@@ -13,7 +13,7 @@ import pytest
 
 from app import store_sync
 from app.alerts import Alert
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT, Settings
 from app.store import AlertStore
 from app.topics import ALERTS
@@ -120,9 +120,7 @@ def test_readers_in_other_processes_see_committed_writes(tmp_path: Path) -> None
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_store_sync_role_applies_the_topic_once_and_commits(
-    broker: EmbeddedBroker, settings: Settings
-) -> None:
+def test_store_sync_role_applies_the_topic_once_and_commits(broker: KafkaBroker, settings: Settings) -> None:
     alerts = [episode("firing", T0, T0, f"d{i}") for i in range(30)]
     alerts += [episode("resolved", T0, T1, f"d{i}") for i in range(10)]
     records = [(a.fingerprint.encode(), a.to_json()) for a in alerts]
@@ -173,7 +171,7 @@ def test_operator_records_are_applied_once_and_notifications_only_move_forward(t
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_a_lost_store_is_rebuilt_from_the_topics(broker: EmbeddedBroker, settings: Settings) -> None:
+def test_a_lost_store_is_rebuilt_from_the_topics(broker: KafkaBroker, settings: Settings) -> None:
     alerts = [episode("firing", T0, T0, f"d{i}") for i in range(5)] + [episode("resolved", T0, T1, "d0")]
     produce(broker.bootstrap, ALERTS, [(a.fingerprint.encode(), a.to_json()) for a in alerts])
 

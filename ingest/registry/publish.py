@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from app.config import Settings
 from app.errors import BrokerError
-from app.kafka import make_consumer
+from app.kafka import make_consumer, partitions_of
 from ingest.publisher import Publisher
 from ingest.registry.load import TableRecord
 from ingest.registry.model import TableSpec
@@ -57,11 +56,7 @@ async def read_table(settings: Settings, topic: str, timeout_s: float = 30.0) ->
     deadline = time.monotonic() + timeout_s
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await asyncio.wait_for(consumer.force_metadata_update(), timeout_s)
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        tps = await partitions_of(settings.bootstrap_servers, [topic], timeout_s)
         if not tps:
             return rows
         consumer.assign(tps)

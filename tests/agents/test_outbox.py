@@ -15,7 +15,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
 from agents.wiring import MAX_QUEUED_BATCHES, Outbox, TableStore, commit_hooks
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.kafka import CachedPartitioner
 from app.topics import TopicSpec, ensure_topics
 from tests.agents.test_table_store import TOPIC, fake_table
@@ -68,7 +68,7 @@ async def _through_broker(
 
 
 @pytest.mark.slow
-def test_records_land_on_the_default_partition_in_order(broker: EmbeddedBroker) -> None:
+def test_records_land_on_the_default_partition_in_order(broker: KafkaBroker) -> None:
     """Real broker: 3,000 records over 4 partitions and two topics, in batches small
     enough that each partition's records fill several."""
     topics = {"out.a": 4, "out.b": 1}
@@ -233,7 +233,7 @@ def test_past_the_queue_bound_a_batch_waits_for_the_queue_to_drain() -> None:
 
 @pytest.mark.slow
 def test_placed_records_and_tombstones_land_on_their_given_partitions_in_order(
-    broker: EmbeddedBroker,
+    broker: KafkaBroker,
 ) -> None:
     """Real broker: the state changelog goes out on the partition each record names (the
     partition of the events that own the state), not where the key would hash, with its

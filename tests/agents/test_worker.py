@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import EmbeddedBroker, free_port
+from app.broker import KafkaBroker, free_port
 from app.config import PROJECT_ROOT
 from app.rules.loader import load_rules
 from ingest.adapters.nab import nab_events
-from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
+from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, wait_for
 
@@ -45,7 +45,7 @@ def receiver_stats(port: int) -> dict[str, Any] | None:
         return None
 
 
-def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: KafkaBroker, tmp_path: Path) -> None:
     lines = nab_lines(N_EVENTS)
     bad = [
         b"{this is not json",
@@ -113,14 +113,18 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: EmbeddedBroker, tmp_p
     assert dlq[1]["field"] == "temperature" and dlq[1]["source"] == "sensors"
 
 
-def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(
-    broker: EmbeddedBroker, tmp_path: Path
-) -> None:
+def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(tmp_path: Path) -> None:
     """SIGTERM stops a worker whose brokers all went away within seconds: Faust waited up to
     60 s for aiokafka's consumer thread, which retries the lost cluster until then."""
     metrics = free_port()
-    env = role_env(broker, tmp_path, APP_METRICS_PORT=str(metrics))
-    with role(["agents", "worker"], env, tmp_path / "worker.log") as proc:
+    with (
+        own_broker(tmp_path / "kafka") as broker,
+        role(
+            ["agents", "worker"],
+            role_env(broker, tmp_path, APP_METRICS_PORT=str(metrics)),
+            tmp_path / "worker.log",
+        ) as proc,
+    ):
         wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
         time.sleep(2)  # past its start-up: consuming, committing
         broker.stop()
@@ -132,12 +136,11 @@ def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(
         assert proc.returncode == 0
 
 
-def role_env(broker: EmbeddedBroker, tmp_path: Path, **extra: str) -> dict[str, str]:
+def role_env(broker: KafkaBroker, tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a role under test against ``broker`` (the fixture's 2 partitions)."""
     return child_env(
         KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
         APP_DATA_DIR=str(tmp_path / "data"),
-        APP_KAFKA_IDEMPOTENCE="off",
         APP_PARTITIONS="2",
         **extra,
     )

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.rules.evaluator import partition_for
 from app.rules.loader import load_rules
 from tests.agents.test_worker_kinds import PARTITIONS, worker_env
@@ -42,7 +42,7 @@ def readings(minutes: range) -> list[bytes]:
     ]
 
 
-def send(broker: EmbeddedBroker, values: list[bytes]) -> None:
+def send(broker: KafkaBroker, values: list[bytes]) -> None:
     produce(broker.bootstrap, "events.sensors", [(orjson.loads(v)["device_id"].encode(), v) for v in values])
 
 
@@ -50,7 +50,7 @@ def ready(log: Path, count: int = 1) -> bool:
     return log.exists() and log.read_text(errors="replace").count("Worker ready") >= count
 
 
-def test_two_workers_share_partitions_and_hand_over_state(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_two_workers_share_partitions_and_hand_over_state(broker: KafkaBroker, tmp_path: Path) -> None:
     # PARTITIONS (2) is the broker fixture's count: one source partition per worker while both run
     assert len({partition_for(d.encode(), PARTITIONS) for d in DEVICES}) == PARTITIONS, "devices must spread"
     rules_dir = tmp_path / "rules"
@@ -90,7 +90,7 @@ def test_two_workers_share_partitions_and_hand_over_state(broker: EmbeddedBroker
 
 
 def test_a_worker_refuses_topics_whose_partition_count_is_not_app_partitions(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path
 ) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.rules.loader import load_rules
 from app.tables import Tables
 from ingest.adapters.apache import apache_events
@@ -65,11 +65,10 @@ DEVICES = [
 ]
 
 
-def worker_env(broker: EmbeddedBroker, tmp_path: Path, rules_dir: Path) -> dict[str, str]:
+def worker_env(broker: KafkaBroker, tmp_path: Path, rules_dir: Path) -> dict[str, str]:
     return child_env(
         KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
         APP_DATA_DIR=str(tmp_path / "data"),
-        APP_KAFKA_IDEMPOTENCE="off",
         APP_PARTITIONS=str(PARTITIONS),
         APP_RULES_DIR=str(rules_dir),
     )
@@ -87,7 +86,7 @@ def sensor(minute: int, device: str, temp: float) -> bytes:
                          "temperature": temp})  # fmt: skip
 
 
-def test_kinds_through_faust_match_the_backtest(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_kinds_through_faust_match_the_backtest(broker: KafkaBroker, tmp_path: Path) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "kinds.yaml").write_text(RULES)
@@ -133,7 +132,7 @@ def _rule(rule_id: str, where: str) -> str:
 
 
 def test_hot_reload_applies_valid_edits_and_keeps_the_last_good_rules(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path
 ) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
@@ -172,7 +171,7 @@ def test_hot_reload_applies_valid_edits_and_keeps_the_last_good_rules(
         assert hot[0]["rule_version"] != hot[1]["rule_version"]
 
 
-def test_restart_resumes_window_state_from_the_changelog(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_restart_resumes_window_state_from_the_changelog(broker: KafkaBroker, tmp_path: Path) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "w.yaml").write_text(
@@ -202,7 +201,7 @@ def test_restart_resumes_window_state_from_the_changelog(broker: EmbeddedBroker,
 
 
 def test_a_state_too_large_for_a_changelog_record_stays_in_memory(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path
 ) -> None:
     """One client IP's burst fills its sliding window past what one Kafka record may hold:
     the worker keeps that state in memory, logs it once, and goes on alerting. (The

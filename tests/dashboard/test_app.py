@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.alerts import Alert
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT
 from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
 from app.dispatch.config import load_routes
@@ -142,14 +142,12 @@ def test_actions_without_a_broker_say_why_nothing_was_sent(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_ack_silence_and_unsilence_buttons_publish_commands_the_store_and_dispatcher_apply(
-    data_dir: Path, broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
-    monkeypatch.setenv("APP_KAFKA_IDEMPOTENCE", "off")
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
         "APP_DATA_DIR": str(data_dir),
-        "APP_KAFKA_IDEMPOTENCE": "off",
     }
     hot = alert("pump-7", "firing")
     publish(broker.bootstrap, ALERTS, [hot])

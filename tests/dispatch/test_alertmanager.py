@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.broker import EmbeddedBroker, free_port
+from app.broker import KafkaBroker, free_port
 from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import publish
@@ -72,7 +72,7 @@ def _alerts(url: str) -> list[dict[str, Any]]:
 
 
 def test_firing_and_resolved_alerts_are_pushed_to_alertmanager(
-    broker: EmbeddedBroker, alertmanager: str, tmp_path: Path
+    broker: KafkaBroker, alertmanager: str, tmp_path: Path
 ) -> None:
     cfg = make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1",

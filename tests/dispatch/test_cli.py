@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app import store_sync
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.cli import main
 from app.config import PROJECT_ROOT
 from app.store import AlertStore
@@ -47,13 +47,12 @@ def sync_until(settings_env: dict[str, str], done: str) -> None:
 
 
 def test_list_silence_ack_show_and_unsilence(
-    broker: EmbeddedBroker,
+    broker: KafkaBroker,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path / "data"),
-           "APP_KAFKA_IDEMPOTENCE": "off"}  # fmt: skip
+    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     d1, d2 = alert("d1"), alert("d2")

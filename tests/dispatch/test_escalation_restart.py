@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.dispatch.base import iso
 from app.dispatch.commands import AckCommand
 from app.topics import ALERTS, COMMANDS
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 @pytest.mark.parametrize("lose_state", [False, True], ids=["state-kept", "state-lost"])
 def test_an_escalation_pending_at_restart_still_escalates_once(
-    broker: EmbeddedBroker, tmp_path: Path, lose_state: bool
+    broker: KafkaBroker, tmp_path: Path, lose_state: bool
 ) -> None:
     cfg = make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"

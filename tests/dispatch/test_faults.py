@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.topics import ALERTS
 from tests.conftest import child_env, make_settings
@@ -23,13 +23,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_kill_9_mid_delivery_loses_nothing_and_resends_under_the_same_id(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path
 ) -> None:
     alerts = [alert(f"d{i}") for i in range(8)]
     publish(broker.bootstrap, ALERTS, alerts)
     env = child_env(
         KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(tmp_path / "data"),
-        APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1", APP_KAFKA_IDEMPOTENCE="off", APP_PARTITIONS="2",
+        APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1", APP_PARTITIONS="2",
     )  # fmt: skip
     with http_receiver(delay_s=1.0) as rx:
         env["APP_ROUTES_FILE"] = str(write_routes(tmp_path / "routes.yaml", rx.url()))
@@ -53,9 +53,7 @@ def test_kill_9_mid_delivery_loses_nothing_and_resends_under_the_same_id(
     assert caught_up_s < 20
 
 
-def test_restarts_and_a_lost_state_file_neither_flood_nor_lose(
-    broker: EmbeddedBroker, tmp_path: Path
-) -> None:
+def test_restarts_and_a_lost_state_file_neither_flood_nor_lose(broker: KafkaBroker, tmp_path: Path) -> None:
     cfg: Settings = make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app import dispatch_role
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.dispatch.config import load_routes
 from app.dispatch.reload import RoutesWatcher
@@ -24,7 +24,7 @@ from tests.dispatch.test_lifecycle import TIMERS
 BROKEN = "route:\n  receiver: nobody\n  group_wait: soon\n"
 
 
-def role_settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def role_settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
     """The dispatch role on the test broker, allowed to post to the local receiver."""
     return make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
@@ -66,7 +66,7 @@ def test_watcher_adopts_a_valid_edit_and_keeps_the_last_good_config_on_errors(tm
 @pytest.mark.slow
 @pytest.mark.integration
 def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
-    broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = role_settings(broker, tmp_path)
     routes = tmp_path / "routes.yaml"
@@ -105,7 +105,7 @@ def test_the_role_applies_an_edited_routes_file_and_rejects_a_broken_one(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_edited_retry_settings_apply_to_the_next_attempt_without_a_restart(
-    broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = role_settings(broker, tmp_path)
     routes = tmp_path / "routes.yaml"

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app import dispatch_role
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.dispatch.base import iso
 from app.dispatch.commands import SilenceCommand
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture
-def cfg(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def cfg(broker: KafkaBroker, tmp_path: Path) -> Settings:
     return make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
     )
@@ -55,7 +55,7 @@ def run_role(
 
 
 def test_alerts_are_routed_signed_silenced_and_logged(
-    cfg: Settings, broker: EmbeddedBroker, tmp_path: Path
+    cfg: Settings, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     fired = [alert(f"d{i}") for i in range(4)]
     silenced = alert("quiet-1")
@@ -85,7 +85,7 @@ def test_alerts_are_routed_signed_silenced_and_logged(
 
 
 def test_a_4xx_is_dead_lettered_and_a_5xx_outage_loses_nothing(
-    cfg: Settings, broker: EmbeddedBroker, tmp_path: Path
+    cfg: Settings, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     alerts = [alert(f"d{i}") for i in range(6)]
     with http_receiver(status=503, by_path={"/strict": 400}) as rx:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import EmbeddedBroker, free_port
+from app.broker import KafkaBroker, free_port
 from app.config import PROJECT_ROOT
 from app.kafka import end_offsets
 from tests.conftest import APACHE_LOG, NAB_MACHINE_TEMP, child_env, require_dataset
@@ -36,8 +36,8 @@ def _ingest(
     )
 
 
-def _broker_env(broker: EmbeddedBroker, **extra: str) -> dict[str, str]:
-    return child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_KAFKA_IDEMPOTENCE="off", **extra)
+def _broker_env(broker: KafkaBroker, **extra: str) -> dict[str, str]:
+    return child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, **extra)
 
 
 @pytest.mark.timeout(90)
@@ -77,7 +77,7 @@ def test_bad_field_and_missing_bootstrap_are_usage_errors(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(90)
-def test_replay_cli_prints_the_summary(broker: EmbeddedBroker) -> None:
+def test_replay_cli_prints_the_summary(broker: KafkaBroker) -> None:
     path = require_dataset(NAB_MACHINE_TEMP)
     args = ["replay", str(path), "--topic", topics.SENSORS, "--format", "nab"]
     result = _ingest(
@@ -94,7 +94,7 @@ def test_replay_cli_prints_the_summary(broker: EmbeddedBroker) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_sigterm_stops_cleanly_and_what_was_reported_is_on_the_topic(broker: EmbeddedBroker) -> None:
+def test_sigterm_stops_cleanly_and_what_was_reported_is_on_the_topic(broker: KafkaBroker) -> None:
     path = require_dataset(NAB_MACHINE_TEMP)
     port = free_port()
     args = ["replay", str(path), "--topic", topics.SENSORS, "--format", "nab", "--device", "m1"]

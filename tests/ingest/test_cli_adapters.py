@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import EmbeddedBroker, free_port
+from app.broker import KafkaBroker, free_port
 from app.config import PROJECT_ROOT
 from app.events import parse_ts
 from ingest.cli import main
@@ -38,14 +38,14 @@ def _ingest(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-def _env(broker: EmbeddedBroker, **extra: str) -> dict[str, str]:
-    return child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_KAFKA_IDEMPOTENCE="off", **extra)
+def _env(broker: KafkaBroker, **extra: str) -> dict[str, str]:
+    return child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, **extra)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(90)
-def test_simulate_fleet_publishes_the_seeded_events(broker: EmbeddedBroker) -> None:
+def test_simulate_fleet_publishes_the_seeded_events(broker: KafkaBroker) -> None:
     args = ["simulate", "fleet", "--seed", "42", "--sensors", "3", "--vehicles", "2", "--start", START]
     result = _ingest(*args, "--count", "300", "--fast", env=_env(broker))
     assert result.returncode == 0, result.stderr
@@ -66,7 +66,7 @@ def test_simulate_fleet_publishes_the_seeded_events(broker: EmbeddedBroker) -> N
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(90)
-def test_simulate_ticks_for_a_bounded_event_time(broker: EmbeddedBroker) -> None:
+def test_simulate_ticks_for_a_bounded_event_time(broker: KafkaBroker) -> None:
     args = ["simulate", "ticks", "--seed", "7", "--symbols", "AAPL,IBM", "--start", START, "--duration", "60"]
     result = _ingest(*args, "--fast", env=_env(broker))
     assert result.returncode == 0, result.stderr
@@ -80,7 +80,7 @@ def test_simulate_ticks_for_a_bounded_event_time(broker: EmbeddedBroker) -> None
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(90)
-def test_syslog_sigterm_flushes_and_prints_the_summary(broker: EmbeddedBroker) -> None:
+def test_syslog_sigterm_flushes_and_prints_the_summary(broker: KafkaBroker) -> None:
     port, metrics = udp_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ingest", "syslog", "--udp", f"127.0.0.1:{port}"],

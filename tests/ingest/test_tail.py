@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import PROJECT_ROOT, Settings
 from ingest.tail.state import load_state
 from ingest.tail.tailer import TailOptions, tail
@@ -96,11 +96,11 @@ def test_stack_traces_join_and_bad_lines_go_to_the_dlq_with_their_offset(
 
 @pytest.mark.timeout(90)
 def test_kill_9_then_restart_loses_nothing_and_sigterm_prints_the_summary(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path
 ) -> None:
     log, state = tmp_path / "app.log", tmp_path / "tail.state"
     _append(log, 0, 3000)
-    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_KAFKA_IDEMPOTENCE="off")
+    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap)
     args = [sys.executable, "-m", "ingest", "tail", str(log), "--format", "applog", "--host", "app-1",
             "--state", str(state), "--poll", "0.05"]  # fmt: skip
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.cli import main
 from tests.conformance.test_threshold import RULES, crafted
 from tests.kafka_helpers import produce
@@ -28,7 +28,7 @@ def per_device(lines: list[str]) -> list[str]:
 
 
 def test_file_and_topic_backtests_on_spark_print_the_faust_engines_lines(
-    spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events = [orjson.dumps(e) for e in crafted()]
     path = tmp_path / "crafted.jsonl"

@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.errors import IngestDecodeError
 from app.events import SENSORS
@@ -79,7 +79,7 @@ def run_once(spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trig
 
 
 def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
-    spark: SparkSession, broker: EmbeddedBroker, settings: Settings, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
 ) -> None:
     ruleset = both_engines()
     lines = nab_lines(6000)  # several overheat episodes and a cold streak
@@ -112,7 +112,7 @@ def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
 
 
 def test_the_sink_writes_a_batch_once_by_its_id(
-    spark: SparkSession, broker: EmbeddedBroker, settings: Settings, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
 ) -> None:
     rows = [
         ("alert", "alerts", "fp1", '{"alert_id": "a1"}', 0, 5, 0, "r", "firing", "a1"),

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from app.broker import EmbeddedBroker, free_port
+from app.broker import KafkaBroker, free_port
 from jobs.kafka_source import read_kafka
 from tests.spark.conftest import await_query, collect_batches, produce_to
 
@@ -59,9 +59,7 @@ def run_stream(spark: SparkSession, opts: dict[str, str], checkpoint: Path) -> d
     return batches
 
 
-def test_batch_read_has_the_builtin_schema_and_every_record(
-    spark: SparkSession, broker: EmbeddedBroker
-) -> None:
+def test_batch_read_has_the_builtin_schema_and_every_record(spark: SparkSession, broker: KafkaBroker) -> None:
     fill(broker.bootstrap, 30)
     df = read_kafka(spark, options(broker.bootstrap), streaming=False)
     assert df.schema == StructType.fromDDL(BUILTIN)
@@ -72,9 +70,7 @@ def test_batch_read_has_the_builtin_schema_and_every_record(
     assert first["timestamp"] is not None and first["timestampType"] == 0
 
 
-def test_batch_json_starting_and_ending_offsets_are_exact(
-    spark: SparkSession, broker: EmbeddedBroker
-) -> None:
+def test_batch_json_starting_and_ending_offsets_are_exact(spark: SparkSession, broker: KafkaBroker) -> None:
     fill(broker.bootstrap, 20)
     opts = options(
         broker.bootstrap,
@@ -86,7 +82,7 @@ def test_batch_json_starting_and_ending_offsets_are_exact(
 
 
 def test_stream_latest_skips_the_backlog_and_a_restart_resumes_exactly(
-    spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     fill(broker.bootstrap, 10)
     ckpt = tmp_path / "ckpt"
@@ -102,7 +98,7 @@ def test_stream_latest_skips_the_backlog_and_a_restart_resumes_exactly(
 
 
 def test_max_offsets_per_trigger_bounds_each_batch_and_a_restart_has_no_gap_or_duplicate(
-    spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     fill(broker.bootstrap, 40)
     ckpt = tmp_path / "ckpt"
@@ -118,7 +114,7 @@ def test_max_offsets_per_trigger_bounds_each_batch_and_a_restart_has_no_gap_or_d
 
 
 def test_stream_json_starting_offsets_per_partition(
-    spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     fill(broker.bootstrap, 6)
     opts = options(broker.bootstrap, startingOffsets=json.dumps({TOPIC: {"0": 4, "1": -1}}))
@@ -126,7 +122,7 @@ def test_stream_json_starting_offsets_per_partition(
     assert offsets_of([r for rows in batches.values() for r in rows]) == [(0, 4), (0, 5)]
 
 
-def test_missing_topic_is_a_clear_error(spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_missing_topic_is_a_clear_error(spark: SparkSession, broker: KafkaBroker, tmp_path: Path) -> None:
     opts = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": "no.such.topic"}
     with pytest.raises(Exception, match=r"topic\(s\) no\.such\.topic do not exist on 127\.0\.0\.1"):
         read_kafka(spark, opts, streaming=False).collect()
@@ -141,7 +137,7 @@ def test_unreachable_broker_is_a_clear_error(spark: SparkSession) -> None:
 
 
 def test_the_setting_switches_to_the_native_connector(
-    spark: SparkSession, broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", "kafka")
     # the spark-sql-kafka-0-10 jar is not installed here, so Spark must say it looked for "kafka"

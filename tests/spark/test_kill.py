@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from jobs.engine import marker_path
 from jobs.sink import BatchMarker
@@ -33,7 +33,7 @@ def spark_role(rules: Path) -> list[str]:
 
 
 def test_a_killed_driver_resumes_without_lost_alerts_or_new_ids(
-    spark: SparkSession, broker: EmbeddedBroker, settings: Settings, tmp_path: Path
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
 ) -> None:
     ruleset = both_engines()
     rules = RULES
@@ -42,7 +42,6 @@ def test_a_killed_driver_resumes_without_lost_alerts_or_new_ids(
     env = child_env(
         KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
         APP_DATA_DIR=str(settings.data_dir),
-        APP_KAFKA_IDEMPOTENCE="off",
         APP_PARTITIONS="2",
     )
     marker = BatchMarker(marker_path(settings))

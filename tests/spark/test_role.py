@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from tests.conftest import child_env
 from tests.procs import processes_with_env, role, wait_for
 from tests.spark.test_engine import RULES
@@ -37,14 +37,12 @@ def gone(marker: str, timeout_s: float = 5.0) -> list[int]:
     ],
 )
 def test_sigterm_exits_zero_and_leaves_nothing(
-    broker: EmbeddedBroker, tmp_path: Path, engine: str, ready: str, group: bool
+    broker: KafkaBroker, tmp_path: Path, engine: str, ready: str, group: bool
 ) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.read_text().replace("engine: both", f"engine: {engine}"))
     data = tmp_path / "data"
-    env = child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(data), APP_KAFKA_IDEMPOTENCE="off"
-    )
+    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(data))
     log = tmp_path / "spark.log"
     with role(["app", "spark", "--master", "local[2]", "--rules", str(rules)], env, log) as proc:
         wait_for(lambda: ready in log.read_text(errors="replace"), timeout_s=120, what=ready)

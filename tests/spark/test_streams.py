@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import EmbeddedBroker
+from app.broker import KafkaBroker
 from app.config import Settings
 from app.rules.loader import load_rules
 from app.topics import DEVICES_TABLE
@@ -36,7 +36,7 @@ def ids_by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]
 
 
 def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
-    spark: SparkSession, broker: EmbeddedBroker, settings: Settings
+    spark: SparkSession, broker: KafkaBroker, settings: Settings
 ) -> None:
     ruleset = load_rules([RULES])
     sensors = [(b"machine-temp-1", v) for v in nab_lines(3000)]
