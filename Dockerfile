@@ -12,6 +12,16 @@ COPY app ./app
 RUN python -c "from app import native; raise SystemExit(native.build())" \
  && python -c "from app import native; native.activate(); print(native.status())" | grep '^compiled'
 
+# Stage 2: the JVM artifacts from Maven Central (deps/*/pom.xml): Apache Kafka for the
+# all-in-one `run` without KAFKA_BOOTSTRAP_SERVERS, and Spark's Kafka connector.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /opt/streamalert
+COPY deps ./deps
+RUN for d in kafka spark-kafka; do \
+      mvn -q -B -f deps/$d/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory=/opt/streamalert/.cache/jars/$d || exit 1; \
+    done
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -43,6 +53,7 @@ COPY rules ./rules
 COPY jobs ./jobs
 COPY config ./config
 COPY --from=native /opt/streamalert/build ./build
+COPY --from=jars /opt/streamalert/.cache/jars ./.cache/jars
 
 USER streamalert
 ENV PYSPARK_PYTHON=/usr/local/bin/python \
