@@ -39,6 +39,7 @@ from aiokafka.errors import KafkaError
 
 from app.config import PROJECT_ROOT
 from app.errors import BrokerError
+from app.kafka_auth import KafkaAuth
 
 logger = logging.getLogger(__name__)
 
@@ -169,11 +170,16 @@ def _listening(bootstrap: str) -> bool:
         return False
 
 
-async def probe(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when a Kafka metadata request to ``bootstrap`` succeeds in time and names a broker."""
+async def probe(bootstrap: str, timeout_s: float = 5.0, auth: KafkaAuth | None = None) -> bool:
+    """True when a Kafka metadata request to ``bootstrap`` (as ``auth`` says) succeeds in time
+    and names a broker."""
     if not _listening(bootstrap.split(",")[0]):
         return False
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=int(timeout_s * 1000),
+        **(auth or KafkaAuth()).client_options(),
+    )
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         return bool(client.cluster.brokers())
@@ -189,10 +195,23 @@ class KafkaBroker:
     ``home`` holds ``log/`` (the KRaft log dir), ``server.properties``, ``log4j2.properties``,
     ``ports.json`` and ``broker.log`` (the process's output). Use as a context manager or
     call :meth:`start` and :meth:`stop`.
+
+    ``sasl_users`` (user -> password) makes the client listener ``SASL_PLAINTEXT`` with the
+    PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 mechanisms for those users; the first user is
+    the broker's own (inter-broker) identity. SCRAM credentials are created when the log
+    dir is formatted, so they take effect on a new ``home`` only.
     """
 
-    def __init__(self, home: Path, *, port: int | None = None, heap: str | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        port: int | None = None,
+        heap: str | None = None,
+        sasl_users: dict[str, str] | None = None,
+    ) -> None:
         self.home = home
+        self.sasl_users = dict(sasl_users or {})
         self.log_dir = home / "log"
         self.output = home / "broker.log"
         self._want_port = port
@@ -226,15 +245,53 @@ class KafkaBroker:
             json.dumps({"port": self.port, "controller_port": self.controller_port})
         )
 
+    @property
+    def admin_auth(self) -> KafkaAuth:
+        """How the broker's own (first) user connects; plaintext without SASL users."""
+        if not self.sasl_users:
+            return KafkaAuth()
+        user, password = next(iter(self.sasl_users.items()))
+        return KafkaAuth(
+            protocol="SASL_PLAINTEXT", mechanism="SCRAM-SHA-256", username=user, password=password
+        )
+
+    def _listener_props(self) -> dict[str, str]:
+        controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
+        if not self.sasl_users:
+            return {
+                "listeners": f"PLAINTEXT://127.0.0.1:{self.port},{controller}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            }
+        admin, secret = next(iter(self.sasl_users.items()))
+        plain_users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+        props = {
+            "listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port},{controller}",
+            "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{admin}" password="{secret}" {plain_users};'
+            ),
+        }
+        for mech in ("scram-sha-256", "scram-sha-512"):
+            props[f"listener.name.sasl_plaintext.{mech}.sasl.jaas.config"] = (
+                f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
+                f'password="{secret}";'
+            )
+        return props
+
     def _write_config(self) -> Path:
         props = {
             **SERVER_DEFAULTS,
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            **self._listener_props(),
             "log.dirs": str(self.log_dir),
         }
         path = self.home / "server.properties"
+        path.touch(mode=0o600)  # it may hold passwords
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.home / "log4j2.properties").write_text(LOG4J2)
         return path
@@ -251,6 +308,9 @@ class KafkaBroker:
         if (self.log_dir / "meta.properties").exists():
             return
         argv = self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config))
+        for user, password in self.sasl_users.items():
+            for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+                argv += ["--add-scram", f"{mech}=[name={user},password={password}]"]
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
             [*argv, "--ignore-formatted"], capture_output=True, timeout=120, check=False
         )
@@ -285,7 +345,7 @@ class KafkaBroker:
                 )
                 self._proc = None
                 raise BrokerError(msg)
-            if asyncio.run(probe(self.bootstrap, timeout_s=2.0)):
+            if asyncio.run(probe(self.bootstrap, timeout_s=2.0, auth=self.admin_auth)):
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",

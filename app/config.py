@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import ConfigError
+from app.kafka_auth import AUTH_ENV_DOCS, KafkaAuth
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Kafka cluster to use. Unset: `make run` starts the embedded Apache Kafka broker "
         "(single-node KRaft, log dir under APP_DATA_DIR) on loopback and passes its address to every role.",
     ),
+    **AUTH_ENV_DOCS,
     "APP_PARTITIONS": (
         "4",
         "Partitions for each event and alert topic created. The rule worker refuses to start when "
@@ -149,6 +151,7 @@ class Settings:
     replay_limit: int
     metrics_port: int
     log_level: str
+    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
 
     @property
     def embedded(self) -> bool:
@@ -202,6 +205,7 @@ class Settings:
             replay_limit=_int(env, "APP_REPLAY_LIMIT", minimum=1),
             metrics_port=_int(env, "APP_METRICS_PORT"),
             log_level=level,
+            kafka_auth=KafkaAuth.from_env(env),
         )
 
 

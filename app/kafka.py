@@ -17,8 +17,25 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from app.config import Settings
 from app.errors import BrokerError
+from app.kafka_auth import KafkaAuth
 
 logger = logging.getLogger(__name__)
+
+#: Where a helper connects: a settings object (its cluster and its TLS/SASL settings), or a
+#: bare ``host:port[,host:port]`` string (plaintext, no authentication: tests and the
+#: embedded broker).
+Target = Settings | str
+
+
+def connection(target: Target) -> dict[str, Any]:
+    """aiokafka's ``bootstrap_servers`` and security keyword arguments for ``target``."""
+    if isinstance(target, Settings):
+        return {"bootstrap_servers": target.bootstrap_servers, **target.kafka_auth.client_options()}
+    return {"bootstrap_servers": target, **KafkaAuth().client_options()}
+
+
+def bootstrap_of(target: Target) -> str:
+    return target.bootstrap_servers if isinstance(target, Settings) else target
 
 
 #: Most key hashes a :class:`KeyHashes` keeps before it starts over.
@@ -63,7 +80,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """A producer with acks=all, 5 ms linger, bounded in-flight buffering and the
     :class:`CachedPartitioner`."""
     options: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
+        **connection(settings),
         "partitioner": CachedPartitioner(),
         "acks": "all",
         "linger_ms": 5,
@@ -78,7 +95,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
     """A consumer reading from the earliest offset unless told otherwise."""
     options: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
+        **connection(settings),
         "auto_offset_reset": "earliest",
         "enable_auto_commit": False,
     }
@@ -86,7 +103,7 @@ def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafk
     return AIOKafkaConsumer(*topics, **options)
 
 
-async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
+async def end_offsets(bootstrap: Target, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
     """Records ever written to each topic: the sum of its partitions' high watermarks.
 
     A topic that does not exist counts 0.
@@ -99,37 +116,39 @@ async def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0
 
 
 async def topic_partitions(
-    bootstrap: str, topics: list[str], timeout_s: float = 10.0
+    bootstrap: Target, topics: list[str], timeout_s: float = 10.0
 ) -> dict[str, list[int]]:
     """The partition numbers of each of ``topics`` that exists, from a metadata request for all
     topics. (A consumer's ``topics()`` asks the same but keeps the answer to itself: its own
     metadata knows only the topics it subscribed to or was assigned.)"""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(**connection(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
         found = cluster.topics()
         return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
     except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read topic metadata from {bootstrap}: {exc!r}"
+        msg = f"cannot read topic metadata from {bootstrap_of(bootstrap)}: {exc!r}"
         raise BrokerError(msg) from exc
     finally:
         await client.close()
 
 
-async def partition_counts(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
+async def partition_counts(bootstrap: Target, topics: list[str], timeout_s: float = 10.0) -> dict[str, int]:
     """How many partitions each of ``topics`` has (topics that do not exist are left out)."""
     return {t: len(ps) for t, ps in (await topic_partitions(bootstrap, topics, timeout_s)).items()}
 
 
-async def partitions_of(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> list[TopicPartition]:
+async def partitions_of(
+    bootstrap: Target, topics: list[str], timeout_s: float = 10.0
+) -> list[TopicPartition]:
     """Every partition of ``topics`` that exists, in topic order then partition order."""
     found = await topic_partitions(bootstrap, topics, timeout_s)
     return [TopicPartition(t, p) for t in topics for p in found.get(t, ())]
 
 
 async def high_watermarks(
-    bootstrap: str, topics: list[str], timeout_s: float = 10.0
+    bootstrap: Target, topics: list[str], timeout_s: float = 10.0
 ) -> dict[TopicPartition, int]:
     """The end offset (high watermark, from ListOffsets latest) of every partition of ``topics``.
 
@@ -139,12 +158,12 @@ async def high_watermarks(
     tps = await partitions_of(bootstrap, topics, timeout_s)
     if not tps:
         return {}
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**connection(bootstrap), enable_auto_commit=False)
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
         return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read end offsets from {bootstrap}: {exc!r}"
+        msg = f"cannot read end offsets from {bootstrap_of(bootstrap)}: {exc!r}"
         raise BrokerError(msg) from exc
     finally:
         await consumer.stop()

@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from app.errors import BrokerError
+from app.kafka import Target, bootstrap_of, connection
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +65,14 @@ def receiver_topic_spec(topic: str) -> TopicSpec:
 
 
 async def ensure_topics(
-    bootstrap: str,
+    bootstrap: Target,
     partitions: int,
     replication_factor: int = 1,
     specs: tuple[TopicSpec, ...] = TOPICS,
     timeout_s: float = 30.0,
 ) -> list[str]:
     """Create every topic in ``specs`` that does not exist yet; return those created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=10_000)
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         existing = set(await admin.list_topics())
@@ -95,7 +96,7 @@ async def ensure_topics(
             logger.info("created topics %s", ", ".join(created))
         return created
     except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot create topics on {bootstrap}: {exc!r}"
+        msg = f"cannot create topics on {bootstrap_of(bootstrap)}: {exc!r}"
         raise BrokerError(msg) from exc
     finally:
         await admin.close()
