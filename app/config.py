@@ -20,6 +20,10 @@ logger = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+#: Public demo values: fine on one machine, refused with APP_ENV=production.
+DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24="  # noqa: S105 - public demo value
+DEMO_COMMAND_SECRET = "demo-command-secret-change-me-in-production"  # noqa: S105 - public demo value
+
 # name -> (default, description). The default "" means unset.
 ENV_DOCS: dict[str, tuple[str, str]] = {
     "KAFKA_BOOTSTRAP_SERVERS": (
@@ -63,8 +67,19 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Where alert webhooks go. Unset under `make run`: the local demo receiver.",
     ),
     "APP_WEBHOOK_SECRET": (
-        "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24=",
-        "Standard Webhooks signing secret (`whsec_` + base64). Change it in production.",
+        DEMO_WEBHOOK_SECRET,
+        "Standard Webhooks signing secret (`whsec_` + base64). `make run` makes one per data dir; "
+        "APP_ENV=production refuses this demo default.",
+    ),
+    "APP_COMMAND_SECRET": (
+        DEMO_COMMAND_SECRET,
+        "Key of the HMAC that signs operator commands (acks, silences); the dispatcher and the alert "
+        "store apply only commands signed with it. `make run` makes one per data dir; "
+        "APP_ENV=production refuses this demo default.",
+    ),
+    "APP_ENV": (
+        "development",
+        "`development` or `production`. Production refuses the demo webhook and command secrets.",
     ),
     "APP_WEBHOOK_ALLOW_PRIVATE": (
         "",
@@ -152,6 +167,8 @@ class Settings:
     metrics_port: int
     log_level: str
     kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
+    command_secret: str = field(default=DEMO_COMMAND_SECRET, repr=False)
+    env: str = "development"
 
     @property
     def embedded(self) -> bool:
@@ -206,7 +223,30 @@ class Settings:
             metrics_port=_int(env, "APP_METRICS_PORT"),
             log_level=level,
             kafka_auth=KafkaAuth.from_env(env),
+            command_secret=_get(env, "APP_COMMAND_SECRET"),
+            env=_environment(env),
         )
+
+
+def _environment(env: Mapping[str, str]) -> str:
+    """``APP_ENV``; in production, the demo secrets are refused with the variable named."""
+    name = _get(env, "APP_ENV").strip().lower()
+    if name not in {"development", "production"}:
+        msg = f"APP_ENV={name!r}: expected development or production"
+        raise ConfigError(msg)
+    if name == "production":
+        for var, demo in (
+            ("APP_WEBHOOK_SECRET", DEMO_WEBHOOK_SECRET),
+            ("APP_COMMAND_SECRET", DEMO_COMMAND_SECRET),
+        ):
+            value = _get(env, var)
+            if value == demo or len(value) < 16:
+                msg = (
+                    f"{var}: APP_ENV=production needs a secret of your own (at least 16 characters), "
+                    "not the demo value"
+                )
+                raise ConfigError(msg)
+    return name
 
 
 def setup_logging(level: str = "INFO") -> None:

@@ -44,7 +44,7 @@ from app.config import Settings
 from app.delivery import OutboxSender, Publisher
 from app.dispatch.acks import Escalation
 from app.dispatch.base import Clock, wall_clock
-from app.dispatch.commands import parse_command
+from app.dispatch.commands import parse_command, verify_command
 from app.dispatch.config import KafkaReceiverConfig, RoutesFile, load_routes
 from app.dispatch.db import DispatchDB
 from app.dispatch.dispatcher import Dispatcher
@@ -64,7 +64,7 @@ INPUTS = (ALERTS, COMMANDS)
 DISPATCHED = Counter(
     "dispatch_records",
     "Input records by topic and outcome: new, duplicate, stale, recorded (pending: kept, not "
-    "notified), applied (command) and invalid.",
+    "notified), applied (command), forged (a command without a valid signature) and invalid.",
     ["topic", "outcome"],
 )
 OUTBOX = Gauge("dispatch_outbox_messages", "Outbox messages by status.", ["status"])
@@ -176,8 +176,9 @@ async def run(
             routes_file or settings.routes_file, " (rebuilding state from the topics)" if marks else "",
         )  # fmt: skip
         await _loop(
-            disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch, watcher, reload
-        )
+            disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch, watcher, reload,
+            command_secret=settings.command_secret,
+        )  # fmt: skip
         await _commit_kafka(consumer, db)
     finally:
         for name in list(running):
@@ -208,6 +209,8 @@ async def _loop(
     max_batch: int,
     watcher: RoutesWatcher | None = None,
     reload: Callable[[RoutesFile], Awaitable[None]] | None = None,
+    *,
+    command_secret: str,
 ) -> None:
     offsets: dict[tuple[str, int], int] = {}
     reached: dict[TopicPartition, int] = {}
@@ -220,7 +223,7 @@ async def _loop(
         wait_ms = poll_ms if timer is None else int(min(poll_ms, max(0.0, timer - clock()) * 1000))
         polled = await consumer.getmany(timeout_ms=wait_ms, max_records=max_batch)
         for tp, records in polled.items():
-            _apply(disp, tp, records)
+            _apply(disp, tp, records, command_secret)
             offsets[(tp.topic, tp.partition)] = records[-1].offset + 1
             reached[tp] = records[-1].offset + 1
         # ``offsets`` only holds what this batch moved; the replay may end over several batches
@@ -252,15 +255,30 @@ async def _loop(
             OUTBOX.labels(status).set(n)
 
 
-def _apply(disp: Dispatcher, tp: TopicPartition, records: Iterable[ConsumerRecord[bytes, bytes]]) -> None:
+def _apply(
+    disp: Dispatcher, tp: TopicPartition, records: Iterable[ConsumerRecord[bytes, bytes]], secret: str
+) -> None:
     for rec in records:
         outcome: str
         try:
             if tp.topic == ALERTS:
                 outcome = disp.on_alert(Alert.from_json(rec.value or b""))
             else:
-                disp.on_command(parse_command(rec.value or b""))
-                outcome = "applied"
+                cmd = parse_command(rec.value or b"")
+                if verify_command(cmd, secret):
+                    disp.on_command(cmd)
+                    outcome = "applied"
+                else:
+                    outcome = "forged"
+                    why = (
+                        "it is not signed"
+                        if not cmd.sig
+                        else "its signature does not match APP_COMMAND_SECRET"
+                    )
+                    logger.error(
+                        "refusing a %s command at %s:%d@%d (by %r): %s; it is not applied",
+                        cmd.type, tp.topic, tp.partition, rec.offset, cmd.by, why,
+                    )  # fmt: skip
         except (ValueError, TypeError, KeyError) as exc:
             outcome = "invalid"
             logger.error("skipping unusable record at %s:%d@%d: %s", tp.topic, tp.partition, rec.offset, exc)

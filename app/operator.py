@@ -2,8 +2,8 @@
 
 Each builder returns a validated command from :mod:`app.dispatch.commands`
 (ValueError, naming the bad field or matcher, on bad input);
-:func:`publish_command` produces it to the ``commands`` topic, keyed as the
-dispatcher and store-sync expect. Kafka's client is imported only inside
+:func:`publish_command` signs it with ``APP_COMMAND_SECRET`` and produces it to the
+``commands`` topic, keyed as the dispatcher and store-sync expect. Kafka's client is imported only inside
 :func:`publish_command`, so the dashboard can import this module without
 loading aiokafka until a button is pressed.
 """
@@ -25,6 +25,7 @@ from app.dispatch.commands import (
     SilenceCommand,
     UnsilenceCommand,
     command_key,
+    sign_command,
 )
 from app.dispatch.matchers import parse_matcher
 from app.errors import ConfigError
@@ -141,12 +142,14 @@ def publish_command(settings: Settings, cmd: Command) -> None:
         msg = "KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
         raise ConfigError(msg)
 
+    signed = sign_command(cmd, settings.command_secret)
+
     async def main() -> None:
         producer = make_producer(settings)
         await producer.start()
         try:
             await producer.send_and_wait(
-                COMMANDS, cmd.model_dump_json().encode(), key=command_key(cmd).encode()
+                COMMANDS, signed.model_dump_json().encode(), key=command_key(cmd).encode()
             )
         finally:
             await producer.stop()

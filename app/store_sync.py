@@ -30,7 +30,7 @@ from prometheus_client import Counter
 
 from app.alerts import Alert
 from app.config import Settings
-from app.dispatch.commands import parse_command
+from app.dispatch.commands import parse_command, verify_command
 from app.kafka import high_watermarks, make_consumer, partitions_of
 from app.store import AlertStore, order_key
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
@@ -48,13 +48,16 @@ APPLIED = Counter(
 )
 INVALID = Counter("store_alerts_invalid", "Records on the store's topics the store could not use.")
 OPERATOR = Counter("store_records_applied", "Commands and notification events applied.", ["topic"])
+FORGED = Counter("store_commands_forged", "Commands not recorded: unsigned, or signed with another key.")
 for _result in ("new", "duplicate"):
     APPLIED.labels(_result)
 
 Polled = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
-def decode_batch(polled: Polled) -> tuple[list[Alert], list[dict[str, Any]], list[dict[str, Any]]]:
+def decode_batch(
+    polled: Polled, secret: str
+) -> tuple[list[Alert], list[dict[str, Any]], list[dict[str, Any]]]:
     """(alerts, commands, notification events) of a poll, in offset order per partition;
     logs and counts the records that are not usable."""
     alerts: list[Alert] = []
@@ -68,7 +71,17 @@ def decode_batch(polled: Polled) -> tuple[list[Alert], list[dict[str, Any]], lis
                     order_key(alert)
                     alerts.append(alert)
                 elif tp.topic == COMMANDS:
-                    commands.append(parse_command(rec.value or b"").model_dump())
+                    cmd = parse_command(rec.value or b"")
+                    if not verify_command(cmd, secret):
+                        FORGED.inc()
+                        logger.error(
+                            "not recording an unsigned or forged %s command at %s:%d@%d",
+                            cmd.type,
+                            *tp,
+                            rec.offset,
+                        )
+                        continue
+                    commands.append(cmd.model_dump())
                 else:
                     event = orjson.loads(rec.value or b"")
                     if not isinstance(event, dict):
@@ -114,7 +127,7 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)
             if not polled:
                 continue
-            alerts, commands, events = decode_batch(polled)
+            alerts, commands, events = decode_batch(polled, settings.command_secret)
             offsets = {(tp.topic, tp.partition): recs[-1].offset + 1 for tp, recs in polled.items()}
             new = store.apply_batch(alerts, commands, events, offsets)
             APPLIED.labels("new").inc(new)

@@ -33,8 +33,10 @@ alert ids the dispatcher remembers as delivered.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -84,11 +86,31 @@ def _py(*args: str) -> list[str]:
     return [sys.executable, "-m", *args]
 
 
+def local_secrets(data_dir: Path) -> dict[str, str]:
+    """This data dir's own webhook and command secrets (``secrets.json``, mode 0600), made on
+    first use; each variable the environment sets itself is left out, so the operator's wins."""
+    path = data_dir / "secrets.json"
+    try:
+        kept: dict[str, str] = orjson.loads(path.read_bytes())
+    except (OSError, ValueError):
+        kept = {}
+    if not {"APP_WEBHOOK_SECRET", "APP_COMMAND_SECRET"} <= kept.keys():
+        kept = {
+            "APP_WEBHOOK_SECRET": "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode(),
+            "APP_COMMAND_SECRET": secrets.token_urlsafe(32),
+        }
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_bytes(orjson.dumps(kept))
+    return {k: v for k, v in kept.items() if k not in os.environ}
+
+
 def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Role]:
     """The product's roles with their commands, environments and URLs."""
     base_env = {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+        **local_secrets(settings.data_dir),
     }
     receiver_port = settings.receiver_port or free_port()
     receiver_url = f"http://127.0.0.1:{receiver_port}"

@@ -111,3 +111,18 @@ def _ok(url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def test_each_data_dir_gets_its_own_secrets_and_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.system import local_secrets
+
+    monkeypatch.delenv("APP_WEBHOOK_SECRET", raising=False)
+    monkeypatch.delenv("APP_COMMAND_SECRET", raising=False)
+    first, other = local_secrets(tmp_path / "a"), local_secrets(tmp_path / "b")
+    assert first == local_secrets(tmp_path / "a") and first != other
+    assert first["APP_WEBHOOK_SECRET"].startswith("whsec_") and len(first["APP_COMMAND_SECRET"]) >= 32
+    assert (tmp_path / "a" / "secrets.json").stat().st_mode & 0o077 == 0
+    monkeypatch.setenv("APP_COMMAND_SECRET", "the operator's own")
+    assert "APP_COMMAND_SECRET" not in local_secrets(tmp_path / "a")

@@ -3,8 +3,14 @@
 The dashboard and the CLI produce them; the dispatcher applies them and the
 alert store records them, so the topic is the source of truth for silences
 and acks and both can be rebuilt by replaying it. Every command carries a
-unique ``cmd_id``, the wall-clock time ``at`` (RFC 3339), who sent it and a
-comment. The record key is the alert fingerprint or the silence id.
+unique ``cmd_id``, the wall-clock time ``at`` (RFC 3339), who sent it (``by``, the
+signed-in operator) and a comment. The record key is the alert fingerprint or the
+silence id.
+
+Every command is signed (:func:`sign_command`): ``sig`` is the HMAC-SHA256, keyed with
+``APP_COMMAND_SECRET``, of the command's canonical JSON without ``sig``. Readers apply
+only commands whose signature :func:`verify_command` accepts, so a record that someone
+who can reach the broker wrote by hand (a forged silence, say) changes nothing.
 
 :func:`parse_command` raises ValueError naming the problem for anything that
 is not a valid command, so a bad record is logged and skipped, never applied.
@@ -12,6 +18,9 @@ is not a valid command, so a bad record is logged and skipped, never applied.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import uuid
 from typing import Annotated, Literal
@@ -31,6 +40,7 @@ class _Command(BaseModel):
     at: str
     by: str = Field(default="", max_length=200)
     comment: str = Field(default="", max_length=2000)
+    sig: str = Field(default="", max_length=100)
 
     @field_validator("at")
     @classmethod
@@ -110,3 +120,19 @@ def command_key(cmd: Command) -> str:
     if isinstance(cmd, SilenceCommand | UnsilenceCommand):
         return cmd.silence_id
     return cmd.fingerprint
+
+
+def _signature(cmd: Command, secret: str) -> str:
+    payload = cmd.model_dump_json(exclude={"sig"}).encode()
+    digest = hmac.new(secret.encode(), payload, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def sign_command(cmd: Command, secret: str) -> Command:
+    """``cmd`` with its ``sig`` set for ``secret`` (the canonical JSON of the validated command)."""
+    return cmd.model_copy(update={"sig": _signature(cmd, secret)})
+
+
+def verify_command(cmd: Command, secret: str) -> bool:
+    """True when ``cmd`` carries a signature made with ``secret`` over exactly these fields."""
+    return bool(cmd.sig) and hmac.compare_digest(cmd.sig, _signature(cmd, secret))

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from app.broker import KafkaBroker
+from app.config import DEMO_COMMAND_SECRET
 from app.dispatch.base import iso
-from app.dispatch.commands import AckCommand
+from app.dispatch.commands import AckCommand, sign_command
 from app.topics import ALERTS, COMMANDS
 from tests.conftest import make_settings
 from tests.dispatch.harness import SECRET, http_receiver, publish, write_routes
@@ -43,7 +44,11 @@ def test_an_escalation_pending_at_restart_still_escalates_once(
         ack = AckCommand(
             fingerprint=acked.fingerprint, starts_at=acked.starts_at, at=iso(time.time()), by="ann"
         )
-        produce(broker.bootstrap, COMMANDS, [(acked.fingerprint.encode(), ack.model_dump_json().encode())])
+        produce(
+            broker.bootstrap,
+            COMMANDS,
+            [(acked.fingerprint.encode(), sign_command(ack, DEMO_COMMAND_SECRET).model_dump_json().encode())],
+        )
         if lose_state:
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{cfg.dispatch_path}{suffix}").unlink(missing_ok=True)

@@ -10,12 +10,13 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from app import dispatch_role
 from app.broker import KafkaBroker
-from app.config import Settings
+from app.config import DEMO_COMMAND_SECRET, Settings
 from app.dispatch.base import iso
-from app.dispatch.commands import SilenceCommand
+from app.dispatch.commands import SilenceCommand, sign_command
 from app.dispatch.db import DispatchDB
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 from tests.conftest import make_settings
@@ -62,7 +63,11 @@ def test_alerts_are_routed_signed_silenced_and_logged(
     now = time.time()
     cmd = SilenceCommand(silence_id="s1", matchers=('device_id=~"quiet-.*"',), starts_at=iso(now - 60),
                          ends_at=iso(now + 3600), at=iso(now), by="ann")  # fmt: skip
-    produce(broker.bootstrap, COMMANDS, [(b"s1", cmd.model_dump_json().encode()), (b"x", b"{not json")])
+    produce(
+        broker.bootstrap,
+        COMMANDS,
+        [(b"s1", sign_command(cmd, DEMO_COMMAND_SECRET).model_dump_json().encode()), (b"x", b"{not json")],
+    )
     publish(broker.bootstrap, ALERTS, [*fired, silenced, alert("d9", "pending"), fired[0]])
     with http_receiver() as rx:
         to_bus = "  routes:\n    - {matchers: ['device_id=\"d0\"'], receiver: bus}"
@@ -115,3 +120,39 @@ def test_a_4xx_is_dead_lettered_and_a_5xx_outage_loses_nothing(
     db.close()
     events = consume_json(broker.bootstrap, NOTIFICATIONS, min_count=12, timeout_s=10)
     assert [e["msg_id"] for e in events if e["event"] == "dead"] == [dead.message.msg_id]
+
+
+def test_a_forged_silence_mutes_nothing_and_is_counted(
+    cfg: Settings, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The probe's forged silence (`alertname=~".*"` until 2099) written straight to the broker,
+    unsigned and signed with another key: neither is applied, both are counted as forged."""
+    now = time.time()
+    forged = [
+        SilenceCommand(
+            silence_id=f"f{i}",
+            matchers=('alertname=~".*"',),
+            starts_at=iso(now - 60),
+            ends_at="2099-12-31T00:00:00Z",
+            at=iso(now),
+            by="mallory",
+        )
+        for i in range(2)
+    ]
+    records = [
+        (b"f0", forged[0].model_dump_json().encode()),
+        (b"f1", sign_command(forged[1], "not-the-dispatchers-key").model_dump_json().encode()),
+    ]
+    produce(broker.bootstrap, COMMANDS, records)
+    fired = [alert(f"d{i}") for i in range(2)]
+    publish(broker.bootstrap, ALERTS, fired)
+    before = (
+        REGISTRY.get_sample_value("dispatch_records_total", {"topic": COMMANDS, "outcome": "forged"}) or 0
+    )
+    with http_receiver() as rx:
+        routes = write_routes(tmp_path / "routes.yaml", rx.url())
+        run_role(cfg, routes, lambda: len(rx.verified_ids()) >= 2)
+        ids = rx.verified_ids()
+    assert set(ids) == {a.alert_id for a in fired}
+    after = REGISTRY.get_sample_value("dispatch_records_total", {"topic": COMMANDS, "outcome": "forged"})
+    assert after == before + 2
