@@ -198,8 +198,12 @@ class KafkaBroker:
 
     ``sasl_users`` (user -> password) makes the client listener ``SASL_PLAINTEXT`` with the
     PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 mechanisms for those users; the first user is
-    the broker's own (inter-broker) identity. SCRAM credentials are created when the log
-    dir is formatted, so they take effect on a new ``home`` only.
+    the broker's own (inter-broker and controller) identity, and the controller listener
+    takes only that user (SASL PLAIN). SCRAM credentials are created when the log dir is
+    formatted, so they take effect on a new ``home`` only.
+
+    ``acls`` (with ``sasl_users``) turns on Kafka's StandardAuthorizer: nothing is allowed
+    without an ACL (:mod:`app.acls` writes them), except to the first user, the super user.
     """
 
     def __init__(
@@ -209,9 +213,14 @@ class KafkaBroker:
         port: int | None = None,
         heap: str | None = None,
         sasl_users: dict[str, str] | None = None,
+        acls: bool = False,
     ) -> None:
+        if acls and not sasl_users:
+            msg = "ACLs need SASL users: without authentication every client is ANONYMOUS"
+            raise BrokerError(msg)
         self.home = home
         self.sasl_users = dict(sasl_users or {})
+        self.acls = acls
         self.log_dir = home / "log"
         self.output = home / "broker.log"
         self._want_port = port
@@ -267,10 +276,18 @@ class KafkaBroker:
         props = {
             "listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port},{controller}",
             "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "inter.broker.listener.name": "SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
             "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+            # the controller's own listener: only the broker's identity, by PLAIN (SCRAM
+            # credentials live in the metadata the controller serves, so it cannot use them)
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{admin}" password="{secret}" user_{admin}="{secret}";'
+            ),
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
                 f'username="{admin}" password="{secret}" {plain_users};'
@@ -281,6 +298,10 @@ class KafkaBroker:
                 f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
                 f'password="{secret}";'
             )
+        if self.acls:
+            props["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+            props["super.users"] = f"User:{admin}"
+            props["allow.everyone.if.no.acl.found"] = "false"
         return props
 
     def _write_config(self) -> Path:

@@ -10,6 +10,7 @@ Commands:
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
+  acls         write the per-role ACLs on KAFKA_BOOTSTRAP_SERVERS (idempotent)
   broker       run the embedded Apache Kafka broker alone and print its address
 """
 
@@ -175,6 +176,20 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_acls(_args: argparse.Namespace, settings: Settings) -> int:
+    """Write the per-role ACLs (app/acls.py) on KAFKA_BOOTSTRAP_SERVERS, as its administrator."""
+    import asyncio
+
+    from app.acls import ROLES, apply_acls
+
+    if not settings.bootstrap_servers:
+        print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
+        return 2
+    written = asyncio.run(apply_acls(settings))
+    print(f"wrote {written} ACLs for the principals User:{', User:'.join(ROLES)}")
+    return 0
+
+
 def _cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     """Run the embedded broker until SIGINT or SIGTERM, then stop it (no orphan)."""
     import signal
@@ -290,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
 
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
+    sub.add_parser(
+        "acls", help="write the per-role ACLs on the cluster (idempotent; run as its administrator)"
+    ).set_defaults(func=_cmd_acls)
 
     nat = sub.add_parser("native", help="compile the evaluator's hot path with mypyc, or show what runs")
     nat.add_argument("action", choices=["build", "status"])
