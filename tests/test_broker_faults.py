@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sqlite3
 import sys
 import time
 from itertools import islice
@@ -97,6 +98,21 @@ def first_seen(items: list[tuple[str, str]]) -> dict[str, list[str]]:
     return out
 
 
+def ids_of(alerts: list[dict[str, Any]]) -> list[str]:
+    return [a["alert_id"] for a in alerts]
+
+
+def stored_ids(path: Path) -> set[str]:
+    """The alert ids in the alert store's transitions (empty while the file is not there)."""
+    if not path.exists():
+        return set()
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        try:
+            return {row[0] for row in db.execute("SELECT alert_id FROM transitions")}
+        except sqlite3.OperationalError:  # not created yet
+            return set()
+
+
 def log_lines(path: Path, pattern: str) -> list[str]:
     return [line for line in path.read_text(errors="replace").splitlines() if re.search(pattern, line)]
 
@@ -112,7 +128,10 @@ def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -
         again = KafkaBroker(home, heap="512m")
         brokers.callback(again.stop)  # after the roles (a no-op unless it started)
         env = role_env(first, tmp_path, APP_METRICS_PORT=str(metrics))
-        with role(["agents", "worker", "-l", "info"], env, tmp_path / "worker.log") as worker:
+        with (
+            role(["agents", "worker", "-l", "info"], env, tmp_path / "worker.log") as worker,
+            role(["app", "store-sync"], role_env(first, tmp_path), tmp_path / "store-sync.log") as sync,
+        ):
             wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
             with role(
                 replay_args(path, N_EVENTS), role_env(first, tmp_path), tmp_path / "replay.log"
@@ -141,6 +160,14 @@ def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -
             )  # fmt: skip
             alerts = asyncio.run(_read_to_end(again.bootstrap, ALERTS))
             assert worker.poll() is None, "the worker rode out the outage"
+            # the alert store (its consumer lived through the outage too) ends up with every id once
+            store = tmp_path / "data" / "alerts.sqlite3"
+            stored = wait_for(
+                lambda: (ids := stored_ids(store)) >= set(ids_of(alerts)) and ids,
+                60,
+                what="every alert in the store",
+            )
+            assert sync.poll() is None
 
     report = BacktestReport()
     with (tmp_path / "expected.jsonl").open("w") as out:
@@ -148,7 +175,8 @@ def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -
         expected = backtest(load_rules([PROJECT_ROOT / "rules"]), read_events(lines, "nab", report), out,
                             report, partitions=2)  # fmt: skip
     want = [a.alert_id for a in expected]
-    got = [a["alert_id"] for a in alerts]
+    got = ids_of(alerts)
+    assert stored == set(want)
     assert len(want) >= 10 and len(set(want)) == len(want)
     assert set(got) - set(want) == set(), "alerts the backtest does not have (invented)"
     assert set(want) - set(got) == set(), "alerts of acknowledged events missing (lost)"
@@ -159,7 +187,8 @@ def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -
     replay_log, worker_log = tmp_path / "replay.log", tmp_path / "worker.log"
     assert len(log_lines(replay_log, r"WARNING .*Kafka acknowledged nothing for")) == 1
     assert len(log_lines(replay_log, r"INFO .*Kafka acknowledges again")) == 1
-    assert not log_lines(replay_log, "Traceback") and not log_lines(worker_log, "Traceback")
+    for log in (replay_log, worker_log, tmp_path / "store-sync.log"):
+        assert not log_lines(log, "Traceback"), log.name
     replay_errors = log_lines(replay_log, r" (ERROR|WARNING) ")
     worker_errors = log_lines(worker_log, r"\[(ERROR|WARNING)\]")
     assert len(replay_errors) <= 25, replay_errors
