@@ -5,12 +5,17 @@ Faust's own web server (its CLI turns it on unless told otherwise, on
 APP_METRICS_PORT. ``--without-web`` is added unless ``--with-web`` is given.
 
 CPython's cyclic collector is tuned for the worker (see :data:`GC_THRESHOLDS`).
+
+The worker waits for Kafka before it builds the app (which creates topics): one warning,
+then quiet retries; a stop signal during the wait exits 0 (:mod:`app.kafka_wait`).
 """
 
 import gc
 import sys
 
 from agents.wiring import build_app
+from app.config import Settings
+from app.kafka_wait import wait_for_broker_blocking
 
 #: The collector's thresholds. By default (700, 10, 10) its youngest generation runs
 #: after 700 net new containers, about every 150 events under load, each time walking
@@ -24,6 +29,8 @@ GC_THRESHOLDS = (20_000, 20, 20)
 if len(sys.argv) > 1 and sys.argv[1] == "worker" and not {"--with-web", "--without-web"} & set(sys.argv):
     sys.argv.append("--without-web")
 gc.set_threshold(*GC_THRESHOLDS)
+if sys.argv[1:2] == ["worker"] and not wait_for_broker_blocking(Settings.from_env()):
+    raise SystemExit(0)
 app = build_app()
 gc.freeze()
 app.main()

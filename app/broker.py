@@ -34,12 +34,10 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from aiokafka import AIOKafkaClient
-from aiokafka.errors import KafkaError
-
 from app.config import PROJECT_ROOT
 from app.errors import BrokerError
 from app.kafka_auth import KafkaAuth
+from app.kafka_wait import broker_answers
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +121,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when ``port`` can be bound on ``host`` right now."""
+    """True when a server can listen on ``port`` on ``host`` right now.
+
+    The test bind sets ``SO_REUSEADDR``, as the JVM does for every server socket: the
+    connections a killed broker leaves in TIME_WAIT on its own ports must not make a
+    restart on the same log dir move to new ports, or its clients would lose it.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -159,34 +163,6 @@ def kafka_version() -> str:
 def new_cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (Kafka's ``Uuid``)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-
-
-def _listening(bootstrap: str) -> bool:
-    host, _, port = bootstrap.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-async def probe(bootstrap: str, timeout_s: float = 5.0, auth: KafkaAuth | None = None) -> bool:
-    """True when a Kafka metadata request to ``bootstrap`` (as ``auth`` says) succeeds in time
-    and names a broker."""
-    if not _listening(bootstrap.split(",")[0]):
-        return False
-    client = AIOKafkaClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=int(timeout_s * 1000),
-        **(auth or KafkaAuth()).client_options(),
-    )
-    try:
-        await asyncio.wait_for(client.bootstrap(), timeout_s)
-        return bool(client.cluster.brokers())
-    except (TimeoutError, KafkaError, OSError):
-        return False
-    finally:
-        await client.close()
 
 
 class KafkaBroker:
@@ -250,6 +226,12 @@ class KafkaBroker:
         cport = saved.get("controller_port", 0)
         self.port = port if port and port_free(port) else free_port()
         self.controller_port = cport if cport and cport != self.port and port_free(cport) else free_port()
+        if port and self.port != port:
+            logger.warning(
+                "port %d (%s) is taken by another process: the broker listens on %d instead, and "
+                "clients that know the old address will not find it", port,
+                "asked for" if self._want_port else "of the previous start", self.port,
+            )  # fmt: skip
         (self.home / "ports.json").write_text(
             json.dumps({"port": self.port, "controller_port": self.controller_port})
         )
@@ -366,7 +348,7 @@ class KafkaBroker:
                 )
                 self._proc = None
                 raise BrokerError(msg)
-            if asyncio.run(probe(self.bootstrap, timeout_s=2.0, auth=self.admin_auth)):
+            if asyncio.run(broker_answers(self.bootstrap, timeout_s=2.0, auth=self.admin_auth)):
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",

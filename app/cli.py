@@ -151,12 +151,12 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
 Command = Callable[[argparse.Namespace, Settings], int]
 
 
-def _role(module: str, **options: object) -> Command:
+def _role(module: str, *, kafka: bool = True, **options: object) -> Command:
     def cmd(args: argparse.Namespace, settings: Settings) -> int:
         from app.roles import run_role
 
         mod = importlib.import_module(module)
-        return run_role(mod.run, settings, **options)
+        return run_role(mod.run, settings, kafka=kafka, **options)
 
     return cmd
 
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=_role("app.store_sync")
     )
     rec = sub.add_parser("receiver", help="run the demo webhook receiver")
-    rec.set_defaults(func=lambda a, s: _role("app.receiver", port=s.receiver_port)(a, s))
+    rec.set_defaults(func=lambda a, s: _role("app.receiver", kafka=False, port=s.receiver_port)(a, s))
 
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
     sub.add_parser(

@@ -4,6 +4,10 @@ Every long-running role (delivery, receiver, store sync) has the signature
 ``async def run(settings, stop, **options) -> None`` and returns once ``stop``
 is set and it has shut down cleanly. SIGINT and SIGTERM set ``stop``; a
 second signal is left to the default handler so a stuck role can still die.
+
+A role that uses Kafka (``kafka=True``, the default) starts once the cluster answers
+(:func:`app.kafka_wait.wait_for_broker`: one warning, then quiet retries); a stop
+signal during that wait exits 0 without running the role.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from typing import Any
 
 from app import metrics
 from app.config import Settings
+from app.kafka_wait import quiet_client_logs, wait_for_broker
 
 logger = logging.getLogger(__name__)
 
 RoleFn = Callable[..., Awaitable[None]]
 
 
-def run_role(fn: RoleFn, settings: Settings, **options: Any) -> int:
-    """Run ``fn(settings, stop, **options)`` until a signal; return an exit code."""
+def run_role(fn: RoleFn, settings: Settings, *, kafka: bool = True, **options: Any) -> int:
+    """Run ``fn(settings, stop, **options)`` until a signal; return an exit code. With
+    ``kafka``, first wait until ``settings.bootstrap_servers`` answers."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -37,6 +43,10 @@ def run_role(fn: RoleFn, settings: Settings, **options: Any) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         metrics.serve(settings.metrics_port)
+        if kafka:
+            quiet_client_logs()
+            if not await wait_for_broker(settings, stop):
+                return
         await fn(settings, stop, **options)
 
     asyncio.run(main())

@@ -180,8 +180,10 @@ class Supervisor:
 
 
 def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:
+    """Copy a child's output to its log file only (``--quiet``), a line at a time."""
     for line in iter(stream.readline, b""):
         log_file.write(line)
+        log_file.flush()
     stream.close()
     log_file.close()
 

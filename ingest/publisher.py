@@ -16,10 +16,18 @@ validate first and publish later (all-or-nothing batches) use :meth:`check`
 and :meth:`accept` instead of :meth:`admit`.
 
 Backpressure: at most ``max_in_flight`` sends are outstanding; ``publish``
-waits for deliveries beyond that. Counters are both Prometheus metrics (per
-process) and plain attributes (per publisher). ``produced`` and ``dead_lettered``
-count broker acknowledgements, so after close they are what is on the topics.
-Kafka record timestamps are left at produce time on purpose: event time lives in
+waits for deliveries beyond that.
+
+Broker outages: the producer is idempotent (``acks=all``), so it retries the records in
+flight until the broker is back, without duplicates and in order; meanwhile ``publish``
+waits (the input is held, nothing is dropped). A wait longer than :data:`STALL_WARN_S`
+logs one WARNING, and one INFO once the broker acknowledges again. A record counts in
+``failed`` only when the producer gives it up (a non-retriable error; without
+idempotence also a record unacknowledged after ``request_timeout_ms``).
+
+Counters are both Prometheus metrics (per process) and plain attributes (per publisher).
+``produced`` and ``dead_lettered`` count broker acknowledgements, so after close they are
+what is on the topics. Kafka record timestamps are left at produce time on purpose: event time lives in
 ``ts``, and 2013 record timestamps would be deleted at once by topic retention.
 """
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import TracebackType
 from typing import Any, TypeAlias
 
@@ -46,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 NO_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at a cluster"
 MAX_DLQ_RAW = 512 * 1024  # bytes of raw payload kept in a dead-letter record
+#: A publisher held this long by unacknowledged records logs that Kafka is not answering.
+STALL_WARN_S = 5.0
 
 ACCEPTED = Counter("ingest_accepted_total", "Events that passed validation", ["source", "adapter"])
 REJECTED = Counter("ingest_rejected_total", "Inputs sent to the dead-letter topic", ["source", "adapter"])
@@ -204,7 +215,7 @@ class Publisher:
             raise RuntimeError(msg)
         while len(self._pending) >= self._max_in_flight:
             self._room.clear()
-            await self._room.wait()
+            await self._wait_for_room()
         try:
             fut = await self._producer.send(topic, value=value, key=key)
         except MessageSizeTooLargeError:
@@ -216,6 +227,24 @@ class Publisher:
         IN_FLIGHT.inc()
         fut.add_done_callback(lambda f: self._on_done(topic, dead_letter, f))
         return fut
+
+    async def _wait_for_room(self) -> None:
+        """Wait until fewer than ``max_in_flight`` records are unacknowledged; say so when
+        that takes longer than :data:`STALL_WARN_S` (the broker is gone or stalled)."""
+        try:
+            await asyncio.wait_for(self._room.wait(), STALL_WARN_S)
+            return
+        except TimeoutError:
+            pass
+        began = time.monotonic()
+        logger.warning(
+            "Kafka acknowledged nothing for %.0f s (%d records for %s wait); input is held and "
+            "the producer retries until it answers", STALL_WARN_S, len(self._pending), self.topic,
+        )  # fmt: skip
+        await self._room.wait()
+        logger.info(
+            "Kafka acknowledges again after %.1f s; publishing", STALL_WARN_S + time.monotonic() - began
+        )
 
     def _on_done(self, topic: str, dead_letter: bool, fut: asyncio.Future[Any]) -> None:
         self._pending.discard(fut)

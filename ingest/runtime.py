@@ -9,6 +9,11 @@ accepting input, flushes and returns its summary. A second signal is left to
 the default handler, so a stuck adapter can still be killed. The summary is
 printed to stdout as one JSON line; the exit code is 0, or 1 when some records
 were never acknowledged by the broker.
+
+Before ``body`` runs, the adapter waits until Kafka answers
+(:func:`app.kafka_wait.wait_for_broker`: one warning, then quiet retries). A stop
+signal during that wait ends the adapter with :class:`NotStarted` (nothing read,
+nothing published, exit code 0).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -25,6 +30,7 @@ import orjson
 
 from app.config import Settings, setup_logging
 from app.errors import ConfigError
+from app.kafka_wait import quiet_client_logs, wait_for_broker
 from app.metrics import serve
 from ingest.publisher import NO_BOOTSTRAP, Publisher
 
@@ -66,6 +72,16 @@ class AdapterSummary:
         return orjson.dumps({**head, "dlq": self.dlq, "failed": self.failed, **self.extra})
 
 
+@dataclass(frozen=True)
+class NotStarted:
+    """The summary of an adapter stopped while it waited for Kafka: it read and published nothing."""
+
+    failed: int = 0
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"published": 0, "dlq": 0, "failed": 0, "started": False})
+
+
 Body = Callable[[Settings, asyncio.Event], Awaitable[Summary]]
 
 
@@ -80,6 +96,7 @@ def run_adapter(body: Body) -> int:
     if not settings.bootstrap_servers:
         raise ConfigError(NO_BOOTSTRAP)
     serve(settings.metrics_port)
+    quiet_client_logs()
     summary = asyncio.run(_until_signal(body, settings, early))
     sys.stdout.buffer.write(summary.to_json() + b"\n")
     sys.stdout.flush()
@@ -100,7 +117,12 @@ async def _until_signal(body: Body, settings: Settings, early: list[int]) -> Sum
     if early:
         stop.set()
     try:
-        return await body(settings, stop)
+        work = body(settings, stop)  # checks in a body's synchronous part come before the wait
+        if not await wait_for_broker(settings, stop):
+            if isinstance(work, Coroutine):
+                work.close()
+            return NotStarted()
+        return await work
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)

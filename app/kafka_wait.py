@@ -1,0 +1,205 @@
+"""Riding out a Kafka that is not there: every role waits for it at start, and its clients'
+logs stay readable while it is gone.
+
+Every role that talks to Kafka calls :func:`wait_for_broker` before it creates a client:
+:func:`app.roles.run_role` (dispatch, store-sync), :func:`ingest.runtime.run_adapter`
+(replays, simulators, the HTTP, syslog, tail and MQTT adapters, the registry) and the rule
+worker's entry point (:func:`wait_for_broker_blocking`, before Faust starts). A cluster that
+does not answer gives one WARNING line, then quiet retries with a doubling wait
+(:data:`RETRY_FIRST_S` up to :data:`RETRY_CAP_S`) until it answers (one INFO line) or the
+role is told to stop (it then exits 0 without having started). So a role started before its
+broker neither crashes into the supervisor's restart loop nor fills its log with tracebacks.
+
+Once started, the Kafka clients reconnect by themselves (aiokafka retries every ~0.1 s and
+logs an ERROR per attempt and connection); :func:`quiet_client_logs` lets each of those
+messages through once per :data:`REPEAT_WINDOW_S` with the count of the ones held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaClient
+from aiokafka.errors import KafkaError
+
+from app.config import Settings, setup_logging
+from app.kafka import Target, bootstrap_of, connection
+from app.kafka_auth import KafkaAuth
+
+logger = logging.getLogger(__name__)
+
+#: The first wait between two attempts to reach Kafka at start; it doubles after each
+#: failed attempt up to :data:`RETRY_CAP_S`.
+RETRY_FIRST_S = 0.5
+RETRY_CAP_S = 10.0
+#: How long one attempt may take (a metadata request to a broker that is still starting).
+ATTEMPT_TIMEOUT_S = 5.0
+
+#: A repeated client log message passes once per this many seconds (:class:`RepeatLimiter`).
+REPEAT_WINDOW_S = 30.0
+#: The Kafka client's loggers whose repeats :func:`quiet_client_logs` limits. A filter on a
+#: logger sees only the records logged on that very logger, so each is named.
+CLIENT_LOGGERS = (
+    "aiokafka",
+    "aiokafka.client",
+    "aiokafka.conn",
+    "aiokafka.cluster",
+    "aiokafka.producer.producer",
+    "aiokafka.producer.sender",
+    "aiokafka.consumer.consumer",
+    "aiokafka.consumer.fetcher",
+    "aiokafka.consumer.group_coordinator",
+    "aiokafka.admin.client",
+)
+
+Probe = Callable[[Target], Awaitable[bool]]
+
+
+def _listening(host_port: str) -> bool:
+    host, _, port = host_port.strip().rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+async def broker_answers(
+    target: Target, timeout_s: float = ATTEMPT_TIMEOUT_S, auth: KafkaAuth | None = None
+) -> bool:
+    """True when a Kafka metadata request to ``target`` (with its TLS/SASL settings, or
+    ``auth``) succeeds in time and names a broker.
+
+    Nothing is asked of a cluster none of whose bootstrap addresses accepts a TCP
+    connection: the client would log an ERROR for each of them."""
+    bootstrap = bootstrap_of(target)
+    if not any(_listening(hp) for hp in bootstrap.split(",") if hp.strip()):
+        return False
+    options = (
+        connection(target) if auth is None else {"bootstrap_servers": bootstrap, **auth.client_options()}
+    )
+    client = AIOKafkaClient(**options, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        return bool(client.cluster.brokers())
+    except (TimeoutError, KafkaError, OSError):
+        return False
+    finally:
+        await client.close()
+
+
+async def wait_for_broker(
+    target: Target,
+    stop: asyncio.Event | None = None,
+    *,
+    first_s: float = RETRY_FIRST_S,
+    cap_s: float = RETRY_CAP_S,
+    probe: Probe = broker_answers,
+) -> bool:
+    """Wait until the Kafka cluster at ``bootstrap`` answers; True then, False when ``stop``
+    was set first (also before the first attempt). An empty ``bootstrap`` returns True at
+    once: the caller reports the missing setting.
+
+    The first failed attempt logs one WARNING; the next ones are silent, ``first_s`` apart,
+    doubling up to ``cap_s``. After a wait, one INFO line says that Kafka answered."""
+    stop = stop or asyncio.Event()
+    bootstrap = bootstrap_of(target)
+    if not bootstrap:
+        return not stop.is_set()
+    began, delay, warned = time.monotonic(), first_s, False
+    while not stop.is_set():
+        attempt = asyncio.ensure_future(probe(target))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({attempt, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not attempt.done():
+            attempt.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await attempt
+            break
+        if attempt.result():
+            if warned:
+                logger.info(
+                    "Kafka at %s answered after %.1f s; starting", bootstrap, time.monotonic() - began
+                )
+            return True
+        if not warned:
+            logger.warning(
+                "Kafka at %s is not reachable; retrying every %g s (backoff up to %g s)",
+                bootstrap, first_s, cap_s,
+            )  # fmt: skip
+            warned = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, cap_s)
+    logger.info("stopped while waiting for Kafka at %s", bootstrap)
+    return False
+
+
+def wait_for_broker_blocking(settings: Settings) -> bool:
+    """:func:`wait_for_broker` for a process without an event loop yet (the Faust worker
+    before it starts): SIGINT and SIGTERM end the wait (False), and the signal handlers
+    before it are restored after. Logging is set up first when nothing set it up, so the
+    warning reads like the role's other lines (Faust replaces the handlers as it starts)."""
+    if not logging.getLogger().handlers:
+        setup_logging(settings.log_level)
+    quiet_client_logs()
+
+    async def wait() -> bool:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await wait_for_broker(settings, stop)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return asyncio.run(wait())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class RepeatLimiter(logging.Filter):
+    """Passes each message (logger and format string) once per ``window_s``; the next one
+    to pass says how many like it were held back. Messages below WARNING always pass.
+
+    Thread-safe enough for logging from a consumer thread: a race can only miscount."""
+
+    def __init__(
+        self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.window_s, self.clock = window_s, clock
+        self.seen: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (last passed, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key, now = (record.name, str(record.msg)), self.clock()
+        passed, held = self.seen.get(key, (None, 0))
+        if passed is not None and now - passed < self.window_s:
+            self.seen[key] = (passed, held + 1)
+            return False
+        self.seen[key] = (now, 0)
+        if held and passed is not None:
+            record.msg = f"{record.msg} [{held} more like this in the last {now - passed:.0f} s]"
+        return True
+
+
+_limiter = RepeatLimiter()
+
+
+def quiet_client_logs() -> None:
+    """Limit the repeats of the Kafka client's warnings and errors (:class:`RepeatLimiter`,
+    one shared by :data:`CLIENT_LOGGERS`). Safe to call twice."""
+    for name in CLIENT_LOGGERS:
+        log = logging.getLogger(name)
+        if _limiter not in log.filters:
+            log.addFilter(_limiter)

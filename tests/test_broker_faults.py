@@ -1,0 +1,309 @@
+"""Broker faults lose nothing: a ``kill -9`` of the broker in the middle of a replay of the real
+NAB series, then a restart on the same log dir, leaves every acknowledged event evaluated and
+the alert ids equal to the backtest's; roles started before their broker wait for it with one
+warning line, no traceback and no restart by the supervisor, and stop cleanly while waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sqlite3
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from app.backtest import BacktestReport, backtest, read_events
+from app.broker import KafkaBroker, free_port
+from app.config import PROJECT_ROOT
+from app.kafka import high_watermarks
+from app.rules.loader import load_rules
+from app.supervisor import Role, Supervisor
+from app.topics import ALERTS, SENSORS, ensure_topics
+from ingest.adapters.nab import nab_events
+from tests.agents.test_worker import _metrics_answer, role_env
+from tests.conftest import NAB_MACHINE_TEMP, make_settings, own_broker, require_dataset
+from tests.procs import role, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+N_EVENTS = 6000  # the first three weeks of the series: several overheat episodes
+#: NAB rows are 5 minutes apart: ~3 ms an event, ~20 s for the replay on an idle machine,
+#: long enough to kill the broker in the middle of it
+SPEEDUP = "100000"
+#: how long the broker stays dead before it restarts (its restart adds its start-up time)
+OUTAGE_S = 8.0
+WORKER_GROUP = "streamalert-rules"
+UNREACHABLE = "is not reachable; retrying every"
+
+
+def replay_args(path: Path, limit: int, speedup: str | None = SPEEDUP) -> list[str]:
+    args = ["ingest", "replay", str(path), "--format", "nab", "--device", "machine-temp-1"]
+    args += ["--field", "temperature", "--topic", SENSORS, "--limit", str(limit)]
+    return args + (["--speedup", speedup] if speedup else [])
+
+
+def count_on(bootstrap: str, topic: str) -> int:
+    return sum(asyncio.run(high_watermarks(bootstrap, [topic], timeout_s=5)).values())
+
+
+async def _unprocessed(bootstrap: str, topic: str) -> int:
+    """Records of ``topic`` past the rule worker's committed offsets."""
+    marks = await high_watermarks(bootstrap, [topic])
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(WORKER_GROUP)
+    finally:
+        await admin.close()
+    done = {tp: meta.offset for tp, meta in committed.items()}
+    return sum(end - max(done.get(tp, 0), 0) for tp, end in marks.items())
+
+
+async def _read_to_end(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Every record of ``topic`` up to its high watermark now, per partition in offset order."""
+    marks = {tp: end for tp, end in (await high_watermarks(bootstrap, [topic])).items() if end}
+    out: list[dict[str, Any]] = []
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(marks))
+        await consumer.seek_to_beginning(*marks)
+        deadline = time.monotonic() + timeout_s
+        while marks and time.monotonic() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                out.extend(orjson.loads(r.value) for r in records if r.offset < marks.get(tp, 0))
+                if records and records[-1].offset + 1 >= marks.get(tp, 0):
+                    marks.pop(tp, None)
+    finally:
+        await consumer.stop()
+    assert not marks, f"{topic} not read to its end within {timeout_s:.0f}s: {marks}"
+    return out
+
+
+def first_seen(items: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """Per fingerprint, its alert ids in order with repeats dropped (at-least-once redelivers)."""
+    out: dict[str, list[str]] = {}
+    for fp, aid in items:
+        ids = out.setdefault(fp, [])
+        if aid not in ids:
+            ids.append(aid)
+    return out
+
+
+def ids_of(alerts: list[dict[str, Any]]) -> list[str]:
+    return [a["alert_id"] for a in alerts]
+
+
+def stored_ids(path: Path) -> set[str]:
+    """The alert ids in the alert store's transitions (empty while the file is not there)."""
+    if not path.exists():
+        return set()
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        try:
+            return {row[0] for row in db.execute("SELECT alert_id FROM transitions")}
+        except sqlite3.OperationalError:  # not created yet
+            return set()
+
+
+def log_lines(path: Path, pattern: str) -> list[str]:
+    return [line for line in path.read_text(errors="replace").splitlines() if re.search(pattern, line)]
+
+
+def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -> None:
+    path = require_dataset(NAB_MACHINE_TEMP)
+    rows = list(islice(nab_events(str(path), device="machine-temp-1", field="temperature"), N_EVENTS))
+    assert all(isinstance(r, dict) for r in rows) and len(rows) == N_EVENTS
+    metrics = free_port()
+    home = tmp_path / "kafka"
+    with contextlib.ExitStack() as brokers:
+        first = brokers.enter_context(own_broker(home))
+        again = KafkaBroker(home, heap="512m")
+        brokers.callback(again.stop)  # after the roles (a no-op unless it started)
+        env = role_env(first, tmp_path, APP_METRICS_PORT=str(metrics))
+        with (
+            role(["agents", "worker", "-l", "info"], env, tmp_path / "worker.log") as worker,
+            role(["app", "store-sync"], role_env(first, tmp_path), tmp_path / "store-sync.log") as sync,
+        ):
+            wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
+            with role(
+                replay_args(path, N_EVENTS), role_env(first, tmp_path), tmp_path / "replay.log"
+            ) as replay:
+                before = wait_for(
+                    lambda: (n := count_on(first.bootstrap, SENSORS)) >= N_EVENTS // 5 and n,
+                    60, what="a fifth of the replay on the topic",
+                )  # fmt: skip
+                assert replay.poll() is None, "the replay must still be running when the broker dies"
+                first.kill()
+                down = time.monotonic()
+                time.sleep(OUTAGE_S)
+                again.start()
+                outage_s = time.monotonic() - down
+                assert again.bootstrap == first.bootstrap, "a restart keeps the address clients know"
+                replay.wait(120)
+            replay_s = time.monotonic() - down
+            assert replay.returncode == 0, (tmp_path / "replay.log").read_text()[-3000:]
+            summary = orjson.loads((tmp_path / "replay.log").read_text().splitlines()[-1])
+            assert summary == {"published": N_EVENTS, "dlq": 0, "topic": SENSORS}
+            # acknowledged == on the topic: the producer's retries wrote nothing twice
+            assert count_on(again.bootstrap, SENSORS) == N_EVENTS
+            wait_for(
+                lambda: asyncio.run(_unprocessed(again.bootstrap, SENSORS)) == 0,
+                90, interval_s=1, what="the worker committing every acknowledged event",
+            )  # fmt: skip
+            alerts = asyncio.run(_read_to_end(again.bootstrap, ALERTS))
+            assert worker.poll() is None, "the worker rode out the outage"
+            # the alert store (its consumer lived through the outage too) ends up with every id once
+            store = tmp_path / "data" / "alerts.sqlite3"
+            stored = wait_for(
+                lambda: (ids := stored_ids(store)) >= set(ids_of(alerts)) and ids,
+                60,
+                what="every alert in the store",
+            )
+            assert sync.poll() is None
+
+    report = BacktestReport()
+    with (tmp_path / "expected.jsonl").open("w") as out:
+        lines = [orjson.dumps(r) for r in rows]
+        expected = backtest(load_rules([PROJECT_ROOT / "rules"]), read_events(lines, "nab", report), out,
+                            report, partitions=2)  # fmt: skip
+    want = [a.alert_id for a in expected]
+    got = ids_of(alerts)
+    assert stored == set(want)
+    assert len(want) >= 10 and len(set(want)) == len(want)
+    assert set(got) - set(want) == set(), "alerts the backtest does not have (invented)"
+    assert set(want) - set(got) == set(), "alerts of acknowledged events missing (lost)"
+    assert first_seen([(a["fingerprint"], a["alert_id"]) for a in alerts]) == first_seen(
+        [(a.fingerprint, a.alert_id) for a in expected]
+    )
+    # the outage was felt and told once, not per retry
+    replay_log, worker_log = tmp_path / "replay.log", tmp_path / "worker.log"
+    assert len(log_lines(replay_log, r"WARNING .*Kafka acknowledged nothing for")) == 1
+    assert len(log_lines(replay_log, r"INFO .*Kafka acknowledges again")) == 1
+    for log in (replay_log, worker_log, tmp_path / "store-sync.log"):
+        assert not log_lines(log, "Traceback"), log.name
+    replay_errors = log_lines(replay_log, r" (ERROR|WARNING) ")
+    worker_errors = log_lines(worker_log, r"\[(ERROR|WARNING)\]")
+    assert len(replay_errors) <= 25, replay_errors
+    assert len(worker_errors) <= 80, worker_errors
+    print(
+        f"\nbroker-kill figures: killed at {before} of {N_EVENTS} events on the topic; outage "
+        f"{outage_s:.1f} s (restart {again.ready_s:.1f} s); replay done {replay_s:.1f} s after the "
+        f"kill; alerts {len(got)} ({len(got) - len(set(got))} duplicates) for {len(want)} expected; "
+        f"log lines at WARNING/ERROR: replay {len(replay_errors)}, worker {len(worker_errors)}"
+    )
+
+
+def waiting_roles(tmp_path: Path, port: int, metrics: int) -> list[Role]:
+    """The roles of `make run` that use Kafka, against ``port``: the worker, dispatch, store-sync
+    and a replay."""
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+        "APP_DATA_DIR": str(tmp_path / "data"),
+        "APP_PARTITIONS": "2",
+        "PYTHONPATH": str(PROJECT_ROOT),
+    }
+    path = require_dataset(NAB_MACHINE_TEMP)
+
+    def py(*args: str) -> list[str]:
+        return [sys.executable, "-m", *args]
+
+    return [
+        Role("replay", py(*replay_args(path, 200, speedup=None)), env=dict(env), one_shot=True, stage=1),
+        Role("worker", py("agents", "worker", "-l", "info"), env={**env, "APP_METRICS_PORT": str(metrics)},
+             stage=2),
+        Role("dispatch", py("app", "dispatch"), env=dict(env), stage=3),
+        Role("store-sync", py("app", "store-sync"), env=dict(env), stage=3),
+    ]  # fmt: skip
+
+
+def supervise_while(sup: Supervisor, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sup.poll()
+        time.sleep(0.2)
+
+
+def all_warned(sup: Supervisor) -> bool:
+    sup.poll()
+    return all(log_lines(sup.log_dir / f"{r.name}.log", UNREACHABLE) for r in sup.roles)
+
+
+def assert_waited_quietly(sup: Supervisor) -> None:
+    """Every role is alive, was never restarted, and logged exactly one warning: that Kafka is
+    not reachable; no error, no traceback."""
+    for r in sup.roles:
+        log = sup.log_dir / f"{r.name}.log"
+        assert r.proc is not None and r.proc.poll() is None and not r.restarts, (r.name, r.exit_code)
+        assert len(log_lines(log, UNREACHABLE)) == 1, (r.name, log.read_text()[-2000:])
+        assert not log_lines(log, r"Traceback|ERROR"), (r.name, log.read_text()[-2000:])
+        assert len(log_lines(log, r"WARNING")) == 1, (r.name, log.read_text()[-2000:])
+
+
+def test_roles_wait_for_a_broker_that_is_down_and_stop_cleanly_while_waiting(tmp_path: Path) -> None:
+    sup = Supervisor(make_settings(tmp_path), waiting_roles(tmp_path, free_port(), free_port()),
+                     tmp_path / "logs", quiet=True)  # fmt: skip
+    sup.start()
+    try:
+        wait_for(lambda: all_warned(sup), 60, what="every role's warning")
+        supervise_while(sup, 8.0)  # past several retries (0.5 + 1 + 2 + 4 s)
+        assert_waited_quietly(sup)
+    finally:
+        began = time.monotonic()
+        sup.stop()
+        stopped_s = time.monotonic() - began
+    assert {r.name: r.exit_code for r in sup.roles} == {r.name: 0 for r in sup.roles}
+    assert stopped_s < 10, "each role stops at once while it waits"
+    for r in sup.roles:
+        assert log_lines(sup.log_dir / f"{r.name}.log", "stopped while waiting for Kafka"), r.name
+    assert orjson.loads(log_lines(sup.log_dir / "replay.log", r"^\{")[-1])["started"] is False
+
+
+def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    sup = Supervisor(
+        make_settings(tmp_path), waiting_roles(tmp_path, port, metrics), tmp_path / "logs", quiet=True
+    )
+    sup.start()
+    try:
+        wait_for(lambda: all_warned(sup), 60, what="every role's warning")
+        supervise_while(sup, 3.0)
+        assert_waited_quietly(sup)
+        with KafkaBroker(tmp_path / "kafka", port=port, heap="512m") as broker:
+            assert broker.port == port
+            asyncio.run(ensure_topics(broker.bootstrap, partitions=2))
+
+            def proceeded() -> bool:
+                sup.poll()
+                logs = {
+                    r.name: (sup.log_dir / f"{r.name}.log").read_text(errors="replace") for r in sup.roles
+                }
+                return (
+                    "dispatching alerts/commands" in logs["dispatch"]
+                    and "syncing alerts" in logs["store-sync"]
+                    and _metrics_answer(metrics)
+                    and '"published":200' in logs["replay"]
+                )
+
+            wait_for(proceeded, 90, interval_s=0.5, what="every role at work")
+            replay = next(r for r in sup.roles if r.name == "replay")
+            assert replay.done and replay.exit_code == 0
+            assert count_on(broker.bootstrap, SENSORS) == 200
+            for r in sup.roles:
+                log = sup.log_dir / f"{r.name}.log"
+                assert not r.restarts and len(log_lines(log, UNREACHABLE)) == 1, r.name
+                assert log_lines(log, "Kafka at 127.0.0.1:.* answered after"), r.name
+                assert not log_lines(log, "Traceback"), r.name
+            sup.stop()
+    finally:
+        sup.stop()
+    assert all(r.exit_code == 0 for r in sup.roles if r.name != "replay"), {
+        r.name: r.exit_code for r in sup.roles
+    }

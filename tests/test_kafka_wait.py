@@ -1,0 +1,91 @@
+"""Waiting for Kafka at start and limiting the client's repeated log lines, without a broker:
+a fake probe and an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import pytest
+
+from app.broker import free_port
+from app.kafka_wait import Probe, RepeatLimiter, broker_answers, wait_for_broker
+
+
+def answers_after(failures: int, calls: list[float]) -> Probe:
+    async def probe(_bootstrap: str) -> bool:
+        calls.append(asyncio.get_running_loop().time())
+        return len(calls) > failures
+
+    return probe
+
+
+def test_one_warning_then_quiet_retries_with_backoff_until_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[float] = []
+    caplog.set_level(logging.INFO, logger="app.kafka_wait")
+    ok = asyncio.run(wait_for_broker("h:1", first_s=0.01, cap_s=0.04, probe=answers_after(5, calls)))
+    assert ok and len(calls) == 6
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert gaps[0] < gaps[2] and all(g < 1.0 for g in gaps)  # doubling, capped
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "Kafka at h:1 is not reachable; retrying every 0.01 s (backoff up to 0.04 s)"
+    ]
+    assert "answered after" in caplog.records[-1].getMessage()
+
+
+def test_a_broker_that_answers_at_once_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="app.kafka_wait")
+    assert asyncio.run(wait_for_broker("h:1", probe=answers_after(0, [])))
+    assert caplog.records == []
+
+
+def test_a_stop_ends_the_wait_even_during_an_attempt() -> None:
+    async def hangs(_bootstrap: str) -> bool:
+        await asyncio.sleep(60)
+        return True
+
+    async def run() -> bool:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, stop.set)
+        return await asyncio.wait_for(wait_for_broker("h:1", stop, probe=hangs), 5)
+
+    assert not asyncio.run(run())
+
+
+def test_a_stop_set_before_the_wait_returns_false_without_a_probe() -> None:
+    async def run(calls: list[float]) -> bool:
+        stop = asyncio.Event()
+        stop.set()
+        return await wait_for_broker("h:1", stop, probe=answers_after(0, calls))
+
+    calls: list[float] = []
+    assert not asyncio.run(run(calls))
+    assert calls == []
+
+
+def test_no_broker_listening_is_told_without_a_kafka_request(caplog: pytest.LogCaptureFixture) -> None:
+    assert not asyncio.run(broker_answers(f"127.0.0.1:{free_port()}", timeout_s=1))
+    assert caplog.records == []  # the client would have logged an ERROR per address
+
+
+def record(msg: str, level: int = logging.ERROR, name: str = "aiokafka") -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, msg, ("x",), None)
+
+
+def test_the_limiter_passes_a_message_once_per_window_and_counts_the_rest() -> None:
+    now = [0.0]
+    limiter = RepeatLimiter(window_s=30, clock=lambda: now[0])
+    assert limiter.filter(record("Unable connect to %s"))
+    for t in (1, 2, 3):
+        now[0] = t
+        assert not limiter.filter(record("Unable connect to %s"))
+    assert limiter.filter(record("another message %s"))  # another message is its own
+    assert limiter.filter(record("Unable connect to %s", logging.INFO))  # below WARNING: always
+    now[0] = 31
+    passed = record("Unable connect to %s")
+    assert limiter.filter(passed)
+    assert passed.getMessage() == "Unable connect to x [3 more like this in the last 31 s]"
