@@ -95,6 +95,10 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
     speed, limit = str(settings.replay_speedup), str(settings.replay_limit)
     roles: list[Role] = []
+
+    def progress(role: str) -> list[str]:
+        return ["--progress", str(progress_path(settings, role))]
+
     nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
     if nab.exists():
@@ -120,6 +124,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
             speed,
             "--limit",
             limit,
+            *progress("replay-sensors"),
         ]
         roles.append(Role("replay-sensors", _py(*replay), one_shot=True, stage=1))
     else:
@@ -142,6 +147,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
                     speed,
                     "--limit",
                     limit,
+                    *progress("replay-logs"),
                 ),
                 one_shot=True,
                 stage=1,
@@ -167,6 +173,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
                 "300",
                 "--speedup",
                 speed,
+                *progress("sim-ticks"),
             ),
             stage=1,
         )
@@ -226,6 +233,11 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     return roles
 
 
+def progress_path(settings: Settings, role: str) -> Path:
+    """Where a producer role records how far it got (``--progress``), so a second run resumes."""
+    return settings.data_dir / "ingest" / f"{role}.json"
+
+
 def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
     """The simulated fleet, its registry, and the MQTT path it reports through.
 
@@ -233,10 +245,13 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
     bridge forwards to ``events.sensors``; without mosquitto it publishes to
     Kafka directly. It starts with the NAB replay and runs at the same
     speed-up, so both share one event-time axis (9 devices, one reading every
-    5 minutes of event time each).
+    5 minutes of event time each). The simulator writes the registry CSV (the
+    same rows on every run, atomically); the registry role waits for it and
+    skips the load when its progress file says these rows were loaded before.
     """
     registry = settings.data_dir / "fleet-devices.csv"
-    registry.unlink(missing_ok=True)
+    registry.unlink(missing_ok=True)  # the registry role waits for this run's simulator to write it
+    registry_progress = progress_path(settings, "registry")
     sim = [
         "ingest",
         "simulate",
@@ -255,11 +270,13 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         speed,
         "--write-registry",
         str(registry),
+        "--progress",
+        str(progress_path(settings, "sim-fleet")),
     ]
     roles = [
         Role(
             "registry",
-            _py("ingest", "registry", "devices", str(registry)),
+            _py("ingest", "registry", "devices", str(registry), "--progress", str(registry_progress)),
             one_shot=True,
             stage=1,
             requires_file=registry,
