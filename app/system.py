@@ -287,17 +287,24 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         return [*roles, Role("sim-fleet", _py(*sim), stage=1)]
     port = free_port()
     conf = settings.data_dir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    # persistence: the bridge's session (its subscription and the messages queued for it when a
+    # run stops) survives into the next run; the queue is large enough for a bridge that lags
+    store = settings.data_dir / "mosquitto"
+    store.mkdir(parents=True, exist_ok=True)
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+        f"persistence_location {store}/\nautosave_interval 10\nmax_queued_messages 1000000\n"
+    )
     broker = f"127.0.0.1:{port}"
+    ready = settings.data_dir / "mqtt-bridge.ready"
+    ready.unlink(missing_ok=True)  # the simulator waits for this run's bridge to subscribe
+    bridge = ["ingest", "mqtt", "--broker", broker, "--map", "fleet/+device_id/state"]
+    bridge += ["--ready-file", str(ready)]
     return [
         *roles,
         Role("mosquitto", [str(MOSQUITTO), "-c", str(conf)], stage=4, url=f"mqtt://{broker}"),
-        Role(
-            "mqtt-bridge",
-            _py("ingest", "mqtt", "--broker", broker, "--map", "fleet/+device_id/state"),
-            stage=2,
-        ),
-        Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1),
+        Role("mqtt-bridge", _py(*bridge), stage=2),
+        Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1, requires_file=ready),
     ]
 
 
@@ -343,7 +350,7 @@ def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -
 
 
 #: What a data dir holds that remembers broker data (offsets, alert ids, progress).
-STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark")
+STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "mosquitto")
 
 
 def wipe(data_dir: Path) -> None:

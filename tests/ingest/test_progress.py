@@ -7,13 +7,16 @@ import itertools
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from app import topics
 from app.broker import KafkaBroker
@@ -22,8 +25,10 @@ from app.events import parse_ts
 from app.kafka import end_offsets
 from ingest.progress import OtherInputError, Progress, ProgressError, ProgressFile
 from ingest.replay import Line, ReplayInput, ReplayOptions, ReplaySummary, open_input, replay
+from ingest.sim.fleet import FleetConfig, fleet_events
 from ingest.sim.ticks import TickConfig, tick_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, make_settings, require_dataset
+from tests.ingest.conftest import Mosquitto
 from tests.kafka_helpers import consume, consume_json
 
 IDENTITY = {"command": "replay", "file": "in.jsonl"}
@@ -301,3 +306,51 @@ def test_registry_load_is_skipped_when_the_same_rows_were_loaded(broker: KafkaBr
     assert (again["upserted"], again["skipped"]) == (0, True)
     assert (changed["upserted"], "skipped" in changed) == (2, False)
     assert len(consume(broker.bootstrap, topics.DEVICES_TABLE, min_count=3)) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_the_mqtt_simulator_resumes_after_what_the_mqtt_broker_acknowledged(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    got: list[dict[str, object]] = []
+    subscribed = threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="test-subscriber")
+    client.on_message = lambda _c, _u, msg: got.append(orjson.loads(msg.payload))
+    client.on_subscribe = lambda *_a: subscribed.set()
+    client.connect(mosquitto.host, mosquitto.port)
+    client.subscribe("fleet/+/state", qos=1)
+    client.loop_start()
+    progress = tmp_path / "sim-fleet.json"
+    cmd = [sys.executable, "-m", "ingest", "simulate", "fleet", "--seed", "42", "--sensors", "3"]
+    cmd += ["--vehicles", "1", "--start", START, "--fast", "--progress", str(progress)]
+    cmd += ["--mqtt", f"{mosquitto.host}:{mosquitto.port}"]
+    try:
+        assert subscribed.wait(10)
+        runs = []
+        for count in ("30", "50", "50"):
+            done = subprocess.run(
+                [*cmd, "--count", count], cwd=PROJECT_ROOT, env=child_env(), capture_output=True, timeout=60
+            )
+            assert done.returncode == 0, done.stderr
+            runs.append(orjson.loads(done.stdout.splitlines()[-1]))
+        deadline = time.monotonic() + 10
+        while len(got) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # anything republished would arrive by now
+    finally:
+        client.loop_stop()
+        client.disconnect()
+
+    assert [(r["published"], r["skipped"], r["sent_total"]) for r in runs] == [
+        (30, 0, 30),
+        (20, 30, 50),
+        (0, 50, 50),
+    ]
+    expected = list(itertools.islice(fleet_events(FleetConfig(42, parse_ts(START), 3, 1)), 50))
+    assert sorted(got, key=_order) == sorted(expected, key=_order)
+
+
+def _order(event: dict[str, object]) -> tuple[str, str]:
+    return str(event["ts"]), str(event["device_id"])
