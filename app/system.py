@@ -33,6 +33,7 @@ alert ids the dispatcher remembers as delivered.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import logging
 import os
 import shutil
@@ -287,14 +288,9 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         return [*roles, Role("sim-fleet", _py(*sim), stage=1)]
     port = free_port()
     conf = settings.data_dir / "mosquitto.conf"
-    # persistence: the bridge's session (its subscription and the messages queued for it when a
-    # run stops) survives into the next run; the queue is large enough for a bridge that lags
     store = settings.data_dir / "mosquitto"
     store.mkdir(parents=True, exist_ok=True)
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-        f"persistence_location {store}/\nautosave_interval 10\nmax_queued_messages 1000000\n"
-    )
+    conf.write_text(mosquitto_conf(port, store))
     broker = f"127.0.0.1:{port}"
     ready = settings.data_dir / "mqtt-bridge.ready"
     ready.unlink(missing_ok=True)  # the simulator waits for this run's bridge to subscribe
@@ -306,6 +302,20 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         Role("mqtt-bridge", _py(*bridge), stage=2),
         Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1, requires_file=ready),
     ]
+
+
+def mosquitto_conf(port: int, store: Path) -> str:
+    """mosquitto's config for ``make run``: loopback only, and persistent in ``store``, so the
+    bridge's session (its subscription and the messages queued for it when a run stops)
+    survives into the next run; saved at a clean stop and every 10 s. The queue holds what a
+    lagging bridge has not taken yet (mosquitto drops beyond it). ``user``: mosquitto started
+    by root would switch to the ``mosquitto`` user and could not write ``store`` (the option
+    is ignored when it is not started by root)."""
+    return (
+        f"listener {port} 127.0.0.1\nallow_anonymous true\nuser {getpass.getuser()}\n"
+        f"persistence true\npersistence_location {store}/\nautosave_interval 10\n"
+        "max_queued_messages 1000000\n"
+    )
 
 
 def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
