@@ -6,6 +6,10 @@ topic), ``tail`` (follow a log file), ``syslog`` (UDP/TCP receiver), ``http``
 ``registry`` (device registry and watchlists). Each one that publishes prints
 one JSON summary line on stdout when it ends (also after SIGTERM/SIGINT).
 
+``replay`` and ``simulate`` take ``--progress FILE`` to resume after what an
+earlier run published (:mod:`ingest.progress`); ``registry`` skips a load the
+file records as done.
+
 Exit codes: 0 success (also an adapter stopped by SIGTERM/SIGINT), 1 some
 input lines could not be converted or some records were not delivered, 2 bad
 usage or configuration. Diagnostics go to stderr.

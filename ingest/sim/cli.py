@@ -7,6 +7,12 @@ clean stop on SIGTERM/SIGINT work as for replays. The run is bounded by
 ``--start``); without either it runs until stopped. Pacing: real time
 (``--speedup 1``) unless ``--speedup X`` or ``--fast``; ``--rate`` caps
 events per second in any case.
+
+``--progress FILE`` resumes (:mod:`ingest.progress`): the same seed, start and
+options give the same sequence, so a run skips the events an earlier one
+published and goes on; ``--count`` counts over all runs, and without
+``--start`` the start recorded in the file is used. ``--duration`` is not part
+of the sequence's identity: a later run with a longer one goes on.
 """
 
 from __future__ import annotations
