@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import getpass
 import logging
 import os
 import secrets
@@ -117,6 +118,10 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
     speed, limit = str(settings.replay_speedup), str(settings.replay_limit)
     roles: list[Role] = []
+
+    def progress(role: str) -> list[str]:
+        return ["--progress", str(progress_path(settings, role))]
+
     nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
     if nab.exists():
@@ -142,6 +147,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
             speed,
             "--limit",
             limit,
+            *progress("replay-sensors"),
         ]
         roles.append(Role("replay-sensors", _py(*replay), one_shot=True, stage=1))
     else:
@@ -164,6 +170,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
                     speed,
                     "--limit",
                     limit,
+                    *progress("replay-logs"),
                 ),
                 one_shot=True,
                 stage=1,
@@ -189,6 +196,7 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
                 "300",
                 "--speedup",
                 speed,
+                *progress("sim-ticks"),
             ),
             stage=1,
         )
@@ -248,6 +256,11 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     return roles
 
 
+def progress_path(settings: Settings, role: str) -> Path:
+    """Where a producer role records how far it got (``--progress``), so a second run resumes."""
+    return settings.data_dir / "ingest" / f"{role}.json"
+
+
 def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
     """The simulated fleet, its registry, and the MQTT path it reports through.
 
@@ -255,10 +268,13 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
     bridge forwards to ``events.sensors``; without mosquitto it publishes to
     Kafka directly. It starts with the NAB replay and runs at the same
     speed-up, so both share one event-time axis (9 devices, one reading every
-    5 minutes of event time each).
+    5 minutes of event time each). The simulator writes the registry CSV (the
+    same rows on every run, atomically); the registry role waits for it and
+    skips the load when its progress file says these rows were loaded before.
     """
     registry = settings.data_dir / "fleet-devices.csv"
-    registry.unlink(missing_ok=True)
+    registry.unlink(missing_ok=True)  # the registry role waits for this run's simulator to write it
+    registry_progress = progress_path(settings, "registry")
     sim = [
         "ingest",
         "simulate",
@@ -277,11 +293,13 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         speed,
         "--write-registry",
         str(registry),
+        "--progress",
+        str(progress_path(settings, "sim-fleet")),
     ]
     roles = [
         Role(
             "registry",
-            _py("ingest", "registry", "devices", str(registry)),
+            _py("ingest", "registry", "devices", str(registry), "--progress", str(registry_progress)),
             one_shot=True,
             stage=1,
             requires_file=registry,
@@ -292,18 +310,34 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         return [*roles, Role("sim-fleet", _py(*sim), stage=1)]
     port = free_port()
     conf = settings.data_dir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    store = settings.data_dir / "mosquitto"
+    store.mkdir(parents=True, exist_ok=True)
+    conf.write_text(mosquitto_conf(port, store))
     broker = f"127.0.0.1:{port}"
+    ready = settings.data_dir / "mqtt-bridge.ready"
+    ready.unlink(missing_ok=True)  # the simulator waits for this run's bridge to subscribe
+    bridge = ["ingest", "mqtt", "--broker", broker, "--map", "fleet/+device_id/state"]
+    bridge += ["--ready-file", str(ready)]
     return [
         *roles,
         Role("mosquitto", [str(MOSQUITTO), "-c", str(conf)], stage=4, url=f"mqtt://{broker}"),
-        Role(
-            "mqtt-bridge",
-            _py("ingest", "mqtt", "--broker", broker, "--map", "fleet/+device_id/state"),
-            stage=2,
-        ),
-        Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1),
+        Role("mqtt-bridge", _py(*bridge), stage=2),
+        Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1, requires_file=ready),
     ]
+
+
+def mosquitto_conf(port: int, store: Path) -> str:
+    """mosquitto's config for ``make run``: loopback only, and persistent in ``store``, so the
+    bridge's session (its subscription and the messages queued for it when a run stops)
+    survives into the next run; saved at a clean stop and every 10 s. The queue holds what a
+    lagging bridge has not taken yet (mosquitto drops beyond it). ``user``: mosquitto started
+    by root would switch to the ``mosquitto`` user and could not write ``store`` (the option
+    is ignored when it is not started by root)."""
+    return (
+        f"listener {port} 127.0.0.1\nallow_anonymous true\nuser {getpass.getuser()}\n"
+        f"persistence true\npersistence_location {store}/\nautosave_interval 10\n"
+        "max_queued_messages 1000000\n"
+    )
 
 
 def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
@@ -348,7 +382,7 @@ def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -
 
 
 #: What a data dir holds that remembers broker data (offsets, alert ids, progress).
-STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark")
+STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "mosquitto")
 
 
 def wipe(data_dir: Path) -> None:

@@ -166,15 +166,17 @@ class Publisher:
         self._accepted_metric.inc()
         return event
 
-    async def send(self, event: Event) -> Delivery:
+    async def send(self, event: Event, *, where: str = "") -> Delivery:
         """Send an already validated event keyed by ``event.key``; an event too
-        large for the producer is dead-lettered instead. Returns the delivery
-        future (of the dead-letter record in that case)."""
+        large for the producer is dead-lettered instead, its reason prefixed with
+        ``where`` (``FILE:LINE``) when given. Returns the delivery future (of the
+        dead-letter record in that case)."""
         value = encode(event.fields)
         try:
             return await self._send(self.topic, event.key.encode(), value, dead_letter=False)
         except MessageSizeTooLargeError as exc:
-            return await self.reject(f"event too large to produce: {exc}", value)
+            prefix = f"{where}: " if where else ""
+            return await self.reject(f"{prefix}event too large to produce: {exc}", value)
 
     async def send_record(self, key: str, value: bytes | None, *, topic: str | None = None) -> Delivery:
         """Send a record that the caller validated by its own rules (a table row,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 from app.events import LOGS, format_ts
@@ -57,19 +58,24 @@ def apache_events(path: str, *, host: str) -> Converter:
     with its line number, raw text and the first thing found wrong. Blank lines
     are skipped.
     """
+    return (result for _number, result in numbered_apache_events(path, host=host))
+
+
+def numbered_apache_events(path: str, *, host: str) -> Iterator[tuple[int, ConvertResult]]:
+    """:func:`apache_events` with the 1-based line number of each result."""
     if not host.strip():
         msg = "--host must be a non-empty host name"
         raise IngestArgError(msg)
     return _convert(path, host)
 
 
-def _convert(path: str, host: str) -> Converter:
+def _convert(path: str, host: str) -> Iterator[tuple[int, ConvertResult]]:
     for number, raw in read_lines(path):
         text = decode_line(ADAPTER, number, raw)
         if isinstance(text, ConvertError):
-            yield text
+            yield number, text
         elif text.strip():
-            yield parse_line(text, host=host, number=number, raw=raw)
+            yield number, parse_line(text, host=host, number=number, raw=raw)
 
 
 def parse_line(text: str, *, host: str, number: int = 0, raw: bytes | None = None) -> ConvertResult:

@@ -22,6 +22,11 @@ def jsonl_lines(path: str) -> Iterator[bytes]:
 
     Blank (whitespace-only) lines are not events and are skipped.
     """
-    for _number, raw in read_lines(path):
+    return (raw for _number, raw in numbered_jsonl_lines(path))
+
+
+def numbered_jsonl_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """:func:`jsonl_lines` with the 1-based line number of each line."""
+    for number, raw in read_lines(path):
         if raw.strip():
-            yield raw
+            yield number, raw

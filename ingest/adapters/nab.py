@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from app.events import SENSORS, format_ts
@@ -62,24 +63,30 @@ def nab_events(path: str, *, device: str, field: str) -> Converter:
     are skipped.
     """
     check_options(device, field)
+    return (result for _number, result in _convert(path, device, field))
+
+
+def numbered_nab_events(path: str, *, device: str, field: str) -> Iterator[tuple[int, ConvertResult]]:
+    """:func:`nab_events` with the 1-based line number of each result."""
+    check_options(device, field)
     return _convert(path, device, field)
 
 
-def _convert(path: str, device: str, field: str) -> Converter:
+def _convert(path: str, device: str, field: str) -> Iterator[tuple[int, ConvertResult]]:
     for number, raw in read_lines(path):
         text = decode_line(ADAPTER, number, raw)
         if isinstance(text, ConvertError):
-            yield text
+            yield number, text
             continue
         if number == 1:
             header = tuple(c.strip().lower() for c in text.lstrip("\ufeff").split(","))
             if header != HEADER:
                 reason = f"expected the header 'timestamp,value', got {text[:80]!r}"
-                yield ConvertError(ADAPTER, number, raw, reason)
+                yield number, ConvertError(ADAPTER, number, raw, reason)
             continue
         if not text.strip():
             continue
-        yield _row(number, raw, text, device, field)
+        yield number, _row(number, raw, text, device, field)
 
 
 def _row(number: int, raw: bytes, text: str, device: str, field: str) -> ConvertResult:

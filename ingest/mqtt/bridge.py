@@ -23,17 +23,24 @@ pauses reading, which slows the broker down instead of growing memory.
 
 Stopping: messages already received are published, everything is flushed and
 acked, then the client disconnects (the session stays on the broker).
+
+Start-up: a message published before the first subscription exists is dropped by
+the broker (nobody subscribed yet). ``ready_file`` (``--ready-file``) is written
+once the broker acknowledged the subscription; ``make run`` starts the fleet
+simulator only then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
@@ -68,6 +75,7 @@ class MqttOptions:
     username: str | None = None
     password: str | None = None
     max_queue: int = 10_000
+    ready_file: Path | None = None  # written once the broker confirmed the first subscription
 
 
 class _Message(NamedTuple):
@@ -86,6 +94,7 @@ class _Client:
         self.opts, self._loop, self._inbox = opts, loop, inbox
         self.generation = 0  # bumped on every successful connect, read by the loop
         self.connected = threading.Event()
+        self.subscribed = threading.Event()  # the broker acknowledged a subscription (SUBACK)
         self.closing = False
         self._handoff: list[_Message] = []  # filled by paho's thread, emptied by the loop
         self._lock = threading.Lock()
@@ -98,6 +107,7 @@ class _Client:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = lambda *_a: self.subscribed.set()
         self.paho = client
 
     def _on_connect(self, client: mqtt.Client, _ud: Any, flags: Any, reason: Any, _props: Any) -> None:
@@ -206,6 +216,9 @@ async def bridge(
             if on_connected is not None:
                 await _wait_connected(client, stop)
                 on_connected()
+            if opts.ready_file is not None:
+                await _wait_subscribed(client, stop)
+                _write_ready(opts.ready_file, opts.client_id)
             while not stop.is_set() and not acker.failed and (batch := await take_batch(inbox, stop)):
                 for message in batch:
                     received += 1
@@ -230,3 +243,16 @@ async def bridge(
 async def _wait_connected(client: _Client, stop: asyncio.Event) -> None:
     while not client.connected.is_set() and not stop.is_set():
         await asyncio.sleep(0.05)
+
+
+async def _wait_subscribed(client: _Client, stop: asyncio.Event) -> None:
+    while not client.subscribed.is_set() and not stop.is_set():
+        await asyncio.sleep(0.05)
+
+
+def _write_ready(path: Path, client_id: str) -> None:
+    """Atomically create ``path``: publishers waiting for it know the broker now queues
+    the subscribed topics for this session, so nothing they send is dropped."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"{client_id} subscribed\n")
+    os.replace(tmp, path)

@@ -41,6 +41,12 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--username", help="MQTT user name")
     p.add_argument("--password-file", type=Path, help="file holding the MQTT password")
     p.add_argument("--reconnect-max", type=positive(int), default=30, metavar="S", help="longest backoff")
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="FILE",
+        help="create FILE once the MQTT broker acknowledged the subscriptions (publishers may start then)",
+    )
     p.set_defaults(run=run)
 
 
@@ -72,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
         username=args.username,
         password=password,
         reconnect_max_s=int(args.reconnect_max),
+        ready_file=args.ready_file,
     )
     return run_adapter(lambda settings, stop: bridge(settings, opts, stop))

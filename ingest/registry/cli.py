@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import orjson
 
 from app.config import Settings
 from ingest.model import IngestArgError
+from ingest.progress import OtherInputError, Progress, ProgressFile
 from ingest.registry.load import TableRecord, load_rows
 from ingest.registry.model import TABLES
 from ingest.registry.publish import LoadSummary, load_table
@@ -44,6 +46,12 @@ def add_parser(commands: Any) -> None:
             "--prune", action="store_true", help="also tombstone keys on the topic but not in FILE"
         )
         t.add_argument("--dry-run", action="store_true", help="print the records, publish nothing")
+        t.add_argument(
+            "--progress",
+            type=Path,
+            metavar="FILE.json",
+            help="skip the load when this file says the same rows were loaded before; record it after",
+        )
         t.set_defaults(run=run)
 
 
@@ -62,7 +70,34 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(orjson.dumps({"key": r.key, "value": value}) + b"\n")
         return 0
 
+    progress = None if args.progress is None else ProgressFile(args.progress, _identity(args, records))
+    if progress is not None and _loaded_before(progress):
+        logger.info("%s: these rows were loaded before; nothing to publish", progress.path)
+        sys.stdout.buffer.write(LoadSummary(spec.name, spec.topic, 0, 0, 0, skipped=True).to_json() + b"\n")
+        return 0
+
     async def body(settings: Settings, _stop: asyncio.Event) -> LoadSummary:
-        return await load_table(settings, spec, records, deletes=args.delete, prune=args.prune)
+        summary = await load_table(settings, spec, records, deletes=args.delete, prune=args.prune)
+        if progress is not None and not summary.failed:
+            n = summary.upserted + summary.deleted
+            progress.save(Progress(n, n, finished=True))
+        return summary
 
     return run_adapter(body)
+
+
+def _identity(args: argparse.Namespace, records: list[TableRecord]) -> dict[str, object]:
+    """The load's content: the table, a digest of its records, the deletes and pruning. A
+    table is a set of rows, so another content is no error: it is simply loaded."""
+    digest = hashlib.sha256()
+    for r in records:
+        digest.update(orjson.dumps([r.key, None if r.value is None else r.value.decode()]) + b"\n")
+    return {"command": f"registry {args.table}", "records": digest.hexdigest(), "delete": args.delete,
+            "prune": args.prune}  # fmt: skip
+
+
+def _loaded_before(progress: ProgressFile) -> bool:
+    try:
+        return progress.load().finished
+    except OtherInputError:
+        return False  # other rows: load them

@@ -34,19 +34,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoadSummary:
-    """What one load sent; ``failed`` records were not acknowledged (exit 1)."""
+    """What one load sent; ``failed`` records were not acknowledged (exit 1); ``skipped``:
+    nothing was sent because a progress file says these rows were loaded before."""
 
     table: str
     topic: str
     upserted: int
     deleted: int
     failed: int
+    skipped: bool = False
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {"table": self.table, "topic": self.topic, "upserted": self.upserted, "deleted": self.deleted,
-             "failed": self.failed}
-        )  # fmt: skip
+        out = {"table": self.table, "topic": self.topic, "upserted": self.upserted, "deleted": self.deleted,
+               "failed": self.failed}  # fmt: skip
+        return orjson.dumps({**out, "skipped": True} if self.skipped else out)
 
 
 async def read_table(settings: Settings, topic: str, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from app.config import Settings
 from ingest.mqtt.bridge import MqttOptions, bridge
 from ingest.mqtt.mapping import load_mapping_file, parse_map_option
 from ingest.runtime import AdapterSummary
-from tests.ingest.conftest import Mosquitto, stop_task, topic_count, until_count
+from tests.ingest.conftest import Mosquitto, stop_task, topic_count, until_count, wait_for
 from tests.kafka_helpers import consume, consume_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -98,6 +99,29 @@ def test_topics_map_to_devices_and_fields_and_bad_payloads_are_dead_lettered(
     dead = consume_json(settings.bootstrap_servers, topics.DLQ, min_count=2)
     assert dead[0]["reason"].startswith("mqtt topic sensors/t-2/temperature: payload is neither a number")
     assert dead[1]["field"] == "colour"
+
+
+@pytest.mark.timeout(60)
+def test_the_ready_file_appears_once_subscribed_so_a_publisher_waiting_for_it_loses_nothing(
+    settings: Settings, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    ready = tmp_path / "bridge.ready"
+    opts = dataclasses.replace(_opts(mosquitto, "fleet/+device_id/state"), ready_file=ready)
+    state = orjson.dumps({"ts": "2024-01-01T00:00:00Z", "temperature": 20.5})
+
+    async def scenario() -> None:
+        async def exists() -> bool:
+            return ready.exists()
+
+        await wait_for(exists, 15, "the ready file")
+        await asyncio.to_thread(_publish, mosquitto, [("fleet/s-1/state", state)])  # at once: a new session
+        await until_count(settings.bootstrap_servers, topics.SENSORS, 1)
+
+    assert not ready.exists()
+    summary = asyncio.run(_bridged(settings, opts, scenario))
+
+    assert summary.published == 1
+    assert ready.read_text() == "bridge-under-test subscribed\n"
 
 
 @pytest.mark.timeout(60)

@@ -1,0 +1,128 @@
+"""What `python -m app run` keeps in its data dir between runs, without running the system."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from app.broker import free_port
+from app.errors import ConfigError
+from app.system import MOSQUITTO, RunOptions, build_roles, check_consistent, mosquitto_conf, wipe
+from tests.conftest import APACHE_LOG, NAB_MACHINE_TEMP, make_settings, require_dataset
+
+PRODUCERS = ("replay-sensors", "replay-logs", "sim-fleet", "sim-ticks", "registry")
+
+
+def test_a_data_dir_whose_broker_log_is_gone_is_refused_while_its_state_remains(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    data = settings.data_dir
+    check_consistent(settings)  # nothing there yet: a first run
+    (data / "ingest").mkdir(parents=True)
+    (data / "mosquitto").mkdir()
+    (data / "dispatch.sqlite3").write_bytes(b"")
+
+    with pytest.raises(ConfigError, match=r"dispatch\.sqlite3, ingest, mosquitto") as caught:
+        check_consistent(settings)
+
+    assert str(data) in str(caught.value) and "--fresh" in str(caught.value)
+    (data / "kafka" / "log").mkdir(parents=True)
+    (data / "kafka" / "log" / "meta.properties").write_text("node.id=1\n")
+    check_consistent(settings)  # the broker's log is there: the state matches it
+    wipe(data)
+    assert not data.exists()
+
+
+def test_every_producer_role_gets_its_progress_file_under_the_data_dir(tmp_path: Path) -> None:
+    require_dataset(NAB_MACHINE_TEMP)
+    require_dataset(APACHE_LOG)
+    settings = make_settings(tmp_path)
+    settings.data_dir.mkdir(parents=True)
+    (settings.data_dir / "fleet-devices.csv").write_text("stale\n")
+
+    roles = {r.name: r for r in build_roles(settings, "127.0.0.1:9092", RunOptions(dashboard=False))}
+
+    for name in PRODUCERS:
+        argv = roles[name].argv
+        assert argv[argv.index("--progress") + 1] == str(settings.data_dir / "ingest" / f"{name}.json"), name
+    assert "--progress" not in roles["worker"].argv
+    assert not (settings.data_dir / "fleet-devices.csv").exists()  # the registry waits for this run's
+    if MOSQUITTO.exists():  # the fleet waits until the bridge subscribed, so nothing is dropped
+        bridge = roles["mqtt-bridge"].argv
+        assert roles["sim-fleet"].requires_file == Path(bridge[bridge.index("--ready-file") + 1])
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_mosquitto_keeps_the_bridge_session_and_its_queue_across_a_restart(tmp_path: Path) -> None:
+    if not os.access(MOSQUITTO, os.X_OK):
+        pytest.skip(f"mosquitto not installed at {MOSQUITTO} (`make test` installs it)")
+    store = tmp_path / "mosquitto"
+    store.mkdir()
+    got: list[bytes] = []
+
+    def client(client_id: str, port: int) -> mqtt.Client:
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False)
+        c.on_message = lambda _c, _u, msg: got.append(msg.payload)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        return c
+
+    with _Mosquitto(tmp_path, store) as port:
+        bridge = client("bridge", port)
+        subscribed = threading.Event()
+        bridge.on_subscribe = lambda *_a: subscribed.set()
+        bridge.subscribe("fleet/+/state", qos=1)
+        assert subscribed.wait(10)
+        bridge.disconnect()
+        bridge.loop_stop()
+        sender = client("sender", port)
+        for i in range(20):  # while the bridge is away: queued for its session
+            sender.publish(f"fleet/d{i}/state", str(i).encode(), qos=1).wait_for_publish(5)
+        sender.disconnect()
+        sender.loop_stop()
+    with _Mosquitto(tmp_path, store) as port:  # a new run: another process, another port
+        bridge = client("bridge", port)
+        deadline = time.monotonic() + 10
+        while len(got) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        bridge.disconnect()
+        bridge.loop_stop()
+
+    assert sorted(int(p) for p in got) == list(range(20))
+
+
+class _Mosquitto:
+    """mosquitto with ``make run``'s config on a free port; SIGTERM (it saves its store) at exit."""
+
+    def __init__(self, tmp_path: Path, store: Path) -> None:
+        self.port = free_port()
+        self.conf = tmp_path / f"mosquitto-{self.port}.conf"
+        self.conf.write_text(mosquitto_conf(self.port, store))
+        self.log = tmp_path / f"mosquitto-{self.port}.log"
+
+    def __enter__(self) -> int:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([str(MOSQUITTO), "-c", str(self.conf)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 10
+        while b" running" not in self.log.read_bytes():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+        return self.port
+
+    def __exit__(self, *_exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        assert b"Error" not in self.log.read_bytes(), self.log.read_text()
