@@ -408,6 +408,15 @@ def check_consistent(settings: Settings) -> None:
         raise ConfigError(msg)
 
 
+def restart_broker(broker: KafkaBroker) -> None:
+    """Start the embedded broker again on its log dir after it died; the roles ride out the
+    gap (their clients reconnect to the same address: the broker keeps its ports)."""
+    logger.error(
+        "the embedded Kafka broker exited (see %s); restarting it on %s", broker.output, broker.log_dir
+    )
+    broker.start()
+
+
 def run(settings: Settings, opts: RunOptions) -> int:
     """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
     started = time.monotonic()
@@ -430,6 +439,8 @@ def run(settings: Settings, opts: RunOptions) -> int:
         deadline = None if opts.duration_s is None else started + opts.duration_s
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()
+            if broker is not None and not broker.running():
+                restart_broker(broker)
             stop.wait(0.2)
         receiver = next((r for r in roles if r.name == "receiver"), None)
         stats: dict[str, Any] | None = None

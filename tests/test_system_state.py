@@ -13,9 +13,17 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from app.broker import free_port
+from app.broker import KafkaBroker, free_port
 from app.errors import ConfigError
-from app.system import MOSQUITTO, RunOptions, build_roles, check_consistent, mosquitto_conf, wipe
+from app.system import (
+    MOSQUITTO,
+    RunOptions,
+    build_roles,
+    check_consistent,
+    mosquitto_conf,
+    restart_broker,
+    wipe,
+)
 from tests.conftest import APACHE_LOG, NAB_MACHINE_TEMP, make_settings, require_dataset
 
 PRODUCERS = ("replay-sensors", "replay-logs", "sim-fleet", "sim-ticks", "registry")
@@ -126,3 +134,21 @@ class _Mosquitto:
             self.proc.kill()
             self.proc.wait(5)
         assert b"Error" not in self.log.read_bytes(), self.log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path / "kafka", heap="256m").start()
+    try:
+        address, pid = broker.bootstrap, broker.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)  # as an OOM kill would
+        deadline = time.monotonic() + 10
+        while broker.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not broker.running()
+        restart_broker(broker)
+        assert broker.running() and broker.bootstrap == address and broker.pid != pid
+    finally:
+        broker.stop()
