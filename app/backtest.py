@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
@@ -26,6 +26,9 @@ from app.events import SCHEMAS, Event, parse_ts
 from app.rules.evaluator import Engine
 from app.rules.loader import RuleSet
 from app.tables import TABLES, Tables, read_table_file
+
+if TYPE_CHECKING:
+    from app.kafka import Target
 
 logger = logging.getLogger(__name__)
 
@@ -155,40 +158,47 @@ def backtest_line(a: Alert) -> dict[str, Any]:
     return {"rule": a.rule_id, **a.to_dict()}
 
 
-async def _read_topics(bootstrap: str, topics: list[str]) -> list[tuple[int, bytes]]:
+async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, bytes]]:
     """Every record of ``topics`` from the earliest offset up to the high watermark now,
     as (record timestamp, value), ordered by timestamp (stable per partition)."""
     from aiokafka import AIOKafkaConsumer
 
-    from app.kafka import high_watermarks
+    from app.kafka import connection, high_watermarks
 
     marks = await high_watermarks(bootstrap, topics)
     pending = {tp: end for tp, end in marks.items() if end > 0}
     out: list[tuple[int, int, bytes]] = []
     if not pending:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    # committed records only; a partition is done when the position reaches its end offset
+    # (which counts transaction markers no record carries)
+    consumer = AIOKafkaConsumer(
+        **connection(bootstrap), enable_auto_commit=False, isolation_level="read_committed"
+    )
     await consumer.start()
     try:
         consumer.assign(list(pending))
         await consumer.seek_to_beginning(*pending)
         while pending:
             batch = await consumer.getmany(timeout_ms=1000)
-            if not batch:
-                break
             for tp, records in batch.items():
                 for r in records:
                     if tp in pending and r.offset < pending[tp] and r.value is not None:
                         out.append((r.timestamp, len(out), r.value))
-                if tp in pending and records and records[-1].offset + 1 >= pending[tp]:
+            for tp in list(pending):
+                if await consumer.position(tp) >= pending[tp]:
                     del pending[tp]
+            if not batch and pending:
+                break
     finally:
         await consumer.stop()
     out.sort()
     return [(ts, value) for ts, _, value in out]
 
 
-def read_topic_events(bootstrap: str, topics: list[str], report: BacktestReport) -> list[tuple[str, Event]]:
+def read_topic_events(
+    bootstrap: Target, topics: list[str], report: BacktestReport
+) -> list[tuple[str, Event]]:
     """Source topics from the earliest offset to the current end, as backtest input,
     in record-timestamp order across topics (per partition, offset order). Invalid
     records are reported with their topic and position, never silently dropped."""

@@ -109,7 +109,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             if not settings.bootstrap_servers:
                 print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
                 return 2
-            events: Any = read_topic_events(settings.bootstrap_servers, args.topic, report)
+            events: Any = read_topic_events(settings, args.topic, report)
         else:
             events = None
     except (ValueError, IngestDecodeError) as exc:
@@ -169,9 +169,7 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
         return 2
-    created = asyncio.run(
-        ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor)
-    )
+    created = asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor))
     print(f"created: {', '.join(created) or 'nothing (all topics exist)'}")
     return 0
 

@@ -94,9 +94,7 @@ async def run(
     kafka_topics = [r.topic_name for r in config.receivers if isinstance(r, KafkaReceiverConfig)]
     if kafka_topics:
         specs = tuple(receiver_topic_spec(t) for t in kafka_topics)
-        await ensure_topics(
-            settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
-        )
+        await ensure_topics(settings, settings.partitions, settings.replication_factor, specs)
     producer = make_producer(settings)
     consumer = make_consumer(settings, group_id=GROUP_ID)
     senders: dict[str, OutboxSender] = {}
@@ -145,9 +143,7 @@ async def run(
         topics = [r.topic_name for r in cfg.receivers if isinstance(r, KafkaReceiverConfig)]
         if topics:
             specs = tuple(receiver_topic_spec(t) for t in topics)
-            await ensure_topics(
-                settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
-            )
+            await ensure_topics(settings, settings.partitions, settings.replication_factor, specs)
         for r in cfg.receivers:
             if r.name in running and running[r.name][2] != r:
                 await stop_sender(r.name)
@@ -293,10 +289,10 @@ async def _assign(
     A kept offset past a partition's end means the topic was recreated (an embedded broker
     restarted empty): that partition is read from the beginning, with a warning."""
     await consumer.start()
-    tps = await partitions_of(settings.bootstrap_servers, list(INPUTS))
+    tps = await partitions_of(settings, list(INPUTS))
     consumer.assign(tps)
     kept = db.offsets()
-    marks = await high_watermarks(settings.bootstrap_servers, list(INPUTS))
+    marks = await high_watermarks(settings, list(INPUTS))
     for tp in tps:
         at = kept.get((tp.topic, tp.partition))
         if at is not None and at > marks.get(tp, 0):
@@ -345,7 +341,7 @@ async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> 
 
 async def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """Every JSON record of ``topic`` up to its current end, in partition order."""
-    marks = {tp: m for tp, m in (await high_watermarks(settings.bootstrap_servers, [topic])).items() if m}
+    marks = {tp: m for tp, m in (await high_watermarks(settings, [topic])).items() if m}
     out: list[dict[str, Any]] = []
     if not marks:
         return out

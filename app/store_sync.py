@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from app.alerts import Alert
 from app.config import Settings
 from app.dispatch.commands import parse_command, verify_command
-from app.kafka import high_watermarks, make_consumer, partitions_of
+from app.kafka import Target, high_watermarks, make_consumer, partitions_of
 from app.store import AlertStore, order_key
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 
@@ -94,7 +94,7 @@ def decode_batch(
     return alerts, commands, events
 
 
-async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: str) -> None:
+async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: Target) -> None:
     """Assign every partition of :data:`TOPICS` at the store's offset, or the beginning (also
     when the kept offset lies past the partition's end: the topic was recreated)."""
     tps = await partitions_of(bootstrap, list(TOPICS))
@@ -121,7 +121,7 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
     consumer = make_consumer(settings, group_id=GROUP_ID)
     try:
         await consumer.start()
-        await assign_from_store(consumer, store, settings.bootstrap_servers)
+        await assign_from_store(consumer, store, settings)
         logger.info("syncing %s into %s", ", ".join(TOPICS), settings.store_path)
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)

@@ -57,7 +57,7 @@ async def read_table(settings: Settings, topic: str, timeout_s: float = 30.0) ->
     deadline = time.monotonic() + timeout_s
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
-        tps = await partitions_of(settings.bootstrap_servers, [topic], timeout_s)
+        tps = await partitions_of(settings, [topic], timeout_s)
         if not tps:
             return rows
         consumer.assign(tps)
