@@ -66,24 +66,30 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
-from worker_runs import (  # noqa: E402
+from latency_runs import (  # noqa: E402
     ECHO_WORKER,
     PROBE_RULES,
+    LatencyResult,
+    log_append_time_alerts,
+    measure_latency,
+    report_against_floor,
+    report_latency,
+)
+from peer_runs import SEMANTICS, keep_peer_topics, quix_python, report_agreement, run_peer  # noqa: E402
+from worker_runs import (  # noqa: E402
     Item,
     Progress,
     bucket_quantile,
     end_offset,
     histogram,
     log_tail,
-    measure_latency,
     metric,
     progress_rate,
-    report_latency,
     worker_process,
 )
 
 from app import native  # noqa: E402
-from app.broker import KafkaBroker, free_port  # noqa: E402
+from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
 from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
@@ -97,9 +103,8 @@ from ingest.sim.fleet import FleetConfig, fleet_events, fleet_registry  # noqa: 
 PARTITIONS = 4
 WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]  # the rule worker, one process
 LATENCY_WARMUP_S = 5.0
-#: plain Faust apps join their group ~32 s after start on the embedded broker (the worker's
-#: RulesApp shortens that): time enough to read the whole topic after it
-PLAIN_FAUST_TIMEOUT_S = 90.0
+#: plain Faust apps (Faust's default timings) join their group and then read the whole topic
+PLAIN_FAUST_TIMEOUT_S = 60.0
 #: The evaluator's batch: the worker's default APP_WORKER_BATCH, split by stream and partition as there
 EVAL_BATCH = 2000
 DATA = ROOT.parent / "shared" / "datasets"
@@ -276,7 +281,7 @@ import faust, orjson, os
 from prometheus_client import Counter, start_http_server
 seen = Counter("minimal_events_total", "events handled")
 app = faust.App("bench-minimal", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
+                consumer_auto_offset_reset="earliest", store="memory://",
                 datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-minimal-data"))
 src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
 out = app.topic("bench.minimal", key_serializer="raw", value_serializer="raw")
@@ -300,7 +305,7 @@ import faust, os
 from prometheus_client import Counter, start_http_server
 seen = Counter("noop_events_total", "events iterated")
 app = faust.App("bench-noop", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
+                consumer_auto_offset_reset="earliest", store="memory://",
                 datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-noop-data"))
 src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
 @app.agent(src)
@@ -318,7 +323,6 @@ def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int = PARTIT
     return {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "APP_KAFKA_IDEMPOTENCE": "off",
         "APP_DATA_DIR": str(data),
         "APP_RULES_DIR": str(rules),
         "APP_PARTITIONS": str(partitions),
@@ -327,45 +331,29 @@ def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int = PARTIT
     }
 
 
-def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: int) -> None:
-    """The minimal and no-op agents, then the rule worker, on the same pre-filled sensors topic;
-    then the rule worker on all three source topics (mixed), on a fresh broker; then on the
-    fleet's readings with its registry, on a fresh broker."""
+def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: int, quix: Path | None) -> None:
+    """The minimal and no-op agents, then the rule worker, then the Quix peer, on the same
+    pre-filled sensors topic; then the rule worker and the peer on all three source topics
+    (mixed), on a fresh broker; then the worker on the fleet's readings with its registry, on a
+    fresh broker."""
     sensors = [i.value for i in items if i.source == "sensors"]
-    with KafkaBroker() as b:
+    with KafkaBroker(tmp / "kafka-sensors") as b:
+        ready = f"ready in {b.ready_s:.1f} s" if b.ready_s is not None else ""
+        print(f"Apache Kafka {kafka_version()} on {b.bootstrap}, {ready}; {PARTITIONS} partitions per topic")
+        keep_peer_topics(b.bootstrap, PARTITIONS)
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill(b.bootstrap, SENSORS, sensors, [b"m1"] * len(sensors)))
         env = worker_env(b.bootstrap, tmp / "data", pack)
         ceiling = asyncio.run(bare_consumer_rate(b.bootstrap, SENSORS, len(sensors)))
         print(f"bare aiokafka consumer (no Faust, no decoding), same topic: {ceiling:,.0f} records/s")
-        script = tmp / "minimal.py"
-        script.write_text(MINIMAL_AGENT)
-        minimal_env = {**env, "APP_METRICS_PORT": str(free_port())}
-        minimal = progress_rate(
-            [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
-            minimal_env,
-            tmp / "minimal.log",
-            metric(minimal_env["APP_METRICS_PORT"], "minimal_events_total"),
-            len(sensors),
-            timeout_s=PLAIN_FAUST_TIMEOUT_S,
-        )
+        minimal = plain_agent(tmp, "minimal", MINIMAL_AGENT, env, "minimal_events_total", len(sensors))
         matched = end_offset(b.bootstrap, "bench.minimal")()
         print(
             f"the issue's minimal Faust agent (decode, temperature > 100, send on a match: "
             f"{matched:,.0f} sent): {minimal.describe(len(sensors))} "
             f"(the issue measured ~{MINIMAL_BASELINE:,} on its host)"
         )
-        script = tmp / "noop.py"
-        script.write_text(NOOP_AGENT)
-        noop_env = {**env, "APP_METRICS_PORT": str(free_port())}
-        noop = progress_rate(
-            [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
-            noop_env,
-            tmp / "noop.log",
-            metric(noop_env["APP_METRICS_PORT"], "noop_events_total"),
-            len(sensors),
-            timeout_s=PLAIN_FAUST_TIMEOUT_S,
-        )
+        noop = plain_agent(tmp, "noop", NOOP_AGENT, env, "noop_events_total", len(sensors))
         print(f"no-op Faust agent (Faust's own per-message floor): {noop.describe(len(sensors))}")
         rate = progress_rate(
             WORKER,
@@ -381,8 +369,21 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
                 f"(the target, 100,000, is {100_000 / MINIMAL_BASELINE:.1f}x the ~{MINIMAL_BASELINE:,} the "
                 "issue measured for that agent on its host)"
             )
+        if quix is not None:
+            peer_beside(quix, b.bootstrap, tmp, "quix-sensors", len(sensors), rate, "the sensors topic")
     records = [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]
-    mixed = worker_on_fresh_broker(tmp, pack, "mixed", records, "worker_events_total{", len(items))
+    peer_events = sum(1 for i in items if i.source in ("sensors", "logs"))
+
+    def mixed_peer(bootstrap: str, worker: Progress) -> None:
+        if quix is not None:
+            peer_beside(
+                quix, bootstrap, tmp, "quix-mixed", peer_events, worker, "the sensors and logs topics"
+            )
+            print(SEMANTICS)
+
+    mixed = worker_on_fresh_broker(
+        tmp, pack, "mixed", records, "worker_events_total{", len(items), then=mixed_peer
+    )
     print(
         f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
         "(log events are read twice: once as they come, once regrouped by client IP)"
@@ -401,28 +402,71 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
     )
 
 
-def worker_on_fresh_broker(
-    tmp: Path, pack: Path, name: str, records: list[tuple[str, bytes, bytes]], counter: str, expect: int
+def plain_agent(
+    tmp: Path, name: str, source: str, env: dict[str, str], counter: str, expect: int
 ) -> Progress:
+    """A plain Faust app (``MINIMAL_AGENT``, ``NOOP_AGENT``) over the pre-filled topic: its rate."""
+    script = tmp / f"{name}.py"
+    script.write_text(source)
+    own = {**env, "APP_METRICS_PORT": str(free_port())}
+    return progress_rate(
+        [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
+        own,
+        tmp / f"{name}.log",
+        metric(own["APP_METRICS_PORT"], counter),
+        expect,
+        timeout_s=PLAIN_FAUST_TIMEOUT_S,
+    )
+
+
+def peer_beside(
+    quix: Path, bootstrap: str, tmp: Path, name: str, expect: int, worker: Progress, what: str
+) -> None:
+    """The Quix peer over the topics the worker (the whole pack) just read: its rate beside the
+    worker's, and the agreement of their alerts."""
+    peer = run_peer(quix, bootstrap, tmp, name, expect)
+    print(
+        f"Quix Streams peer (t-0, machine-hourly-heat and not-found-scan by hand), {what}: "
+        f"{peer.describe(expect)}"
+    )
+    if peer.rate and worker.rate:
+        print(
+            f"  the worker with the whole pack {worker.rate:,.0f} events/s, "
+            f"the Quix peer with 3 rules {peer.rate:,.0f}: {worker.rate / peer.rate:.1f}x"
+        )
+    report_agreement(bootstrap)
+
+
+def worker_on_fresh_broker(
+    tmp: Path, pack: Path, name: str, records: list[tuple[str, bytes, bytes]], counter: str, expect: int,
+    then: Callable[[str, Progress], None] | None = None,
+) -> Progress:  # fmt: skip
     """The rule worker on a fresh broker (no offsets or state of an earlier run) whose topics
-    hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric."""
-    with KafkaBroker() as b:
+    hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric.
+    ``then`` runs after the worker, with the broker's address, while the broker still runs."""
+    with KafkaBroker(tmp / f"kafka-{name}") as b:
+        if then is not None:
+            keep_peer_topics(b.bootstrap, PARTITIONS)
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill_many(b.bootstrap, records))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", pack)
-        return progress_rate(
+        rate = progress_rate(
             WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect
         )
+        if then is not None:
+            then(b.bootstrap, rate)
+        return rate
 
 
-def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> None:
+def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> LatencyResult:
     """The rule worker (or, ``echo``, the bare aiokafka echo) under paced traffic, on its own broker."""
     rules = rule_pack(tmp / "latency-rules")
     (rules / "latency-probe.yaml").write_text(PROBE_RULES)
     background = events(int(args.latency_rate * (LATENCY_WARMUP_S + args.latency_seconds) * 1.1) + 1000)
     name = "echo" if echo else "latency-worker"
     partitions = args.latency_partitions
-    with KafkaBroker() as b:
+    with KafkaBroker(tmp / f"kafka-{name}") as b:
+        asyncio.run(log_append_time_alerts(b.bootstrap, partitions))
         asyncio.run(ensure_topics(b.bootstrap, partitions))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", rules, partitions)
         port = env["APP_METRICS_PORT"]
@@ -449,7 +493,6 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
                     warmup_s=LATENCY_WARMUP_S,
                     alive=lambda: proc.poll() is None,
                     linger_ms=args.producer_linger_ms,
-                    broker_pid=b.pid,
                     on_measure=on_measure,
                 )
             )
@@ -458,10 +501,15 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
             if proc.poll() is not None:
                 print(f"the {name} process exited ({proc.returncode})")
     if echo:
-        print("floor: a bare aiokafka echo (no Faust, no rules) answering each probe, same broker and host:")
+        print(
+            "latency floor: a bare aiokafka echo (consumes every event, produces each to alerts; "
+            "no Faust, no rules), same broker settings and host:"
+        )
+    else:
+        print(f"latency: the Faust worker, full pack plus a probe rule, {partitions} partitions per topic:")
     report_latency(res)
     if not echo:
-        print(f"the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
+        print(f"  the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
     if after:
         lag, batch = (
             [bucket_quantile(marks[h], after[h], q) for q in (0.5, 0.99)] for h in histograms
@@ -473,8 +521,9 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
         )
     warnings = (tmp / f"{name}.log").read_text(errors="replace").splitlines()
     if warnings:
-        print(f"the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
+        print(f"  the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
         print(log_tail(tmp / f"{name}.log", 3))
+    return res
 
 
 def main() -> int:
@@ -485,13 +534,14 @@ def main() -> int:
     )
     ap.add_argument("--skip-faust", action="store_true", help="the evaluator alone: no broker, no worker")
     ap.add_argument(
-        "--skip-throughput", action="store_true", help="no minimal-agent and worker events/s runs"
+        "--skip-throughput", action="store_true", help="no minimal-agent, worker and Quix events/s runs"
     )
+    ap.add_argument("--skip-quix", action="store_true", help="no Quix Streams peer")
     ap.add_argument("--skip-latency", action="store_true", help="no paced latency run")
     ap.add_argument("--latency-rate", type=float, default=5_000.0, help="paced input, events/s")
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="measured span after warm-up")
     ap.add_argument(
-        "--producer-linger-ms", type=int, default=2, help="linger of the latency run's event producer"
+        "--producer-linger-ms", type=int, default=1, help="linger of the latency run's event producer"
     )
     ap.add_argument(
         "--latency-partitions", type=int, default=PARTITIONS, help="partitions per topic in the latency runs"
@@ -514,11 +564,13 @@ def main() -> int:
         if args.skip_faust:
             return 0
         if not args.skip_throughput:
-            bench_throughput(tmp, pack, events(args.worker_events), args.fleet_devices)
+            quix = None if args.skip_quix else quix_python()
+            bench_throughput(tmp, pack, events(args.worker_events), args.fleet_devices, quix)
         if not args.skip_latency:
-            bench_latency(tmp, args)
+            worker = bench_latency(tmp, args)
             if not args.skip_echo:
-                bench_latency(tmp, args, echo=True)
+                echo = bench_latency(tmp, args, echo=True)
+                report_against_floor(worker, echo)
     return 0
 
 
