@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.kafka import end_offsets
@@ -85,7 +86,7 @@ def progress_rate(
     log: Path,
     progress: Callable[[], float],
     expect: float,
-    timeout_s: float = 40.0,
+    timeout_s: float = 60.0,
 ) -> Progress:
     """Start a worker and measure its events/s through a pre-filled topic.
 
@@ -128,6 +129,25 @@ async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, s
         await admin.create_topics([NewTopic(name, n, 1, topic_configs=c) for name, (n, c) in topics.items()])
     finally:
         await admin.close()
+
+
+async def wait_for_leaders(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Return once every topic's partitions have a leader in the broker's metadata (at most
+    ``timeout_s``): a produce right after ``create_topics`` may otherwise find the topic missing."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            cluster = await client.fetch_all_metadata()
+            if all(
+                cluster.available_partitions_for_topic(t) == cluster.partitions_for_topic(t)
+                for t in cluster.topics()
+            ):
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
 
 
 def scrape(port: int | str) -> list[str]:
