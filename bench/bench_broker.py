@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from latency_runs import ECHO_WORKER, log_append_time_alerts  # noqa: E402
-from worker_runs import percentiles, worker_process  # noqa: E402
+from worker_runs import percentiles, wait_for_leaders, worker_process  # noqa: E402
 
 from app.broker import KafkaBroker, kafka_version  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -159,6 +159,7 @@ def main() -> int:
         print(f"Apache Kafka {kafka_version()} on {b.bootstrap}, ready in {b.ready_s or 0:.1f} s")
         asyncio.run(log_append_time_alerts(b.bootstrap, args.partitions))
         asyncio.run(ensure_topics(b.bootstrap, args.partitions))
+        asyncio.run(wait_for_leaders(b.bootstrap, [SENSORS, ALERTS]))
         (Path(name) / "echo.py").write_text(ECHO_WORKER)
         env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": b.bootstrap}
         with worker_process([sys.executable, str(Path(name) / "echo.py")], env, Path(name) / "echo.log"):

@@ -94,7 +94,7 @@ from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
 from app.tables import Tables  # noqa: E402
-from app.topics import DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
+from app.topics import ALERTS, DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
 from ingest.adapters.apache import apache_events  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402
@@ -243,7 +243,7 @@ async def fill(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes
 
 async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> None:
     """Produce ``(topic, key, value)`` records in order and wait for every ack."""
-    await wait_for_leaders(bootstrap)
+    await wait_for_leaders(bootstrap, {topic for topic, _k, _v in records})
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
     await p.start()
     try:
@@ -364,6 +364,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
             tmp / "worker.log",
             metric(env["APP_METRICS_PORT"], 'worker_events_total{source="sensors"}'),
             len(sensors),
+            outputs=end_offset(b.bootstrap, ALERTS) if quix is not None else None,
         )
         print(f"Faust worker, full pack, sensors topic: {rate.describe(len(sensors))} (target 100,000)")
         if minimal.rate and rate.rate:
@@ -456,8 +457,9 @@ def worker_on_fresh_broker(
         asyncio.run(fill_many(b.bootstrap, records))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", pack)
         rate = progress_rate(
-            WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect
-        )
+            WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect,
+            outputs=end_offset(b.bootstrap, ALERTS) if then is not None else None,
+        )  # fmt: skip
         if then is not None:
             then(b.bootstrap, rate)
         return rate
@@ -473,7 +475,7 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> La
     with KafkaBroker(tmp / f"kafka-{name}") as b:
         asyncio.run(log_append_time_alerts(b.bootstrap, partitions))
         asyncio.run(ensure_topics(b.bootstrap, partitions))
-        asyncio.run(wait_for_leaders(b.bootstrap))
+        asyncio.run(wait_for_leaders(b.bootstrap, [*SOURCE_TOPICS.values(), ALERTS]))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", rules, partitions)
         port = env["APP_METRICS_PORT"]
         # the worker's own histograms, read as measuring begins and after it

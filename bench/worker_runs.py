@@ -14,7 +14,7 @@ import math
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -87,6 +87,7 @@ def progress_rate(
     progress: Callable[[], float],
     expect: float,
     timeout_s: float = 60.0,
+    outputs: Callable[[], float] | None = None,
 ) -> Progress:
     """Start a worker and measure its events/s through a pre-filled topic.
 
@@ -94,7 +95,9 @@ def progress_rate(
     topic's end offset, or a worker counter). The rate runs from its first
     non-zero reading (start-up and group join excluded) until it reaches
     ``expect``; if the worker exits or ``timeout_s`` passes first, the rate so
-    far, with ``done`` false (0.0 when nothing was handled).
+    far, with ``done`` false (0.0 when nothing was handled). ``outputs``: an output topic's
+    end offset; once ``expect`` is reached the worker runs on until it stops growing
+    (:func:`settle`), so its last outputs are out before it is stopped.
     """
     with worker_process(cmd, env, log) as proc:
         first: tuple[float, float] | None = None
@@ -106,6 +109,8 @@ def progress_rate(
             if count and first is None:
                 first = (now, count)
             if first is not None and count >= expect:
+                if outputs is not None:
+                    settle(outputs)
                 return Progress((count - first[1]) / max(now - first[0], 1e-3), count, True, first[0] - began)
             time.sleep(POLL_S)
         if proc.poll() is not None:
@@ -131,9 +136,11 @@ async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, s
         await admin.close()
 
 
-async def wait_for_leaders(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Return once every topic's partitions have a leader in the broker's metadata (at most
-    ``timeout_s``): a produce right after ``create_topics`` may otherwise find the topic missing."""
+async def wait_for_leaders(bootstrap: str, topics: Iterable[str], timeout_s: float = 30.0) -> None:
+    """Return once each of ``topics`` has a leader for every partition in the broker's metadata
+    (at most ``timeout_s``): a produce right after ``create_topics`` may otherwise find the topic
+    missing."""
+    wanted = set(topics)
     client = AIOKafkaClient(bootstrap_servers=bootstrap)
     await client.bootstrap()
     try:
@@ -141,13 +148,26 @@ async def wait_for_leaders(bootstrap: str, timeout_s: float = 30.0) -> None:
         while time.monotonic() < deadline:
             cluster = await client.fetch_all_metadata()
             if all(
-                cluster.available_partitions_for_topic(t) == cluster.partitions_for_topic(t)
-                for t in cluster.topics()
+                cluster.partitions_for_topic(t)
+                and cluster.available_partitions_for_topic(t) == cluster.partitions_for_topic(t)
+                for t in wanted
             ):
                 return
             await asyncio.sleep(0.1)
     finally:
         await client.close()
+
+
+def settle(progress: Callable[[], float], quiet_s: float = 1.0, timeout_s: float = 15.0) -> None:
+    """Return once ``progress`` (an output topic's end offset) has not grown for ``quiet_s``, at
+    most ``timeout_s``: a worker's last outputs may still be on their way when its input count
+    is reached."""
+    last, since, deadline = progress(), time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(POLL_S)
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
 
 
 def scrape(port: int | str) -> list[str]:
