@@ -38,6 +38,7 @@ import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 import paho.mqtt.client as mqtt  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
+from worker_runs import wait_for_leaders  # noqa: E402
 
 from app import topics  # noqa: E402
 from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         KafkaBroker(Path(tmp) / "kafka") as broker,
     ):
         asyncio.run(ensure_topics(broker.bootstrap, partitions=4))
+        asyncio.run(wait_for_leaders(broker.bootstrap, [t.name for t in topics.TOPICS]))
         env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": tmp}
         bench = Bench(Settings.from_env(env), Path(tmp), args.events)
         kafka = f"Apache Kafka {kafka_version()} on {broker.bootstrap}"
