@@ -161,8 +161,14 @@ def kafka_version() -> str:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (Kafka's ``Uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (Kafka's ``Uuid``).
+
+    Never one that starts with ``-``: ``kafka-storage format -t`` would read it as an option and
+    fail (1 format in 64). Kafka's own ``Uuid.randomUuid`` draws again then, and so does this."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker:

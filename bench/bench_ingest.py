@@ -1,4 +1,4 @@
-"""Ingest throughput per adapter, in events/s, against an embedded broker started here.
+"""Ingest throughput per adapter, in events/s, against an embedded Apache Kafka broker started here.
 
 Usage: ``python bench/bench_ingest.py [--events N] [--only a,b] [--budget S]``
 (``make bench`` runs it with the defaults). Each adapter runs in this process
@@ -38,9 +38,10 @@ import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 import paho.mqtt.client as mqtt  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
+from worker_runs import wait_for_leaders  # noqa: E402
 
 from app import topics  # noqa: E402
-from app.broker import KafkaBroker, free_port  # noqa: E402
+from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.kafka import end_offsets  # noqa: E402
 from app.topics import ensure_topics  # noqa: E402
@@ -340,15 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(BENCHES)
     if unknown:
         parser.error(f"unknown adapters: {', '.join(sorted(unknown))}")
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, KafkaBroker() as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp,
+        KafkaBroker(Path(tmp) / "kafka") as broker,
+    ):
         asyncio.run(ensure_topics(broker.bootstrap, partitions=4))
-        env = {
-            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-            "APP_KAFKA_IDEMPOTENCE": "off",
-            "APP_DATA_DIR": tmp,
-        }
+        asyncio.run(wait_for_leaders(broker.bootstrap, [t.name for t in topics.TOPICS]))
+        env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": tmp}
         bench = Bench(Settings.from_env(env), Path(tmp), args.events)
-        print(f"ingest throughput, embedded Tansu on {broker.bootstrap}, {os.cpu_count()} CPUs, acks=all")
+        kafka = f"Apache Kafka {kafka_version()} on {broker.bootstrap}"
+        print(f"ingest throughput, {kafka}, {os.cpu_count()} CPUs, acks=all, idempotent")
         print(f"{'adapter':<16}{'events':>9}{'seconds':>9}{'events/s':>10}  note")
         results = []
         for name in names:

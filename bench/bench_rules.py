@@ -1,57 +1,55 @@
-"""Rule evaluation benchmarks: the pure evaluator, the Faust rule worker, a minimal Faust agent, latency.
+"""Rule evaluation benchmarks on Apache Kafka: the pure evaluator, the Faust rule worker beside a
+minimal Faust agent and a Quix Streams peer, and event-to-alert latency beside its floor.
 
-Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--worker-events W] [--skip-faust]
-[--skip-throughput] [--skip-latency] [--skip-echo] [--latency-rate R] [--latency-seconds S]
-[--producer-linger-ms L] [--latency-partitions P] [--fleet-devices D]``. Prints one line per
-figure, beside its target. Takes about 5 min: at most 40 s per worker run and 90 s per plain
-Faust agent (they join their group ~32 s after start), then the two latency runs (start-up,
-5 s warm-up, S s measured, at most 5 s drain):
+Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--worker-events W]
+[--skip-faust] [--skip-throughput] [--skip-quix] [--skip-latency] [--skip-echo] [--latency-rate R]
+[--latency-seconds S] [--producer-linger-ms L] [--latency-partitions P] [--fleet-devices D]``.
+Prints one line per figure, beside its target. Each run with a broker starts its own embedded
+Apache Kafka (``app.broker.KafkaBroker`` over a temporary home), P partitions per topic. About 5
+minutes on a quiet host: each worker, agent and peer run is bounded at 60 s (most take a few
+seconds after their start-up), each latency run at start-up + 5 s warm-up + S s + 5 s drain:
 
-* evaluator alone: events/s (CPU time, best of three) through a mixed pack of
-  about 50 rules (the shipped packs plus threshold and window variants), on real
-  NAB, Apache and OHLC events, in batches of 2,000 as the worker evaluates them and
-  one event at a time as backtests do;
+* evaluator alone: events/s (CPU time, best of three) through the bench pack of 51 rules
+  (the shipped packs plus threshold and window variants), on real NAB, Apache and OHLC
+  events, in batches of 2,000 as the worker evaluates them and one event at a time as
+  backtests do;
 * the same, on a fleet: ``--fleet-devices`` simulated sensors (default 1,000) and one
-  vehicle per 20 of them, each reading every minute, with their registry loaded. The
-  pack's sensor rules see every event, and one group's events rarely follow each other
-  within a batch, so each event goes through each rule's one-event path;
-* a bare aiokafka consumer reading the pre-filled sensors topic (the transport's ceiling),
-* the issue's minimal Faust agent on the same topic: decode, one threshold (the issue's
-  first example, ``temperature > 100``: 7 % of the NAB readings), send on a match. This
-  is the agent the issue measured at ~14,000 events/s when it set the targets
-  (``../shared/docs/ARCHITECTURE.md``); until 2026-11-24 the bench ran one that sent every
-  event, which costs Faust a send per event and made the worker's multiple look larger;
-* a no-op Faust agent (only iterates the stream): Faust's own per-message floor;
-* Faust worker (``python -m agents worker``, one process, embedded broker):
-  events/s through decode, the same pack and produce, on the same topic, read
-  from its ``worker_events_total`` counter. The worker runs read ``--worker-events``
-  events (default 200,000; the sensors topic holds their NAB readings, ~124,000):
-  a few seconds of steady work, where 60,000 events (the default before 2026-11-24)
-  were gone in about a second, two or three of the 0.2 s progress readings; then on a fresh broker with all
-  three source topics filled with the interleaved events (mixed); then on the fleet's
-  readings (``--fleet-devices``), its registry in the ``tables.devices`` topic;
-* latency: the worker with the pack plus one probe rule, fed the mixed events
-  paced at R events/s (default 5,000) on a fresh broker; one event in five is a
-  probe whose alert transition is matched back to it. p50/p95/p99/max of the
-  alert record's CreateTime minus the event record's (both stamped by the
-  producing client on this host), and of the wall clock from this process's
-  send to its receipt of the alert, beside the 20 ms p99 target. The events
-  go out every 2 ms with a producer linger of L ms (default 2), into topics of P partitions
-  (``--latency-partitions``, default 4). It also prints the broker's CPU share at the start
-  and end of the measured window (the embedded broker's climbs as it fills:
-  ``bench_broker.py``), and the worker's own histograms over that window;
-* latency floor: the same paced run against a bare aiokafka echo (no Faust,
-  no rules) that answers each probe at once: what the broker, the Kafka
-  clients and the shared CPUs cost before any rule work.
+  vehicle per 20 of them, each reading every minute, with their registry loaded;
+* on the sensors topic, pre-filled with the NAB readings of ``--worker-events`` events
+  (~122,000 of the default 200,000): a bare aiokafka consumer (the transport's ceiling);
+  the issue's minimal Faust agent (decode, ``temperature > 100``, send on a match: the
+  agent the issue measured at ~14,000 events/s when it set the targets); a no-op Faust
+  agent (Faust's own per-message floor); the rule worker (``python -m agents worker``, one
+  process: decode, the whole pack, produce), its rate read from ``worker_events_total``;
+* the Quix Streams peer (``quix_peer.py``, see ``peer_runs.py``) on the same topic after the
+  worker: three of the pack's rules by hand (``t-0``, a threshold; ``machine-hourly-heat``,
+  a tumbling hour's average per device; ``not-found-scan``, a sliding minute's count per
+  client IP), in its own environment. Its events/s beside the worker's, and the agreement of
+  their firing transitions per rule: matched, only ours, only Quix's;
+* the worker, then the peer, on all three source topics filled with the interleaved events
+  (mixed; the peer reads sensors and logs), on a fresh broker: their rates and agreement
+  (the sliding rule needs the logs), with the semantic differences printed; then the worker
+  on the fleet's readings, its registry in the ``tables.devices`` topic;
+* latency: the worker with the pack plus one probe rule, fed the mixed events paced at R
+  events/s (default 5,000) every 2 ms by one producer lingering L ms (default 1, the
+  worker's own producer's), into topics of P partitions (default 4); one event in five is a
+  probe whose alert is matched back to it (``latency_runs.py``). p50/p95/p99/max of the
+  alert's broker append time (``alerts`` is created with ``LogAppendTime``) minus the
+  event's CreateTime, and of the wall clock from this process's send to its receipt of
+  the alert; and the worker's own histograms over the measured window;
+* latency floor: the same paced run against a bare aiokafka echo (no Faust, no rules) that
+  consumes every event and produces each one to ``alerts``; then the worker's p99 beside
+  the echo's, against the targets (p99 <= 20 ms, goal 10 ms; <= 2x the echo's p99).
 
-The host's 2 CPUs are shared by the broker, the worker, this process and
-whatever else runs: figures vary from run to run.
+The host's 2 CPUs are shared by the broker, the worker, this process and whatever else
+runs: figures vary from run to run; compare figures within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import tempfile
@@ -66,29 +64,38 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
-from worker_runs import (  # noqa: E402
+from faust_agents import MINIMAL_AGENT, MINIMAL_BASELINE, NOOP_AGENT, plain_agent  # noqa: E402
+from latency_runs import (  # noqa: E402
     ECHO_WORKER,
     PROBE_RULES,
+    LatencyResult,
+    log_append_time_alerts,
+    measure_latency,
+    report_against_floor,
+    report_latency,
+)
+from peer_runs import SEMANTICS, keep_peer_topics, quix_python, report_agreement, run_peer  # noqa: E402
+from worker_runs import (  # noqa: E402
     Item,
     Progress,
     bucket_quantile,
+    create_topics,
     end_offset,
     histogram,
     log_tail,
-    measure_latency,
     metric,
     progress_rate,
-    report_latency,
+    wait_for_leaders,
     worker_process,
 )
 
 from app import native  # noqa: E402
-from app.broker import KafkaBroker, free_port  # noqa: E402
+from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
 from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
 from app.tables import Tables  # noqa: E402
-from app.topics import DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
+from app.topics import ALERTS, DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
 from ingest.adapters.apache import apache_events  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402
@@ -97,9 +104,6 @@ from ingest.sim.fleet import FleetConfig, fleet_events, fleet_registry  # noqa: 
 PARTITIONS = 4
 WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]  # the rule worker, one process
 LATENCY_WARMUP_S = 5.0
-#: plain Faust apps join their group ~32 s after start on the embedded broker (the worker's
-#: RulesApp shortens that): time enough to read the whole topic after it
-PLAIN_FAUST_TIMEOUT_S = 90.0
 #: The evaluator's batch: the worker's default APP_WORKER_BATCH, split by stream and partition as there
 EVAL_BATCH = 2000
 DATA = ROOT.parent / "shared" / "datasets"
@@ -238,6 +242,7 @@ async def fill(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes
 
 async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> None:
     """Produce ``(topic, key, value)`` records in order and wait for every ack."""
+    await wait_for_leaders(bootstrap, {topic for topic, _k, _v in records})
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
     await p.start()
     try:
@@ -255,70 +260,22 @@ async def bare_consumer_rate(bootstrap: str, topic: str, expect: int) -> float:
     )
     await consumer.start()
     try:
-        got, started = 0, 0.0
+        # from the first fetch on (a connection and the topic's metadata are set up by then): timed
+        # from the first batch's arrival instead, a topic read in one fetch gave billions a second
+        got, started = 0, time.perf_counter()
         deadline = time.monotonic() + 30
         while got < expect and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500, max_records=10_000)
-            if batch and not started:
-                started = time.perf_counter()  # from the first fetched batch: connection set-up excluded
             got += sum(len(records) for records in batch.values())
-        return got / max(time.perf_counter() - started, 1e-6) if started else 0.0
+        return got / (time.perf_counter() - started)
     finally:
         await consumer.stop()
-
-
-#: the minimal agent's rate where the issue set the targets (events/s)
-MINIMAL_BASELINE = 14_000
-
-#: the issue's minimal agent: decode, one threshold (its first example's), send on a match
-MINIMAL_AGENT = """
-import faust, orjson, os
-from prometheus_client import Counter, start_http_server
-seen = Counter("minimal_events_total", "events handled")
-app = faust.App("bench-minimal", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
-                datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-minimal-data"))
-src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
-out = app.topic("bench.minimal", key_serializer="raw", value_serializer="raw")
-@app.agent(src)
-async def threshold(stream):
-    async for raw in stream:
-        ev = orjson.loads(raw)
-        t = ev.get("temperature")
-        if t is not None and t > 100:
-            await out.send(key=ev["device_id"].encode(), value=raw)
-        seen.inc()
-@app.task
-async def serve():
-    start_http_server(int(os.environ["APP_METRICS_PORT"]), addr="127.0.0.1")
-app.main()
-"""
-
-
-NOOP_AGENT = """
-import faust, os
-from prometheus_client import Counter, start_http_server
-seen = Counter("noop_events_total", "events iterated")
-app = faust.App("bench-noop", broker="kafka://" + os.environ["KAFKA_BOOTSTRAP_SERVERS"], web_enabled=False,
-                broker_rebalance_timeout=3.0, consumer_auto_offset_reset="earliest", store="memory://",
-                datadir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-noop-data"))
-src = app.topic("events.sensors", key_serializer="raw", value_serializer="raw")
-@app.agent(src)
-async def noop(stream):
-    async for _raw in stream:
-        seen.inc()
-@app.task
-async def serve():
-    start_http_server(int(os.environ["APP_METRICS_PORT"]), addr="127.0.0.1")
-app.main()
-"""
 
 
 def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int = PARTITIONS) -> dict[str, str]:
     return {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "APP_KAFKA_IDEMPOTENCE": "off",
         "APP_DATA_DIR": str(data),
         "APP_RULES_DIR": str(rules),
         "APP_PARTITIONS": str(partitions),
@@ -327,45 +284,31 @@ def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int = PARTIT
     }
 
 
-def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: int) -> None:
-    """The minimal and no-op agents, then the rule worker, on the same pre-filled sensors topic;
-    then the rule worker on all three source topics (mixed), on a fresh broker; then on the
-    fleet's readings with its registry, on a fresh broker."""
+def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: int, quix: Path | None) -> None:
+    """The minimal and no-op agents, then the rule worker, then the Quix peer, on the same
+    pre-filled sensors topic; then the rule worker and the peer on all three source topics
+    (mixed), on a fresh broker; then the worker on the fleet's readings with its registry, on a
+    fresh broker."""
     sensors = [i.value for i in items if i.source == "sensors"]
-    with KafkaBroker() as b:
+    with KafkaBroker(tmp / "kafka-sensors") as b:
+        ready = f"ready in {b.ready_s:.1f} s" if b.ready_s is not None else ""
+        print(f"Apache Kafka {kafka_version()} on {b.bootstrap}, {ready}; {PARTITIONS} partitions per topic")
+        keep_peer_topics(b.bootstrap, PARTITIONS)
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
+        # the minimal agent's output: the broker creates no topic on first use
+        asyncio.run(create_topics(b.bootstrap, {"bench.minimal": (PARTITIONS, {})}))
         asyncio.run(fill(b.bootstrap, SENSORS, sensors, [b"m1"] * len(sensors)))
         env = worker_env(b.bootstrap, tmp / "data", pack)
         ceiling = asyncio.run(bare_consumer_rate(b.bootstrap, SENSORS, len(sensors)))
         print(f"bare aiokafka consumer (no Faust, no decoding), same topic: {ceiling:,.0f} records/s")
-        script = tmp / "minimal.py"
-        script.write_text(MINIMAL_AGENT)
-        minimal_env = {**env, "APP_METRICS_PORT": str(free_port())}
-        minimal = progress_rate(
-            [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
-            minimal_env,
-            tmp / "minimal.log",
-            metric(minimal_env["APP_METRICS_PORT"], "minimal_events_total"),
-            len(sensors),
-            timeout_s=PLAIN_FAUST_TIMEOUT_S,
-        )
+        minimal = plain_agent(tmp, "minimal", MINIMAL_AGENT, env, "minimal_events_total", len(sensors))
         matched = end_offset(b.bootstrap, "bench.minimal")()
         print(
             f"the issue's minimal Faust agent (decode, temperature > 100, send on a match: "
             f"{matched:,.0f} sent): {minimal.describe(len(sensors))} "
             f"(the issue measured ~{MINIMAL_BASELINE:,} on its host)"
         )
-        script = tmp / "noop.py"
-        script.write_text(NOOP_AGENT)
-        noop_env = {**env, "APP_METRICS_PORT": str(free_port())}
-        noop = progress_rate(
-            [sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
-            noop_env,
-            tmp / "noop.log",
-            metric(noop_env["APP_METRICS_PORT"], "noop_events_total"),
-            len(sensors),
-            timeout_s=PLAIN_FAUST_TIMEOUT_S,
-        )
+        noop = plain_agent(tmp, "noop", NOOP_AGENT, env, "noop_events_total", len(sensors))
         print(f"no-op Faust agent (Faust's own per-message floor): {noop.describe(len(sensors))}")
         rate = progress_rate(
             WORKER,
@@ -373,6 +316,7 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
             tmp / "worker.log",
             metric(env["APP_METRICS_PORT"], 'worker_events_total{source="sensors"}'),
             len(sensors),
+            outputs=end_offset(b.bootstrap, ALERTS) if quix is not None else None,
         )
         print(f"Faust worker, full pack, sensors topic: {rate.describe(len(sensors))} (target 100,000)")
         if minimal.rate and rate.rate:
@@ -381,8 +325,21 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
                 f"(the target, 100,000, is {100_000 / MINIMAL_BASELINE:.1f}x the ~{MINIMAL_BASELINE:,} the "
                 "issue measured for that agent on its host)"
             )
+        if quix is not None:
+            peer_beside(quix, b.bootstrap, tmp, "quix-sensors", len(sensors), rate, "the sensors topic")
     records = [(SOURCE_TOPICS[i.source], i.key, i.value) for i in items]
-    mixed = worker_on_fresh_broker(tmp, pack, "mixed", records, "worker_events_total{", len(items))
+    peer_events = sum(1 for i in items if i.source in ("sensors", "logs"))
+
+    def mixed_peer(bootstrap: str, worker: Progress) -> None:
+        if quix is not None:
+            peer_beside(
+                quix, bootstrap, tmp, "quix-mixed", peer_events, worker, "the sensors and logs topics"
+            )
+            print(SEMANTICS)
+
+    mixed = worker_on_fresh_broker(
+        tmp, pack, "mixed", records, "worker_events_total{", len(items), then=mixed_peer
+    )
     print(
         f"Faust worker, full pack, mixed sensors/logs/finance topics: {mixed.describe(len(items))} "
         "(log events are read twice: once as they come, once regrouped by client IP)"
@@ -401,29 +358,59 @@ def bench_throughput(tmp: Path, pack: Path, items: list[Item], fleet_devices: in
     )
 
 
+def peer_beside(
+    quix: Path, bootstrap: str, tmp: Path, name: str, expect: int, worker: Progress, what: str
+) -> None:
+    """The Quix peer over the topics the worker (the whole pack) just read: its rate beside the
+    worker's, and the agreement of their alerts."""
+    peer = run_peer(quix, bootstrap, tmp, name, expect)
+    print(
+        f"Quix Streams peer (t-0, machine-hourly-heat and not-found-scan by hand), {what}: "
+        f"{peer.describe(expect)}"
+    )
+    if peer.rate and worker.rate:
+        print(
+            f"  the worker with the whole pack {worker.rate:,.0f} events/s, "
+            f"the Quix peer with 3 rules {peer.rate:,.0f}: {worker.rate / peer.rate:.1f}x"
+        )
+    if not (worker.done and peer.done):
+        print("  (one of them did not read every event: what it missed counts against the agreement)")
+    report_agreement(bootstrap)
+
+
 def worker_on_fresh_broker(
-    tmp: Path, pack: Path, name: str, records: list[tuple[str, bytes, bytes]], counter: str, expect: int
-) -> Progress:
+    tmp: Path, pack: Path, name: str, records: list[tuple[str, bytes, bytes]], counter: str, expect: int,
+    then: Callable[[str, Progress], None] | None = None,
+) -> Progress:  # fmt: skip
     """The rule worker on a fresh broker (no offsets or state of an earlier run) whose topics
-    hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric."""
-    with KafkaBroker() as b:
+    hold ``records`` (topic, key, value), produced in order: its rate by the ``counter`` metric.
+    ``then`` runs after the worker, with the broker's address, while the broker still runs."""
+    with KafkaBroker(tmp / f"kafka-{name}") as b:
+        if then is not None:
+            keep_peer_topics(b.bootstrap, PARTITIONS)
         asyncio.run(ensure_topics(b.bootstrap, PARTITIONS))
         asyncio.run(fill_many(b.bootstrap, records))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", pack)
-        return progress_rate(
-            WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect
-        )
+        rate = progress_rate(
+            WORKER, env, tmp / f"{name}.log", metric(env["APP_METRICS_PORT"], counter), expect,
+            outputs=end_offset(b.bootstrap, ALERTS) if then is not None else None,
+        )  # fmt: skip
+        if then is not None:
+            then(b.bootstrap, rate)
+        return rate
 
 
-def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> None:
+def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> LatencyResult:
     """The rule worker (or, ``echo``, the bare aiokafka echo) under paced traffic, on its own broker."""
     rules = rule_pack(tmp / "latency-rules")
     (rules / "latency-probe.yaml").write_text(PROBE_RULES)
     background = events(int(args.latency_rate * (LATENCY_WARMUP_S + args.latency_seconds) * 1.1) + 1000)
     name = "echo" if echo else "latency-worker"
     partitions = args.latency_partitions
-    with KafkaBroker() as b:
+    with KafkaBroker(tmp / f"kafka-{name}") as b:
+        asyncio.run(log_append_time_alerts(b.bootstrap, partitions))
         asyncio.run(ensure_topics(b.bootstrap, partitions))
+        asyncio.run(wait_for_leaders(b.bootstrap, [*SOURCE_TOPICS.values(), ALERTS]))
         env = worker_env(b.bootstrap, tmp / f"{name}-data", rules, partitions)
         port = env["APP_METRICS_PORT"]
         # the worker's own histograms, read as measuring begins and after it
@@ -449,7 +436,6 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
                     warmup_s=LATENCY_WARMUP_S,
                     alive=lambda: proc.poll() is None,
                     linger_ms=args.producer_linger_ms,
-                    broker_pid=b.pid,
                     on_measure=on_measure,
                 )
             )
@@ -458,10 +444,15 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
             if proc.poll() is not None:
                 print(f"the {name} process exited ({proc.returncode})")
     if echo:
-        print("floor: a bare aiokafka echo (no Faust, no rules) answering each probe, same broker and host:")
+        print(
+            "latency floor: a bare aiokafka echo (consumes every event, produces each to alerts; "
+            "no Faust, no rules), same broker settings and host:"
+        )
+    else:
+        print(f"latency: the Faust worker, full pack plus a probe rule, {partitions} partitions per topic:")
     report_latency(res)
     if not echo:
-        print(f"the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
+        print(f"  the worker had consumed {consumed:,.0f} of the {res.sent:,} events sent when the run ended")
     if after:
         lag, batch = (
             [bucket_quantile(marks[h], after[h], q) for q in (0.5, 0.99)] for h in histograms
@@ -473,8 +464,9 @@ def bench_latency(tmp: Path, args: argparse.Namespace, echo: bool = False) -> No
         )
     warnings = (tmp / f"{name}.log").read_text(errors="replace").splitlines()
     if warnings:
-        print(f"the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
+        print(f"  the {name} process logged {len(warnings)} lines at WARNING or above; the last ones:")
         print(log_tail(tmp / f"{name}.log", 3))
+    return res
 
 
 def main() -> int:
@@ -485,13 +477,14 @@ def main() -> int:
     )
     ap.add_argument("--skip-faust", action="store_true", help="the evaluator alone: no broker, no worker")
     ap.add_argument(
-        "--skip-throughput", action="store_true", help="no minimal-agent and worker events/s runs"
+        "--skip-throughput", action="store_true", help="no minimal-agent, worker and Quix events/s runs"
     )
+    ap.add_argument("--skip-quix", action="store_true", help="no Quix Streams peer")
     ap.add_argument("--skip-latency", action="store_true", help="no paced latency run")
     ap.add_argument("--latency-rate", type=float, default=5_000.0, help="paced input, events/s")
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="measured span after warm-up")
     ap.add_argument(
-        "--producer-linger-ms", type=int, default=2, help="linger of the latency run's event producer"
+        "--producer-linger-ms", type=int, default=1, help="linger of the latency run's event producer"
     )
     ap.add_argument(
         "--latency-partitions", type=int, default=PARTITIONS, help="partitions per topic in the latency runs"
@@ -499,6 +492,8 @@ def main() -> int:
     ap.add_argument("--skip-echo", action="store_true", help="no bare-aiokafka echo run (the latency floor)")
     ap.add_argument("--fleet-devices", type=int, default=1_000, help="sensors of the fleet figure (0: none)")
     args = ap.parse_args()
+    # a produce right after a topic's creation may meet "not leader" once: aiokafka retries it
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
     if not NAB.exists():
         print(f"datasets missing under {DATA}: skipped")
         return 0
@@ -514,11 +509,13 @@ def main() -> int:
         if args.skip_faust:
             return 0
         if not args.skip_throughput:
-            bench_throughput(tmp, pack, events(args.worker_events), args.fleet_devices)
+            quix = None if args.skip_quix else quix_python()
+            bench_throughput(tmp, pack, events(args.worker_events), args.fleet_devices, quix)
         if not args.skip_latency:
-            bench_latency(tmp, args)
+            worker = bench_latency(tmp, args)
             if not args.skip_echo:
-                bench_latency(tmp, args, echo=True)
+                echo = bench_latency(tmp, args, echo=True)
+                report_against_floor(worker, echo)
     return 0
 
 

@@ -2,8 +2,8 @@
 
 Usage: ``python bench/bench_spark.py [--pack windowed|threshold] [--events N] [--devices D]
 [--batch B] [--small S]``
-(``make bench`` runs it with the defaults). An embedded Tansu broker is started
-here; N synthetic sensor events (D devices, random-walk temperatures, 1 s
+(``make bench`` runs it with the defaults). An embedded Apache Kafka broker is
+started here; N synthetic sensor events (D devices, random-walk temperatures, 1 s
 apart per device, seeded) go to ``events.sensors`` first, then the real job
 (``jobs.engine``: kafka_py source, Python decode and validation, native
 conditions, ``applyInPandasWithState`` state, idempotent Kafka sink) runs
@@ -153,16 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
-        with KafkaBroker(log_path=scratch / "broker.log") as broker:
+        with KafkaBroker(scratch / "kafka") as broker:
             asyncio.run(ensure_topics(broker.bootstrap, partitions=2))
             t0 = time.monotonic()
             asyncio.run(produce(broker.bootstrap, events(args.events, args.devices)))
             produced_s = time.monotonic() - t0
-            env = {
-                "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-                "APP_DATA_DIR": str(scratch),
-                "APP_KAFKA_IDEMPOTENCE": "off",
-            }
+            env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(scratch)}
             settings = Settings.from_env(env)
             (scratch / "rules.yaml").write_text(WINDOWED if args.pack == "windowed" else THRESHOLD)
             spark = build_session("local[2]", app_name="bench-spark", shuffle_partitions=2)
