@@ -60,19 +60,102 @@ def ceil_long(x: int | float) -> int | None:
     return long_or_none(math.ceil(x)) if math.isfinite(x) else None
 
 
-@lru_cache(maxsize=512)
-def like_to_regex(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
-    """SQL LIKE -> regex: ``%`` any run, ``_`` one character, ``\\`` escapes."""
-    out, i = [], 0
+class _Segment:
+    """A LIKE pattern's run between two ``%``: a fixed number of characters, each one
+    given or any (``_``). ``text`` is the run itself when it can be compared as a string
+    (no ``_``, case kept); ``rx`` matches it otherwise, a regex without a quantifier."""
+
+    __slots__ = ("rx", "size", "text")
+
+    def __init__(self, chars: list[str | None], ignore_case: bool) -> None:
+        self.size = len(chars)
+        literal = None not in chars and not ignore_case
+        self.text: str | None = "".join(c for c in chars if c is not None) if literal else None
+        body = "".join("." if c is None else re.escape(c) for c in chars)
+        self.rx = re.compile(body, re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+
+    def at(self, s: str, i: int) -> bool:
+        """Whether the run matches ``s`` from ``i`` (the caller checks ``i + size <= len(s)``)."""
+        if self.text is not None:
+            return s.startswith(self.text, i)
+        return self.rx.match(s, i) is not None
+
+    def find(self, s: str, start: int, end: int) -> int:
+        """The first position in ``s[start:end]`` the whole run matches from, or -1."""
+        if self.text is not None:
+            return s.find(self.text, start, end)
+        m = self.rx.search(s, start, end)
+        return -1 if m is None else m.start()
+
+
+def _like_runs(pattern: str) -> list[list[str | None]]:
+    """``pattern`` split at each ``%``: ``_`` is None, ``\\`` takes the next character as
+    itself, and a trailing ``\\`` is a backslash."""
+    runs: list[list[str | None]] = [[]]
+    i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+            runs[-1].append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            runs.append([])
+        else:
+            runs[-1].append(None if c == "_" else c)
         i += 1
-    return re.compile("".join(out), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+    return runs
+
+
+@lru_cache(maxsize=512)
+def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], bool]:
+    """``value LIKE pattern`` (``ILIKE`` with ``ignore_case``) as a function of ``value``.
+
+    ``%`` is any run of characters, ``_`` one character, ``\\`` makes the next
+    character itself (a trailing one is a backslash); ``ignore_case`` compares as
+    ``re.IGNORECASE`` does, character by character.
+
+    No backtracking: the runs between ``%`` have fixed lengths, so the first must
+    match at the start, the last at the end, and each other one is matched at its
+    leftmost place after the one before (a later place never leaves more room). The
+    cost is at most ``len(value) * len(pattern)`` steps, and ``len(value)`` for runs
+    without ``_`` (string searches); a regex of ``.*`` between the runs instead takes
+    time exponential in the number of ``%`` on a value that almost matches.
+    """
+    runs = [_Segment(r, ignore_case) for r in _like_runs(pattern)]
+    first, last = runs[0], runs[-1]
+    if len(runs) == 1:
+        size = first.size
+        if first.text is not None:
+            text = first.text
+            return lambda s: s == text
+        return lambda s: len(s) == size and first.at(s, 0)
+    middle = [r for r in runs[1:-1] if r.size]
+    least = first.size + last.size + sum(r.size for r in middle)
+    if not middle and first.text is not None and last.text is not None:
+        head, tail = first.text, last.text
+        if not tail:
+            return (lambda s: s.startswith(head)) if head else (lambda s: True)
+        if not head:
+            return lambda s: s.endswith(tail)
+        return lambda s: len(s) >= least and s.startswith(head) and s.endswith(tail)
+    if len(middle) == 1 and not first.size and not last.size and middle[0].text is not None:
+        needle = middle[0].text
+        return lambda s: needle in s
+
+    def like(s: str) -> bool:
+        n = len(s)
+        if n < least or not first.at(s, 0) or not last.at(s, n - last.size):
+            return False
+        pos, end = first.size, n - last.size
+        for run in middle:
+            i = run.find(s, pos, end)
+            if i < 0:
+                return False
+            pos = i + run.size
+        return True
+
+    return like
 
 
 def distance_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float | None:
