@@ -591,23 +591,30 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
 
 
 async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
-    """Swap in edited rules when they are valid; keep the last good ones otherwise."""
+    """Swap in edited rules when they are valid; keep the last good ones otherwise.
+
+    A rejected set of files is remembered by its hashes and not parsed again until one of
+    them changes. Loading runs in a thread, so the event loop keeps evaluating with the
+    current rules meanwhile; nothing it raises stops the worker (the rule limits bound
+    its time, see docs/rule-limits.md)."""
     from app.rules.loader import rule_files
 
-    files = {str(f): f for f in rule_files([settings.rules_dir])}
     try:
+        files = {str(f): f for f in rule_files([settings.rules_dir])}
         current = {name: _sha(path.read_bytes()) for name, path in files.items()}
     except OSError:
         return  # a file vanished between listing and reading: next tick
-    if current == dict(rt.ruleset.files):
+    if current == dict(rt.ruleset.files) or current == rt.rejected:
         return
     try:
-        ruleset = load_rules([settings.rules_dir])
-    except RuleConfigError as exc:
-        if current != rt.rejected:
-            RELOADS.labels("rejected").inc()
+        ruleset = await asyncio.to_thread(load_rules, [settings.rules_dir])
+    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+        RELOADS.labels("rejected").inc()
+        rt.rejected = current
+        if isinstance(exc, RuleConfigError):
             logger.error("rule files rejected, keeping the last good rules:\n%s", exc)
-            rt.rejected = current
+        else:
+            logger.exception("rule files could not be loaded, keeping the last good rules")
         return
     await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
                         specs=_extra_topics(ruleset, settings))  # fmt: skip

@@ -233,7 +233,12 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
             problems.append(RuleProblem(name, 1, 1, None, f"file is not UTF-8: {exc.reason}"))
             continue
         files[name] = hashlib.sha256(raw).hexdigest()
-        good, bad = load_text(text, name)
+        try:
+            good, bad = load_text(text, name)
+        except (RecursionError, MemoryError) as exc:  # past every limit above: still the file's problem
+            what = "nests too deeply" if isinstance(exc, RecursionError) else "needs too much memory"
+            problems.append(RuleProblem(name, 1, 1, None, f"file {what} to load ({type(exc).__name__})"))
+            continue
         problems.extend(bad)
         for r in good:
             if r.id in seen:
