@@ -524,7 +524,10 @@ class _Compiler:
             raise self.fail("LIKE needs a string literal pattern")
         if tx not in ("string", "null"):
             raise self.fail(f"LIKE needs a string, but {node.this.sql(dialect='spark')!r} is {tx}")
-        like = fn.like_matcher(str(pattern.this), ignore_case=isinstance(node, exp.ILike))
+        try:
+            like = fn.like_matcher(str(pattern.this), ignore_case=isinstance(node, exp.ILike))
+        except ValueError as exc:
+            raise self.fail(f"{node.key.upper()} pattern: {exc}") from None
         return (lambda r: None if (v := x(r)) is None else like(v)), "boolean"
 
     def _interval(self, node: exp.Interval) -> tuple[Eval, str]:

@@ -60,6 +60,13 @@ def ceil_long(x: int | float) -> int | None:
     return long_or_none(math.ceil(x)) if math.isfinite(x) else None
 
 
+#: the longest run of a LIKE pattern between two ``%`` that is matched by a regex (one with
+#: ``_``, or any run of an ILIKE): such a run costs up to its length at each character of the
+#: value (a 64 KiB value against 128 characters: ~20 ms), where a case-sensitive run without
+#: ``_`` is a string search, linear in the value whatever its length
+MAX_LIKE_RUN = 128
+
+
 class _Segment:
     """A LIKE pattern's run between two ``%``: a fixed number of characters, each one
     given or any (``_``). ``text`` is the run itself when it can be compared as a string
@@ -118,11 +125,22 @@ def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], boo
     No backtracking: the runs between ``%`` have fixed lengths, so the first must
     match at the start, the last at the end, and each other one is matched at its
     leftmost place after the one before (a later place never leaves more room). The
-    cost is at most ``len(value) * len(pattern)`` steps, and ``len(value)`` for runs
-    without ``_`` (string searches); a regex of ``.*`` between the runs instead takes
-    time exponential in the number of ``%`` on a value that almost matches.
+    searches cover disjoint stretches of the value but the last, so the cost is at most
+    ``2 * len(value) * MAX_LIKE_RUN`` steps, and linear for runs without ``_`` that keep
+    case (string searches). A regex of ``.*`` between the runs, as LIKE used to be,
+    backtracks in time exponential in the number of ``%`` on a value that almost matches.
+
+    Raises ValueError naming the run when one matched by a regex is longer than
+    :data:`MAX_LIKE_RUN`.
     """
     runs = [_Segment(r, ignore_case) for r in _like_runs(pattern)]
+    for run in runs:
+        if run.text is None and run.size > MAX_LIKE_RUN:
+            msg = (
+                f"a run between % signs may be at most {MAX_LIKE_RUN} characters when it has _ "
+                f"in it or case is ignored (ILIKE); this one has {run.size}"
+            )
+            raise ValueError(msg)
     first, last = runs[0], runs[-1]
     if len(runs) == 1:
         size = first.size
