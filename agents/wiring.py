@@ -597,11 +597,10 @@ async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
     them changes. Loading runs in a thread, so the event loop keeps evaluating with the
     current rules meanwhile; nothing it raises stops the worker (the rule limits bound
     its time, see docs/rule-limits.md)."""
-    from app.rules.loader import rule_files
+    from app.rules.loader import file_digest, rule_files
 
     try:
-        files = {str(f): f for f in rule_files([settings.rules_dir])}
-        current = {name: _sha(path.read_bytes()) for name, path in files.items()}
+        current = {str(f): file_digest(f) for f in rule_files([settings.rules_dir])}
     except OSError:
         return  # a file vanished between listing and reading: next tick
     if current == dict(rt.ruleset.files) or current == rt.rejected:
@@ -623,9 +622,3 @@ async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
     logger.info(
         "reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules)
     )
-
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
