@@ -67,37 +67,43 @@ def ceil_long(x: int | float) -> int | None:
 MAX_LIKE_RUN = 128
 
 
-class _Segment:
-    """A LIKE pattern's run between two ``%``: a fixed number of characters, each one
-    given or any (``_``). ``text`` is the run itself when it can be compared as a string
-    (no ``_``, case kept); ``rx`` matches it otherwise, a regex without a quantifier."""
+class LikeRun:
+    """A LIKE pattern's run between two ``%``: ``size`` characters, each one given or any
+    (``_``). Without ``_`` and keeping case, it is compared as the string ``text`` and
+    ``rx`` is None; otherwise ``rx`` matches it, a regex without a quantifier."""
 
     __slots__ = ("rx", "size", "text")
 
     def __init__(self, chars: list[str | None], ignore_case: bool) -> None:
         self.size = len(chars)
-        literal = None not in chars and not ignore_case
-        self.text: str | None = "".join(c for c in chars if c is not None) if literal else None
-        body = "".join("." if c is None else re.escape(c) for c in chars)
-        self.rx = re.compile(body, re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+        self.text = ""
+        self.rx: re.Pattern[str] | None = None
+        if not chars or (None not in chars and not ignore_case):
+            self.text = "".join(c for c in chars if c is not None)
+        else:
+            body = "".join("." if c is None else re.escape(c) for c in chars)
+            self.rx = re.compile(body, re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
     def at(self, s: str, i: int) -> bool:
         """Whether the run matches ``s`` from ``i`` (the caller checks ``i + size <= len(s)``)."""
-        if self.text is not None:
+        rx = self.rx
+        if rx is None:
             return s.startswith(self.text, i)
-        return self.rx.match(s, i) is not None
+        return rx.match(s, i) is not None
 
     def find(self, s: str, start: int, end: int) -> int:
         """The first position in ``s[start:end]`` the whole run matches from, or -1."""
-        if self.text is not None:
+        rx = self.rx
+        if rx is None:
             return s.find(self.text, start, end)
-        m = self.rx.search(s, start, end)
+        m = rx.search(s, start, end)
         return -1 if m is None else m.start()
 
 
-def _like_runs(pattern: str) -> list[list[str | None]]:
-    """``pattern`` split at each ``%``: ``_`` is None, ``\\`` takes the next character as
-    itself, and a trailing ``\\`` is a backslash."""
+def like_runs(pattern: str, ignore_case: bool = False) -> list[LikeRun]:
+    """``pattern`` split at each ``%`` (so there is one run more than there are ``%``):
+    ``_`` is any character, ``\\`` takes the next character as itself, and a trailing
+    ``\\`` is a backslash."""
     runs: list[list[str | None]] = [[]]
     i = 0
     while i < len(pattern):
@@ -111,7 +117,7 @@ def _like_runs(pattern: str) -> list[list[str | None]]:
         else:
             runs[-1].append(None if c == "_" else c)
         i += 1
-    return runs
+    return [LikeRun(r, ignore_case) for r in runs]
 
 
 @lru_cache(maxsize=512)
@@ -133,9 +139,9 @@ def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], boo
     Raises ValueError naming the run when one matched by a regex is longer than
     :data:`MAX_LIKE_RUN`.
     """
-    runs = [_Segment(r, ignore_case) for r in _like_runs(pattern)]
+    runs = like_runs(pattern, ignore_case)
     for run in runs:
-        if run.text is None and run.size > MAX_LIKE_RUN:
+        if run.rx is not None and run.size > MAX_LIKE_RUN:
             msg = (
                 f"a run between % signs may be at most {MAX_LIKE_RUN} characters when it has _ "
                 f"in it or case is ignored (ILIKE); this one has {run.size}"
@@ -144,20 +150,20 @@ def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], boo
     first, last = runs[0], runs[-1]
     if len(runs) == 1:
         size = first.size
-        if first.text is not None:
+        if first.rx is None:
             text = first.text
             return lambda s: s == text
         return lambda s: len(s) == size and first.at(s, 0)
     middle = [r for r in runs[1:-1] if r.size]
     least = first.size + last.size + sum(r.size for r in middle)
-    if not middle and first.text is not None and last.text is not None:
+    if not middle and first.rx is None and last.rx is None:
         head, tail = first.text, last.text
         if not tail:
             return (lambda s: s.startswith(head)) if head else (lambda s: True)
         if not head:
             return lambda s: s.endswith(tail)
         return lambda s: len(s) >= least and s.startswith(head) and s.endswith(tail)
-    if len(middle) == 1 and not first.size and not last.size and middle[0].text is not None:
+    if len(middle) == 1 and not first.size and not last.size and middle[0].rx is None:
         needle = middle[0].text
         return lambda s: needle in s
 
