@@ -174,21 +174,32 @@ def _build(node: yaml.Node, path: Path, positions: Positions, loader: SafeConstr
     return _scalar(node, loader)
 
 
+def _problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
+    """A parser's error as a :class:`YamlProblem` at its position."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        line, col = _mark_pos(exc.problem_mark or exc.context_mark)
+        return YamlProblem(line, col, f"invalid YAML: {exc.problem or exc}")
+    if isinstance(exc, yaml.reader.ReaderError):  # a character index, not a mark
+        at = max(0, min(exc.position, len(text)))
+        line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+        return YamlProblem(line, col, f"invalid YAML: {exc.reason}, #x{exc.character:04x}")
+    return YamlProblem(1, 1, f"invalid YAML: {exc}")
+
+
 def load_with_positions(text: str) -> tuple[Any, Positions]:
     """Parse one YAML document. Raises :class:`YamlProblem` with the position."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the pure-Python reader checks every character here
+    except yaml.YAMLError as exc:
+        raise _problem(exc, text) from None
     try:
         node = loader.get_single_node()
         if node is None:
             return None, {(): (1, 1)}
         positions: Positions = {}
         return _build(node, (), positions, loader), positions
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = _mark_pos(mark)
-        raise YamlProblem(line, col, f"invalid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise YamlProblem(1, 1, f"invalid YAML: {exc}") from None
+        raise _problem(exc, text) from None
     finally:
         loader.dispose()
 
