@@ -148,14 +148,15 @@ def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], boo
             )
             raise ValueError(msg)
     first, last = runs[0], runs[-1]
-    if len(runs) == 1:
-        size = first.size
+    if len(runs) == 1:  # no %: the whole value
         if first.rx is None:
             text = first.text
             return lambda s: s == text
-        return lambda s: len(s) == size and first.at(s, 0)
+        whole = first.rx
+        return lambda s: whole.fullmatch(s) is not None
     middle = [r for r in runs[1:-1] if r.size]
     least = first.size + last.size + sum(r.size for r in middle)
+    # the usual shapes, each as one call: x%, %x, x%y, %x%
     if not middle and first.rx is None and last.rx is None:
         head, tail = first.text, last.text
         if not tail:
@@ -163,9 +164,19 @@ def like_matcher(pattern: str, ignore_case: bool = False) -> Callable[[str], boo
         if not head:
             return lambda s: s.endswith(tail)
         return lambda s: len(s) >= least and s.startswith(head) and s.endswith(tail)
-    if len(middle) == 1 and not first.size and not last.size and middle[0].rx is None:
-        needle = middle[0].text
-        return lambda s: needle in s
+    if not middle and not last.size and first.rx is not None:
+        prefix = first.rx
+        return lambda s: prefix.match(s) is not None
+    if not middle and not first.size and last.rx is not None:
+        suffix, size = last.rx, last.size
+        return lambda s: len(s) >= size and suffix.match(s, len(s) - size) is not None
+    if len(middle) == 1 and not first.size and not last.size:
+        inner = middle[0]
+        if inner.rx is None:
+            needle = inner.text
+            return lambda s: needle in s
+        anywhere = inner.rx
+        return lambda s: anywhere.search(s) is not None
 
     def like(s: str) -> bool:
         n = len(s)
