@@ -179,11 +179,18 @@ def _problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
     if isinstance(exc, yaml.MarkedYAMLError):
         line, col = _mark_pos(exc.problem_mark or exc.context_mark)
         return YamlProblem(line, col, f"invalid YAML: {exc.problem or exc}")
-    if isinstance(exc, yaml.reader.ReaderError):  # a character index, not a mark
-        at = max(0, min(exc.position, len(text)))
-        line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    if isinstance(exc, yaml.reader.ReaderError) and isinstance(exc.character, int):
+        # no mark, and an index into the text (PyYAML) or into its UTF-8 (libyaml): each
+        # reads the characters in order, so the first of the refused one is where it stopped
+        line, col = _text_pos(text, text.find(chr(exc.character)))
         return YamlProblem(line, col, f"invalid YAML: {exc.reason}, #x{exc.character:04x}")
     return YamlProblem(1, 1, f"invalid YAML: {exc}")
+
+
+def _text_pos(text: str, at: int) -> tuple[int, int]:
+    """The 1-based ``(line, col)`` of ``text[at]`` (of the start when ``at`` is -1)."""
+    at = max(at, 0)
+    return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
 
 
 def load_with_positions(text: str) -> tuple[Any, Positions]:
@@ -192,6 +199,10 @@ def load_with_positions(text: str) -> tuple[Any, Positions]:
         loader = _Loader(text)  # the pure-Python reader checks every character here
     except yaml.YAMLError as exc:
         raise _problem(exc, text) from None
+    except UnicodeEncodeError as exc:  # libyaml reads UTF-8: a lone surrogate has none
+        line, col = _text_pos(text, exc.start)
+        msg = f"invalid YAML: a lone surrogate, #x{ord(text[exc.start]):04x}"
+        raise YamlProblem(line, col, msg) from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -261,7 +261,7 @@ def test_the_loader_answers_rules_or_located_problems(rule_file: Path, text: str
     _loads_or_locates(rule_file, text)
 
 
-yaml_soup = st.text(st.sampled_from("-:[]{},&*!|>'\"#?% \n\tab01.~\x00\x85\ufeff"), max_size=80)
+yaml_soup = st.text(st.sampled_from("-:[]{},&*!|>'\"#?% \n\tab01.~é\x00\x85\ufeff\ud800"), max_size=80)
 
 
 @FUZZ
