@@ -133,6 +133,12 @@ def test_problems_past_the_cap_are_counted_not_listed(tmp_path: Path) -> None:
     assert got[-1].endswith(f"50 more problem(s) in this file; only the first {MAX_PROBLEMS} are listed")
 
 
+def test_a_branch_to_a_name_kafka_refuses_is_a_problem(tmp_path: Path) -> None:
+    text = 'rules:\n  - id: b\n    source: logs\n    branch:\n      - {when: status = 1, to: ".."}\n'
+    want = f"{tmp_path / 'r.yaml'}:5:32: b: 'to': '..' is not a Kafka topic name"
+    assert problems_in(tmp_path, text) == [want]
+
+
 def test_too_many_values_are_a_problem(tmp_path: Path) -> None:
     got = problems_in(tmp_path, "rules: [" + "0," * yamlpos.MAX_NODES + "0]\n")
     assert len(got) == 1 and f"more than {yamlpos.MAX_NODES} values in one file (the limit)" in got[0], got
