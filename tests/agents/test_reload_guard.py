@@ -24,6 +24,7 @@ class Reloads:
 
     def __init__(self, rules_dir: Path, monkeypatch: pytest.MonkeyPatch, load: Any = load_rules) -> None:
         self.loads = 0
+        self.broker_down = False
         self.swapped: list[RuleSet] = []
         self.settings = SimpleNamespace(
             rules_dir=rules_dir, bootstrap_servers="", partitions=1, replication_factor=1
@@ -35,7 +36,8 @@ class Reloads:
             return load(paths)
 
         async def no_topics(*_args: Any, **_kw: Any) -> None:
-            return None
+            if self.broker_down:
+                raise ConnectionError("the broker is gone")
 
         monkeypatch.setattr(wiring, "load_rules", counted)
         monkeypatch.setattr(wiring, "ensure_topics", no_topics)
@@ -65,7 +67,13 @@ def test_a_bad_edit_keeps_the_rules_and_is_parsed_once(
     assert len(rejected) == 1 and f"{rules}:4:12: r: expression nests more than 20 levels" in rejected[0]
     rules.write_text(GOOD.replace("status = 1", "status = 2"))
     reloads.tick()
-    assert reloads.loads == 2 and len(reloads.swapped) == 1 and reloads.rt.rejected is not None
+    assert reloads.loads == 2 and len(reloads.swapped) == 1
+    # the same bad edit made again is parsed and logged again, once
+    rules.write_text(DEEP)
+    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
+        reloads.tick()
+        reloads.tick()
+    assert reloads.loads == 3 and len(caplog.records) == 2
 
 
 def test_any_exception_from_loading_is_a_rejection(
@@ -88,3 +96,20 @@ def test_any_exception_from_loading_is_a_rejection(
         r.getMessage() for r in caplog.records
     ]
     assert "a loader bug" in caplog.text
+
+
+def test_topics_that_cannot_be_created_postpone_the_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = tmp_path / "r.yaml"
+    rules.write_text(GOOD)
+    reloads = Reloads(tmp_path, monkeypatch)
+    good = reloads.rt.ruleset
+    rules.write_text(GOOD.replace("status = 1", "status = 2"))
+    reloads.broker_down = True  # raised out of the reload, which ended the worker
+    with caplog.at_level(logging.WARNING, logger="agents.wiring"):
+        reloads.tick()
+    assert reloads.rt.ruleset is good and "reload postponed" in caplog.text
+    reloads.broker_down = False  # the files were fine: the next tick applies them
+    reloads.tick()
+    assert reloads.loads == 2 and len(reloads.swapped) == 1
