@@ -39,7 +39,7 @@ test: venv system-deps jars lint native ## Lint and type-check, then the whole s
 	$(PY) -m pytest $(PYTEST_ARGS)
 	APP_NATIVE=0 $(PY) -m pytest -q -m "not slow" tests/rules tests/conformance
 
-test-fast: venv jars ## Run only the fast unit tests
+test-fast: $(DEV_STAMP) jars ## Run only the fast unit tests
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 $(DEV_STAMP): requirements-dev.txt $(STAMP)

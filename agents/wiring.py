@@ -591,34 +591,44 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
 
 
 async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
-    """Swap in edited rules when they are valid; keep the last good ones otherwise."""
-    from app.rules.loader import rule_files
+    """Swap in edited rules when they are valid; keep the last good ones otherwise.
 
-    files = {str(f): f for f in rule_files([settings.rules_dir])}
+    A rejected set of files is remembered by its hashes and not parsed again until one of
+    them changes (logged once, until the rules running change or come back). Loading runs
+    in a thread, so the event loop keeps evaluating with the current rules meanwhile;
+    nothing it raises stops the worker (the rule limits bound its time, see
+    docs/rule-limits.md). Should the new rules' topics fail to be created, the next tick
+    tries again."""
+    from app.rules.loader import file_digest, rule_files
+
     try:
-        current = {name: _sha(path.read_bytes()) for name, path in files.items()}
+        current = {str(f): file_digest(f) for f in rule_files([settings.rules_dir])}
     except OSError:
         return  # a file vanished between listing and reading: next tick
     if current == dict(rt.ruleset.files):
+        rt.rejected = None  # back to the rules running: a bad edit made again is logged again
+        return
+    if current == rt.rejected:
         return
     try:
-        ruleset = load_rules([settings.rules_dir])
-    except RuleConfigError as exc:
-        if current != rt.rejected:
-            RELOADS.labels("rejected").inc()
+        ruleset = await asyncio.to_thread(load_rules, [settings.rules_dir])
+    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+        RELOADS.labels("rejected").inc()
+        rt.rejected = current
+        if isinstance(exc, RuleConfigError):
             logger.error("rule files rejected, keeping the last good rules:\n%s", exc)
-            rt.rejected = current
+        else:
+            logger.exception("rule files could not be loaded, keeping the last good rules")
         return
-    await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
-                        specs=_extra_topics(ruleset, settings))  # fmt: skip
+    try:
+        await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+                            specs=_extra_topics(ruleset, settings))  # fmt: skip
+    except Exception as exc:  # the broker's trouble, not the files': the next tick tries again
+        logger.warning("reload postponed, the new rules' topics could not be created: %r", exc)
+        return
     rt.swap(ruleset)
+    rt.rejected = None
     RELOADS.labels("applied").inc()
     logger.info(
         "reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules)
     )
-
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
 
 from app.errors import ExpressionError
 from app.rules import functions as fn
@@ -42,6 +43,9 @@ Many = Callable[[Sequence[Row], Columns], list[Any]]
 
 MAX_TEXT = 4096
 MAX_NODES = 256
+#: how deep parentheses, brackets, function calls, CASE and prefix operators may nest: sqlglot's
+#: parser recurses ~20 Python frames a level, and runs out of stack (1,000 frames) at ~45
+MAX_DEPTH = 20
 MAX_IN_LIST = 1000
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 NUMERIC = frozenset({"long", "double"})
@@ -90,14 +94,101 @@ class Compiled:
         return [fn(r) for r in rows]
 
 
+def _string_end(text: str, start: int) -> tuple[int, int]:
+    """Where the string literal opened by the quote at ``start`` ends, as the regex
+    ``'(?:[^'\\\\]|\\\\.|'')*'`` matches it: ``(end, resume)``, ``end`` the index of its
+    closing quote or -1 when it has none, and ``resume`` where to look for the next quote.
+
+    In linear time: the regex tries again from every quote its scan passed, each time to
+    the end of the text (quadratic on ``\\'\\'\\'...``), where this scan knows those
+    attempts fail the same way. A ``''`` is an escaped quote, unless the literal has no
+    other end: then the regex backtracks to close it at the last ``''``'s first quote.
+    """
+    n = len(text)
+    i, last_pair = start + 1, -1
+    while i < n:
+        c = text[i]
+        if c == "'":
+            if i + 1 < n and text[i + 1] == "'":
+                last_pair = i
+                i += 2
+                continue
+            return i, i + 1
+        if c == "\\":
+            if i + 1 < n and text[i + 1] != "\n":
+                i += 2
+                continue
+            break
+        i += 1
+    if last_pair >= 0:
+        return last_pair, last_pair + 1
+    return -1, i
+
+
+def _split_strings(text: str) -> list[str]:
+    """``re.split(r"('(?:[^'\\\\]|\\\\.|'')*')", text)``: the text outside string literals at
+    even indexes, the literals (quotes included) at odd ones; see :func:`_string_end`."""
+    parts: list[str] = []
+    done = pos = 0
+    while (start := text.find("'", pos)) != -1:
+        end, pos = _string_end(text, start)
+        if end != -1:
+            parts += [text[done:start], text[start : end + 1]]
+            done = pos
+    parts.append(text[done:])
+    return parts
+
+
 def _rewrite_durations(text: str) -> str:
     """Turn ``15m`` into ``INTERVAL '15' MINUTE`` outside string literals."""
-    parts = re.split(r"('(?:[^'\\]|\\.|'')*')", text)
+    parts = _split_strings(text)
     for i in range(0, len(parts), 2):
         parts[i] = _DURATION_TOKEN.sub(
             lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i]
         )
     return "".join(parts)
+
+
+_OPENS = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE})
+_CLOSES = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END})
+_PREFIX = frozenset({TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE})
+#: tokens after which ``-``, ``+`` and ``~`` are binary operators
+_OPERANDS = frozenset(
+    {TokenType.VAR, TokenType.IDENTIFIER, TokenType.NUMBER, TokenType.STRING, TokenType.NULL}
+    | {TokenType.TRUE, TokenType.FALSE} | _CLOSES
+)  # fmt: skip
+
+
+def nesting(tokens: list[Token]) -> int:
+    """How deep an expression nests, from its tokens alone (before sqlglot's parser
+    recurses into it): each bracket, function call or CASE adds a level, and so does each
+    prefix operator (NOT, unary ``-``, ``+``, ``~``) applied to what follows it."""
+    outer: list[int] = []
+    depth = pending = deepest = 0
+    previous: TokenType | None = None
+    for token in tokens:
+        kind = token.token_type
+        if kind in _OPENS:
+            outer.append(depth)
+            depth += pending + 1
+            pending = 0
+        elif kind in _CLOSES:
+            depth = outer.pop() if outer else depth
+            pending = 0
+        elif kind in _PREFIX and (kind == TokenType.NOT or previous not in _OPERANDS):
+            pending += 1
+        else:
+            pending = 0
+        deepest = max(deepest, depth + pending)
+        previous = kind
+    return deepest
+
+
+_SPARK = Dialect.get_or_raise("spark")
+_TOO_DEEP = (
+    f"expression nests more than {MAX_DEPTH} levels deep, the limit "
+    "(each parenthesis, bracket, function call, CASE, NOT and unary minus is a level)"
+)
 
 
 def parse(text: str) -> exp.Expression:
@@ -108,12 +199,26 @@ def parse(text: str) -> exp.Expression:
     if len(text) > MAX_TEXT:
         msg = f"expression is longer than {MAX_TEXT} characters"
         raise ExpressionError(msg)
+    sql = _rewrite_durations(text)
     try:
-        tree = sqlglot.parse_one(_rewrite_durations(text), dialect="spark")
+        tokens = _SPARK.tokenize(sql)
+        if nesting(tokens) > MAX_DEPTH:
+            raise ExpressionError(_TOO_DEEP)
+        result = _SPARK.parser().parse(tokens, sql)
     except (ParseError, TokenError) as exc:
         msg = f"cannot parse {text!r}: {str(exc).splitlines()[0]}"
         raise ExpressionError(msg) from None
-    if not isinstance(tree, exp.Expression) or isinstance(tree, exp.Block | exp.Query | exp.Command):
+    except RecursionError:  # a nesting that nesting() does not count: the same answer
+        raise ExpressionError(_TOO_DEEP) from None
+    if not result or result[0] is None:
+        msg = f"cannot parse {text!r}: no expression"
+        raise ExpressionError(msg)
+    tree = result[0]
+    if (
+        len(result) > 1
+        or not isinstance(tree, exp.Expression)
+        or isinstance(tree, exp.Block | exp.Query | exp.Command)
+    ):
         msg = f"{text!r} is not a single expression"
         raise ExpressionError(msg)
     count = sum(1 for _ in tree.walk())
@@ -419,8 +524,11 @@ class _Compiler:
             raise self.fail("LIKE needs a string literal pattern")
         if tx not in ("string", "null"):
             raise self.fail(f"LIKE needs a string, but {node.this.sql(dialect='spark')!r} is {tx}")
-        rx = fn.like_to_regex(str(pattern.this), ignore_case=isinstance(node, exp.ILike))
-        return (lambda r: None if (v := x(r)) is None else rx.fullmatch(v) is not None), "boolean"
+        try:
+            like = fn.like_matcher(str(pattern.this), ignore_case=isinstance(node, exp.ILike))
+        except ValueError as exc:
+            raise self.fail(f"{node.key.upper()} pattern: {exc}") from None
+        return (lambda r: None if (v := x(r)) is None else like(v)), "boolean"
 
     def _interval(self, node: exp.Interval) -> tuple[Eval, str]:
         if not self.allow_intervals:

@@ -7,6 +7,7 @@ problem as ``file:line:col: rule-id: message`` when anything is wrong.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
@@ -27,7 +28,11 @@ from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, posit
 
 logger = logging.getLogger(__name__)
 
-MAX_FILE_BYTES = 1_000_000
+#: the largest rule file (256 KiB, about 500 rules): loading costs up to ~10 us a byte, most
+#: of it sqlglot parsing expressions, so this bounds one file to a second or two
+MAX_FILE_BYTES = 256 * 1024
+#: problems listed per file; past it, one more problem counts the rest
+MAX_PROBLEMS = 100
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ class _FileLoader:
         self.positions = positions
         self.data = data
         self.problems: list[RuleProblem] = []
+        self.unlisted = 0
 
     def rule_id_at(self, index: int) -> str | None:
         try:
@@ -141,6 +147,9 @@ class _FileLoader:
         return rid if isinstance(rid, str) else None
 
     def add(self, loc: tuple[str | int, ...], message: str) -> None:
+        if len(self.problems) >= MAX_PROBLEMS:
+            self.unlisted += 1
+            return
         line, col = position_of(self.positions, loc)
         rid = (
             self.rule_id_at(loc[1])
@@ -191,7 +200,25 @@ def load_text(text: str, path: str) -> tuple[list[CompiledRule], list[RuleProble
         return [], [RuleProblem(path, exc.line, exc.col, None, exc.message)]
     loader = _FileLoader(path, positions, data)
     rules = loader.load()
+    if loader.unlisted:
+        more = f"{loader.unlisted} more problem(s) in this file; only the first {MAX_PROBLEMS} are listed"
+        loader.problems.append(RuleProblem(path, 1, 1, None, more))
     return rules, loader.problems
+
+
+def read_rule_file(path: Path) -> bytes:
+    """A rule file's bytes, up to one past :data:`MAX_FILE_BYTES` (a longer file is refused
+    whole, so no more of it is read). Raises OSError, and for anything but a regular file
+    (a FIFO would block the reader)."""
+    if not path.is_file() and path.exists():
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with path.open("rb") as fh:
+        return fh.read(MAX_FILE_BYTES + 1)
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of :func:`read_rule_file`: a file's entry in :attr:`RuleSet.files`."""
+    return hashlib.sha256(read_rule_file(path)).hexdigest()
 
 
 def rule_files(paths: Iterable[Path]) -> list[Path]:
@@ -220,12 +247,13 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
     for f in rule_files(Path(p) for p in paths):
         name = str(f)
         try:
-            raw = f.read_bytes()
+            raw = read_rule_file(f)
         except OSError as exc:
             problems.append(RuleProblem(name, 1, 1, None, f"cannot read file: {exc.strerror}"))
             continue
         if len(raw) > MAX_FILE_BYTES:
-            problems.append(RuleProblem(name, 1, 1, None, f"file is larger than {MAX_FILE_BYTES} bytes"))
+            msg = f"file is larger than {MAX_FILE_BYTES} bytes (the limit); split it into several files"
+            problems.append(RuleProblem(name, 1, 1, None, msg))
             continue
         try:
             text = raw.decode("utf-8")
@@ -233,7 +261,12 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
             problems.append(RuleProblem(name, 1, 1, None, f"file is not UTF-8: {exc.reason}"))
             continue
         files[name] = hashlib.sha256(raw).hexdigest()
-        good, bad = load_text(text, name)
+        try:
+            good, bad = load_text(text, name)
+        except (RecursionError, MemoryError) as exc:  # past every limit above: still the file's problem
+            what = "nests too deeply" if isinstance(exc, RecursionError) else "needs too much memory"
+            problems.append(RuleProblem(name, 1, 1, None, f"file {what} to load ({type(exc).__name__})"))
+            continue
         problems.extend(bad)
         for r in good:
             if r.id in seen:

@@ -109,6 +109,14 @@ class BranchArm(_Frozen):
     to: str | None = Field(default=None, pattern=_TOPIC_PATTERN)
     otherwise: str | None = Field(default=None, pattern=_TOPIC_PATTERN)
 
+    @field_validator("to", "otherwise")
+    @classmethod
+    def _kafka_topic(cls, value: str | None) -> str | None:
+        if value in (".", ".."):
+            msg = f"{value!r} is not a Kafka topic name"
+            raise ValueError(msg)
+        return value
+
     @model_validator(mode="after")
     def _shape(self) -> BranchArm:
         if self.otherwise is not None and (self.when is not None or self.to is not None):

@@ -17,12 +17,26 @@ _PLACEHOLDER = re.compile(
     r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)\s*"
     r"(?:\|\s*(round\((\d)\)|upper|lower)\s*)?\}\}"
 )
-_ANY_BRACES = re.compile(r"\{\{.*?\}\}")
+
+
+def _braces(template: str) -> list[str]:
+    r"""Each ``{{ ... }}`` on one line, leftmost first: what ``re.findall(r"\{\{.*?\}\}")``
+    finds, in linear time (that regex scans to the line's end from every ``{{`` left open)."""
+    found: list[str] = []
+    for line in template.split("\n"):
+        pos = 0
+        while (start := line.find("{{", pos)) != -1:
+            end = line.find("}}", start + 2)
+            if end == -1:  # no later "{{" on this line can be closed either
+                break
+            found.append(line[start : end + 2])
+            pos = end + 2
+    return found
 
 
 def placeholders(template: str) -> list[str]:
     """The names a template uses. Raises ``ValueError`` on a malformed placeholder."""
-    for raw in _ANY_BRACES.findall(template):
+    for raw in _braces(template):
         if not _PLACEHOLDER.fullmatch(raw):
             msg = (
                 f"bad placeholder {raw!r}: expected {{{{ name }}}} with an optional "

@@ -4,6 +4,23 @@
 each value (a tuple of keys and list indexes) to its 1-based ``(line, col)``.
 Duplicate keys, which PyYAML silently overwrites, are reported as errors.
 Only the safe YAML subset is constructed: no Python tags, no code.
+
+What a file may ask of the parser is bounded, so that any file (rule files and
+the routes file both come through here) is read in time and memory in
+proportion to its size, and every refusal is a :class:`YamlProblem` with a
+position, never another exception:
+
+- anchors and aliases (``&name``, ``*name``, and so ``<<: *name`` merges) are
+  refused: a few hundred bytes of aliases expand to billions of values (the
+  "billion laughs"), and a configuration file gains nothing from them that
+  writing the value out does not give;
+- collections nest at most :data:`MAX_DEPTH` levels deep (the composer and the
+  code that walks its result recurse once per level), and a document holds at
+  most :data:`MAX_NODES` values (each costs tens of microseconds and a position);
+- a scalar typed as anything but a string (a number, a boolean, a date, ...)
+  is at most :data:`MAX_TYPED_SCALAR` characters: PyYAML converts some of them
+  in quadratic time (``1:2:3:...`` is a base-60 integer), and a malformed one
+  with an explicit tag (``!!int abc``) is a problem at its position.
 """
 
 from __future__ import annotations
@@ -11,9 +28,30 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
+
+try:  # libyaml's parser, in C: ten times the pure-Python one's speed, the same events
+    from yaml._yaml import CParser
+except ImportError:  # pragma: no cover - PyYAML's wheels ship libyaml
+    CParser = None  # type: ignore[misc,assignment]
 
 Path = tuple[str | int, ...]
 Positions = dict[Path, tuple[int, int]]
+
+#: the deepest nesting of mappings and sequences a document may have
+MAX_DEPTH = 64
+#: the most values (scalars, mappings and lists) a document may hold; a rule takes about 15
+MAX_NODES = 100_000
+#: the longest scalar that resolves to a type other than a string
+MAX_TYPED_SCALAR = 100
+_STR_TAG = "tag:yaml.org,2002:str"
+#: what PyYAML's safe constructors raise on a malformed explicitly tagged scalar
+_CONSTRUCT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError)
 
 
 class YamlProblem(Exception):
@@ -24,21 +62,101 @@ class YamlProblem(Exception):
         self.message = message
 
 
+def _mark_pos(mark: Any) -> tuple[int, int]:
+    """A PyYAML or libyaml mark (or None) as a 1-based ``(line, col)``."""
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+
+
 def _pos(node: yaml.Node) -> tuple[int, int]:
-    return node.start_mark.line + 1, node.start_mark.column + 1
+    return _mark_pos(node.start_mark)
 
 
-def _build(node: yaml.Node, path: Path, positions: Positions, loader: yaml.SafeLoader) -> Any:
+class _BoundedComposer(Composer):
+    """PyYAML's composer, in Python over either parser, refusing anchors and aliases,
+    nesting past :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values."""
+
+    depth = 0
+    nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[attr-defined] # the parser's, mixed in below
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:  # an alias (*name) or a node that defines an anchor (&name)
+            line, col = _mark_pos(event.start_mark)
+            what = f"alias *{anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{anchor}"
+            raise YamlProblem(line, col, f"{what}: anchors and aliases are not allowed; write the value out")
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            line, col = _mark_pos(event.start_mark)
+            msg = f"more than {MAX_NODES} values in one file (the limit); split it into several files"
+            raise YamlProblem(line, col, msg)
+        if not isinstance(event, yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            line, col = _mark_pos(event.start_mark)
+            msg = f"mappings and lists nest deeper than {MAX_DEPTH} levels (the limit)"
+            raise YamlProblem(line, col, msg)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _PyLoader(_BoundedComposer, Reader, Scanner, Parser, SafeConstructor, Resolver):
+    def __init__(self, text: str) -> None:
+        Reader.__init__(self, text)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        _BoundedComposer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+
+
+_Loader: type[_PyLoader] = _PyLoader
+if CParser is not None:
+
+    class _CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):
+        def __init__(self, text: str) -> None:
+            CParser.__init__(self, text)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    _Loader = _CLoader  # type: ignore[assignment]
+
+
+def _scalar(node: yaml.ScalarNode, loader: SafeConstructor) -> Any:
+    if node.tag != _STR_TAG and len(node.value) > MAX_TYPED_SCALAR:
+        line, col = _pos(node)
+        kind = node.tag.rsplit(":", 1)[-1]
+        msg = (
+            f"{kind} value of {len(node.value)} characters; the limit is {MAX_TYPED_SCALAR} "
+            "(quote it if it is text)"
+        )
+        raise YamlProblem(line, col, msg)
+    try:
+        return loader.construct_object(node, deep=True)
+    except _CONSTRUCT_ERRORS:
+        line, col = _pos(node)
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise YamlProblem(line, col, f"{node.value[:40]!r} is not a valid {kind}") from None
+
+
+def _build(node: yaml.Node, path: Path, positions: Positions, loader: SafeConstructor) -> Any:
     positions[path] = _pos(node)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             # keys are names: take a plain scalar as written, so `on:` stays "on"
             # instead of YAML 1.1's boolean True (the "Norway problem")
-            if isinstance(key_node, yaml.ScalarNode) and key_node.style is None:
+            if isinstance(key_node, yaml.ScalarNode) and not key_node.style:  # None, or '' from libyaml
                 key = key_node.value
+            elif isinstance(key_node, yaml.ScalarNode):
+                key = _scalar(key_node, loader)
             else:
-                key = loader.construct_object(key_node, deep=True)
+                line, col = _pos(key_node)
+                raise YamlProblem(line, col, "mapping keys must be plain scalars")
             if not isinstance(key, str | int | float | bool):
                 line, col = _pos(key_node)
                 raise YamlProblem(line, col, "mapping keys must be plain scalars")
@@ -50,24 +168,49 @@ def _build(node: yaml.Node, path: Path, positions: Positions, loader: yaml.SafeL
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(item, (*path, i), positions, loader) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    if not isinstance(node, yaml.ScalarNode):  # a composed node is one of the three
+        line, col = _pos(node)
+        raise YamlProblem(line, col, f"unsupported YAML node {type(node).__name__}")
+    return _scalar(node, loader)
+
+
+def _problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
+    """A parser's error as a :class:`YamlProblem` at its position."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        line, col = _mark_pos(exc.problem_mark or exc.context_mark)
+        return YamlProblem(line, col, f"invalid YAML: {exc.problem or exc}")
+    if isinstance(exc, yaml.reader.ReaderError) and isinstance(exc.character, int):
+        # no mark, and an index into the text (PyYAML) or into its UTF-8 (libyaml): each
+        # reads the characters in order, so the first of the refused one is where it stopped
+        line, col = _text_pos(text, text.find(chr(exc.character)))
+        return YamlProblem(line, col, f"invalid YAML: {exc.reason}, #x{exc.character:04x}")
+    return YamlProblem(1, 1, f"invalid YAML: {exc}")
+
+
+def _text_pos(text: str, at: int) -> tuple[int, int]:
+    """The 1-based ``(line, col)`` of ``text[at]`` (of the start when ``at`` is -1)."""
+    at = max(at, 0)
+    return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
 
 
 def load_with_positions(text: str) -> tuple[Any, Positions]:
     """Parse one YAML document. Raises :class:`YamlProblem` with the position."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = _Loader(text)  # the pure-Python reader checks every character here
+    except yaml.YAMLError as exc:
+        raise _problem(exc, text) from None
+    except UnicodeEncodeError as exc:  # libyaml reads UTF-8: a lone surrogate has none
+        line, col = _text_pos(text, exc.start)
+        msg = f"invalid YAML: a lone surrogate, #x{ord(text[exc.start]):04x}"
+        raise YamlProblem(line, col, msg) from None
     try:
         node = loader.get_single_node()
         if node is None:
             return None, {(): (1, 1)}
         positions: Positions = {}
         return _build(node, (), positions, loader), positions
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise YamlProblem(line, col, f"invalid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise YamlProblem(1, 1, f"invalid YAML: {exc}") from None
+        raise _problem(exc, text) from None
     finally:
         loader.dispose()
 

@@ -67,7 +67,7 @@ EXPRESSIONS = [
     "status like 'er_o%'", r"status like 'a\%'", r"kind like '%\\%'", r"kind like 'a\\b'", r"kind like 'x\\'",
     r"kind like 'a\\\\b'", r"status = 'it\'s'", r"kind = 'x\ny'",
     "status ilike '%error%'", "kind like '%'", "kind like '_é'", "kind like 'x_y'",
-    "kind ilike 'ÉX'",
+    "kind ilike 'ÉX'", "status like '%r%o%'", "status like 'e%r_r%'", "status ilike '%R_O%R'",
     # NULL tests
     "temperature is null", "status is not null",
     # functions
