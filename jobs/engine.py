@@ -35,9 +35,10 @@ from app.config import Settings
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
 from app.topics import SOURCE_TOPICS, TopicSpec, ensure_topics
+from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
-from jobs.kafka_source import read_kafka
+from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, build_session
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import apply_lifecycle
@@ -145,6 +146,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         if not opts.once:
             stop.wait()
         return 0
+    if opts.master:  # under spark-submit (master None) its --jars bring the connector
+        connector.require(kafka_format())
     asyncio.run(ensure_output_topics(plan, settings))
     spark = build_session(opts.master)
     # the JVM pyspark launched: launch_gateway keeps its Popen on the gateway

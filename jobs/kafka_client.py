@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from app.errors import BrokerError
-from app.kafka import high_watermarks, topic_partitions
+from app.kafka import topic_partitions
 from jobs.kafka_offsets import TP, KafkaSourceOptions, Offsets
 
 logger = logging.getLogger(__name__)
@@ -48,86 +48,84 @@ def _consumer(opts: KafkaSourceOptions, **kw: object) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         request_timeout_ms=timeout,
         metadata_max_age_ms=5_000,
+        isolation_level=opts.isolation,
         **kw,
     )
 
 
-async def _topic_partitions(opts: KafkaSourceOptions) -> list[TP]:
-    consumer = _consumer(opts)
+async def _subscribed(opts: KafkaSourceOptions, consumer: AIOKafkaConsumer) -> list[TP]:
+    """The partitions of the subscription; a :class:`KafkaSourceError` for a missing topic or
+    assigned partition."""
     timeout_s = opts.timeout_ms / 1000
-    try:
-        await asyncio.wait_for(consumer.start(), min(timeout_s, 15))
-        existing = await asyncio.wait_for(consumer.topics(), timeout_s)
-        if opts.pattern is not None:
-            rx = re.compile(opts.pattern)
-            topics = sorted(t for t in existing if rx.fullmatch(t))
-        else:
-            topics = sorted({t for t in opts.subscribe} | {t for t, _ in opts.assign})
-            missing = [t for t in topics if t not in existing]
-            if missing:
-                msg = (
-                    f"topic(s) {', '.join(missing)} do not exist on {opts.bootstrap}; create them "
-                    "(`python -m app topics`) or fix the 'subscribe'/'assign' option"
-                )
-                raise KafkaSourceError(msg)
-        parts = await topic_partitions(opts.bootstrap, topics, timeout_s)
-        tps = [(t, p) for t in topics for p in parts.get(t, ())]
-        if opts.assign:
-            unknown = sorted(set(opts.assign) - set(tps))
-            if unknown:
-                msg = f"assigned partition(s) {unknown} do not exist on {opts.bootstrap}"
-                raise KafkaSourceError(msg)
-            tps = sorted(opts.assign)
-        return tps
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise _unreachable(opts, exc) from exc
-    finally:
-        await consumer.stop()
-
-
-async def _earliest(opts: KafkaSourceOptions, tps: list[TP]) -> Offsets:
-    if not tps:
-        return {}
-    consumer = _consumer(opts)
-    try:
-        await asyncio.wait_for(consumer.start(), min(opts.timeout_ms / 1000, 15))
-        got = await asyncio.wait_for(
-            consumer.beginning_offsets([TopicPartition(t, p) for t, p in tps]), opts.timeout_ms / 1000
-        )
-        return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise _unreachable(opts, exc) from exc
-    finally:
-        await consumer.stop()
+    existing = await asyncio.wait_for(consumer.topics(), timeout_s)
+    if opts.pattern is not None:
+        rx = re.compile(opts.pattern)
+        topics = sorted(t for t in existing if rx.fullmatch(t))
+    else:
+        topics = sorted({t for t in opts.subscribe} | {t for t, _ in opts.assign})
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            msg = (
+                f"topic(s) {', '.join(missing)} do not exist on {opts.bootstrap}; create them "
+                "(`python -m app topics`) or fix the 'subscribe'/'assign' option"
+            )
+            raise KafkaSourceError(msg)
+    parts = await topic_partitions(opts.bootstrap, topics, timeout_s)
+    tps = [(t, p) for t in topics for p in parts.get(t, ())]
+    if opts.assign:
+        unknown = sorted(set(opts.assign) - set(tps))
+        if unknown:
+            msg = f"assigned partition(s) {unknown} do not exist on {opts.bootstrap}"
+            raise KafkaSourceError(msg)
+        tps = sorted(opts.assign)
+    return tps
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The partitions of the subscription with their earliest and latest (high watermark) offsets."""
+    """The partitions of the subscription with their earliest and latest offsets."""
 
     partitions: list[TP]
     earliest: Offsets
     latest: Offsets
 
 
-def snapshot(opts: KafkaSourceOptions) -> Snapshot:
-    """Discover the subscribed partitions and their offset bounds (three short client sessions).
-
-    Latest offsets are true high watermarks (:func:`app.kafka.high_watermarks`,
-    which corrects the embedded broker's undercounting ListOffsets).
-    """
-    tps = asyncio.run(_topic_partitions(opts))
-    earliest = asyncio.run(_earliest(opts, tps))
+async def _snapshot(opts: KafkaSourceOptions, *, offsets: bool) -> Snapshot:
+    consumer = _consumer(opts)
+    timeout_s = opts.timeout_ms / 1000
     try:
-        marks = asyncio.run(
-            high_watermarks(opts.bootstrap, sorted({t for t, _ in tps}), opts.timeout_ms / 1000)
-        )
-    except BrokerError as exc:
+        await asyncio.wait_for(consumer.start(), min(timeout_s, 15))
+        tps = await _subscribed(opts, consumer)
+        if not offsets or not tps:
+            return Snapshot(tps, {}, {})
+        tpos = [TopicPartition(t, p) for t, p in tps]
+        first = await asyncio.wait_for(consumer.beginning_offsets(tpos), timeout_s)
+        last = await asyncio.wait_for(consumer.end_offsets(tpos), timeout_s)
+    except KafkaSourceError:
+        raise
+    except (TimeoutError, KafkaError, OSError, BrokerError) as exc:
         raise _unreachable(opts, exc) from exc
-    latest = {
-        (tp.topic, tp.partition): int(o) for tp, o in marks.items() if (tp.topic, tp.partition) in earliest
-    }
-    return Snapshot(tps, earliest, {tp: max(latest.get(tp, 0), earliest[tp]) for tp in tps})
+    finally:
+        await consumer.stop()
+    earliest = {(tp.topic, tp.partition): int(o) for tp, o in first.items()}
+    latest = {(tp.topic, tp.partition): int(o) for tp, o in last.items()}
+    return Snapshot(tps, earliest, {tp: max(latest[tp], earliest[tp]) for tp in tps})
+
+
+def snapshot(opts: KafkaSourceOptions) -> Snapshot:
+    """Discover the subscribed partitions and their offset bounds (one client session).
+
+    Latest offsets are the end offsets of the isolation level: the high watermark,
+    or with ``read_committed`` the last stable offset (before the first open
+    transaction), as Spark's connector and a Kafka consumer see them.
+    """
+    return asyncio.run(_snapshot(opts, offsets=True))
+
+
+def check_subscription(opts: KafkaSourceOptions) -> list[TP]:
+    """The subscribed partitions, or a :class:`KafkaSourceError` saying that the broker is
+    unreachable or which topic or partition is missing."""
+    return asyncio.run(_snapshot(opts, offsets=False)).partitions
 
 
 def fetch(opts: KafkaSourceOptions, tp: TP, start: int, end: int) -> Iterator[list[ConsumerRecord]]:

@@ -177,7 +177,11 @@ class RegistryFollower:
 
         by_topic = {t.topic: name for name, t in TABLES.items()}
         opts = KafkaSourceOptions.parse(
-            {"kafka.bootstrap.servers": self.bootstrap, "subscribe": ",".join(sorted(by_topic))},
+            {
+                "kafka.bootstrap.servers": self.bootstrap,
+                "subscribe": ",".join(sorted(by_topic)),
+                "kafka.isolation.level": "read_committed",
+            },
             streaming=False,
         )
         try:
