@@ -28,6 +28,9 @@ from jobs.kafka_offsets import TP, KafkaSourceOptions, Offsets
 logger = logging.getLogger(__name__)
 
 FETCH_RECORDS = 5000
+#: one wait for records; short, because a fetch that holds only a transaction marker (or
+#: aborted records) yields nothing yet moves the position, which the loop then sees
+POLL_MS = 100
 
 
 class KafkaSourceError(BrokerError):
@@ -131,8 +134,11 @@ def check_subscription(opts: KafkaSourceOptions) -> list[TP]:
 def fetch(opts: KafkaSourceOptions, tp: TP, start: int, end: int) -> Iterator[list[ConsumerRecord]]:
     """Yield the records of ``tp`` with ``start <= offset < end``, in offset order, in chunks.
 
-    Offsets missing inside the range (compaction, transaction markers) are
-    skipped. If ``start`` is no longer in the log it raises, or with
+    Offsets of the range that hold no record (transaction markers, aborted
+    records under ``read_committed``, compaction) are skipped: progress is the
+    consumer's position, which moves past them, not the last record's offset,
+    so a range that ends on a marker, or holds nothing else, ends too. If
+    ``start`` is no longer in the log it raises, or with
     ``failOnDataLoss=false`` continues from the earliest offset. Raises
     :class:`KafkaSourceError` when no progress is made for ``timeout_ms``.
     A private event loop drives the async client; closing the iterator early
@@ -168,7 +174,7 @@ async def _fetch(
         position, last_progress = start, time.monotonic()
         while position < end:
             try:
-                batch = await consumer.getmany(tpo, timeout_ms=500, max_records=FETCH_RECORDS)
+                batch = await consumer.getmany(tpo, timeout_ms=POLL_MS, max_records=FETCH_RECORDS)
             except OffsetOutOfRangeError:
                 if opts.fail_on_data_loss:
                     msg = (
