@@ -84,6 +84,7 @@ KAFKA_SCHEMA = StructType(
 
 CONNECTOR = "kafka"
 FORMATS = (CONNECTOR, SHORT_NAME)
+ISOLATION = "kafka.isolation.level"
 #: how Spark says that a format has no implementation on its class path
 NOT_FOUND = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source")
 
@@ -117,7 +118,9 @@ def read_kafka(
     if fmt not in FORMATS:
         msg = f"unknown Kafka format {fmt!r}: expected one of {', '.join(FORMATS)}"
         raise ConfigError(msg)
-    opts = {"kafka.isolation.level": "read_committed", **options}
+    opts = dict(options)
+    if not any(k.lower() == ISOLATION for k in opts):
+        opts[ISOLATION] = "read_committed"
     kafka_client.check_subscription(KafkaSourceOptions.subscription(opts))
     reader = spark.readStream if streaming else spark.read
     try:
