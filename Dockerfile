@@ -12,6 +12,14 @@ COPY app ./app
 RUN python -c "from app import native; raise SystemExit(native.build())" \
  && python -c "from app import native; native.activate(); print(native.status())" | grep '^compiled'
 
+# Stage 2: Spark's Kafka connector, fetched as `make jars` does (docs/spark-kafka.md); the
+# runtime passes these local jars to Spark, so nothing is downloaded when it runs.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /opt/streamalert
+COPY scripts/fetch-jars.sh ./scripts/
+COPY deps/spark-kafka ./deps/spark-kafka
+RUN bash scripts/fetch-jars.sh spark-kafka
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -43,6 +51,7 @@ COPY rules ./rules
 COPY jobs ./jobs
 COPY config ./config
 COPY --from=native /opt/streamalert/build ./build
+COPY --from=jars /opt/streamalert/.cache/jars/spark-kafka ./.cache/jars/spark-kafka
 
 USER streamalert
 ENV PYSPARK_PYTHON=/usr/local/bin/python \
