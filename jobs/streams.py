@@ -191,7 +191,14 @@ class RegistryFollower:
             self.polled = time.monotonic()
             return self.tables
         for tp in snap.partitions:
-            start = max(self.positions.get(tp, snap.earliest[tp]), snap.earliest[tp])
+            known = self.positions.get(tp, snap.earliest[tp])
+            if known > snap.latest[tp]:  # not routine: the broker keeps its topics across runs
+                logger.warning(
+                    "registry topic %s-%d ends at %d, before the %d read so far: it was recreated; "
+                    "reading it again from the start", *tp, snap.latest[tp], known,
+                )  # fmt: skip
+                known = snap.earliest[tp]
+            start = max(known, snap.earliest[tp])
             for chunk in fetch(opts, tp, start, snap.latest[tp]) if start < snap.latest[tp] else ():
                 for r in chunk:
                     self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
