@@ -31,6 +31,9 @@ FETCH_RECORDS = 5000
 #: one wait for records; short, because a fetch that holds only a transaction marker (or
 #: aborted records) yields nothing yet moves the position, which the loop then sees
 POLL_MS = 100
+#: how long a subscribed topic may be absent from metadata before it counts as missing: a
+#: topic created a moment ago is left out until its partitions have a leader
+NEW_TOPIC_S = 2.0
 
 
 class KafkaSourceError(BrokerError):
@@ -66,7 +69,10 @@ async def _subscribed(opts: KafkaSourceOptions, consumer: AIOKafkaConsumer) -> l
         topics = sorted(t for t in existing if rx.fullmatch(t))
     else:
         topics = sorted({t for t in opts.subscribe} | {t for t, _ in opts.assign})
-        missing = [t for t in topics if t not in existing]
+        settle = time.monotonic() + min(NEW_TOPIC_S, timeout_s)
+        while (missing := [t for t in topics if t not in existing]) and time.monotonic() < settle:
+            await asyncio.sleep(0.1)
+            existing = await asyncio.wait_for(consumer.topics(), timeout_s)
         if missing:
             msg = (
                 f"topic(s) {', '.join(missing)} do not exist on {opts.bootstrap}; create them "
