@@ -12,15 +12,14 @@ COPY app ./app
 RUN python -c "from app import native; raise SystemExit(native.build())" \
  && python -c "from app import native; native.activate(); print(native.status())" | grep '^compiled'
 
-# Stage 2: the JVM artifacts from Maven Central (deps/*/pom.xml): Apache Kafka for the
-# all-in-one `run` without KAFKA_BOOTSTRAP_SERVERS, and Spark's Kafka connector.
+# Stage 2: the JVM artifacts from Maven Central (deps/*/pom.xml), fetched as `make jars`
+# does: Apache Kafka for the all-in-one `run` without KAFKA_BOOTSTRAP_SERVERS, and Spark's
+# Kafka connector (docs/spark-kafka.md), passed to Spark as local jars at run time.
 FROM maven:3.9-eclipse-temurin-17 AS jars
 WORKDIR /opt/streamalert
+COPY scripts/fetch-jars.sh ./scripts/
 COPY deps ./deps
-RUN for d in kafka spark-kafka; do \
-      mvn -q -B -f deps/$d/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory=/opt/streamalert/.cache/jars/$d || exit 1; \
-    done
+RUN bash scripts/fetch-jars.sh kafka spark-kafka
 
 FROM python:3.11-slim
 

@@ -100,8 +100,8 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     "APP_METRICS_PORT": ("0", "Prometheus /metrics port of a role (0: none; the supervisor assigns one)."),
     "APP_LOG_LEVEL": ("INFO", "Log level of every role."),
     "APP_SPARK_KAFKA_FORMAT": (
-        "kafka_py",
-        "Spark engine's Kafka source: `kafka_py` (built in) or `kafka` (Spark's connector jar).",
+        "kafka",
+        "Spark engine's Kafka source: `kafka` (Spark's connector, `make jars`) or `kafka_py` (built in).",
     ),
     "APP_SPARK_LOG_LEVEL": ("WARN", "Log level of the Spark JVM."),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -21,21 +22,34 @@ from app.kafka_auth import KafkaAuth
 
 logger = logging.getLogger(__name__)
 
-#: Where a helper connects: a settings object (its cluster and its TLS/SASL settings), or a
-#: bare ``host:port[,host:port]`` string (plaintext, no authentication: tests and the
-#: embedded broker).
-Target = Settings | str
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A cluster and how to authenticate to it, without the rest of the settings."""
+
+    bootstrap: str
+    auth: KafkaAuth
+
+
+#: Where a helper connects: a settings object (its cluster and its TLS/SASL settings), an
+#: :class:`Endpoint`, or a bare ``host:port[,host:port]`` string (plaintext, no
+#: authentication: tests and the embedded broker).
+Target = Settings | Endpoint | str
 
 
 def connection(target: Target) -> dict[str, Any]:
     """aiokafka's ``bootstrap_servers`` and security keyword arguments for ``target``."""
     if isinstance(target, Settings):
         return {"bootstrap_servers": target.bootstrap_servers, **target.kafka_auth.client_options()}
+    if isinstance(target, Endpoint):
+        return {"bootstrap_servers": target.bootstrap, **target.auth.client_options()}
     return {"bootstrap_servers": target, **KafkaAuth().client_options()}
 
 
 def bootstrap_of(target: Target) -> str:
-    return target.bootstrap_servers if isinstance(target, Settings) else target
+    if isinstance(target, Settings):
+        return target.bootstrap_servers
+    return target.bootstrap if isinstance(target, Endpoint) else target
 
 
 #: Most key hashes a :class:`KeyHashes` keeps before it starts over.

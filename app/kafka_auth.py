@@ -10,6 +10,7 @@ password never appears in a repr, a log line or an error.
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -161,3 +162,41 @@ class KafkaAuth:
 
 def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+_JAAS_VALUE = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def from_spark_options(options: Mapping[str, str]) -> KafkaAuth:
+    """The :class:`KafkaAuth` that Spark's Kafka options (``kafka.security.protocol``,
+    ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config``, a PEM ``kafka.ssl.truststore.*``)
+    describe: the inverse of :meth:`KafkaAuth.spark_options`, for the project's own source.
+    Keys are lower-case. A :class:`ConfigError` names an option it cannot honour."""
+    protocol = options.get("kafka.security.protocol", "PLAINTEXT").strip().upper()
+    if protocol not in PROTOCOLS:
+        msg = f"option 'kafka.security.protocol' must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
+        raise ConfigError(msg)
+    if any(k.startswith("kafka.ssl.keystore.") for k in options):
+        msg = "client certificates (kafka.ssl.keystore.*) need format 'kafka', not 'kafka_py'"
+        raise ConfigError(msg)
+    store_type = options.get("kafka.ssl.truststore.type", "PEM").strip().upper()
+    if "kafka.ssl.truststore.location" in options and store_type != "PEM":
+        msg = "option 'kafka.ssl.truststore.type' must be PEM for format 'kafka_py'"
+        raise ConfigError(msg)
+    found = dict(_JAAS_VALUE.findall(options.get("kafka.sasl.jaas.config", "")))
+    unescape = lambda v: re.sub(r"\\(.)", r"\1", v)  # noqa: E731
+    auth = KafkaAuth(
+        protocol=protocol,
+        mechanism=options.get("kafka.sasl.mechanism", "PLAIN").strip().upper(),
+        username=unescape(found.get("username", "")),
+        password=unescape(found.get("password", "")),
+        cafile=options.get("kafka.ssl.truststore.location", "").strip(),
+        check_hostname=options.get("kafka.ssl.endpoint.identification.algorithm", "https") != "",
+    )
+    if auth.mechanism not in MECHANISMS:
+        msg = f"option 'kafka.sasl.mechanism' must be one of {', '.join(MECHANISMS)}, got {auth.mechanism!r}"
+        raise ConfigError(msg)
+    if auth.uses_sasl and not (auth.username and auth.password):
+        msg = 'option \'kafka.sasl.jaas.config\' must carry username="..." and password="..."'
+        raise ConfigError(msg)
+    return auth

@@ -28,6 +28,7 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge
 from py4j.protocol import Py4JError
 from pyspark import SparkContext
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -35,9 +36,10 @@ from app.config import Settings
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
 from app.topics import SOURCE_TOPICS, TopicSpec, ensure_topics
+from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
-from jobs.kafka_source import read_kafka
+from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, build_session
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import apply_lifecycle
@@ -80,6 +82,7 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "subscribe": ",".join(plan.topics),
         "startingOffsets": opts.starting_offsets,
+        **settings.kafka_auth.spark_options(),
     }
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
@@ -88,7 +91,11 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
     streams = StreamRunner(
-        plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers
+        plan.stream_rules,
+        plan.streams,
+        settings.partitions,
+        bootstrap=settings.bootstrap_servers,
+        security=settings.kafka_auth.spark_options(),
     )
     return apply_lifecycle(tasks(decoded, plan), plan, streaming=True, streams=streams)
 
@@ -145,14 +152,37 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         if not opts.once:
             stop.wait()
         return 0
+    if opts.master:  # under spark-submit (master None) its --jars bring the connector
+        connector.require(kafka_format())
     asyncio.run(ensure_output_topics(plan, settings))
     spark = build_session(opts.master)
     # the JVM pyspark launched: launch_gateway keeps its Popen on the gateway
     jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
     query, sink = start(spark, plan, settings, opts)
     try:
+        failure = watch(query, stop)
+    finally:
+        _quietly(query.stop)
+        _quietly(sink.close)
+        _quietly(spark.stop)
+        if stop.is_set():
+            _wait_for_jvm(jvm)
+    return outcome(failure, stop, opts.query)
+
+
+def watch(query: StreamingQuery, stop: threading.Event) -> BaseException | None:
+    """Block while the query runs (:func:`_watch`); return how it failed, or None.
+
+    A failure may surface as the query's ``exception()`` or raised by
+    ``awaitTermination`` (a :class:`StreamingQueryException`: e.g. a SIGTERM to the
+    process group reaches the JVM first and interrupts the connector's offset request).
+    A JVM gone with the signal is no failure; gone without one it raises.
+    """
+    try:
         _watch(query, stop)
-        failure = query.exception()
+        return query.exception()
+    except StreamingQueryException as exc:
+        return exc
     except (Py4JError, ConnectionError) as exc:
         if not stop.is_set():
             raise
@@ -160,17 +190,17 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         logger.info(
             "the Spark JVM stopped with the signal (%s); the checkpoint is consistent", type(exc).__name__
         )
-        failure = None
-    finally:
-        _quietly(query.stop)
-        _quietly(sink.close)
-        _quietly(spark.stop)
-        if stop.is_set():
-            _wait_for_jvm(jvm)
+        return None
+
+
+def outcome(failure: BaseException | None, stop: threading.Event, query: str = QUERY) -> int:
+    """The exit code: a failure during the shutdown is logged and ends well (the checkpoint
+    holds the last committed micro-batch); any other failure is an error (1)."""
     if failure is not None and stop.is_set():
-        logger.info("spark query %r ended with the shutdown: %s", opts.query, str(failure).splitlines()[0])
+        first = (str(failure).splitlines() or [type(failure).__name__])[0]
+        logger.info("spark query %r ended with the shutdown: %s", query, first)
     elif failure is not None:
-        logger.error("spark query %r failed: %s", opts.query, failure)
+        logger.error("spark query %r failed: %s", query, failure)
         return 1
     return 0
 

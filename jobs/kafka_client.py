@@ -22,12 +22,18 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from app.errors import BrokerError
-from app.kafka import high_watermarks, topic_partitions
+from app.kafka import Endpoint, topic_partitions
 from jobs.kafka_offsets import TP, KafkaSourceOptions, Offsets
 
 logger = logging.getLogger(__name__)
 
 FETCH_RECORDS = 5000
+#: one wait for records; short, because a fetch that holds only a transaction marker (or
+#: aborted records) yields nothing yet moves the position, which the loop then sees
+POLL_MS = 100
+#: how long a subscribed topic may be absent from metadata before it counts as missing: a
+#: topic created a moment ago is left out until its partitions have a leader
+NEW_TOPIC_S = 2.0
 
 
 class KafkaSourceError(BrokerError):
@@ -45,96 +51,101 @@ def _consumer(opts: KafkaSourceOptions, **kw: object) -> AIOKafkaConsumer:
     timeout = min(opts.timeout_ms, 30_000)
     return AIOKafkaConsumer(
         bootstrap_servers=opts.bootstrap,
+        **opts.auth.client_options(),
         enable_auto_commit=False,
         request_timeout_ms=timeout,
         metadata_max_age_ms=5_000,
+        isolation_level=opts.isolation,
         **kw,
     )
 
 
-async def _topic_partitions(opts: KafkaSourceOptions) -> list[TP]:
-    consumer = _consumer(opts)
+async def _subscribed(opts: KafkaSourceOptions, consumer: AIOKafkaConsumer) -> list[TP]:
+    """The partitions of the subscription; a :class:`KafkaSourceError` for a missing topic or
+    assigned partition."""
     timeout_s = opts.timeout_ms / 1000
-    try:
-        await asyncio.wait_for(consumer.start(), min(timeout_s, 15))
-        existing = await asyncio.wait_for(consumer.topics(), timeout_s)
-        if opts.pattern is not None:
-            rx = re.compile(opts.pattern)
-            topics = sorted(t for t in existing if rx.fullmatch(t))
-        else:
-            topics = sorted({t for t in opts.subscribe} | {t for t, _ in opts.assign})
-            missing = [t for t in topics if t not in existing]
-            if missing:
-                msg = (
-                    f"topic(s) {', '.join(missing)} do not exist on {opts.bootstrap}; create them "
-                    "(`python -m app topics`) or fix the 'subscribe'/'assign' option"
-                )
-                raise KafkaSourceError(msg)
-        parts = await topic_partitions(opts.bootstrap, topics, timeout_s)
-        tps = [(t, p) for t in topics for p in parts.get(t, ())]
-        if opts.assign:
-            unknown = sorted(set(opts.assign) - set(tps))
-            if unknown:
-                msg = f"assigned partition(s) {unknown} do not exist on {opts.bootstrap}"
-                raise KafkaSourceError(msg)
-            tps = sorted(opts.assign)
-        return tps
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise _unreachable(opts, exc) from exc
-    finally:
-        await consumer.stop()
-
-
-async def _earliest(opts: KafkaSourceOptions, tps: list[TP]) -> Offsets:
-    if not tps:
-        return {}
-    consumer = _consumer(opts)
-    try:
-        await asyncio.wait_for(consumer.start(), min(opts.timeout_ms / 1000, 15))
-        got = await asyncio.wait_for(
-            consumer.beginning_offsets([TopicPartition(t, p) for t, p in tps]), opts.timeout_ms / 1000
-        )
-        return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise _unreachable(opts, exc) from exc
-    finally:
-        await consumer.stop()
+    existing = await asyncio.wait_for(consumer.topics(), timeout_s)
+    if opts.pattern is not None:
+        rx = re.compile(opts.pattern)
+        topics = sorted(t for t in existing if rx.fullmatch(t))
+    else:
+        topics = sorted({t for t in opts.subscribe} | {t for t, _ in opts.assign})
+        settle = time.monotonic() + min(NEW_TOPIC_S, timeout_s)
+        while (missing := [t for t in topics if t not in existing]) and time.monotonic() < settle:
+            await asyncio.sleep(0.1)
+            existing = await asyncio.wait_for(consumer.topics(), timeout_s)
+        if missing:
+            msg = (
+                f"topic(s) {', '.join(missing)} do not exist on {opts.bootstrap}; create them "
+                "(`python -m app topics`) or fix the 'subscribe'/'assign' option"
+            )
+            raise KafkaSourceError(msg)
+    parts = await topic_partitions(Endpoint(opts.bootstrap, opts.auth), topics, timeout_s)
+    tps = [(t, p) for t in topics for p in parts.get(t, ())]
+    if opts.assign:
+        unknown = sorted(set(opts.assign) - set(tps))
+        if unknown:
+            msg = f"assigned partition(s) {unknown} do not exist on {opts.bootstrap}"
+            raise KafkaSourceError(msg)
+        tps = sorted(opts.assign)
+    return tps
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The partitions of the subscription with their earliest and latest (high watermark) offsets."""
+    """The partitions of the subscription with their earliest and latest offsets."""
 
     partitions: list[TP]
     earliest: Offsets
     latest: Offsets
 
 
-def snapshot(opts: KafkaSourceOptions) -> Snapshot:
-    """Discover the subscribed partitions and their offset bounds (three short client sessions).
-
-    Latest offsets are true high watermarks (:func:`app.kafka.high_watermarks`,
-    which corrects the embedded broker's undercounting ListOffsets).
-    """
-    tps = asyncio.run(_topic_partitions(opts))
-    earliest = asyncio.run(_earliest(opts, tps))
+async def _snapshot(opts: KafkaSourceOptions, *, offsets: bool) -> Snapshot:
+    consumer = _consumer(opts)
+    timeout_s = opts.timeout_ms / 1000
     try:
-        marks = asyncio.run(
-            high_watermarks(opts.bootstrap, sorted({t for t, _ in tps}), opts.timeout_ms / 1000)
-        )
-    except BrokerError as exc:
+        await asyncio.wait_for(consumer.start(), min(timeout_s, 15))
+        tps = await _subscribed(opts, consumer)
+        if not offsets or not tps:
+            return Snapshot(tps, {}, {})
+        tpos = [TopicPartition(t, p) for t, p in tps]
+        first = await asyncio.wait_for(consumer.beginning_offsets(tpos), timeout_s)
+        last = await asyncio.wait_for(consumer.end_offsets(tpos), timeout_s)
+    except KafkaSourceError:
+        raise
+    except (TimeoutError, KafkaError, OSError, BrokerError) as exc:
         raise _unreachable(opts, exc) from exc
-    latest = {
-        (tp.topic, tp.partition): int(o) for tp, o in marks.items() if (tp.topic, tp.partition) in earliest
-    }
-    return Snapshot(tps, earliest, {tp: max(latest.get(tp, 0), earliest[tp]) for tp in tps})
+    finally:
+        await consumer.stop()
+    earliest = {(tp.topic, tp.partition): int(o) for tp, o in first.items()}
+    latest = {(tp.topic, tp.partition): int(o) for tp, o in last.items()}
+    return Snapshot(tps, earliest, {tp: max(latest[tp], earliest[tp]) for tp in tps})
+
+
+def snapshot(opts: KafkaSourceOptions) -> Snapshot:
+    """Discover the subscribed partitions and their offset bounds (one client session).
+
+    Latest offsets are the end offsets of the isolation level: the high watermark,
+    or with ``read_committed`` the last stable offset (before the first open
+    transaction), as Spark's connector and a Kafka consumer see them.
+    """
+    return asyncio.run(_snapshot(opts, offsets=True))
+
+
+def check_subscription(opts: KafkaSourceOptions) -> list[TP]:
+    """The subscribed partitions, or a :class:`KafkaSourceError` saying that the broker is
+    unreachable or which topic or partition is missing."""
+    return asyncio.run(_snapshot(opts, offsets=False)).partitions
 
 
 def fetch(opts: KafkaSourceOptions, tp: TP, start: int, end: int) -> Iterator[list[ConsumerRecord]]:
     """Yield the records of ``tp`` with ``start <= offset < end``, in offset order, in chunks.
 
-    Offsets missing inside the range (compaction, transaction markers) are
-    skipped. If ``start`` is no longer in the log it raises, or with
+    Offsets of the range that hold no record (transaction markers, aborted
+    records under ``read_committed``, compaction) are skipped: progress is the
+    consumer's position, which moves past them, not the last record's offset,
+    so a range that ends on a marker, or holds nothing else, ends too. If
+    ``start`` is no longer in the log it raises, or with
     ``failOnDataLoss=false`` continues from the earliest offset. Raises
     :class:`KafkaSourceError` when no progress is made for ``timeout_ms``.
     A private event loop drives the async client; closing the iterator early
@@ -170,7 +181,7 @@ async def _fetch(
         position, last_progress = start, time.monotonic()
         while position < end:
             try:
-                batch = await consumer.getmany(tpo, timeout_ms=500, max_records=FETCH_RECORDS)
+                batch = await consumer.getmany(tpo, timeout_ms=POLL_MS, max_records=FETCH_RECORDS)
             except OffsetOutOfRangeError:
                 if opts.fail_on_data_loss:
                     msg = (

@@ -13,6 +13,7 @@ names the option and the accepted forms.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.errors import ConfigError
+from app.kafka_auth import KafkaAuth, from_spark_options
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ TP = tuple[str, int]
 Offsets = dict[TP, int]
 Spec = str | Offsets  # "earliest" | "latest" | explicit per-partition offsets (may hold -1/-2)
 
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 UNSUPPORTED = (
     "startingoffsetsbytimestamp",
     "endingoffsetsbytimestamp",
@@ -47,6 +50,8 @@ class KafkaSourceOptions:
     """The parsed options. Exactly one of ``subscribe``, ``pattern``, ``assign`` is set."""
 
     bootstrap: str
+    #: TLS/SASL, from the same ``kafka.*`` options as Spark's connector takes
+    auth: KafkaAuth = dataclasses.field(default_factory=KafkaAuth)
     subscribe: tuple[str, ...] = ()
     pattern: str | None = None
     assign: tuple[TP, ...] = ()
@@ -55,32 +60,18 @@ class KafkaSourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     timeout_ms: int = 60_000
+    #: ``read_committed``: aborted transactions are skipped, reads stop at the last stable offset
+    isolation: str = "read_uncommitted"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> KafkaSourceOptions:
         """Parse Spark-style options (keys case-insensitive) for a streaming or a batch read."""
         opts = {k.lower(): str(v) for k, v in options.items()}
-        bootstrap = opts.get("kafka.bootstrap.servers", "").strip()
-        if not bootstrap:
-            msg = "option 'kafka.bootstrap.servers' is required (host:port[,host:port...])"
-            raise KafkaOptionError(msg)
-        given = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
-        if len(given) != 1:
-            msg = "exactly one of the options 'subscribe', 'subscribePattern' or 'assign' must be set"
-            raise KafkaOptionError(msg)
+        base = cls.subscription(opts)
         for key in UNSUPPORTED:
             if key in opts:
                 msg = f"option '{key}' is not supported by the kafka_py source; use format 'kafka' for it"
                 raise KafkaOptionError(msg)
-        subscribe = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
-        pattern = opts.get("subscribepattern") or None
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                msg = f"option 'subscribePattern' is not a valid regex: {exc}"
-                raise KafkaOptionError(msg) from None
-        assign = _parse_assign(opts["assign"]) if "assign" in given else ()
         starting = parse_spec(
             opts.get("startingoffsets", "latest" if streaming else "earliest"), "startingOffsets"
         )
@@ -96,15 +87,51 @@ class KafkaSourceOptions:
         if ending == "earliest" or (isinstance(ending, dict) and EARLIEST in ending.values()):
             msg = "option 'endingOffsets' cannot be earliest (-2)"
             raise KafkaOptionError(msg)
-        return cls(
-            bootstrap=bootstrap,
-            subscribe=subscribe,
-            pattern=pattern,
-            assign=assign,
+        isolation = opts.get("kafka.isolation.level", "read_uncommitted").strip().lower()
+        if isolation not in ISOLATION_LEVELS:
+            levels = " or ".join(ISOLATION_LEVELS)
+            msg = f"option 'kafka.isolation.level' must be {levels}, got {isolation!r}"
+            raise KafkaOptionError(msg)
+        return dataclasses.replace(
+            base,
             starting=starting,
             ending=ending,
             max_offsets_per_trigger=_positive(opts, "maxoffsetspertrigger"),
             fail_on_data_loss=_bool(opts.get("failondataloss", "true"), "failOnDataLoss"),
+            isolation=isolation,
+        )
+
+    @classmethod
+    def subscription(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        """Only the broker, the subscription and the timeout of ``options`` (the rest is ignored):
+        what :func:`jobs.kafka_client.check_subscription` needs for either format."""
+        opts = {k.lower(): str(v) for k, v in options.items()}
+        bootstrap = opts.get("kafka.bootstrap.servers", "").strip()
+        if not bootstrap:
+            msg = "option 'kafka.bootstrap.servers' is required (host:port[,host:port...])"
+            raise KafkaOptionError(msg)
+        given = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
+        if len(given) != 1:
+            msg = "exactly one of the options 'subscribe', 'subscribePattern' or 'assign' must be set"
+            raise KafkaOptionError(msg)
+        subscribe = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
+        pattern = opts.get("subscribepattern") or None
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                msg = f"option 'subscribePattern' is not a valid regex: {exc}"
+                raise KafkaOptionError(msg) from None
+        try:
+            auth = from_spark_options(opts)
+        except ConfigError as exc:
+            raise KafkaOptionError(str(exc)) from None
+        return cls(
+            bootstrap=bootstrap,
+            auth=auth,
+            subscribe=subscribe,
+            pattern=pattern,
+            assign=_parse_assign(opts["assign"]) if "assign" in given else (),
             timeout_ms=_positive(opts, "kafka.default.api.timeout.ms") or 60_000,
         )
 

@@ -1,9 +1,16 @@
-"""A Kafka source for Spark written with Spark 4's Python Data Source API (short name ``kafka_py``).
+"""The Spark engine's Kafka reads: Spark's own connector (``format("kafka")``, the default)
+or, as the fallback, a source written with Spark 4's Python Data Source API (short
+name ``kafka_py``), chosen by ``APP_SPARK_KAFKA_FORMAT`` (:func:`kafka_format`).
 
-It mirrors Spark's built-in ``kafka`` source, so a site with the
-``spark-sql-kafka-0-10`` jar switches with one setting
-(``APP_SPARK_KAFKA_FORMAT=kafka``, see :func:`kafka_format`) and nothing else
-changes:
+:func:`read_kafka` is the one entry point. For both formats it first checks the
+subscription with a short metadata request (:func:`jobs.kafka_client.check_subscription`),
+so an unreachable broker or a missing topic is the same clear error, within
+seconds, whichever source reads; and it reads with
+``kafka.isolation.level=read_committed`` unless told otherwise, so records of
+aborted transactions are never seen (docs/spark-kafka.md).
+
+``kafka_py`` mirrors Spark's built-in ``kafka`` source, so switching changes
+nothing else:
 
 - schema: ``key`` binary, ``value`` binary, ``topic`` string, ``partition`` int,
   ``offset`` long, ``timestamp`` timestamp, ``timestampType`` int;
@@ -11,25 +18,29 @@ changes:
   ``assign``; ``startingOffsets`` (streaming default ``latest``, batch default
   ``earliest``); ``endingOffsets`` (batch only, default ``latest``);
   ``maxOffsetsPerTrigger``; ``failOnDataLoss`` (default true);
-  ``kafka.default.api.timeout.ms`` (default 60000).
+  ``kafka.default.api.timeout.ms`` (default 60000); ``kafka.isolation.level``
+  (``read_uncommitted``, Kafka's default, or ``read_committed``).
 
 Offsets are per-partition end-exclusive positions, returned to Spark as
 ``{"topic": {"0": 42}}`` and checkpointed by Spark in the query's checkpoint
 directory, so a restarted query resumes exactly after the last committed
 micro-batch. ``read()`` runs on executors, one task per topic-partition range,
-and yields Arrow record batches. Partitions added to a topic while a query runs
-are read from their earliest offset. ``Trigger.AvailableNow`` is supported: the
-query stops at the high watermarks seen when it started.
+and yields Arrow record batches. Offsets inside a range that hold no record
+(transaction markers, aborted or compacted records) are skipped. Partitions
+added to a topic while a query runs are read from their earliest offset.
+``Trigger.AvailableNow`` is supported: the query stops at the latest offsets
+seen when it started.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -50,13 +61,13 @@ from pyspark.sql.types import (
 )
 
 from app.errors import ConfigError
-from jobs import kafka_client
+from jobs import connector, kafka_client
 from jobs.kafka_offsets import KafkaSourceOptions, Offsets, from_json, rate_limit, resolve, to_json
 
 logger = logging.getLogger(__name__)
 
 SHORT_NAME = "kafka_py"
-FORMAT_ENV = "APP_SPARK_KAFKA_FORMAT"
+FORMAT_ENV = connector.FORMAT_ENV
 
 KAFKA_SCHEMA = StructType(
     [
@@ -71,11 +82,18 @@ KAFKA_SCHEMA = StructType(
 )
 
 
-def kafka_format(env: dict[str, str] | None = None) -> str:
-    """``kafka_py`` (default, this module) or ``kafka`` (Spark's connector jar) from the environment."""
-    value = (env if env is not None else os.environ).get(FORMAT_ENV, SHORT_NAME).strip() or SHORT_NAME
-    if value not in (SHORT_NAME, "kafka"):
-        msg = f"{FORMAT_ENV}={value!r}: expected kafka_py (built in) or kafka (needs spark-sql-kafka-0-10)"
+CONNECTOR = "kafka"
+FORMATS = (CONNECTOR, SHORT_NAME)
+ISOLATION = "kafka.isolation.level"
+#: how Spark says that a format has no implementation on its class path
+NOT_FOUND = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source")
+
+
+def kafka_format(env: Mapping[str, str] | None = None) -> str:
+    """``kafka`` (default, Spark's connector) or ``kafka_py`` (this module) from the environment."""
+    value = (env if env is not None else os.environ).get(FORMAT_ENV, CONNECTOR).strip() or CONNECTOR
+    if value not in FORMATS:
+        msg = f"{FORMAT_ENV}={value!r}: expected kafka (Spark's connector) or kafka_py (built in)"
         raise ConfigError(msg)
     return value
 
@@ -85,11 +103,32 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(KafkaDataSource)
 
 
-def read_kafka(spark: SparkSession, options: dict[str, str], *, streaming: bool) -> DataFrame:
-    """A Kafka DataFrame from the configured format; the options are Spark's Kafka options."""
-    fmt = kafka_format()
+def read_kafka(
+    spark: SparkSession, options: Mapping[str, str], *, streaming: bool, fmt: str | None = None
+) -> DataFrame:
+    """A Kafka DataFrame; the options are Spark's Kafka options, ``fmt`` defaults to
+    :func:`kafka_format`.
+
+    Raises :class:`jobs.kafka_client.KafkaSourceError` for an unreachable broker
+    or a missing topic or partition, :class:`jobs.kafka_offsets.KafkaOptionError`
+    for a missing broker or subscription option, and
+    :class:`jobs.connector.ConnectorMissingError` when the session lacks the connector.
+    """
+    fmt = fmt or kafka_format()
+    if fmt not in FORMATS:
+        msg = f"unknown Kafka format {fmt!r}: expected one of {', '.join(FORMATS)}"
+        raise ConfigError(msg)
+    opts = dict(options)
+    if not any(k.lower() == ISOLATION for k in opts):
+        opts[ISOLATION] = "read_committed"
+    kafka_client.check_subscription(KafkaSourceOptions.subscription(opts))
     reader = spark.readStream if streaming else spark.read
-    return reader.format(fmt).options(**options).load()
+    try:
+        return reader.format(fmt).options(**opts).load()
+    except AnalysisException as exc:
+        if fmt == CONNECTOR and any(s in str(exc) for s in NOT_FOUND):
+            raise connector.missing() from exc
+        raise
 
 
 class KafkaPartition(InputPartition):

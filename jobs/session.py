@@ -12,8 +12,13 @@ Decisions, written down once:
   so those cases give NULL and anything else that goes wrong (a bad cast)
   still fails loudly instead of silently becoming NULL.
 - The session time zone is UTC, like every time in this system.
-- The Kafka data source (``kafka_py``) and the geo UDFs are registered on
-  every session this module builds.
+- Spark's own Kafka connector (``format("kafka")``, the default of
+  ``APP_SPARK_KAFKA_FORMAT``) comes as local jars (:mod:`jobs.connector`) passed
+  in ``spark.jars``, so nothing is downloaded at run time (no
+  ``spark.jars.packages``). Without them a ``kafka`` read is refused with the
+  command that fetches them (docs/spark-kafka.md).
+- The project's own Kafka data source (``kafka_py``, the fallback) and the geo
+  UDFs are registered on every session this module builds.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from jobs import kafka_source, udfs
+from jobs import connector, kafka_source, udfs
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +54,17 @@ def build_session(
     Shuffle partitions default to the number of cores of a local master (at
     least 2): the state of ``applyInPandasWithState`` is split into that many
     state-store partitions, and the count is fixed by the first checkpoint.
+
+    The connector's jars are passed whenever they are there, so one session
+    serves both formats; without them the session still serves ``kafka_py`` and
+    files, and a ``kafka`` read raises :class:`jobs.connector.ConnectorMissingError`
+    (:func:`jobs.kafka_source.read_kafka`). With ``master=None`` (spark-submit)
+    they are not set: ``--jars`` does that, and a second ``spark.jars`` would
+    replace it. Like every setting here, the jars apply only to a session this
+    call creates: an active session is returned as it is.
     """
     python_env()
+    jars = connector.jars() if master else []  # under spark-submit, its --jars ship them
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
@@ -67,6 +81,7 @@ def build_session(
         # pyspark's applyInPandasWithState pads its frames with all-NA rows, which makes pandas
         # warn at every micro-batch; nothing of ours: keep it out of the operators' logs
         "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_CONCAT_WARNING}:FutureWarning",
+        **({"spark.jars": ",".join(str(j) for j in jars)} if jars else {}),
         **(extra or {}),
     }
     for key, value in conf.items():
@@ -75,5 +90,10 @@ def build_session(
     spark.sparkContext.setLogLevel(os.environ.get("APP_SPARK_LOG_LEVEL", "WARN"))
     kafka_source.register(spark)
     udfs.register(spark)
-    logger.info("spark session ready: master %s, %s shuffle partitions", spark.sparkContext.master, parts)
+    logger.info(
+        "spark session ready: master %s, %s shuffle partitions, kafka connector %s",
+        spark.sparkContext.master,
+        parts,
+        f"from {connector.jars_dir()}" if jars else "absent (kafka_py only)",
+    )
     return spark

@@ -162,8 +162,11 @@ class RegistryFollower:
     """The registry tables on an executor: read whole from the table topics, then followed
     (at most one poll per ``every_s``), as the Faust worker follows them."""
 
-    def __init__(self, bootstrap: str, every_s: float = 1.0) -> None:
+    def __init__(
+        self, bootstrap: str, every_s: float = 1.0, security: Mapping[str, str] | None = None
+    ) -> None:
         self.bootstrap, self.every_s = bootstrap, every_s
+        self.security = dict(security or {})  # Spark-style kafka.* TLS/SASL options
         self.tables = Tables()
         self.positions: dict[tuple[str, int], int] = {}
         self.polled = 0.0
@@ -177,7 +180,12 @@ class RegistryFollower:
 
         by_topic = {t.topic: name for name, t in TABLES.items()}
         opts = KafkaSourceOptions.parse(
-            {"kafka.bootstrap.servers": self.bootstrap, "subscribe": ",".join(sorted(by_topic))},
+            {
+                "kafka.bootstrap.servers": self.bootstrap,
+                "subscribe": ",".join(sorted(by_topic)),
+                "kafka.isolation.level": "read_committed",
+                **self.security,
+            },
             streaming=False,
         )
         try:
@@ -187,7 +195,14 @@ class RegistryFollower:
             self.polled = time.monotonic()
             return self.tables
         for tp in snap.partitions:
-            start = max(self.positions.get(tp, snap.earliest[tp]), snap.earliest[tp])
+            known = self.positions.get(tp, snap.earliest[tp])
+            if known > snap.latest[tp]:  # not routine: the broker keeps its topics across runs
+                logger.warning(
+                    "registry topic %s-%d ends at %d, before the %d read so far: it was recreated; "
+                    "reading it again from the start", *tp, snap.latest[tp], known,
+                )  # fmt: skip
+                known = snap.earliest[tp]
+            start = max(known, snap.earliest[tp])
             for chunk in fetch(opts, tp, start, snap.latest[tp]) if start < snap.latest[tp] else ():
                 for r in chunk:
                     self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
@@ -201,13 +216,14 @@ class StreamRunner:
 
     def __init__(
         self, rules: Sequence[CompiledRule], specs: Sequence[StreamSpec], partitions: int,
-        tables: Tables | None = None, bootstrap: str | None = None,
+        tables: Tables | None = None, bootstrap: str | None = None, security: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.rules = {r.id: r for r in rules}
         self.specs = {s.name: s for s in specs}
         self.partitions = partitions
         self.tables = tables
         self.bootstrap = bootstrap
+        self.security = dict(security or {})
         self._follower: RegistryFollower | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -219,7 +235,7 @@ class StreamRunner:
         if not any(self.rules[r].rule.enrich for r in spec.rule_ids):
             return Tables()
         if self._follower is None:
-            self._follower = RegistryFollower(self.bootstrap)
+            self._follower = RegistryFollower(self.bootstrap, security=self.security)
         return self._follower.poll()
 
     def _evaluator(self, spec: StreamSpec) -> tuple[StreamEvaluator, _Native]:

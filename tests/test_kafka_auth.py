@@ -100,3 +100,20 @@ async def _read_until(consumer: object, value: bytes) -> bytes:
             for r in records:
                 if r.value == value:
                     return bytes(r.value)
+
+
+def test_spark_options_round_trip_into_the_kafka_py_source() -> None:
+    """The connector's kafka.* options describe the same TLS/SASL to the project's own source."""
+    from jobs.kafka_offsets import KafkaOptionError, KafkaSourceOptions
+
+    secret = 'p"w\\d'  # a quote and a backslash, escaped in JAAS
+    auth = KafkaAuth(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="spark",
+                     password=secret, cafile="/etc/hostname", check_hostname=False)  # fmt: skip
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "events.sensors"}
+    parsed = KafkaSourceOptions.parse({**base, **auth.spark_options()}, streaming=True)
+    assert parsed.auth == auth
+    assert KafkaSourceOptions.parse(base, streaming=True).auth == KafkaAuth()
+    with pytest.raises(KafkaOptionError, match="jaas"):
+        KafkaSourceOptions.parse({**base, "kafka.security.protocol": "SASL_PLAINTEXT"}, streaming=True)
+    with pytest.raises(KafkaOptionError, match="keystore"):
+        KafkaSourceOptions.parse({**base, "kafka.ssl.keystore.location": "/k.jks"}, streaming=True)

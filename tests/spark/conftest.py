@@ -1,10 +1,13 @@
-"""One SparkSession for the whole test run (local[2], 2 shuffle partitions, no UI), plus
-bounded helpers for streaming queries and partition-exact producing."""
+"""One SparkSession for the whole test run (local[2], 2 shuffle partitions, no UI, Spark's
+Kafka connector on its class path), plus bounded helpers for streaming queries and
+partition-exact producing, also in transactions."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,6 +18,9 @@ from pyspark.sql.streaming import StreamingQuery
 from jobs.session import build_session
 
 QUERY_TIMEOUT_S = 90
+#: the Kafka sources of the Spark engine: Spark's connector (the default) and the fallback
+FORMATS = ("kafka", "kafka_py")
+_TXN_IDS = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -66,3 +72,54 @@ def produce_to(bootstrap: str, topic: str, items: list[tuple[int, bytes | None, 
             await p.stop()
 
     asyncio.run(run())
+
+
+@contextmanager
+def transaction(bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]]) -> Iterator[Any]:
+    """Produce ``(partition, key, value)`` records in one open transaction, acknowledged but not
+    committed; the body may call ``commit()`` or ``abort()`` on what it gets, else it is aborted
+    at the end. The producer runs on a private event loop, driven only inside these calls."""
+    loop = asyncio.new_event_loop()
+
+    async def make() -> AIOKafkaProducer:  # aiokafka binds a producer to the loop that creates it
+        return AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tests-spark-{next(_TXN_IDS)}")
+
+    p = loop.run_until_complete(make())
+
+    async def begin() -> None:
+        await p.start()
+        await p.begin_transaction()
+        for part, k, v in items:
+            await p.send_and_wait(topic, value=v, key=k, partition=part)
+
+    class Txn:
+        done = False
+
+        def commit(self) -> None:
+            loop.run_until_complete(p.commit_transaction())
+            self.done = True
+
+        def abort(self) -> None:
+            loop.run_until_complete(p.abort_transaction())
+            self.done = True
+
+    txn = Txn()
+    try:
+        loop.run_until_complete(begin())
+        yield txn
+        if not txn.done:
+            txn.abort()
+    finally:
+        loop.run_until_complete(p.stop())
+        loop.close()
+
+
+def produce_txn(
+    bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]], *, commit: bool = True
+) -> None:
+    """Produce ``(partition, key, value)`` records in one transaction, then commit or abort it."""
+    with transaction(bootstrap, topic, items) as txn:
+        if commit:
+            txn.commit()
+        else:
+            txn.abort()

@@ -1,6 +1,6 @@
 """The streaming Spark engine against the real broker: alert ids equal to the Faust-engine
-backtest across micro-batches and a restart, DLQ reasons equal to the worker's, and an
-idempotent sink."""
+backtest across micro-batches and a restart (with either Kafka source), DLQ reasons equal
+to the worker's, and an idempotent sink."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import OUTPUT_SCHEMA
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 from tests.kafka_helpers import consume_json, produce
-from tests.spark.conftest import await_query
+from tests.spark.conftest import FORMATS, await_query
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -78,9 +78,16 @@ def run_once(spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trig
         sink.close()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
-    spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
+    spark: SparkSession,
+    broker: KafkaBroker,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
 ) -> None:
+    monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", fmt)
     ruleset = both_engines()
     lines = nab_lines(6000)  # several overheat episodes and a cold streak
     first, second = lines[:2600], lines[2600:]  # the cut falls inside the first overheat episode

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.errors import ConfigError
 from jobs.kafka_offsets import (
     KafkaOptionError,
     KafkaSourceOptions,
@@ -79,8 +80,27 @@ def test_checkpoint_json_round_trips() -> None:
     assert from_json(to_json(offsets)) == offsets
 
 
-def test_one_setting_selects_the_native_connector() -> None:
-    assert kafka_format({}) == "kafka_py"
-    assert kafka_format({"APP_SPARK_KAFKA_FORMAT": "kafka"}) == "kafka"
-    with pytest.raises(Exception, match="expected kafka_py"):
+def test_one_setting_selects_the_fallback_source() -> None:
+    assert kafka_format({}) == "kafka"
+    assert kafka_format({"APP_SPARK_KAFKA_FORMAT": "kafka_py"}) == "kafka_py"
+    with pytest.raises(ConfigError, match=r"expected kafka \(.*\) or kafka_py"):
         kafka_format({"APP_SPARK_KAFKA_FORMAT": "kafka-0-10"})
+
+
+def test_isolation_level_defaults_to_kafkas_and_is_checked() -> None:
+    assert KafkaSourceOptions.parse(BASE, streaming=True).isolation == "read_uncommitted"
+    opts = KafkaSourceOptions.parse({**BASE, "kafka.isolation.level": "READ_COMMITTED"}, streaming=False)
+    assert opts.isolation == "read_committed"
+    with pytest.raises(KafkaOptionError, match=r"'kafka\.isolation\.level' must be read_uncommitted or"):
+        KafkaSourceOptions.parse({**BASE, "kafka.isolation.level": "committed"}, streaming=True)
+
+
+def test_the_subscription_check_ignores_what_only_the_connector_knows() -> None:
+    opts = KafkaSourceOptions.subscription(
+        {**BASE, "startingTimestamp": "1000", "kafka.default.api.timeout.ms": "5000"}
+    )
+    assert (opts.bootstrap, opts.subscribe, opts.timeout_ms) == ("h:9092", ("a", "b"), 5000)
+    assigned = KafkaSourceOptions.subscription({"kafka.bootstrap.servers": "h:1", "assign": '{"t":[1,0]}'})
+    assert assigned.assign == (("t", 1), ("t", 0)) and assigned.subscribe == ()
+    with pytest.raises(KafkaOptionError, match="exactly one of"):
+        KafkaSourceOptions.subscription({"kafka.bootstrap.servers": "h:1"})

@@ -1,4 +1,5 @@
-"""kill -9 of the Spark driver mid-stream: the restarted job loses no alert and invents no id.
+"""kill -9 of the Spark driver mid-stream: the restarted job loses no alert and invents no id,
+with either Kafka source (Spark's connector and the kafka_py fallback).
 
 The driver is ``python -m app spark`` in its own process group (Python, its JVM and
 its Python workers die together); the restart runs in this test's Spark session on
@@ -20,6 +21,7 @@ from jobs.sink import BatchMarker
 from tests.conftest import child_env
 from tests.kafka_helpers import consume_json, produce
 from tests.procs import role, wait_for
+from tests.spark.conftest import FORMATS
 from tests.spark.test_engine import RULES, both_engines, by_fingerprint, expected, nab_lines, run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -32,9 +34,16 @@ def spark_role(rules: Path) -> list[str]:
             str(PER_TRIGGER), "--trigger", "200 milliseconds"]  # fmt: skip
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_killed_driver_resumes_without_lost_alerts_or_new_ids(
-    spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
+    spark: SparkSession,
+    broker: KafkaBroker,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
 ) -> None:
+    monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", fmt)  # the restart below, in this process
     ruleset = both_engines()
     rules = RULES
     lines = nab_lines(9000)  # six micro-batches, holding several alert episodes
@@ -43,6 +52,7 @@ def test_a_killed_driver_resumes_without_lost_alerts_or_new_ids(
         KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
         APP_DATA_DIR=str(settings.data_dir),
         APP_PARTITIONS="2",
+        APP_SPARK_KAFKA_FORMAT=fmt,
     )
     marker = BatchMarker(marker_path(settings))
     with role(spark_role(rules), env, tmp_path / "spark-1.log") as proc:

@@ -58,3 +58,22 @@ def test_sigterm_exits_zero_and_leaves_nothing(
     assert gone(str(data)) == []
     if engine == "faust":
         assert "spark session ready" not in log.read_text(errors="replace")  # no JVM was started
+
+
+def test_the_kafka_format_without_the_connector_exits_with_the_fetch_command(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    env = child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+        APP_DATA_DIR=str(data),
+        APP_SPARK_KAFKA_FORMAT="kafka",
+        APP_SPARK_KAFKA_JARS=str(tmp_path / "no-jars"),
+    )
+    log = tmp_path / "spark.log"
+    with role(["app", "spark", "--master", "local[2]", "--rules", str(RULES)], env, log) as proc:
+        assert proc.wait(60) == 2
+    out = log.read_text(errors="replace")
+    assert "scripts/fetch-jars.sh spark-kafka" in out and str(tmp_path / "no-jars") in out, out[-2000:]
+    assert "spark session ready" not in out  # refused before a JVM was started
+    assert gone(str(data)) == []

@@ -21,7 +21,9 @@ from app.rules.loader import load_rules
 from app.topics import DEVICES_TABLE
 from jobs.compile import plan_rules
 from jobs.engine import ensure_output_topics
+from jobs.streams import RegistryFollower
 from tests.conformance.test_kinds import DEVICES, RULES, crafted_windows, tables
+from tests.conftest import reset_topics
 from tests.kafka_helpers import consume_json, produce
 from tests.spark.test_engine import nab_lines, run_once
 
@@ -62,3 +64,15 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     assert ids_by_fingerprint(got) == ids_by_fingerprint(a.to_dict() for a in want)
     late = consume_json(broker.bootstrap, "events.late", timeout_s=2)
     assert [(d["rule_id"], d["event"]["temperature"]) for d in late] == [("hot-quarter", 200.0)]
+
+
+def test_the_registry_follower_reads_a_recreated_table_topic_again(broker: KafkaBroker) -> None:
+    follower = RegistryFollower(broker.bootstrap, every_s=0)
+    rows = [{"device_id": f"d-{i}", "site": "old", "max_temp": 90.0} for i in range(5)]
+    produce(broker.bootstrap, DEVICES_TABLE, [(r["device_id"].encode(), orjson.dumps(r)) for r in rows])
+    assert follower.poll().get("devices", "d-4") == rows[4]
+
+    asyncio.run(reset_topics(broker.bootstrap))  # recreated: empty, its end before what was read
+    new = {"device_id": "d-9", "site": "new", "max_temp": 80.0}
+    produce(broker.bootstrap, DEVICES_TABLE, [(b"d-9", orjson.dumps(new))])
+    assert follower.poll().get("devices", "d-9") == new  # not skipped as already read
