@@ -19,7 +19,7 @@ from app.notify import WebhookNotifier
 from tests.conftest import make_settings
 from tests.notify.servers import make_alert
 
-OTHER_SECRET = "whsec_b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="  # noqa: S105 - test key
+OTHER_SECRET = "whsec_b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="
 
 
 def with_receiver(

@@ -12,7 +12,7 @@ from app.dispatch.config import RoutesFile, load_routes
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
 
-SECRET = "whsec_dGVzdC1zZWNyZXQtZm9yLXRoZS1kaXNwYXRjaGVyLXRlc3Rz"  # noqa: S105 - test key
+SECRET = "whsec_dGVzdC1zZWNyZXQtZm9yLXRoZS1kaXNwYXRjaGVyLXRlc3Rz"
 T0 = 1_700_000_000.0
 
 BASE = f"""

@@ -94,7 +94,7 @@ def test_a_4xx_is_dead_lettered_and_a_5xx_outage_loses_nothing(
 ) -> None:
     alerts = [alert(f"d{i}") for i in range(6)]
     with http_receiver(status=503, by_path={"/strict": 400}) as rx:
-        secret = "whsec_c3RyaWN0LXNlY3JldA=="  # noqa: S105 - test key
+        secret = "whsec_c3RyaWN0LXNlY3JldA=="
         strict = f'  - {{name: strict, type: webhook, url: "{rx.url("/strict")}", secret: "{secret}"}}'
         to_strict = "  routes:\n    - {matchers: ['device_id=\"d5\"'], receiver: strict}"
         routes = write_routes(tmp_path / "routes.yaml", rx.url(), extra_receivers=strict, route=to_strict)

@@ -115,5 +115,5 @@ def test_limits_types_sources_and_auth(settings: Settings, tmp_path: Path) -> No
             async with client.post(f"{url}/v1/events/{source}", data=body, headers=headers) as r:
                 assert r.status == status, (source, headers, await r.text())
 
-    summary = _serve(settings, scenario, max_body_bytes=4096, token="s3cret")  # noqa: S106 - test token
+    summary = _serve(settings, scenario, max_body_bytes=4096, token="s3cret")
     assert (summary.published, summary.dlq) == (1, 1)
