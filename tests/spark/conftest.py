@@ -75,14 +75,22 @@ def produce_to(bootstrap: str, topic: str, items: list[tuple[int, bytes | None, 
 
 
 @contextmanager
-def transaction(bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]]) -> Iterator[Any]:
+def transaction(
+    bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]], txn_id: str | None = None
+) -> Iterator[Any]:
     """Produce ``(partition, key, value)`` records in one open transaction, acknowledged but not
     committed; the body may call ``commit()`` or ``abort()`` on what it gets, else it is aborted
-    at the end. The producer runs on a private event loop, driven only inside these calls."""
+    at the end. The producer runs on a private event loop, driven only inside these calls.
+
+    Transactions under one ``txn_id`` are laid out in order: a producer's InitProducerId waits
+    until the previous transaction's markers are written. Under different ids (the default, a
+    new one per call), a later transaction's records may land before an earlier one's marker."""
     loop = asyncio.new_event_loop()
 
     async def make() -> AIOKafkaProducer:  # aiokafka binds a producer to the loop that creates it
-        return AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tests-spark-{next(_TXN_IDS)}")
+        return AIOKafkaProducer(
+            bootstrap_servers=bootstrap, transactional_id=txn_id or f"tests-spark-{next(_TXN_IDS)}"
+        )
 
     p = loop.run_until_complete(make())
 
@@ -115,10 +123,15 @@ def transaction(bootstrap: str, topic: str, items: list[tuple[int, bytes | None,
 
 
 def produce_txn(
-    bootstrap: str, topic: str, items: list[tuple[int, bytes | None, bytes]], *, commit: bool = True
+    bootstrap: str,
+    topic: str,
+    items: list[tuple[int, bytes | None, bytes]],
+    *,
+    commit: bool = True,
+    txn_id: str | None = None,
 ) -> None:
     """Produce ``(partition, key, value)`` records in one transaction, then commit or abort it."""
-    with transaction(bootstrap, topic, items) as txn:
+    with transaction(bootstrap, topic, items, txn_id) as txn:
         if commit:
             txn.commit()
         else:

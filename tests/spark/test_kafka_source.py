@@ -166,9 +166,10 @@ def transactional(bootstrap: str) -> list[tuple[int, int]]:
     """Partition 0: 5 committed records (offsets 0-4, marker 5), 3 aborted (6-8, marker 9),
     4 committed (10-13, marker 14, the last offset); partition 1: 3 plain records. The
     committed (partition, offset) pairs."""
-    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"c%d" % i) for i in range(5)])
-    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"a%d" % i) for i in range(3)], commit=False)
-    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"c%d" % i) for i in range(5, 9)])
+    one = "tests-spark-layout"  # one transactional id: each marker lands before the next records
+    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"c%d" % i) for i in range(5)], txn_id=one)
+    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"a%d" % i) for i in range(3)], commit=False, txn_id=one)
+    produce_txn(bootstrap, TOPIC, [(0, b"k0", b"c%d" % i) for i in range(5, 9)], txn_id=one)
     produce_to(bootstrap, TOPIC, [(1, b"k1", b"p%d" % i) for i in range(3)])
     return [(0, o) for o in (*range(5), *range(10, 14))] + [(1, o) for o in range(3)]
 
