@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import ConfigError
+from app.rules.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     ),
     "APP_WEBHOOK_ALLOW_PRIVATE": (
         "",
-        "Comma-separated hosts or CIDRs a webhook may reach although private or loopback.",
+        "Comma-separated hosts, `host:port`s or CIDRs a webhook may reach although private or loopback "
+        "(a bare host or CIDR allows every port; see docs/security.md).",
     ),
     "APP_EXTERNAL_URL": (
         "",
@@ -80,6 +82,17 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Event-time speed-up of the demo replays and simulators (3000: five minutes of data every 100 ms).",
     ),
     "APP_REPLAY_LIMIT": ("25000", "Upper bound on events per demo replay."),
+    "APP_MAX_EVENT_SKEW": (
+        "5m",
+        "How far ahead an event's time may be (a duration, or `off`): of the wall clock at live ingest, "
+        "of its partition's clock in the rule worker and backtests, unless a second event confirms the "
+        "jump. Beyond it the event goes to `dlq.events` with the reason (docs/event-time.md).",
+    ),
+    "APP_MAX_EVENT_AGE": (
+        "off",
+        "How far behind the wall clock an event's time may be at live ingest (a duration such as `7d`, "
+        "or `off`); older events go to `dlq.events`. Off: each rule's `allowed_lateness` decides.",
+    ),
     "APP_METRICS_PORT": ("0", "Prometheus /metrics port of a role (0: none; the supervisor assigns one)."),
     "APP_LOG_LEVEL": ("INFO", "Log level of every role."),
     "APP_SPARK_KAFKA_FORMAT": (
@@ -120,6 +133,18 @@ def _float(env: Mapping[str, str], name: str) -> float:
     return value
 
 
+def _duration_ms(env: Mapping[str, str], name: str) -> int:
+    """A duration (``5m``, ``7d``) in milliseconds, or -1 for ``off``."""
+    raw = _get(env, name).strip()
+    if raw.lower() == "off":
+        return -1
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        msg = f"{name}={raw!r}: {exc}, or off"
+        raise ConfigError(msg) from None
+
+
 def _path(env: Mapping[str, str], name: str) -> Path:
     p = Path(_get(env, name))
     return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
@@ -149,6 +174,9 @@ class Settings:
     replay_limit: int
     metrics_port: int
     log_level: str
+    #: APP_MAX_EVENT_SKEW and APP_MAX_EVENT_AGE in milliseconds; -1: off
+    max_event_skew_ms: int = -1
+    max_event_age_ms: int = -1
 
     @property
     def embedded(self) -> bool:
@@ -202,6 +230,8 @@ class Settings:
             replay_limit=_int(env, "APP_REPLAY_LIMIT", minimum=1),
             metrics_port=_int(env, "APP_METRICS_PORT"),
             log_level=level,
+            max_event_skew_ms=_duration_ms(env, "APP_MAX_EVENT_SKEW"),
+            max_event_age_ms=_duration_ms(env, "APP_MAX_EVENT_AGE"),
         )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from app.alerts import Alert
-from app.events import SCHEMAS, Event
+from app.events import SCHEMAS, Event, format_ts, span
 from app.kafka import KeyHashes
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
@@ -72,6 +72,11 @@ __all__ = [
 
 #: Where events go that a rule with ``late_policy: side`` could not use.
 LATE_TOPIC = "events.late"
+#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`):
+#: no rule id starts with NUL
+CLOCK_KEY = "\x00clock\x1f"
+#: events one partition holds at most while they wait for a second witness (docs/event-time.md)
+MAX_HELD = 256
 
 
 _KEY_HASHES = KeyHashes()
@@ -111,16 +116,19 @@ def _kind_logic(rule: CompiledRule) -> Logic | None:
 
 @dataclass
 class Output:
-    """What one event produced: alert transitions, routed events, unusable late events."""
+    """What one event produced: alert transitions, routed events, unusable late events, and
+    events refused for their time (each with the reason, for the dead-letter topic)."""
 
     alerts: list[Alert] = field(default_factory=list)
     routed: list[tuple[str, bytes, bytes]] = field(default_factory=list)
     late: list[tuple[str, bytes]] = field(default_factory=list)
+    refused: list[tuple[Event, str]] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
         self.routed += other.routed
         self.late += other.late
+        self.refused += other.refused
 
 
 @dataclass
@@ -130,6 +138,8 @@ class EvalStats:
     alerts: int = 0
     errors: int = 0
     skipped_no_table_row: int = 0
+    #: events refused as too far ahead of their partition's clock (or of the wall clock)
+    refused: int = 0
     per_rule_errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -217,9 +227,11 @@ class StreamEvaluator:
 
     def __init__(
         self, name: str, rules: Sequence[CompiledRule], store: StateStore, tables: Tables | None = None,
-        partitions: int = 1,
+        partitions: int = 1, max_skew_ms: int = -1,
     ) -> None:  # fmt: skip
         self.name = name
+        #: APP_MAX_EVENT_SKEW in ms, -1: off (see :meth:`_admit` and docs/event-time.md)
+        self.max_skew_ms = max_skew_ms
         self.rules = list(rules)
         self.store = store
         self.tables = tables or Tables()
@@ -242,14 +254,196 @@ class StreamEvaluator:
         self._expected: dict[int, int] = {}
         self._joined: dict[tuple[str, str], dict | None] = {}
         self._joined_version = -1
+        #: per partition: the events held until a second witness confirms their time, whether
+        #: the partition's previous event had the same key as the first of them, and that key
+        self._held: dict[int, list[Event]] = {}
+        self._alone: dict[int, bool] = {}
+        self._last_key: dict[int, str] = {}
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
-        """Re-arm timers from persisted state (after a restart or a rule reload)."""
+        """Re-arm timers from persisted state (after a restart or a rule reload), and take
+        back each partition's clock and held events (:meth:`_save`)."""
         versions = {r.id: r.version for r in self.rules}
+        mine = CLOCK_KEY + self.name + "\x1f"
         for key, st in items:
+            if key.startswith(CLOCK_KEY):
+                if key.startswith(mine):
+                    self._restore_clock(st)
+                continue
             rid = key.split("\x1f", 1)[0]
             if versions.get(rid) == st.get("v") and st.get("due") is not None:
                 self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
+
+    def _restore_clock(self, st: State) -> None:
+        partition, clock = int(st["p"]), int(st["c"])
+        if clock >= 0:
+            self.clocks[partition] = max(self.clocks.get(partition, clock), clock)
+        self._last_key[partition] = str(st.get("k", ""))
+        held = [Event(str(k), int(ts), dict(fields)) for k, ts, fields in st.get("h", ())]
+        if held:
+            self._held[partition] = held
+            self._alone[partition] = bool(st.get("a"))
+
+    def _save(self, partition: int) -> None:
+        """Persist the partition's clock and held events in the store, as a state the rule
+        worker's changelog carries (``p``: its partition): a restart or a rule reload goes
+        on from them instead of letting the next event start a new clock."""
+        record: State = {"p": partition, "c": self.clocks.get(partition, -1)}
+        record["k"] = self._last_key.get(partition, "")
+        held = self._held.get(partition)
+        if held:
+            record["h"] = [[ev.key, ev.ts_ms, ev.fields] for ev in held]
+            record["a"] = self._alone.get(partition, False)
+        self.store.put(CLOCK_KEY + self.name + "\x1f" + str(partition), record)
+
+    def _admit(
+        self, events: list[Event], partition: int, now_ms: int, out: Output, save: bool
+    ) -> tuple[list[Event], list[int]]:
+        """The time bound (docs/event-time.md): which of ``events`` (in arrival order, on
+        ``partition``) to evaluate now, in what order, with the partition clock at each.
+
+        An event at most ``max_skew_ms`` ahead of the clock is evaluated as it comes. One
+        further ahead is held (not evaluated) until the next event decides: one within
+        the skew of the clock refutes it, and it is refused; one also further ahead,
+        not more than the skew before it, confirms it if it has another key (or the
+        partition's events came from that key alone), and the clock jumps to it. So no
+        single event moves a clock by more than the skew. With ``now_ms`` (the live
+        worker's wall clock, -1 for none), an event more than the skew ahead of it is
+        refused at once, and one within the skew of it needs no other witness. Refused
+        events go to ``out.refused`` with the reason. A comparison per event while nothing
+        is held.
+        """
+        skew = self.max_skew_ms
+        clock = self.clocks.get(partition, -1)
+        clocks: list[int] = []
+        i, n = 0, len(events)
+        if clock >= 0 and partition not in self._held:
+            wall = now_ms + skew if now_ms >= 0 else -1
+            limit = clock + skew
+            if 0 <= wall < limit:
+                limit = wall
+            while i < n:
+                ts = events[i].ts_ms
+                if ts > clock:
+                    if ts > limit:
+                        break
+                    clock = ts
+                    limit = ts + skew
+                    if 0 <= wall < limit:
+                        limit = wall
+                clocks.append(clock)
+                i += 1
+            if i == n:
+                self.clocks[partition] = clock
+                if save:
+                    self._last_key[partition] = events[n - 1].key
+                    self._save(partition)
+                return events, clocks
+        return self._admit_slowly(events, i, clocks, clock, partition, now_ms, out)
+
+    def _admit_slowly(
+        self, events: list[Event], begin: int, clocks: list[int], clock: int, partition: int, now_ms: int,
+        out: Output,
+    ) -> tuple[list[Event], list[int]]:  # fmt: skip
+        """:meth:`_admit` from ``events[begin]`` on, with events held or to hold."""
+        skew = self.max_skew_ms
+        admitted = events[:begin]
+        held = self._held.pop(partition, [])
+        alone = self._alone.pop(partition, False)
+        last_key = events[begin - 1].key if begin else self._last_key.get(partition, "")
+        queue = events[begin:]
+        j = 0
+        while j < len(queue):
+            ev = queue[j]
+            j += 1
+            ts = ev.ts_ms
+            if now_ms >= 0 and ts > now_ms + skew:
+                self._refuse(ev, self._wall_reason(ev, now_ms), out)
+                continue
+            if clock < 0 or ts <= clock + skew:
+                for h in held:
+                    why = f"; the next event on the partition, at {format_ts(ts)}, did not confirm it"
+                    self._refuse(h, self._ahead_reason(h, clock, partition, why), out)
+                held = []
+                admitted.append(ev)
+                clock = max(clock, ts)
+                clocks.append(clock)
+                last_key = ev.key
+                continue
+            if not held:
+                if now_ms >= 0 and ts >= now_ms - skew:  # the wall clock is the second witness
+                    admitted.append(ev)
+                    clock = ts
+                    clocks.append(clock)
+                    last_key = ev.key
+                    continue
+                held, alone = [ev], last_key == ev.key
+                continue
+            first = held[0]
+            if ts < first.ts_ms - skew:  # ahead of the clock too, but not where the held events are
+                for h in held:
+                    why = f"; the next event ahead of the clock, at {format_ts(ts)}, was long before it"
+                    self._refuse(h, self._ahead_reason(h, clock, partition, why), out)
+                held, alone = [ev], last_key == ev.key
+                continue
+            if ev.key != first.key or alone:
+                # confirmed: the clock jumps to the first held event; the others and ``ev`` are
+                # judged again from there
+                admitted.append(first)
+                clock = first.ts_ms
+                clocks.append(clock)
+                last_key = first.key
+                queue = [*held[1:], ev, *queue[j:]]
+                j = 0
+                held = []
+                continue
+            if len(held) >= MAX_HELD:
+                why = f"; {MAX_HELD} events were already held on the partition"
+                self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
+                continue
+            held.append(ev)
+        if held:
+            self._held[partition] = held
+            self._alone[partition] = alone
+        if clock >= 0:
+            self.clocks[partition] = clock
+        self._last_key[partition] = last_key
+        self._save(partition)
+        return admitted, clocks
+
+    def _refuse(self, ev: Event, reason: str, out: Output) -> None:
+        self.stats.refused += 1
+        out.refused.append((ev, reason))
+
+    def _ahead_reason(self, ev: Event, clock: int, partition: int, why: str) -> str:
+        return (
+            f"event time {format_ts(ev.ts_ms)} is {span(ev.ts_ms - clock)} ahead of its partition's clock "
+            f"{format_ts(clock)} (max skew {span(self.max_skew_ms)}; stream {self.name}, partition "
+            f"{partition}){why}"
+        )
+
+    def _wall_reason(self, ev: Event, now_ms: int) -> str:
+        return (
+            f"event time {format_ts(ev.ts_ms)} is {span(ev.ts_ms - now_ms)} ahead of the wall clock "
+            f"{format_ts(now_ms)} (max skew {span(self.max_skew_ms)})"
+        )
+
+    def finish(self) -> Output:
+        """The end of the input (a backtest's): every event still held is refused, as no later
+        event can confirm it."""
+        out = Output()
+        for partition in sorted(self._held):
+            clock = self.clocks.get(partition, -1)
+            for ev in self._held[partition]:
+                why = "; no later event on the partition confirmed it before the input ended"
+                self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
+            self._alone.pop(partition, None)
+            self._save_cleared(partition)
+        return out
+
+    def _save_cleared(self, partition: int) -> None:
+        self._held.pop(partition, None)
+        self._save(partition)
 
     def _heap(self, partition: int, rule_id: str) -> list[tuple[int, str]]:
         """The timer heap of one rule on one partition: ``(due, state key)``."""
@@ -383,14 +577,26 @@ class StreamEvaluator:
             out.update(extra)
         return out
 
-    def process(self, ev: Event, partition: int = 0) -> Output:
+    def process(self, ev: Event, partition: int = 0, now_ms: int = -1) -> Output:
         """Evaluate one event on ``partition`` of this stream: every rule in turn, its
         timers due at the clock run before and after it (as :meth:`process_batch`,
-        without the batch's bookkeeping)."""
+        without the batch's bookkeeping). With a time bound, the event may be held or
+        refused, and held ones evaluated with it (:meth:`_admit`)."""
         self.stats.events += 1
         out = Output()
-        clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
-        self.clocks[partition] = clock
+        if self.max_skew_ms < 0:
+            clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
+            self.clocks[partition] = clock
+            self._process_one(ev, partition, clock, out)
+        else:
+            events, clocks = self._admit([ev], partition, now_ms, out, False)
+            for e, c in zip(events, clocks):
+                self._process_one(e, partition, c, out)
+        self.stats.alerts += len(out.alerts)
+        return out
+
+    def _process_one(self, ev: Event, partition: int, clock: int, out: Output) -> None:
+        """One event through every rule at partition clock ``clock`` (see :meth:`process`)."""
         self._expect_registry(partition, clock)
         tables = self._join_cache()
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
@@ -413,8 +619,6 @@ class StreamEvaluator:
                     groups[group_by] = found
             names: VersionedStore = view  # typed: a native call when compiled
             self._step(run, partition, found[0], names.key(found[1]), ev, row, clock, out)
-        self.stats.alerts += len(out.alerts)
-        return out
 
     def _step(
         self, run: tuple[Any, ...], partition: int, group: tuple[str, ...], key: str, ev: Event,
@@ -444,29 +648,37 @@ class StreamEvaluator:
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, view, clock, rule, logic, out)
 
-    def process_batch(self, events: Sequence[Event], partition: int = 0) -> Output:
+    def process_batch(self, events: Sequence[Event], partition: int = 0, now_ms: int = -1) -> Output:
         """Evaluate ``events``, in arrival order, on ``partition`` of this stream.
 
         Rule by rule: each rule takes the batch's events in order, its timers
         running at each event's clock (the newest event time so far) before and
         after the event, exactly as if the events came one at a time. Rules share
         no state, so a batch gives the same alerts as its events one by one; only
-        the interleaving of different rules' alerts in the output differs.
+        the interleaving of different rules' alerts in the output differs. With a
+        time bound, events may be held or refused first, as :meth:`process` would
+        (:meth:`_admit`; ``now_ms``: the wall clock, -1 for none).
         """
         out = Output()
         if not events:
             return out
         self.stats.events += len(events)
-        clock = self.clocks.get(partition, events[0].ts_ms)
-        clocks = []
-        for ev in events:
-            if ev.ts_ms > clock:
-                clock = ev.ts_ms
-            clocks.append(clock)
-        self.clocks[partition] = clock
-        self._expect_registry(partition, clocks[0])
         # a list, as every kind's batch path takes it (indexed natively in the compiled build)
-        batch = _Batch(events if isinstance(events, list) else list(events), clocks, self._join_cache())
+        todo = events if isinstance(events, list) else list(events)
+        if self.max_skew_ms < 0:
+            clock = self.clocks.get(partition, todo[0].ts_ms)
+            clocks = []
+            for ev in todo:
+                if ev.ts_ms > clock:
+                    clock = ev.ts_ms
+                clocks.append(clock)
+            self.clocks[partition] = clock
+        else:
+            todo, clocks = self._admit(todo, partition, now_ms, out, True)
+            if not todo:
+                return out
+        self._expect_registry(partition, clocks[0])
+        batch = _Batch(todo, clocks, self._join_cache())
         for run in self._runs_of(partition):
             self._run_rule(run, batch, partition, out)
         self.stats.alerts += len(out.alerts)
@@ -586,7 +798,7 @@ class Engine:
 
     def __init__(
         self, ruleset: RuleSet, *, engine: str = "faust", tables: Tables | None = None, partitions: int = 1,
-        stores: Callable[[str], StateStore] | None = None,
+        stores: Callable[[str], StateStore] | None = None, max_skew_ms: int = -1,
     ) -> None:  # fmt: skip
         self.ruleset = ruleset
         self.tables = tables or Tables()
@@ -601,7 +813,7 @@ class Engine:
         self.streams: dict[str, list[Stream]] = {}
         for (source, fields), rules in groups.items():
             name = stream_name(source, fields)
-            ev = StreamEvaluator(name, rules, make_store(name), self.tables, partitions)
+            ev = StreamEvaluator(name, rules, make_store(name), self.tables, partitions, max_skew_ms)
             self.streams.setdefault(source, []).append(Stream(name, source, fields, ev))
 
     def process(self, source: str, ev: Event) -> Output:
@@ -610,6 +822,15 @@ class Engine:
         for stream in self.streams.get(source, ()):
             if stream.evaluator.rules:
                 out.extend(stream.evaluator.process(ev, partition_for(stream.key_of(ev), self.partitions)))
+        return out
+
+    def finish(self) -> Output:
+        """The end of a backtest's input: events still held for their time are refused
+        (:meth:`StreamEvaluator.finish`)."""
+        out = Output()
+        for streams in self.streams.values():
+            for stream in streams:
+                out.extend(stream.evaluator.finish())
         return out
 
     def process_batch(self, items: Sequence[tuple[str, Event]]) -> Output:
@@ -638,14 +859,17 @@ class Engine:
                 total.alerts += st.alerts
                 total.errors += st.errors
                 total.skipped_no_table_row += st.skipped_no_table_row
+                total.refused += st.refused
                 total.per_rule_errors.update(st.per_rule_errors)
         return total
 
 
-def run_backtest(ruleset: RuleSet, events: Iterable[tuple[str, Event]], engine: str = "faust",
-                 partitions: int = 1, tables: Tables | None = None) -> list[Alert]:  # fmt: skip
+def run_backtest(
+    ruleset: RuleSet, events: Iterable[tuple[str, Event]], engine: str = "faust", partitions: int = 1,
+    tables: Tables | None = None, max_skew_ms: int = -1,
+) -> list[Alert]:  # fmt: skip
     """Evaluate recorded ``(source, event)`` pairs in order with a fresh state."""
-    eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables)
+    eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables, max_skew_ms=max_skew_ms)
     out: list[Alert] = []
     for source, e in events:
         out.extend(eng.process(source, e).alerts)
