@@ -61,6 +61,7 @@ from app import metrics, native
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
+from app.eventtime import REFUSED
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
@@ -214,8 +215,9 @@ class Runtime:
             return self.stores[f"{source}.regroup" if grouping else source].store
 
         return Engine(
-            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of
-        )
+            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of,
+            max_skew_ms=self.settings.max_event_skew_ms,
+        )  # fmt: skip
 
     def swap(self, ruleset: RuleSet) -> None:
         self.ruleset, self.engine = ruleset, self.build(ruleset)
@@ -362,6 +364,11 @@ class Outbox:
             records.append((topic, key, value))
         for rule_id, value in out.late:
             records.append((LATE_TOPIC, rule_id.encode(), value))
+        for ev, reason in out.refused:  # too far ahead of its partition's clock (docs/event-time.md)
+            dead = dlq_record(source, reason, orjson.dumps(ev.fields), adapter="rule-worker", field="ts")
+            records.append((DLQ, source.encode(), dead))
+        if out.refused:
+            REFUSED.labels(source, "ahead", "worker").inc(len(out.refused))
         for (rule_id, status), n in alerts.items():
             ALERTS_OUT.labels(rule_id, status).inc(n)
         for topic, n in routed.items():
@@ -427,7 +434,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             for s in others:
                 sends.append((regroup, s.key_of(ev), orjson.dumps({"s": s.name, "e": ev.fields})))
         if direct is not None:
-            out = direct.evaluator.process_batch(events, partition)
+            out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(sends + outbox.records(out, source))
 
@@ -446,7 +453,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             if s is None:
                 continue  # its rules were removed by a reload
             rt.ensure_restored(s, regroup_store, partition)
-            out.extend(s.evaluator.process_batch(events, partition))
+            out.extend(s.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000))
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(outbox.records(out, source))
 

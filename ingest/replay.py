@@ -141,7 +141,7 @@ async def replay(
     rebaser = Rebaser(wall_ms()) if opts.live else None
     stop = stop or asyncio.Event()
     started, sent, interrupted = clock(), 0, False
-    async with Publisher(settings, topic, source, adapter) as pub:
+    async with Publisher(settings, topic, source, adapter, wall_clock=False) as pub:  # recorded times
         for n, item in enumerate(items):
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)

@@ -77,6 +77,8 @@ LATE_TOPIC = "events.late"
 CLOCK_KEY = "\x00clock\x1f"
 #: events one partition holds at most while they wait for a second witness (docs/event-time.md)
 MAX_HELD = 256
+#: events a partition evaluates after a held one before it refuses it as unconfirmed
+MAX_UNCONFIRMED = 100
 
 
 _KEY_HASHES = KeyHashes()
@@ -129,6 +131,16 @@ class Output:
         self.routed += other.routed
         self.late += other.late
         self.refused += other.refused
+
+
+class _Held:
+    """An event held for its time: whether the partition's previous event had its key, and
+    how many events the partition had admitted while some were held when it came."""
+
+    __slots__ = ("alone", "event", "mark")
+
+    def __init__(self, event: Event, alone: bool, mark: int) -> None:
+        self.event, self.alone, self.mark = event, alone, mark
 
 
 @dataclass
@@ -254,10 +266,11 @@ class StreamEvaluator:
         self._expected: dict[int, int] = {}
         self._joined: dict[tuple[str, str], dict | None] = {}
         self._joined_version = -1
-        #: per partition: the events held until a second witness confirms their time, whether
-        #: the partition's previous event had the same key as the first of them, and that key
-        self._held: dict[int, list[Event]] = {}
-        self._alone: dict[int, bool] = {}
+        #: per partition: the events held until a second witness confirms their time (see
+        #: :meth:`_admit`), the events admitted since some were held, and the key of the last
+        #: admitted event
+        self._held: dict[int, list[_Held]] = {}
+        self._counts: dict[int, int] = {}
         self._last_key: dict[int, str] = {}
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
@@ -279,10 +292,13 @@ class StreamEvaluator:
         if clock >= 0:
             self.clocks[partition] = max(self.clocks.get(partition, clock), clock)
         self._last_key[partition] = str(st.get("k", ""))
-        held = [Event(str(k), int(ts), dict(fields)) for k, ts, fields in st.get("h", ())]
+        self._counts[partition] = int(st.get("n", 0))
+        held = [
+            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark))
+            for k, ts, f, alone, mark in st.get("h", ())
+        ]
         if held:
             self._held[partition] = held
-            self._alone[partition] = bool(st.get("a"))
 
     def _save(self, partition: int) -> None:
         """Persist the partition's clock and held events in the store, as a state the rule
@@ -292,8 +308,8 @@ class StreamEvaluator:
         record["k"] = self._last_key.get(partition, "")
         held = self._held.get(partition)
         if held:
-            record["h"] = [[ev.key, ev.ts_ms, ev.fields] for ev in held]
-            record["a"] = self._alone.get(partition, False)
+            record["h"] = [[h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark] for h in held]
+            record["n"] = self._counts.get(partition, 0)
         self.store.put(CLOCK_KEY + self.name + "\x1f" + str(partition), record)
 
     def _admit(
@@ -303,15 +319,17 @@ class StreamEvaluator:
         ``partition``) to evaluate now, in what order, with the partition clock at each.
 
         An event at most ``max_skew_ms`` ahead of the clock is evaluated as it comes. One
-        further ahead is held (not evaluated) until the next event decides: one within
-        the skew of the clock refutes it, and it is refused; one also further ahead,
-        not more than the skew before it, confirms it if it has another key (or the
-        partition's events came from that key alone), and the clock jumps to it. So no
+        further ahead is held (not evaluated) until a later event *confirms* it: one also
+        more than the skew ahead of the clock, not more than the skew before it, with
+        another key; or with the same key, when the partition's previous event had it too
+        (one device talks on the partition) or no event was evaluated since (the partition
+        moved on as a whole). Then it is evaluated, the clock jumps to it, and the
+        confirming event is judged from there. Events in between are evaluated as they
+        come; once :data:`MAX_UNCONFIRMED` of them passed, a held event is refused. So no
         single event moves a clock by more than the skew. With ``now_ms`` (the live
         worker's wall clock, -1 for none), an event more than the skew ahead of it is
-        refused at once, and one within the skew of it needs no other witness. Refused
-        events go to ``out.refused`` with the reason. A comparison per event while nothing
-        is held.
+        refused at once, and one within the skew of it is its own witness. Refused events
+        go to ``out.refused`` with the reason. A comparison per event while nothing is held.
         """
         skew = self.max_skew_ms
         clock = self.clocks.get(partition, -1)
@@ -349,7 +367,7 @@ class StreamEvaluator:
         skew = self.max_skew_ms
         admitted = events[:begin]
         held = self._held.pop(partition, [])
-        alone = self._alone.pop(partition, False)
+        count = self._counts.pop(partition, 0)  # events admitted while some were held
         last_key = events[begin - 1].key if begin else self._last_key.get(partition, "")
         queue = events[begin:]
         j = 0
@@ -361,50 +379,59 @@ class StreamEvaluator:
                 self._refuse(ev, self._wall_reason(ev, now_ms), out)
                 continue
             if clock < 0 or ts <= clock + skew:
-                for h in held:
-                    why = f"; the next event on the partition, at {format_ts(ts)}, did not confirm it"
-                    self._refuse(h, self._ahead_reason(h, clock, partition, why), out)
-                held = []
                 admitted.append(ev)
                 clock = max(clock, ts)
                 clocks.append(clock)
                 last_key = ev.key
+                if held:
+                    count += 1
+                    caught_up = True  # held events the clock came within the skew of are ordinary now
+                    while caught_up:
+                        caught_up, waiting = False, []
+                        for h in held:
+                            if h.event.ts_ms <= clock + skew:
+                                admitted.append(h.event)
+                                clock = max(clock, h.event.ts_ms)
+                                clocks.append(clock)
+                                last_key, caught_up = h.event.key, True
+                            else:
+                                waiting.append(h)
+                        held = waiting
+                    while held and count - held[0].mark >= MAX_UNCONFIRMED:
+                        why = f"; {MAX_UNCONFIRMED} events on the partition since, and none confirmed it"
+                        self._refuse(
+                            held[0].event, self._ahead_reason(held[0].event, clock, partition, why), out
+                        )
+                        del held[0]
                 continue
-            if not held:
-                if now_ms >= 0 and ts >= now_ms - skew:  # the wall clock is the second witness
-                    admitted.append(ev)
-                    clock = ts
+            limit = ts + skew  # the held events at most this late are where ``ev`` says the time is
+            confirmed = [h for h in held if h.event.ts_ms <= limit]
+            witness = now_ms >= 0 and ts >= now_ms - skew  # the wall clock is a witness
+            if confirmed and (
+                witness or any(h.event.key != ev.key or h.alone or h.mark == count for h in confirmed)
+            ):
+                held = [h for h in held if h.event.ts_ms > limit]
+                for h in confirmed:
+                    admitted.append(h.event)
+                    clock = max(clock, h.event.ts_ms)
                     clocks.append(clock)
-                    last_key = ev.key
-                    continue
-                held, alone = [ev], last_key == ev.key
+                    last_key = h.event.key
+                j -= 1  # ``ev`` again, from the clock it moved
                 continue
-            first = held[0]
-            if ts < first.ts_ms - skew:  # ahead of the clock too, but not where the held events are
-                for h in held:
-                    why = f"; the next event ahead of the clock, at {format_ts(ts)}, was long before it"
-                    self._refuse(h, self._ahead_reason(h, clock, partition, why), out)
-                held, alone = [ev], last_key == ev.key
-                continue
-            if ev.key != first.key or alone:
-                # confirmed: the clock jumps to the first held event; the others and ``ev`` are
-                # judged again from there
-                admitted.append(first)
-                clock = first.ts_ms
+            if witness:
+                admitted.append(ev)
+                clock = ts
                 clocks.append(clock)
-                last_key = first.key
-                queue = [*held[1:], ev, *queue[j:]]
-                j = 0
-                held = []
+                last_key = ev.key
                 continue
             if len(held) >= MAX_HELD:
                 why = f"; {MAX_HELD} events were already held on the partition"
                 self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
                 continue
-            held.append(ev)
+            held.append(_Held(ev, last_key == ev.key, count))
         if held:
             self._held[partition] = held
-            self._alone[partition] = alone
+            self._counts[partition] = count
         if clock >= 0:
             self.clocks[partition] = clock
         self._last_key[partition] = last_key
@@ -434,16 +461,12 @@ class StreamEvaluator:
         out = Output()
         for partition in sorted(self._held):
             clock = self.clocks.get(partition, -1)
-            for ev in self._held[partition]:
+            for h in self._held.pop(partition):
                 why = "; no later event on the partition confirmed it before the input ended"
-                self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
-            self._alone.pop(partition, None)
-            self._save_cleared(partition)
+                self._refuse(h.event, self._ahead_reason(h.event, clock, partition, why), out)
+            self._counts.pop(partition, None)
+            self._save(partition)
         return out
-
-    def _save_cleared(self, partition: int) -> None:
-        self._held.pop(partition, None)
-        self._save(partition)
 
     def _heap(self, partition: int, rule_id: str) -> list[tuple[int, str]]:
         """The timer heap of one rule on one partition: ``(due, state key)``."""
