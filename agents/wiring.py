@@ -77,6 +77,9 @@ REBALANCE_TIMEOUT_S = 10.0
 SESSION_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
 RELOAD_INTERVAL_S = 1.0
+#: wall time after which an event held for its time on an otherwise quiet partition starts a
+#: new period there (docs/event-time.md: the end of a gap, when no later event will confirm it)
+QUIET_RELEASE_MS = 3000
 
 EVENTS = Counter("worker_events_total", "Events consumed by the rule worker", ["source"])
 DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
@@ -461,6 +464,18 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
     app.batch_agent(regroup)(evaluate_regrouped)
 
 
+async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, int]], now_ms: int) -> None:
+    """Evaluate the events held for their time on quiet partitions this worker owns
+    (``assigned``: topic and partition), see :meth:`StreamEvaluator.release`."""
+    for source, streams in rt.engine.streams.items():
+        for s in streams:
+            topic = SOURCE_TOPICS[source] if s.fields is None else regroup_topic(source)
+            for partition in s.evaluator.held_partitions():
+                if (topic, partition) in assigned:
+                    out = s.evaluator.release(partition, now_ms, QUIET_RELEASE_MS)
+                    await outbox.send_all(outbox.records(out, source))
+
+
 async def _follow_tables(settings: Settings, rt: Runtime) -> None:
     """Read every registry table topic from the start, then keep following it."""
     from app.kafka import high_watermarks
@@ -584,6 +599,11 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         metrics.serve(settings.metrics_port)
         # here, not in build_app: Faust sets up logging as the worker starts
         logger.info("%d rules; evaluator hot path: %s", len(rt.ruleset.rules), native.status())
+
+    @app.timer(1.0)
+    async def _release_quiet() -> None:
+        assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+        await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
 
     # early: the batch handlers wait for the tables, and may run before recovery completes
     app.early_tasks = (partial(_follow_tables, settings, rt),)

@@ -134,13 +134,14 @@ class Output:
 
 
 class _Held:
-    """An event held for its time: whether the partition's previous event had its key, and
-    how many events the partition had admitted while some were held when it came."""
+    """An event held for its time: whether the partition's previous event had its key, how
+    many events the partition had admitted while some were held when it came, and the wall
+    clock then (ms, -1: none)."""
 
-    __slots__ = ("alone", "event", "mark")
+    __slots__ = ("alone", "event", "mark", "since")
 
-    def __init__(self, event: Event, alone: bool, mark: int) -> None:
-        self.event, self.alone, self.mark = event, alone, mark
+    def __init__(self, event: Event, alone: bool, mark: int, since: int) -> None:
+        self.event, self.alone, self.mark, self.since = event, alone, mark, since
 
 
 @dataclass
@@ -294,8 +295,8 @@ class StreamEvaluator:
         self._last_key[partition] = str(st.get("k", ""))
         self._counts[partition] = int(st.get("n", 0))
         held = [
-            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark))
-            for k, ts, f, alone, mark in st.get("h", ())
+            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(since))
+            for k, ts, f, alone, mark, since in st.get("h", ())
         ]
         if held:
             self._held[partition] = held
@@ -308,7 +309,9 @@ class StreamEvaluator:
         record["k"] = self._last_key.get(partition, "")
         held = self._held.get(partition)
         if held:
-            record["h"] = [[h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark] for h in held]
+            record["h"] = [
+                [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.since] for h in held
+            ]
             record["n"] = self._counts.get(partition, 0)
         self.store.put(CLOCK_KEY + self.name + "\x1f" + str(partition), record)
 
@@ -428,7 +431,7 @@ class StreamEvaluator:
                 why = f"; {MAX_HELD} events were already held on the partition"
                 self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
                 continue
-            held.append(_Held(ev, last_key == ev.key, count))
+            held.append(_Held(ev, last_key == ev.key, count, now_ms))
         if held:
             self._held[partition] = held
             self._counts[partition] = count
@@ -454,6 +457,28 @@ class StreamEvaluator:
             f"event time {format_ts(ev.ts_ms)} is {span(ev.ts_ms - now_ms)} ahead of the wall clock "
             f"{format_ts(now_ms)} (max skew {span(self.max_skew_ms)})"
         )
+
+    def held_partitions(self) -> list[int]:
+        """The partitions with events held for their time."""
+        return sorted(self._held)
+
+    def release(self, partition: int, now_ms: int, quiet_ms: int) -> Output:
+        """The live worker's end of a gap: the first event held on ``partition`` is taken
+        as the start of a new period, and evaluated, when no event came to the partition
+        for ``quiet_ms`` of wall time since it was held (``now_ms``: the wall clock). The
+        other held events are judged again from its time."""
+        held = self._held.get(partition)
+        if not held:
+            return Output()
+        first, count = held[0], self._counts.get(partition, 0)
+        if first.mark != count or first.since < 0 or now_ms - first.since < quiet_ms:
+            return Output()
+        del self._held[partition]
+        self._counts.pop(partition, None)
+        self.clocks[partition] = max(self.clocks.get(partition, first.event.ts_ms), first.event.ts_ms)
+        out = self.process_batch([h.event for h in held], partition, now_ms)
+        self.stats.events -= len(held)  # counted when they came
+        return out
 
     def finish(self) -> Output:
         """The end of the input (a backtest's): every event still held is refused, as no later

@@ -145,18 +145,22 @@ def test_one_future_event_never_moves_the_clock_and_is_refused_with_its_reason(t
     assert e.stats.refused == 1
 
 
-def test_the_same_device_confirms_itself_only_where_it_talks_alone(tmp_path: Path) -> None:
+def test_the_same_device_confirms_itself_only_where_it_talks_alone_or_nothing_came_between(
+    tmp_path: Path,
+) -> None:
     alone = evaluator(tmp_path)
-    alone.process(ev(0, "a"))
-    alone.process(ev(60, "a"))
-    alone.process(ev(65, "a"))
+    for m in (0, 60, 65):
+        alone.process(ev(m, "a"))
     assert alone.clocks[0] == ev(65).ts_ms  # one device, a real gap: taken
+    moved_on = evaluator(tmp_path)
+    for m, device in ((0, "a"), (0.5, "b"), (60, "b"), (61, "b")):
+        moved_on.process(ev(m, device))
+    assert moved_on.clocks[0] == ev(61).ts_ms  # every event since is at the new time: taken
     shared = evaluator(tmp_path)
-    shared.process(ev(0, "a"))
-    shared.process(ev(0.5, "b"))
-    shared.process(future("b", "2030-01-01T00:00:00Z"))
+    for e in (ev(0, "a"), ev(0.5, "b"), future("b", "2030-01-01T00:00:00Z"), ev(1, "a")):
+        shared.process(e)
     shared.process(future("b", "2030-01-01T00:01:00Z"))  # a bad clock agrees with itself: not enough
-    assert shared.clocks[0] == ev(0.5).ts_ms
+    assert shared.clocks[0] == ev(1).ts_ms
     assert len(shared.finish().refused) == 2
 
 
@@ -210,3 +214,22 @@ def test_the_bound_is_off_unless_asked_for(tmp_path: Path) -> None:
     eng.process("sensors", ev(0))
     eng.process("sensors", future("b"))
     assert eng.streams["sensors"][0].evaluator.clocks[0] == future("b").ts_ms
+
+
+def test_the_live_worker_takes_a_held_event_on_a_quiet_partition_as_a_new_start(tmp_path: Path) -> None:
+    wall = ev(365 * 24 * 60).ts_ms  # a replay of last year's data: the wall clock witnesses nothing
+    quiet = evaluator(tmp_path)
+    quiet.process_batch([ev(0, "a")], 0, wall)
+    quiet.process_batch([ev(60, "a", 101)], 0, wall)  # held: nothing follows it
+    assert quiet.release(0, wall + 2_999, 3_000).alerts == []
+    out = quiet.release(0, wall + 3_000, 3_000)
+    assert [(a.rule_id, a.status) for a in out.alerts] == [
+        ("silent", "firing"),
+        ("silent", "resolved"),
+        ("hot", "firing"),
+    ]
+    assert quiet.clocks[0] == ev(60).ts_ms and quiet.held_partitions() == []
+    busy = evaluator(tmp_path)
+    busy.process_batch([ev(0, "a"), ev(1, "b"), future("a", "2024-01-02T00:00:00Z"), ev(2, "b")], 0, wall)
+    assert busy.release(0, wall + 60_000, 3_000).alerts == []  # the partition went on without it
+    assert busy.held_partitions() == [0]
