@@ -270,15 +270,22 @@ def loads(raw: bytes | str) -> Any:
     except orjson.JSONDecodeError as exc:
         msg = f"not valid JSON: {exc}"
         raise IngestDecodeError(msg) from None
-    if type(obj) is dict:
-        if type(raw) is bytes:
-            plain = raw.count(b'":') == len(obj) and _SPACE_BEFORE_COLON.search(raw) is None
-        else:
-            text = str(raw)
-            plain = text.count('":') == len(obj) and _SPACE_BEFORE_COLON_TEXT.search(text) is None
-        if not plain:
-            _refuse_repeated_keys(raw)
+    check_unique_keys(raw, obj)
     return obj
+
+
+def check_unique_keys(raw: bytes | str, obj: object) -> None:
+    """IngestDecodeError naming a key that an object of ``raw`` repeats, when ``obj`` (what
+    ``raw`` parsed to) is an object; see :func:`loads` for how it stays cheap."""
+    if type(obj) is not dict:
+        return
+    if type(raw) is bytes:
+        plain = raw.count(b'":') == len(obj) and _SPACE_BEFORE_COLON.search(raw) is None
+    else:
+        text = str(raw)
+        plain = text.count('":') == len(obj) and _SPACE_BEFORE_COLON_TEXT.search(text) is None
+    if not plain:
+        _refuse_repeated_keys(raw)
 
 
 def _refuse_repeated_keys(raw: bytes | str) -> None:
