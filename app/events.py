@@ -248,9 +248,10 @@ class Schema:
         return self.validate(loads(raw))
 
 
-#: what may separate a key's closing quote from its colon in JSON
-_SPACE_BEFORE_COLON = re.compile(rb"[ \t\r\n]:")
-_SPACE_BEFORE_COLON_TEXT = re.compile(r"[ \t\r\n]:")
+#: a colon after JSON whitespace, found by scanning for colons only (the literal first: a
+#: class-first pattern cost 4x as much on log lines full of spaces)
+_SPACED_COLON = re.compile(rb":(?<=[ \t\r\n]:)")
+_SPACED_COLON_TEXT = re.compile(r":(?<=[ \t\r\n]:)")
 
 
 def loads(raw: bytes | str) -> Any:
@@ -258,12 +259,13 @@ def loads(raw: bytes | str) -> Any:
     repeats a key (orjson keeps the last value silently: a device could hide a value
     from one reader and show it to another).
 
-    orjson cannot report repeated keys, so a count decides when to look: every key of
-    a JSON object ends with ``":`` (when no space precedes the colon), so an input with
-    exactly as many ``":`` as the object has keys, and no space before any colon, repeats
-    none. Only other inputs (nested objects, a ``":`` inside a string, spaced JSON) are
-    parsed again with the standard library to find the key: ~0.1 µs on the common
-    case, a full parse on the rest.
+    orjson cannot report repeated keys, so cheap tests decide when to look. An input that
+    is the object's own compact serialisation (what the publisher writes: nearly every
+    record the rule worker reads) repeats none: ~0.2 µs. Otherwise every key of a JSON
+    object ends with ``":`` (when no space precedes the colon), so an input with exactly
+    as many ``":`` as the object has keys, and no space before any colon, repeats none.
+    Only other inputs (nested objects, a ``":`` inside a string, spaced JSON) are parsed
+    again with the standard library to find the key.
     """
     try:
         obj = orjson.loads(raw)
@@ -280,10 +282,13 @@ def check_unique_keys(raw: bytes | str, obj: object) -> None:
     if type(obj) is not dict:
         return
     if type(raw) is bytes:
-        plain = raw.count(b'":') == len(obj) and _SPACE_BEFORE_COLON.search(raw) is None
+        data = raw
+        if orjson.dumps(obj) == data:  # a dict's own serialisation names each key once
+            return
+        plain = data.count(b'":') == len(obj) and _SPACED_COLON.search(data) is None
     else:
         text = str(raw)
-        plain = text.count('":') == len(obj) and _SPACE_BEFORE_COLON_TEXT.search(text) is None
+        plain = text.count('":') == len(obj) and _SPACED_COLON_TEXT.search(text) is None
     if not plain:
         _refuse_repeated_keys(raw)
 
