@@ -77,8 +77,10 @@ LATE_TOPIC = "events.late"
 CLOCK_KEY = "\x00clock\x1f"
 #: events one partition holds at most while they wait for a second witness (docs/event-time.md)
 MAX_HELD = 256
-#: events a partition evaluates after a held one before it refuses it as unconfirmed
-MAX_UNCONFIRMED = 100
+#: how far a partition's clock moves on without coming within the skew of a held event (and
+#: without a witness) before that event is refused: a day of the partition's own time, far
+#: more than events of several partitions merged into one regrouped stream run apart
+HOLD_LIMIT_MS = 86_400_000
 
 
 _KEY_HASHES = KeyHashes()
@@ -135,13 +137,13 @@ class Output:
 
 class _Held:
     """An event held for its time: whether the partition's previous event had its key, how
-    many events the partition had admitted while some were held when it came, and the wall
-    clock then (ms, -1: none)."""
+    many events the partition had admitted while some were held when it came, the
+    partition clock then and the wall clock then (ms, -1: none)."""
 
-    __slots__ = ("alone", "event", "mark", "since")
+    __slots__ = ("alone", "base", "event", "mark", "since")
 
-    def __init__(self, event: Event, alone: bool, mark: int, since: int) -> None:
-        self.event, self.alone, self.mark, self.since = event, alone, mark, since
+    def __init__(self, event: Event, alone: bool, mark: int, base: int, since: int) -> None:
+        self.event, self.alone, self.mark, self.base, self.since = event, alone, mark, base, since
 
 
 @dataclass
@@ -295,8 +297,8 @@ class StreamEvaluator:
         self._last_key[partition] = str(st.get("k", ""))
         self._counts[partition] = int(st.get("n", 0))
         held = [
-            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(since))
-            for k, ts, f, alone, mark, since in st.get("h", ())
+            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(base), int(since))
+            for k, ts, f, alone, mark, base, since in st.get("h", ())
         ]
         if held:
             self._held[partition] = held
@@ -310,7 +312,7 @@ class StreamEvaluator:
         held = self._held.get(partition)
         if held:
             record["h"] = [
-                [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.since] for h in held
+                [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.base, h.since] for h in held
             ]
             record["n"] = self._counts.get(partition, 0)
         self.store.put(CLOCK_KEY + self.name + "\x1f" + str(partition), record)
@@ -328,7 +330,8 @@ class StreamEvaluator:
         (one device talks on the partition) or no event was evaluated since (the partition
         moved on as a whole). Then it is evaluated, the clock jumps to it, and the
         confirming event is judged from there. Events in between are evaluated as they
-        come; once :data:`MAX_UNCONFIRMED` of them passed, a held event is refused. So no
+        come; once the clock came within the skew of a held event, it is evaluated too, and
+        once the clock moved on :data:`HOLD_LIMIT_MS` without that, it is refused. So no
         single event moves a clock by more than the skew. With ``now_ms`` (the live
         worker's wall clock, -1 for none), an event more than the skew ahead of it is
         refused at once, and one within the skew of it is its own witness. Refused events
@@ -400,8 +403,8 @@ class StreamEvaluator:
                             else:
                                 waiting.append(h)
                         held = waiting
-                    while held and count - held[0].mark >= MAX_UNCONFIRMED:
-                        why = f"; {MAX_UNCONFIRMED} events on the partition since, and none confirmed it"
+                    while held and clock - held[0].base >= HOLD_LIMIT_MS:
+                        why = f"; the clock moved on {span(clock - held[0].base)} since without a witness"
                         self._refuse(
                             held[0].event, self._ahead_reason(held[0].event, clock, partition, why), out
                         )
@@ -431,7 +434,7 @@ class StreamEvaluator:
                 why = f"; {MAX_HELD} events were already held on the partition"
                 self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
                 continue
-            held.append(_Held(ev, last_key == ev.key, count, now_ms))
+            held.append(_Held(ev, last_key == ev.key, count, clock, now_ms))
         if held:
             self._held[partition] = held
             self._counts[partition] = count

@@ -13,7 +13,7 @@ from app.alerts import Alert
 from app.backtest import BacktestReport, backtest
 from app.config import PROJECT_ROOT
 from app.events import SENSORS, Event
-from app.rules.evaluator import MAX_UNCONFIRMED, DictStore, Engine, StreamEvaluator
+from app.rules.evaluator import HOLD_LIMIT_MS, DictStore, Engine, StreamEvaluator
 from app.rules.loader import RuleSet, load_rules
 from ingest.adapters.nab import nab_events
 from tests.conftest import DATASETS, NAB_MACHINE_TEMP, require_dataset
@@ -85,7 +85,7 @@ def test_future_dated_events_leave_the_real_nab_series_alerts_unchanged() -> Non
     assert "2099-12-31T00:00:00.000Z is 31" in report.problems[0]
     assert "ahead of its partition's clock 2013-12-" in report.problems[0]
     assert (
-        f"(max skew 5m; stream sensors, partition 0); {MAX_UNCONFIRMED} events on the partition since"
+        "(max skew 5m; stream sensors, partition 0); the clock moved on 1d since without a witness"
         in (report.problems[0])
     )
     # without the bound, the one event wrecks the partition: what the bound prevents
@@ -134,15 +134,29 @@ def test_one_future_event_never_moves_the_clock_and_is_refused_with_its_reason(t
     e = evaluator(tmp_path)
     e.process(ev(0, "a"))
     assert e.process(future("b")).refused == []
+    day = HOLD_LIMIT_MS // 60_000
     refused = []
-    for m in range(1, MAX_UNCONFIRMED + 1):
+    for m in range(5, day + 1, 5):
         out = e.process(ev(m, "a"))
-        assert out.alerts == []  # "b" never went silent, the clock never jumped
+        assert out.alerts == []  # "b" never went silent: the clock never jumped
+        assert (out.refused != []) == (m == day)  # refused once the clock moved on a day without it
         refused += out.refused
-    assert e.clocks[0] == ev(MAX_UNCONFIRMED).ts_ms
+    assert e.clocks[0] == ev(day).ts_ms
     assert [(r[0].key, r[0].fields["ts"]) for r in refused] == [("b", "2099-12-31T00:00:00.000Z")]
     assert refused[0][1].startswith("event time 2099-12-31T00:00:00.000Z is ")
+    assert refused[0][1].endswith("; the clock moved on 1d since without a witness")
     assert e.stats.refused == 1
+
+
+def test_a_held_event_the_clock_catches_up_with_is_evaluated(tmp_path: Path) -> None:
+    """Events of several partitions merged into one regrouped stream run apart: one far ahead
+    of the rest waits until they catch up, and is then evaluated, not refused."""
+    e = evaluator(tmp_path)
+    e.process(ev(0, "a"))
+    assert e.process(ev(20, "b", 101)).alerts == []  # held
+    outs = [e.process(ev(m, "a")) for m in range(1, 17)]  # another partition's events, behind
+    assert [a.rule_id for o in outs for a in o.alerts] == ["hot"]  # "b" came when the clock reached 15
+    assert outs[14].alerts[0].labels["device_id"] == "b" and e.stats.refused == 0
 
 
 def test_the_same_device_confirms_itself_only_where_it_talks_alone_or_nothing_came_between(
