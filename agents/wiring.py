@@ -351,7 +351,8 @@ class Outbox:
             raise RuntimeError(msg) from self.failed
 
     def records(self, out: Output, source: str) -> list[tuple[str, bytes, bytes]]:
-        """A batch's outputs as records, counted: alerts, branch copies, late copies.
+        """A batch's outputs as records, counted: alerts, branch copies, late copies, and
+        dead letters for the events refused for their time (``events_time_refused_total``).
 
         Counted once per label set and batch: a labelled ``inc`` costs a few microseconds,
         and a flapping rule raises an alert every few events."""
