@@ -6,7 +6,7 @@ more than ``APP_MAX_EVENT_SKEW`` ahead, or more than ``APP_MAX_EVENT_AGE``
 behind, and the event goes to ``dlq.events`` with the reason. Replays of
 recorded files are not judged against the wall clock; the rule evaluator bounds
 every event against its partition's clock instead
-(:meth:`app.rules.evaluator.StreamEvaluator._admit`). docs/event-time.md has the
+(:meth:`app.rules.timebound.TimeBound.admit`). docs/event-time.md has the
 whole policy.
 """
 

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from app.alerts import Alert
-from app.events import SCHEMAS, Event, format_ts, span
+from app.events import SCHEMAS, Event
 from app.kafka import KeyHashes
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
@@ -61,6 +61,7 @@ from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, Sequ
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
+from app.rules.timebound import CLOCK_KEY, TimeBound
 from app.tables import TABLES, Tables
 
 logger = logging.getLogger(__name__)
@@ -72,16 +73,6 @@ __all__ = [
 
 #: Where events go that a rule with ``late_policy: side`` could not use.
 LATE_TOPIC = "events.late"
-#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`):
-#: no rule id starts with NUL
-CLOCK_KEY = "\x00clock\x1f"
-#: events one partition holds at most while they wait for a second witness (docs/event-time.md)
-MAX_HELD = 256
-#: how far a partition's clock moves on without coming within the skew of a held event (and
-#: without a witness) before that event is refused: a day of the partition's own time, far
-#: more than events of several partitions merged into one regrouped stream run apart
-HOLD_LIMIT_MS = 86_400_000
-
 
 _KEY_HASHES = KeyHashes()
 #: joined registry rows kept across batches, at most (more: the cache starts again)
@@ -133,17 +124,6 @@ class Output:
         self.routed += other.routed
         self.late += other.late
         self.refused += other.refused
-
-
-class _Held:
-    """An event held for its time: whether the partition's previous event had its key, how
-    many events the partition had admitted while some were held when it came, the
-    partition clock then and the wall clock then (ms, -1: none)."""
-
-    __slots__ = ("alone", "base", "event", "mark", "since")
-
-    def __init__(self, event: Event, alone: bool, mark: int, base: int, since: int) -> None:
-        self.event, self.alone, self.mark, self.base, self.since = event, alone, mark, base, since
 
 
 @dataclass
@@ -245,7 +225,7 @@ class StreamEvaluator:
         partitions: int = 1, max_skew_ms: int = -1,
     ) -> None:  # fmt: skip
         self.name = name
-        #: APP_MAX_EVENT_SKEW in ms, -1: off (see :meth:`_admit` and docs/event-time.md)
+        #: APP_MAX_EVENT_SKEW in ms, -1: off (see :mod:`app.rules.timebound` and docs/event-time.md)
         self.max_skew_ms = max_skew_ms
         self.rules = list(rules)
         self.store = store
@@ -269,231 +249,52 @@ class StreamEvaluator:
         self._expected: dict[int, int] = {}
         self._joined: dict[tuple[str, str], dict | None] = {}
         self._joined_version = -1
-        #: per partition: the events held until a second witness confirms their time (see
-        #: :meth:`_admit`), the events admitted since some were held, and the key of the last
-        #: admitted event
-        self._held: dict[int, list[_Held]] = {}
-        self._counts: dict[int, int] = {}
-        self._last_key: dict[int, str] = {}
+        #: the event-time bound of the partitions (docs/event-time.md); it shares ``clocks``
+        self.bound = TimeBound(name, max_skew_ms, store, self.clocks)
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
         """Re-arm timers from persisted state (after a restart or a rule reload), and take
-        back each partition's clock and held events (:meth:`_save`)."""
+        back each partition's clock and held events (:meth:`TimeBound.save`)."""
         versions = {r.id: r.version for r in self.rules}
         mine = CLOCK_KEY + self.name + "\x1f"
         for key, st in items:
             if key.startswith(CLOCK_KEY):
                 if key.startswith(mine):
-                    self._restore_clock(st)
+                    self.bound.restore(st)
                 continue
             rid = key.split("\x1f", 1)[0]
             if versions.get(rid) == st.get("v") and st.get("due") is not None:
                 self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
 
-    def _restore_clock(self, st: State) -> None:
-        partition, clock = int(st["p"]), int(st["c"])
-        if clock >= 0:
-            self.clocks[partition] = max(self.clocks.get(partition, clock), clock)
-        self._last_key[partition] = str(st.get("k", ""))
-        self._counts[partition] = int(st.get("n", 0))
-        held = [
-            _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(base), int(since))
-            for k, ts, f, alone, mark, base, since in st.get("h", ())
-        ]
-        if held:
-            self._held[partition] = held
-
-    def _save(self, partition: int) -> None:
-        """Persist the partition's clock and held events in the store, as a state the rule
-        worker's changelog carries (``p``: its partition): a restart or a rule reload goes
-        on from them instead of letting the next event start a new clock."""
-        record: State = {"p": partition, "c": self.clocks.get(partition, -1)}
-        record["k"] = self._last_key.get(partition, "")
-        held = self._held.get(partition)
-        if held:
-            record["h"] = [
-                [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.base, h.since] for h in held
-            ]
-            record["n"] = self._counts.get(partition, 0)
-        self.store.put(CLOCK_KEY + self.name + "\x1f" + str(partition), record)
-
     def _admit(
         self, events: list[Event], partition: int, now_ms: int, out: Output, save: bool
     ) -> tuple[list[Event], list[int]]:
-        """The time bound (docs/event-time.md): which of ``events`` (in arrival order, on
-        ``partition``) to evaluate now, in what order, with the partition clock at each.
-
-        An event at most ``max_skew_ms`` ahead of the clock is evaluated as it comes. One
-        further ahead is held (not evaluated) until a later event *confirms* it: one also
-        more than the skew ahead of the clock, not more than the skew before it, with
-        another key; or with the same key, when the partition's previous event had it too
-        (one device talks on the partition) or no event was evaluated since (the partition
-        moved on as a whole). Then it is evaluated, the clock jumps to it, and the
-        confirming event is judged from there. Events in between are evaluated as they
-        come; once the clock came within the skew of a held event, it is evaluated too, and
-        once the clock moved on :data:`HOLD_LIMIT_MS` without that, it is refused. So no
-        single event moves a clock by more than the skew. With ``now_ms`` (the live
-        worker's wall clock, -1 for none), an event more than the skew ahead of it is
-        refused at once, and one within the skew of it is its own witness. Refused events
-        go to ``out.refused`` with the reason. A comparison per event while nothing is held.
-        """
-        skew = self.max_skew_ms
-        clock = self.clocks.get(partition, -1)
-        clocks: list[int] = []
-        i, n = 0, len(events)
-        if clock >= 0 and partition not in self._held:
-            wall = now_ms + skew if now_ms >= 0 else -1
-            limit = clock + skew
-            if 0 <= wall < limit:
-                limit = wall
-            while i < n:
-                ts = events[i].ts_ms
-                if ts > clock:
-                    if ts > limit:
-                        break
-                    clock = ts
-                    limit = ts + skew
-                    if 0 <= wall < limit:
-                        limit = wall
-                clocks.append(clock)
-                i += 1
-            if i == n:
-                self.clocks[partition] = clock
-                if save:
-                    self._last_key[partition] = events[n - 1].key
-                    self._save(partition)
-                return events, clocks
-        return self._admit_slowly(events, i, clocks, clock, partition, now_ms, out)
-
-    def _admit_slowly(
-        self, events: list[Event], begin: int, clocks: list[int], clock: int, partition: int, now_ms: int,
-        out: Output,
-    ) -> tuple[list[Event], list[int]]:  # fmt: skip
-        """:meth:`_admit` from ``events[begin]`` on, with events held or to hold."""
-        skew = self.max_skew_ms
-        admitted = events[:begin]
-        held = self._held.pop(partition, [])
-        count = self._counts.pop(partition, 0)  # events admitted while some were held
-        last_key = events[begin - 1].key if begin else self._last_key.get(partition, "")
-        queue = events[begin:]
-        j = 0
-        while j < len(queue):
-            ev = queue[j]
-            j += 1
-            ts = ev.ts_ms
-            if now_ms >= 0 and ts > now_ms + skew:
-                self._refuse(ev, self._wall_reason(ev, now_ms), out)
-                continue
-            if clock < 0 or ts <= clock + skew:
-                admitted.append(ev)
-                clock = max(clock, ts)
-                clocks.append(clock)
-                last_key = ev.key
-                if held:
-                    count += 1
-                    caught_up = True  # held events the clock came within the skew of are ordinary now
-                    while caught_up:
-                        caught_up, waiting = False, []
-                        for h in held:
-                            if h.event.ts_ms <= clock + skew:
-                                admitted.append(h.event)
-                                clock = max(clock, h.event.ts_ms)
-                                clocks.append(clock)
-                                last_key, caught_up = h.event.key, True
-                            else:
-                                waiting.append(h)
-                        held = waiting
-                    while held and clock - held[0].base >= HOLD_LIMIT_MS:
-                        why = f"; the clock moved on {span(clock - held[0].base)} since without a witness"
-                        self._refuse(
-                            held[0].event, self._ahead_reason(held[0].event, clock, partition, why), out
-                        )
-                        del held[0]
-                continue
-            limit = ts + skew  # the held events at most this late are where ``ev`` says the time is
-            confirmed = [h for h in held if h.event.ts_ms <= limit]
-            witness = now_ms >= 0 and ts >= now_ms - skew  # the wall clock is a witness
-            if confirmed and (
-                witness or any(h.event.key != ev.key or h.alone or h.mark == count for h in confirmed)
-            ):
-                held = [h for h in held if h.event.ts_ms > limit]
-                for h in confirmed:
-                    admitted.append(h.event)
-                    clock = max(clock, h.event.ts_ms)
-                    clocks.append(clock)
-                    last_key = h.event.key
-                j -= 1  # ``ev`` again, from the clock it moved
-                continue
-            if witness:
-                admitted.append(ev)
-                clock = ts
-                clocks.append(clock)
-                last_key = ev.key
-                continue
-            if len(held) >= MAX_HELD:
-                why = f"; {MAX_HELD} events were already held on the partition"
-                self._refuse(ev, self._ahead_reason(ev, clock, partition, why), out)
-                continue
-            held.append(_Held(ev, last_key == ev.key, count, clock, now_ms))
-        if held:
-            self._held[partition] = held
-            self._counts[partition] = count
-        if clock >= 0:
-            self.clocks[partition] = clock
-        self._last_key[partition] = last_key
-        self._save(partition)
-        return admitted, clocks
-
-    def _refuse(self, ev: Event, reason: str, out: Output) -> None:
-        self.stats.refused += 1
-        out.refused.append((ev, reason))
-
-    def _ahead_reason(self, ev: Event, clock: int, partition: int, why: str) -> str:
-        return (
-            f"event time {format_ts(ev.ts_ms)} is {span(ev.ts_ms - clock)} ahead of its partition's clock "
-            f"{format_ts(clock)} (max skew {span(self.max_skew_ms)}; stream {self.name}, partition "
-            f"{partition}){why}"
-        )
-
-    def _wall_reason(self, ev: Event, now_ms: int) -> str:
-        return (
-            f"event time {format_ts(ev.ts_ms)} is {span(ev.ts_ms - now_ms)} ahead of the wall clock "
-            f"{format_ts(now_ms)} (max skew {span(self.max_skew_ms)})"
-        )
+        """The events to evaluate now, with the partition clock at each (:meth:`TimeBound.admit`)."""
+        refused = out.refused
+        before = len(refused)
+        admitted = self.bound.admit(events, partition, now_ms, refused, save)
+        self.stats.refused += len(refused) - before
+        return admitted
 
     def held_partitions(self) -> list[int]:
         """The partitions with events held for their time."""
-        return sorted(self._held)
+        return self.bound.held_partitions()
 
     def release(self, partition: int, now_ms: int, quiet_ms: int) -> Output:
-        """The live worker's end of a gap: the first event held on ``partition`` is taken
-        as the start of a new period, and evaluated, when no event came to the partition
-        for ``quiet_ms`` of wall time since it was held (``now_ms``: the wall clock). The
-        other held events are judged again from its time."""
-        held = self._held.get(partition)
-        if not held:
+        """The live worker's end of a gap: evaluate what :meth:`TimeBound.release` lets go."""
+        events = self.bound.release(partition, now_ms, quiet_ms)
+        if not events:
             return Output()
-        first, count = held[0], self._counts.get(partition, 0)
-        if first.mark != count or first.since < 0 or now_ms - first.since < quiet_ms:
-            return Output()
-        del self._held[partition]
-        self._counts.pop(partition, None)
-        self.clocks[partition] = max(self.clocks.get(partition, first.event.ts_ms), first.event.ts_ms)
-        out = self.process_batch([h.event for h in held], partition, now_ms)
-        self.stats.events -= len(held)  # counted when they came
+        out = self.process_batch(events, partition, now_ms)
+        self.stats.events -= len(events)  # counted when they came
         return out
 
     def finish(self) -> Output:
         """The end of the input (a backtest's): every event still held is refused, as no later
         event can confirm it."""
         out = Output()
-        for partition in sorted(self._held):
-            clock = self.clocks.get(partition, -1)
-            for h in self._held.pop(partition):
-                why = "; no later event on the partition confirmed it before the input ended"
-                self._refuse(h.event, self._ahead_reason(h.event, clock, partition, why), out)
-            self._counts.pop(partition, None)
-            self._save(partition)
+        self.bound.finish(out.refused)
+        self.stats.refused += len(out.refused)
         return out
 
     def _heap(self, partition: int, rule_id: str) -> list[tuple[int, str]]:
