@@ -61,6 +61,7 @@ from app import metrics, native
 from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
+from app.eventtime import REFUSED
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
@@ -76,6 +77,9 @@ REBALANCE_TIMEOUT_S = 10.0
 SESSION_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
 RELOAD_INTERVAL_S = 1.0
+#: wall time after which an event held for its time on an otherwise quiet partition starts a
+#: new period there (docs/event-time.md: the end of a gap, when no later event will confirm it)
+QUIET_RELEASE_MS = 3000
 
 EVENTS = Counter("worker_events_total", "Events consumed by the rule worker", ["source"])
 DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
@@ -214,8 +218,9 @@ class Runtime:
             return self.stores[f"{source}.regroup" if grouping else source].store
 
         return Engine(
-            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of
-        )
+            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of,
+            max_skew_ms=self.settings.max_event_skew_ms,
+        )  # fmt: skip
 
     def swap(self, ruleset: RuleSet) -> None:
         self.ruleset, self.engine = ruleset, self.build(ruleset)
@@ -346,7 +351,8 @@ class Outbox:
             raise RuntimeError(msg) from self.failed
 
     def records(self, out: Output, source: str) -> list[tuple[str, bytes, bytes]]:
-        """A batch's outputs as records, counted: alerts, branch copies, late copies.
+        """A batch's outputs as records, counted: alerts, branch copies, late copies, and
+        dead letters for the events refused for their time (``events_time_refused_total``).
 
         Counted once per label set and batch: a labelled ``inc`` costs a few microseconds,
         and a flapping rule raises an alert every few events."""
@@ -362,6 +368,11 @@ class Outbox:
             records.append((topic, key, value))
         for rule_id, value in out.late:
             records.append((LATE_TOPIC, rule_id.encode(), value))
+        for ev, reason in out.refused:  # too far ahead of its partition's clock (docs/event-time.md)
+            dead = dlq_record(source, reason, orjson.dumps(ev.fields), adapter="rule-worker", field="ts")
+            records.append((DLQ, source.encode(), dead))
+        if out.refused:
+            REFUSED.labels(source, "ahead", "worker").inc(len(out.refused))
         for (rule_id, status), n in alerts.items():
             ALERTS_OUT.labels(rule_id, status).inc(n)
         for topic, n in routed.items():
@@ -427,7 +438,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             for s in others:
                 sends.append((regroup, s.key_of(ev), orjson.dumps({"s": s.name, "e": ev.fields})))
         if direct is not None:
-            out = direct.evaluator.process_batch(events, partition)
+            out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(sends + outbox.records(out, source))
 
@@ -446,12 +457,24 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             if s is None:
                 continue  # its rules were removed by a reload
             rt.ensure_restored(s, regroup_store, partition)
-            out.extend(s.evaluator.process_batch(events, partition))
+            out.extend(s.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000))
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(outbox.records(out, source))
 
     app.batch_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
+
+
+async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, int]], now_ms: int) -> None:
+    """Evaluate the events held for their time on quiet partitions this worker owns
+    (``assigned``: topic and partition), see :meth:`StreamEvaluator.release`."""
+    for source, streams in rt.engine.streams.items():
+        for s in streams:
+            topic = SOURCE_TOPICS[source] if s.fields is None else regroup_topic(source)
+            for partition in s.evaluator.held_partitions():
+                if (topic, partition) in assigned:
+                    out = s.evaluator.release(partition, now_ms, QUIET_RELEASE_MS)
+                    await outbox.send_all(outbox.records(out, source))
 
 
 async def _follow_tables(settings: Settings, rt: Runtime) -> None:
@@ -577,6 +600,11 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         metrics.serve(settings.metrics_port)
         # here, not in build_app: Faust sets up logging as the worker starts
         logger.info("%d rules; evaluator hot path: %s", len(rt.ruleset.rules), native.status())
+
+    @app.timer(1.0)
+    async def _release_quiet() -> None:
+        assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+        await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
 
     # early: the batch handlers wait for the tables, and may run before recovery completes
     app.early_tasks = (partial(_follow_tables, settings, rt),)

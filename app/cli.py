@@ -128,6 +128,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 time_to=args.time_to,
                 partitions=partitions,
                 tables=tables,
+                max_skew_ms=settings.max_event_skew_ms,
             )
         else:
             backtest_file(
@@ -140,6 +141,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 source=args.source,
                 partitions=partitions,
                 tables=tables,
+                max_skew_ms=settings.max_event_skew_ms,
             )
     finally:
         if out is not sys.stdout:

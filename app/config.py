@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.errors import ConfigError
 from app.kafka_auth import AUTH_ENV_DOCS, KafkaAuth
+from app.rules.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     ),
     "APP_WEBHOOK_ALLOW_PRIVATE": (
         "",
-        "Comma-separated hosts or CIDRs a webhook may reach although private or loopback.",
+        "Comma-separated hosts, `host:port`s or CIDRs a webhook may reach although private or loopback "
+        "(a bare host or CIDR allows every port; see docs/security.md).",
     ),
     "APP_EXTERNAL_URL": (
         "",
@@ -97,6 +99,17 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "Event-time speed-up of the demo replays and simulators (3000: five minutes of data every 100 ms).",
     ),
     "APP_REPLAY_LIMIT": ("25000", "Upper bound on events per demo replay."),
+    "APP_MAX_EVENT_SKEW": (
+        "5m",
+        "How far ahead an event's time may be (a duration, or `off`): of the wall clock at live ingest, "
+        "of its partition's clock in the rule worker and backtests, unless a second event confirms the "
+        "jump. Beyond it the event goes to `dlq.events` with the reason (docs/event-time.md).",
+    ),
+    "APP_MAX_EVENT_AGE": (
+        "off",
+        "How far behind the wall clock an event's time may be at live ingest (a duration such as `7d`, "
+        "or `off`); older events go to `dlq.events`. Off: each rule's `allowed_lateness` decides.",
+    ),
     "APP_METRICS_PORT": ("0", "Prometheus /metrics port of a role (0: none; the supervisor assigns one)."),
     "APP_LOG_LEVEL": ("INFO", "Log level of every role."),
     "APP_SPARK_KAFKA_FORMAT": (
@@ -137,6 +150,18 @@ def _float(env: Mapping[str, str], name: str) -> float:
     return value
 
 
+def _duration_ms(env: Mapping[str, str], name: str) -> int:
+    """A duration (``5m``, ``7d``) in milliseconds, or -1 for ``off``."""
+    raw = _get(env, name).strip()
+    if raw.lower() == "off":
+        return -1
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        msg = f"{name}={raw!r}: {exc}, or off"
+        raise ConfigError(msg) from None
+
+
 def _path(env: Mapping[str, str], name: str) -> Path:
     p = Path(_get(env, name))
     return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
@@ -169,6 +194,9 @@ class Settings:
     kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
     command_secret: str = field(default=DEMO_COMMAND_SECRET, repr=False)
     env: str = "development"
+    #: APP_MAX_EVENT_SKEW and APP_MAX_EVENT_AGE in milliseconds; -1: off
+    max_event_skew_ms: int = -1
+    max_event_age_ms: int = -1
 
     @property
     def embedded(self) -> bool:
@@ -225,6 +253,8 @@ class Settings:
             kafka_auth=KafkaAuth.from_env(env),
             command_secret=_get(env, "APP_COMMAND_SECRET"),
             env=_environment(env),
+            max_event_skew_ms=_duration_ms(env, "APP_MAX_EVENT_SKEW"),
+            max_event_age_ms=_duration_ms(env, "APP_MAX_EVENT_AGE"),
         )
 
 

@@ -13,9 +13,12 @@ message, one attempt at a time through the receiver's notifier:
 - a non-retryable failure (another 4xx, a redirect), or a retry that would
   end past ``max_age`` since the message was queued: the row becomes
   ``dead`` (the dead-letter list) with the reason, logged at ERROR;
-- a 410 Gone, an SSRF refusal or a webhook without URL make the *receiver*
-  unusable: logged at ERROR once, its messages stay pending (so a corrected
-  configuration delivers them after a restart) until ``max_age``, then dead.
+- a 410 Gone, an SSRF refusal, a webhook without URL, an invalid configuration
+  (``invalid``: :func:`app.notify.check.receiver_problems`, as ``routes check``
+  reports it) or a transport that raised something else than a NotifierError
+  make the *receiver* unusable, alone: logged at ERROR once, its messages stay
+  pending (so a corrected configuration delivers them after a reload or a
+  restart) until ``max_age``, then dead. Every other receiver keeps delivering.
 
 A kill -9 during an attempt leaves the row pending; the next run sends the
 same body under the same ``webhook-id``. :class:`Publisher` produces the
@@ -59,7 +62,13 @@ DELIVERY_SECONDS = Histogram(
 INFLIGHT = Gauge("webhook_inflight", "Delivery attempts in progress.")
 PAUSED = Gauge(
     "webhook_delivery_paused",
-    "1 per receiver that is unusable until restart (410 Gone, SSRF refusal or no URL).",
+    "1 per receiver that is unusable until restart (410 Gone, SSRF refusal, no URL, invalid configuration).",
+    ["receiver"],
+)
+INVALID = Gauge(
+    "dispatch_receiver_invalid",
+    "1 per receiver disabled because its configuration is invalid (the ERROR log says why; "
+    "`python -m app routes check` lists it).",
     ["receiver"],
 )
 for _outcome in ("delivered", "failed", "retried"):
@@ -93,6 +102,7 @@ class OutboxSender:
         max_age_s: float,
         clock: Clock = wall_clock,
         on_published: Callable[[], None] = lambda: None,
+        invalid: str = "",
     ) -> None:
         self.db = db
         self.receiver = receiver
@@ -102,8 +112,11 @@ class OutboxSender:
         self.clock = clock
         self.on_published = on_published
         self.wake = asyncio.Event()
-        self.unusable = "" if notifier is not None else "no URL configured"
-        PAUSED.labels(receiver).set(0 if notifier is not None else 1)
+        self.unusable = invalid and f"invalid configuration: {invalid}"
+        if not self.unusable and notifier is None:
+            self.unusable = "no URL configured"
+        PAUSED.labels(receiver).set(1 if self.unusable else 0)
+        INVALID.labels(receiver).set(1 if invalid else 0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop``; an attempt in progress finishes first (bounded by its timeout)."""
@@ -138,6 +151,9 @@ class OutboxSender:
         except NotifierError as err:
             self._failed(row, err)
             return
+        except Exception as exc:  # a transport's bug disables its receiver, not every receiver
+            self._disable(row, f"delivery raised {exc!r}")
+            return
         finally:
             INFLIGHT.dec()
             DELIVERY_SECONDS.observe(time.perf_counter() - started)
@@ -151,10 +167,7 @@ class OutboxSender:
     def _failed(self, row: OutboxRow, err: NotifierError) -> None:
         now = self.clock()
         if isinstance(err, SSRFBlockedError) or (self.notifier is not None and self.notifier.disabled):
-            self.unusable = str(err)
-            PAUSED.labels(self.receiver).set(1)
-            logger.error("RECEIVER %s DISABLED until restart: %s", self.receiver, err)
-            self.db.reschedule(row.message.msg_id, now, str(err))
+            self._disable(row, str(err))
             return
         wait = self.policy.next_delay(row.attempts + 1, err, now - row.message.created_at)
         if wait is None or now + wait > row.message.created_at + self.max_age_s:
@@ -166,6 +179,12 @@ class OutboxSender:
             self.receiver, row.attempts + 1, row.message.msg_id, wait, err,
         )  # fmt: skip
         self.db.reschedule(row.message.msg_id, now + wait, str(err))
+
+    def _disable(self, row: OutboxRow, reason: str) -> None:
+        self.unusable = reason
+        PAUSED.labels(self.receiver).set(1)
+        logger.error("RECEIVER %s DISABLED until restart: %s", self.receiver, reason)
+        self.db.reschedule(row.message.msg_id, self.clock(), reason)
 
     def _dead(self, row: OutboxRow, now: float, reason: str) -> None:
         self.db.finish(row.message.msg_id, "dead", now, reason, [log_record(row, "dead", now, reason)])

@@ -51,8 +51,10 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
 from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
+from app.errors import ConfigError
 from app.kafka import high_watermarks, make_consumer, make_producer, partitions_of
 from app.notify import RetryPolicy
+from app.notify.check import receiver_problems
 from app.notify.receivers import make_notifier
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, ensure_topics, receiver_topic_spec
 
@@ -103,12 +105,28 @@ async def run(
     publisher_task: asyncio.Task[None] | None = None
 
     def start_sender(r: Any, cfg: RoutesFile) -> None:
-        notifier = make_notifier(
-            r,
-            producer=producer,
-            allow_private=settings.webhook_allow_private,
-            external_url=settings.external_url,
+        """A sender for receiver ``r``: disabled alone (ERROR, ``dispatch_receiver_invalid``)
+        when its configuration is invalid, by the check ``routes check`` runs."""
+        invalid = "; ".join(
+            f"'{field}': {msg}" for field, msg in receiver_problems(r, settings.webhook_allow_private)
         )
+        notifier = None
+        if not invalid:
+            try:
+                notifier = make_notifier(
+                    r,
+                    producer=producer,
+                    allow_private=settings.webhook_allow_private,
+                    external_url=settings.external_url,
+                )
+            except ConfigError as exc:  # what the check missed: still this receiver's alone
+                invalid = str(exc)
+        if invalid:
+            where = routes_file or settings.routes_file
+            logger.error(
+                "RECEIVER %s DISABLED: invalid configuration in %s: %s; the other receivers keep "
+                "delivering, its messages wait in the outbox", r.name, where, invalid,
+            )  # fmt: skip
         senders[r.name] = OutboxSender(
             db,
             r.name,
@@ -117,6 +135,7 @@ async def run(
             max_age_s=cfg.delivery.max_age,
             clock=clock,
             on_published=wake_publisher,
+            invalid=invalid,
         )
         quit_sender = asyncio.Event()
         running[r.name] = (quit_sender, asyncio.create_task(senders[r.name].run(quit_sender)), r)

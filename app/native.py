@@ -54,6 +54,7 @@ MODULES = (
     "app.rules.expr",
     "app.rules.functions",
     "app.rules.template",
+    "app.rules.timebound",
     "app.rules.logic.base",
     "app.rules.logic.events",
     "app.rules.logic.reorder",

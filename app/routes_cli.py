@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from app.config import Settings
 from app.dispatch.config import RoutesConfigError, load_routes
 from app.dispatch.routes import Route, build_tree
+from app.notify.check import receiver_problems
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +63,13 @@ def cmd_routes_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_routes_check(args: argparse.Namespace, settings: Settings) -> int:
+    """Exit 1 with every problem, including what the dispatcher would refuse of a receiver
+    (the same :func:`app.notify.check.receiver_problems`, with ``APP_WEBHOOK_ALLOW_PRIVATE``)."""
     path = args.config or settings.routes_file
     try:
-        cfg = load_routes(path)
+        cfg = load_routes(
+            path, receivers=partial(receiver_problems, allow_private=settings.webhook_allow_private)
+        )
     except RoutesConfigError as exc:
         for problem in exc.problems:
             print(problem)

@@ -208,7 +208,9 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
     )
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
-        deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join((*settings.webhook_allow_private, "127.0.0.1"))
+        deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join(
+            (*settings.webhook_allow_private, f"127.0.0.1:{receiver_port}")
+        )
     roles.append(Role("dispatch", _py("app", "dispatch"), env=deliver_env, stage=3))
     roles.append(Role("store-sync", _py("app", "store-sync"), stage=3))
     roles.append(

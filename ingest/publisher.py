@@ -29,6 +29,11 @@ Counters are both Prometheus metrics (per process) and plain attributes (per pub
 ``produced`` and ``dead_lettered`` count broker acknowledgements, so after close they are
 what is on the topics. Kafka record timestamps are left at produce time on purpose: event time lives in
 ``ts``, and 2013 record timestamps would be deleted at once by topic retention.
+
+Event time: with ``wall_clock`` (the default: live adapters), :meth:`check`
+also refuses an event more than ``APP_MAX_EVENT_SKEW`` ahead of the wall clock
+or more than ``APP_MAX_EVENT_AGE`` behind it (:class:`app.eventtime.WallClockBound`);
+a replay of a recorded file passes ``wall_clock=False``.
 """
 
 from __future__ import annotations
@@ -48,13 +53,13 @@ from app import topics
 from app.config import Settings
 from app.errors import BrokerError, ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, encode, schema_for
+from app.eventtime import WallClockBound
 from app.kafka import make_producer
 from ingest.model import ConvertError
 
 logger = logging.getLogger(__name__)
 
 NO_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at a cluster"
-MAX_DLQ_RAW = 512 * 1024  # bytes of raw payload kept in a dead-letter record
 #: A publisher held this long by unacknowledged records logs that Kafka is not answering.
 STALL_WARN_S = 5.0
 
@@ -80,8 +85,10 @@ class Publisher:
         max_in_flight: int = 1000,
         start_timeout_s: float = 30.0,
         close_timeout_s: float = 60.0,
+        wall_clock: bool = True,
     ) -> None:
         self.schema = schema_for(source)
+        self._time_bound = WallClockBound.of(settings) if wall_clock else None
         self.topic, self.source, self.adapter = topic, source, adapter
         self._settings = settings
         self._max_in_flight = max(1, max_in_flight)
@@ -156,9 +163,13 @@ class Publisher:
         return await self.send(self.accept(event))
 
     def check(self, item: object) -> Event:
-        """Validate ``item`` with the source schema and return the event; raises
-        IngestDecodeError with the reason and field. No side effect, no counter."""
-        return self.schema.decode(item) if isinstance(item, bytes | str) else self.schema.validate(item)
+        """Validate ``item`` with the source schema and the wall-clock bound, and return the
+        event; raises IngestDecodeError with the reason and field. No side effect but the
+        ``events_time_refused_total`` counter of an event refused for its time."""
+        event = self.schema.decode(item) if isinstance(item, bytes | str) else self.schema.validate(item)
+        if self._time_bound is not None:
+            self._time_bound.check(event, self.source)
+        return event
 
     def accept(self, event: Event) -> Event:
         """Count an event validated with :meth:`check` as accepted; returns it."""
@@ -187,15 +198,12 @@ class Publisher:
         return await self._send(topic or self.topic, key.encode(), value, dead_letter=False)
 
     async def reject(self, reason: str, raw: bytes | str, *, field: str | None = None) -> Delivery:
-        """Send a dead-letter record for input that cannot become an event;
+        """Send a dead-letter record for input that cannot become an event (the payload whole,
+        unless the record would be too large for Kafka: see :func:`app.events.dlq_record`);
         returns its delivery future."""
-        data = raw.encode() if isinstance(raw, str) else raw
-        if len(data) > MAX_DLQ_RAW:
-            reason = f"{reason} (raw truncated to {MAX_DLQ_RAW} of {len(data)} bytes)"
-            data = data[:MAX_DLQ_RAW]
         self.rejected += 1
         self._rejected_metric.inc()
-        record = dlq_record(self.source, reason, data, adapter=self.adapter, field=field)
+        record = dlq_record(self.source, reason, raw, adapter=self.adapter, field=field)
         return await self._send(topics.DLQ, self.source.encode(), record, dead_letter=True)
 
     async def flush(self, timeout_s: float | None = None) -> bool:

@@ -286,7 +286,7 @@ async def replay(
     skipped = await _skip(stream, base.consumed, stop) if base.consumed else 0
     if skipped < base.consumed and not stop.is_set():
         logger.warning("the input has %d items, fewer than the %d already published", skipped, base.consumed)
-    async with Publisher(settings, topic, source, adapter) as pub:
+    async with Publisher(settings, topic, source, adapter, wall_clock=False) as pub:  # recorded times
         for n, entry in enumerate(stream):
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)

@@ -24,7 +24,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from app.alerts import Alert
 from app.backtest import BacktestReport
-from app.events import parse_ts
+from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
@@ -87,20 +87,25 @@ def run_backtest(
     lines: bool = True,
     partitions: int = 1,
     tables: Tables | None = None,
+    max_skew_ms: int = -1,
 ) -> list[Alert]:
     """Evaluate the Spark rules of ``ruleset`` over ``raw``; write transitions to ``out``.
 
     ``name`` prefixes problems: ``name:LINE`` when ``lines`` (a file read with
     :func:`file_records`), else ``name record N`` (:func:`topic_records`).
     ``partitions`` and ``tables`` are the Faust-engine backtest's: the partition
-    count whose per-partition clocks are emulated, and the registry rows.
+    count whose per-partition clocks are emulated, and the registry rows; ``max_skew_ms``
+    its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
-    plan = plan_rules(ruleset)
+    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0)
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
-    streams = StreamRunner(plan.stream_rules, plan.streams, partitions, tables=tables or Tables())
+    streams = StreamRunner(
+        plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
+        end_of_input=True,
+    )  # fmt: skip
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
     valid = F.col("__dlq").isNull()
     in_range = F.lit(True)
@@ -129,6 +134,12 @@ def run_backtest(
             report.routed += 1
         elif r["kind"] == "side":
             report.late += 1
+        elif r["kind"] == "refused":
+            record = orjson.loads(r["value"])
+            fields = orjson.loads(record["raw"])
+            report.refused += 1
+            key = next((fields[s.key] for s in SCHEMAS.values() if s.key in fields), "")
+            report.problems.append(f"refused {key} at {fields.get('ts')}: {record['reason']}")
         elif r["kind"] == "dlq":
             report.skipped += 1
             where = f"{name}:{r['offset'] + 1}" if lines else f"{name} record {r['offset'] + 1}"

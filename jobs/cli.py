@@ -143,6 +143,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             lines=not topics,
             partitions=getattr(args, "partitions", 0) or settings.partitions,
             tables=tables,
+            max_skew_ms=settings.max_event_skew_ms,
         )
     finally:
         if out is not sys.stdout:

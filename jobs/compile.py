@@ -94,10 +94,13 @@ def _struct_column(source: str) -> str:
     return f"__{source}"
 
 
-def plan_rules(ruleset: RuleSet) -> SparkPlan:
+def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True) -> SparkPlan:
     """The rules that run on Spark (``engine: spark`` or ``both``), translated.
 
-    Raises :class:`RuleConfigError` naming every rule and feature Spark cannot run.
+    ``keyed_path=False`` puts every rule on the stream path: the keyed path has no
+    partition clock, so it cannot bound event time (APP_MAX_EVENT_SKEW) as the Faust
+    engine does. Raises :class:`RuleConfigError` naming every rule and feature Spark
+    cannot run.
     """
     problems: list[RuleProblem] = []
     runs: list[CompiledRule] = []
@@ -108,7 +111,7 @@ def plan_rules(ruleset: RuleSet) -> SparkPlan:
             problems.extend(RuleProblem(r.path, r.line, 1, r.id, p) for p in found)
             continue
         runs.append(r)
-        if r.rule.where is not None and not keyed_problems(r.rule, r.schema.all_fields()):
+        if keyed_path and r.rule.where is not None and not keyed_problems(r.rule, r.schema.all_fields()):
             keyed.add(r.id)
     if problems:
         raise RuleConfigError(problems)

@@ -38,7 +38,7 @@ from pyspark.sql.types import (
 
 from app.backtest import infer_source
 from app.errors import IngestDecodeError
-from app.events import SCHEMAS, dlq_record
+from app.events import SCHEMAS, dlq_record, loads
 from jobs.streams import StreamRouter
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,7 @@ class Decoder:
                 msg = "record has no value"
                 raise IngestDecodeError(msg)
             if src is None:
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    msg = f"not valid JSON: {exc}"
-                    raise IngestDecodeError(msg) from None
+                obj = loads(raw)  # also refuses a repeated key, as Schema.decode does
                 src = infer_source(obj) if isinstance(obj, dict) else None
                 if src is None:
                     msg = "cannot tell the source: no device_id, host or symbol field"

@@ -91,12 +91,9 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
     streams = StreamRunner(
-        plan.stream_rules,
-        plan.streams,
-        settings.partitions,
-        bootstrap=settings.bootstrap_servers,
-        security=settings.kafka_auth.spark_options(),
-    )
+        plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
+        security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,
+    )  # fmt: skip
     return apply_lifecycle(tasks(decoded, plan), plan, streaming=True, streams=streams)
 
 
@@ -146,7 +143,9 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
             "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at Kafka"
         )
         return 2
-    plan = plan_rules(load_rules(list(opts.rules) or [settings.rules_dir]))
+    plan = plan_rules(
+        load_rules(list(opts.rules) or [settings.rules_dir]), keyed_path=settings.max_event_skew_ms < 0
+    )
     if not plan.rule_count:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
         if not opts.once:

@@ -137,7 +137,7 @@ class KafkaSink:
                 records.append((r["topic"], r["key"].encode(), r["value"].encode()))
                 if r["kind"] == "alert":
                     ALERTS_OUT.labels(r["rule"], r["status"]).inc()
-                elif r["kind"] == "dlq":
+                elif r["kind"] in ("dlq", "refused"):
                     DLQ_OUT.inc()
                 else:  # "routed" (branch) or "side" (late_policy: side)
                     ROUTED.labels(r["kind"]).inc()

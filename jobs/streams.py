@@ -24,7 +24,8 @@ any input and any batching, Spark here keeps the evaluator's partitioning:
 
 Conditions: each rule's ``where`` is computed natively by Spark SQL when it
 can be (``__conds``, one boolean per such rule, see ``jobs.compile``); the
-evaluator reads it through a stand-in. Conditions that read enrichment columns
+evaluator reads it through a stand-in, from the event's own fields (:data:`NATIVE_CONDS`,
+so an event held for its time is released with its values). Conditions that read enrichment columns
 or ``pct_change()`` (computed by the evaluator per group), ``having``,
 ``clear``, sequence steps, branch arms and aggregate inputs run as the
 evaluator's compiled closures (pure Python, no UDF round trip per row).
@@ -43,13 +44,13 @@ from typing import Any
 
 import orjson
 
-from app.events import SCHEMAS, Event
-from app.rules.evaluator import LATE_TOPIC, Engine, StreamEvaluator, partition_for
+from app.events import SCHEMAS, Event, dlq_record
+from app.rules.evaluator import LATE_TOPIC, Engine, Output, StreamEvaluator, partition_for
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
 from app.tables import Tables
-from app.topics import ALERTS
+from app.topics import ALERTS, DLQ
 from jobs.placement import placed, unplaced
 
 logger = logging.getLogger(__name__)
@@ -140,22 +141,38 @@ def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: b
     return StreamRouter({k: tuple(v) for k, v in by_source.items()}, partitions, record_partitions)
 
 
-class _Native:
-    """The current event's natively computed conditions, read by the stand-ins."""
-
-    __slots__ = ("values",)
-
-    def __init__(self) -> None:
-        self.values: Sequence[bool | None] = ()
+#: where an event's natively computed conditions travel in its fields (NUL: no schema field
+#: starts with it), so an event the evaluator holds for its time (docs/event-time.md), or
+#: keeps in its state, is evaluated with its own values when it is released; removed from
+#: every output
+NATIVE_CONDS = "\x00conds"
+_NATIVE_CONDS_JSON = b'"\\u0000conds"'
 
 
 @dataclass(frozen=True)
 class _Read:
-    native: _Native
+    """The stand-in ``where`` of a rule whose condition Spark computed: the row's own value."""
+
     i: int
 
-    def __call__(self, _row: Any) -> Any:
-        return self.native.values[self.i]
+    def __call__(self, row: Any) -> Any:
+        values = row.get(NATIVE_CONDS)
+        return None if values is None else values[self.i]
+
+
+def without_conds(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k != NATIVE_CONDS} if NATIVE_CONDS in fields else fields
+
+
+def _clean(value: bytes, nested: str | None = None) -> bytes:
+    """A routed event (or, ``nested``: the late copy's event) as JSON without :data:`NATIVE_CONDS`."""
+    if _NATIVE_CONDS_JSON not in value:
+        return value
+    obj = orjson.loads(value)
+    if nested is None:
+        return orjson.dumps(without_conds(obj))
+    obj[nested] = without_conds(obj[nested])
+    return orjson.dumps(obj)
 
 
 class RegistryFollower:
@@ -212,12 +229,19 @@ class RegistryFollower:
 
 
 class StreamRunner:
-    """Picklable: the stream-path rules and specs; builds evaluators on executors."""
+    """Picklable: the stream-path rules and specs; builds evaluators on executors.
+
+    ``max_skew_ms`` is the evaluator's time bound (APP_MAX_EVENT_SKEW, -1: off); events
+    it refuses become ``refused`` rows for ``dlq.events``. ``end_of_input`` (a backtest):
+    a stream key's rows are all its input, so events still held at their end are refused.
+    """
 
     def __init__(
         self, rules: Sequence[CompiledRule], specs: Sequence[StreamSpec], partitions: int,
-        tables: Tables | None = None, bootstrap: str | None = None, security: Mapping[str, str] | None = None,
+        tables: Tables | None = None, bootstrap: str | None = None, max_skew_ms: int = -1,
+        end_of_input: bool = False, security: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
+        self.max_skew_ms, self.end_of_input = max_skew_ms, end_of_input
         self.rules = {r.id: r for r in rules}
         self.specs = {s.name: s for s in specs}
         self.partitions = partitions
@@ -238,18 +262,20 @@ class StreamRunner:
             self._follower = RegistryFollower(self.bootstrap, security=self.security)
         return self._follower.poll()
 
-    def _evaluator(self, spec: StreamSpec) -> tuple[StreamEvaluator, _Native]:
-        native = _Native()
+    def _evaluator(self, spec: StreamSpec) -> StreamEvaluator:
         position = {rid: i for i, (rid, _) in enumerate(spec.native)}
         rules = []
         for rid in spec.rule_ids:
             rule = self.rules[rid]
             if rid in position and rule.where is not None:
                 w = rule.where
-                stand_in = Compiled(_Read(native, position[rid]), w.type, w.text, w.columns, w.synthetic)
+                stand_in = Compiled(_Read(position[rid]), w.type, w.text, w.columns, w.synthetic)
                 rule = dataclasses.replace(rule, where=stand_in)
             rules.append(rule)
-        return StreamEvaluator(spec.name, rules, DictStore(), self._tables(spec), self.partitions), native
+        evaluator = StreamEvaluator(
+            spec.name, rules, DictStore(), self._tables(spec), self.partitions, self.max_skew_ms
+        )
+        return evaluator
 
     def run_key(
         self, key: str, rows: list[tuple[Any, ...]], state: State | None
@@ -259,7 +285,8 @@ class StreamRunner:
         A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``.
         """
         name, partition = parse_stream_key(key)
-        evaluator, native = self._evaluator(self.specs[name])
+        spec = self.specs[name]
+        evaluator = self._evaluator(spec)
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
         if state is not None:
@@ -268,10 +295,12 @@ class StreamRunner:
                 evaluator.clocks[partition] = int(state["c"])
             evaluator.restore(store.items())
         out: Rows = []
+        part, offset, spec_source = 0, 0, spec.source
         for fields_json, _holds, ts_ms, part, offset, source, _dlq, conds in rows:
             fields = orjson.loads(fields_json)
             # Arrow hands pandas numpy booleans; the evaluator tests `is True`
-            native.values = () if conds is None else [None if c is None else bool(c) for c in conds]
+            if conds is not None and spec.native:
+                fields[NATIVE_CONDS] = [None if c is None else bool(c) for c in conds]
             result = evaluator.process(Event(str(fields[SCHEMAS[source].key]), ts_ms, fields), partition)
             seq = IDX_BASE
             for a in result.alerts:
@@ -281,11 +310,17 @@ class StreamRunner:
                 )
                 seq += 1
             for topic, k, v in result.routed:
-                out.append(("routed", topic, k.decode(), v.decode(), part, offset, seq, None, None, None))
+                out.append(
+                    ("routed", topic, k.decode(), _clean(v).decode(), part, offset, seq, None, None, None)
+                )
                 seq += 1
             for rule_id, v in result.late:
-                out.append(("side", LATE_TOPIC, rule_id, v.decode(), part, offset, seq, rule_id, None, None))
+                side = _clean(v, "event").decode()
+                out.append(("side", LATE_TOPIC, rule_id, side, part, offset, seq, rule_id, None, None))
                 seq += 1
+            out += refused_rows(result, spec_source, part, offset, seq)
+        if self.end_of_input:
+            out += refused_rows(evaluator.finish(), spec_source, part, offset, IDX_BASE)
         if evaluator.stats.late:
             out.append(
                 ("late", None, None, str(evaluator.stats.late), None, None, IDX_BASE, None, None, None)
@@ -293,3 +328,15 @@ class StreamRunner:
         if not store.data and partition not in evaluator.clocks:
             return out, None
         return out, {"c": evaluator.clocks.get(partition), "s": store.data}
+
+
+def refused_rows(result: Output, source: str, part: int, offset: int, seq: int) -> Rows:
+    """Output rows for the events the evaluator refused for their time (``refused``: a
+    dead-letter record for ``dlq.events``, key = source, as the Faust worker writes it)."""
+    out: Rows = []
+    for ev, reason in result.refused:
+        raw = orjson.dumps(without_conds(ev.fields))
+        record = dlq_record(source, reason, raw, adapter="spark-engine", field="ts")
+        out.append(("refused", DLQ, source, record.decode(), part, offset, seq, None, None, None))
+        seq += 1
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import orjson
 import pytest
 
@@ -184,3 +186,38 @@ def test_canonical_times_decode_as_parse_ts_reads_them() -> None:
         assert events.canonical_ms(text) == -1, text
         with pytest.raises(IngestDecodeError, match=problem):
             SENSORS.validate({"device_id": "d", "ts": text})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"device_id":"a","ts":"2024-01-01T00:00:00Z","temperature":1,"temperature":99}',
+        b'{"device_id" : "a", "ts": "2024-01-01T00:00:00Z", "temperature" :1, "temperature": 99}',
+        '{"device_id":"a","ts":"2024-01-01T00:00:00Z","status":"x\\":","temperature":1,"temperature":2}',
+        b'{\n  "device_id": "a",\n  "device_id": "b",\n  "ts": "2024-01-01T00:00:00Z"\n}',
+    ],
+)
+def test_a_repeated_key_is_refused_and_named(raw: bytes | str) -> None:
+    with pytest.raises(IngestDecodeError, match="appears more than once") as info:
+        SENSORS.decode(raw)
+    assert info.value.field in ("temperature", "device_id")
+
+
+def test_keys_that_only_look_repeated_are_fine() -> None:
+    raw = b'{"device_id":"a","ts":"2024-01-01T00:00:00Z","status":"\\"status\\": ok","kind":"a :b"}'
+    assert SENSORS.decode(raw).fields["status"] == '"status": ok'
+    spaced = b'{"device_id" : "a", "ts" : "2024-01-01T00:00:00Z"}'
+    assert SENSORS.decode(spaced).key == "a"
+
+
+def test_a_dead_letter_record_fits_a_kafka_record_and_says_when_it_was_cut() -> None:
+    whole = orjson.loads(dlq_record("sensors", "r", b"a" * 900_000, adapter="t"))
+    assert (whole["truncated"], whole["raw_size"], len(whole["raw"])) == (False, 900_000, 900_000)
+    for raw in (b"a" * 2_000_000, b"\x01" * 2_000_000, b"\xff" * 2_000_000, "é" * 1_000_000):
+        record = dlq_record("sensors", "r", raw, adapter="t")
+        assert len(record) <= events.MAX_DLQ_RECORD_BYTES
+        body = orjson.loads(record)
+        assert body["truncated"] is True and body["raw_size"] == 2_000_000
+        kept = base64.b64decode(body["raw"]) if body["raw_encoding"] == "base64" else body["raw"].encode()
+        source = raw.encode() if isinstance(raw, str) else raw
+        assert len(kept) > 100_000 and source.startswith(kept)

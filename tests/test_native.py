@@ -106,7 +106,7 @@ def test_a_current_build_is_what_runs() -> None:
     assert native.active()
     file, status = probe({native.ENV: "1"})
     assert file.startswith(str(directory)) and file.endswith(str(sysconfig.get_config_var("EXT_SUFFIX")))
-    assert status.startswith("compiled (12 modules")
+    assert status.startswith(f"compiled ({len(native.MODULES)} modules")
     import app.rules.logic.windows as windows
 
     assert str(windows.__file__).startswith(str(directory))

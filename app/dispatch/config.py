@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -230,8 +230,18 @@ def _message(err: Mapping[str, Any]) -> str:
     return f"'{last}': {msg}" if last else msg
 
 
-def load_routes(path: Path | str, env: Mapping[str, str] | None = None) -> RoutesFile:
-    """Parse and check the routes file; raise :class:`RoutesConfigError` listing every problem."""
+#: ``(field, message)`` for each reason a receiver cannot deliver (:func:`app.notify.check.receiver_problems`)
+ReceiverCheck = Callable[[Any], list[tuple[str, str]]]
+
+
+def load_routes(
+    path: Path | str, env: Mapping[str, str] | None = None, *, receivers: ReceiverCheck | None = None
+) -> RoutesFile:
+    """Parse and check the routes file; raise :class:`RoutesConfigError` listing every problem.
+
+    With ``receivers``, each receiver's problems by that check are problems of the file
+    too (``routes check``); without, they are left to the dispatcher, which disables such
+    a receiver alone."""
     name = str(path)
     env = os.environ if env is None else env
     try:
@@ -256,6 +266,10 @@ def load_routes(path: Path | str, env: Mapping[str, str] | None = None) -> Route
         cfg = None
     if cfg is not None:
         problems += [(position_of(positions, p), m) for p, m in semantic_problems(cfg)]
+        for i, r in enumerate(cfg.receivers):
+            for field, message in receivers(r) if receivers is not None else ():
+                where = position_of(positions, ("receivers", i, field))
+                problems.append((where, f"receiver '{r.name}': '{field}': {message}"))
     if problems:
         raise RoutesConfigError([f"{name}:{ln}:{col}: {msg}" for (ln, col), msg in sorted(problems)])
     return cfg  # type: ignore[return-value]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from app.dispatch.base import Table
@@ -70,6 +71,32 @@ def needs_update(
     if send_resolved and not set(resolved) <= entry.resolved:
         return True
     return entry.at <= now - repeat_s
+
+
+def why_not(
+    entry: Entry | None,
+    firing: Collection[str],
+    resolved: Collection[str],
+    *,
+    repeat_s: float,
+    send_resolved: bool,
+) -> str:
+    """Why :func:`needs_update` said no, for the log: what the receiver was last told."""
+    if entry is None:
+        return "nothing is firing, and the receiver was never told about this group"
+    told = f"notification {entry.seq} at {_when(entry.at)}"
+    if not firing:
+        return f"everything is resolved and the receiver has heard nothing firing since ({told})"
+    if not send_resolved and not set(resolved) <= entry.resolved:
+        return f"the firing alerts were already sent ({told}); the receiver does not take resolutions"
+    return (
+        f"the firing alerts were already sent ({told}); they repeat after repeat_interval {repeat_s:g}s, "
+        f"at {_when(entry.at + repeat_s)}"
+    )
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def log_key(group_key: str, receiver: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from app.alerts import Alert
 from app.dispatch.base import Muter
 from app.dispatch.messages import OutboxMessage, ReceiverConfig, build_message
-from app.dispatch.nflog import NotificationLog, log_key, needs_update
+from app.dispatch.nflog import Entry, NotificationLog, log_key, needs_update, why_not
 from app.dispatch.routes import Route
 from app.dispatch.storm import StormControl
 
@@ -97,11 +97,25 @@ class MuteStage:
         return kept
 
 
-class DedupStage:
-    """Passes the alerts on only when the notification log says the receiver needs an update."""
+#: at most one log line per group and receiver in this many seconds says why alerts were held back
+SUPPRESSED_LOG_EVERY_S = 300.0
+#: groups remembered for that; past it, the oldest are forgotten (a line may then come sooner)
+MAX_SUPPRESSED_GROUPS = 10_000
 
-    def __init__(self, nflog: NotificationLog) -> None:
+
+class DedupStage:
+    """Passes the alerts on only when the notification log says the receiver needs an update.
+
+    When it holds back every alert of a flush as already sent, an INFO line says so, with
+    the count and the reason (:func:`~app.dispatch.nflog.why_not`): at most one per group
+    and receiver every ``log_every_s`` (of the dispatcher's clock), counting the alerts held
+    back since the last line."""
+
+    def __init__(self, nflog: NotificationLog, log_every_s: float = SUPPRESSED_LOG_EVERY_S) -> None:
         self.nflog = nflog
+        self.log_every_s = log_every_s
+        #: per log key: when its last line was written, and alerts held back since
+        self._said: dict[str, tuple[float, int]] = {}
 
     def run(self, ctx: FlushContext, alerts: list[Alert]) -> list[Alert]:
         ctx.firing = [a.alert_id for a in alerts if a.status == "firing"]
@@ -116,7 +130,27 @@ class DedupStage:
             now=ctx.now,
         ):
             return alerts
+        self._suppressed(ctx, entry, len(alerts))
         return []
+
+    def _suppressed(self, ctx: FlushContext, entry: Entry | None, n: int) -> None:
+        key = ctx.log_key
+        last, held = self._said.pop(key, (float("-inf"), 0))
+        held += n
+        if ctx.now - last < self.log_every_s:
+            self._said[key] = (last, held)  # (re-inserted: the dict keeps the least recent first)
+            return
+        if len(self._said) >= MAX_SUPPRESSED_GROUPS:
+            del self._said[next(iter(self._said))]
+        self._said[key] = (ctx.now, 0)
+        why = why_not(
+            entry, ctx.firing, ctx.resolved, repeat_s=ctx.route.repeat_interval,
+            send_resolved=ctx.receiver.send_resolved,
+        )  # fmt: skip
+        logger.info(
+            "not notifying %s of group %s: %d alert(s) held back as already sent (the notification "
+            "log): %s", ctx.receiver.name, ctx.group_key, held, why,
+        )  # fmt: skip
 
 
 class StormStage:

@@ -56,6 +56,29 @@ def _utcnow() -> datetime:
     return datetime.now(tz=UTC)
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a webhook URL (not http(s) with a host), or None."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return f"{redact_url(url)} is not a valid URL"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        scheme = (
+            f" (scheme {parsed.scheme!r})" if parsed.scheme and parsed.scheme not in ("http", "https") else ""
+        )
+        return f"{redact_url(url)} must be http:// or https:// with a host{scheme}"
+    return None
+
+
+def secret_problem(secret: str) -> str | None:
+    """Why ``secret`` cannot sign Standard Webhooks, or None."""
+    try:
+        Webhook(secret)
+    except (EmptyWebhookSecretError, ValueError):  # binascii.Error is a ValueError
+        return "must be non-empty base64, optionally prefixed with whsec_"
+    return None
+
+
 class WebhookNotifier:
     """Sends alert batches to one webhook URL. Not thread-safe; one event loop."""
 
@@ -75,26 +98,26 @@ class WebhookNotifier:
     ) -> None:
         self._url = url
         self.safe_url = redact_url(url)
-        try:
-            parsed: httpx.URL | None = httpx.URL(url)
-        except httpx.InvalidURL:
-            parsed = None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-            msg = f"webhook URL {self.safe_url} must be http:// or https:// with a host"
+        problem = url_problem(url)
+        if problem is not None:
+            msg = f"webhook URL {problem}"
             raise ConfigError(msg)
         self._signer: Webhook | None = None
         if secret is not None:
-            try:
-                self._signer = Webhook(secret)
-            except (EmptyWebhookSecretError, ValueError):  # binascii.Error is a ValueError
-                msg = "webhook secret must be non-empty base64, optionally prefixed with whsec_"
-                raise ConfigError(msg) from None
+            problem = secret_problem(secret)
+            if problem is not None:
+                msg = f"webhook secret {problem}"
+                raise ConfigError(msg)
+            self._signer = Webhook(secret)
         self._secrets = [*url_secrets(url), secret or "", *(headers or {}).values()]
         self._headers = dict(headers or {})
         self._timeout = timeout
         self._receiver = receiver
         self._external_url = external_url
-        self._guard = SSRFGuard(allow_private, resolver)
+        try:
+            self._guard = SSRFGuard(allow_private, resolver)
+        except ValueError as exc:  # an allow-list entry that does not parse
+            raise ConfigError(str(exc)) from None
         self._now = now
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout),

@@ -61,6 +61,7 @@ from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, Sequ
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
+from app.rules.timebound import CLOCK_KEY, TimeBound
 from app.tables import TABLES, Tables
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,6 @@ __all__ = [
 
 #: Where events go that a rule with ``late_policy: side`` could not use.
 LATE_TOPIC = "events.late"
-
 
 _KEY_HASHES = KeyHashes()
 #: joined registry rows kept across batches, at most (more: the cache starts again)
@@ -111,16 +111,19 @@ def _kind_logic(rule: CompiledRule) -> Logic | None:
 
 @dataclass
 class Output:
-    """What one event produced: alert transitions, routed events, unusable late events."""
+    """What one event produced: alert transitions, routed events, unusable late events, and
+    events refused for their time (each with the reason, for the dead-letter topic)."""
 
     alerts: list[Alert] = field(default_factory=list)
     routed: list[tuple[str, bytes, bytes]] = field(default_factory=list)
     late: list[tuple[str, bytes]] = field(default_factory=list)
+    refused: list[tuple[Event, str]] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
         self.routed += other.routed
         self.late += other.late
+        self.refused += other.refused
 
 
 @dataclass
@@ -130,6 +133,8 @@ class EvalStats:
     alerts: int = 0
     errors: int = 0
     skipped_no_table_row: int = 0
+    #: events refused as too far ahead of their partition's clock (or of the wall clock)
+    refused: int = 0
     per_rule_errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -217,9 +222,11 @@ class StreamEvaluator:
 
     def __init__(
         self, name: str, rules: Sequence[CompiledRule], store: StateStore, tables: Tables | None = None,
-        partitions: int = 1,
+        partitions: int = 1, max_skew_ms: int = -1,
     ) -> None:  # fmt: skip
         self.name = name
+        #: APP_MAX_EVENT_SKEW in ms, -1: off (see :mod:`app.rules.timebound` and docs/event-time.md)
+        self.max_skew_ms = max_skew_ms
         self.rules = list(rules)
         self.store = store
         self.tables = tables or Tables()
@@ -242,14 +249,53 @@ class StreamEvaluator:
         self._expected: dict[int, int] = {}
         self._joined: dict[tuple[str, str], dict | None] = {}
         self._joined_version = -1
+        #: the event-time bound of the partitions (docs/event-time.md); it shares ``clocks``
+        self.bound = TimeBound(name, max_skew_ms, store, self.clocks)
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
-        """Re-arm timers from persisted state (after a restart or a rule reload)."""
+        """Re-arm timers from persisted state (after a restart or a rule reload), and take
+        back each partition's clock and held events (:meth:`TimeBound.save`)."""
         versions = {r.id: r.version for r in self.rules}
+        mine = CLOCK_KEY + self.name + "\x1f"
         for key, st in items:
+            if key.startswith(CLOCK_KEY):
+                if key.startswith(mine):
+                    self.bound.restore(st)
+                continue
             rid = key.split("\x1f", 1)[0]
             if versions.get(rid) == st.get("v") and st.get("due") is not None:
                 self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
+
+    def _admit(
+        self, events: list[Event], partition: int, now_ms: int, out: Output, save: bool
+    ) -> tuple[list[Event], list[int]]:
+        """The events to evaluate now, with the partition clock at each (:meth:`TimeBound.admit`)."""
+        refused = out.refused
+        before = len(refused)
+        admitted = self.bound.admit(events, partition, now_ms, refused, save)
+        self.stats.refused += len(refused) - before
+        return admitted
+
+    def held_partitions(self) -> list[int]:
+        """The partitions with events held for their time."""
+        return self.bound.held_partitions()
+
+    def release(self, partition: int, now_ms: int, quiet_ms: int) -> Output:
+        """The live worker's end of a gap: evaluate what :meth:`TimeBound.release` lets go."""
+        events = self.bound.release(partition, now_ms, quiet_ms)
+        if not events:
+            return Output()
+        out = self.process_batch(events, partition, now_ms)
+        self.stats.events -= len(events)  # counted when they came
+        return out
+
+    def finish(self) -> Output:
+        """The end of the input (a backtest's): every event still held is refused, as no later
+        event can confirm it."""
+        out = Output()
+        self.bound.finish(out.refused)
+        self.stats.refused += len(out.refused)
+        return out
 
     def _heap(self, partition: int, rule_id: str) -> list[tuple[int, str]]:
         """The timer heap of one rule on one partition: ``(due, state key)``."""
@@ -383,14 +429,26 @@ class StreamEvaluator:
             out.update(extra)
         return out
 
-    def process(self, ev: Event, partition: int = 0) -> Output:
+    def process(self, ev: Event, partition: int = 0, now_ms: int = -1) -> Output:
         """Evaluate one event on ``partition`` of this stream: every rule in turn, its
         timers due at the clock run before and after it (as :meth:`process_batch`,
-        without the batch's bookkeeping)."""
+        without the batch's bookkeeping). With a time bound, the event may be held or
+        refused, and held ones evaluated with it (:meth:`_admit`)."""
         self.stats.events += 1
         out = Output()
-        clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
-        self.clocks[partition] = clock
+        if self.max_skew_ms < 0:
+            clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
+            self.clocks[partition] = clock
+            self._process_one(ev, partition, clock, out)
+        else:
+            events, clocks = self._admit([ev], partition, now_ms, out, False)
+            for e, c in zip(events, clocks):
+                self._process_one(e, partition, c, out)
+        self.stats.alerts += len(out.alerts)
+        return out
+
+    def _process_one(self, ev: Event, partition: int, clock: int, out: Output) -> None:
+        """One event through every rule at partition clock ``clock`` (see :meth:`process`)."""
         self._expect_registry(partition, clock)
         tables = self._join_cache()
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
@@ -413,8 +471,6 @@ class StreamEvaluator:
                     groups[group_by] = found
             names: VersionedStore = view  # typed: a native call when compiled
             self._step(run, partition, found[0], names.key(found[1]), ev, row, clock, out)
-        self.stats.alerts += len(out.alerts)
-        return out
 
     def _step(
         self, run: tuple[Any, ...], partition: int, group: tuple[str, ...], key: str, ev: Event,
@@ -444,29 +500,37 @@ class StreamEvaluator:
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, view, clock, rule, logic, out)
 
-    def process_batch(self, events: Sequence[Event], partition: int = 0) -> Output:
+    def process_batch(self, events: Sequence[Event], partition: int = 0, now_ms: int = -1) -> Output:
         """Evaluate ``events``, in arrival order, on ``partition`` of this stream.
 
         Rule by rule: each rule takes the batch's events in order, its timers
         running at each event's clock (the newest event time so far) before and
         after the event, exactly as if the events came one at a time. Rules share
         no state, so a batch gives the same alerts as its events one by one; only
-        the interleaving of different rules' alerts in the output differs.
+        the interleaving of different rules' alerts in the output differs. With a
+        time bound, events may be held or refused first, as :meth:`process` would
+        (:meth:`_admit`; ``now_ms``: the wall clock, -1 for none).
         """
         out = Output()
         if not events:
             return out
         self.stats.events += len(events)
-        clock = self.clocks.get(partition, events[0].ts_ms)
-        clocks = []
-        for ev in events:
-            if ev.ts_ms > clock:
-                clock = ev.ts_ms
-            clocks.append(clock)
-        self.clocks[partition] = clock
-        self._expect_registry(partition, clocks[0])
         # a list, as every kind's batch path takes it (indexed natively in the compiled build)
-        batch = _Batch(events if isinstance(events, list) else list(events), clocks, self._join_cache())
+        todo = events if isinstance(events, list) else list(events)
+        if self.max_skew_ms < 0:
+            clock = self.clocks.get(partition, todo[0].ts_ms)
+            clocks = []
+            for ev in todo:
+                if ev.ts_ms > clock:
+                    clock = ev.ts_ms
+                clocks.append(clock)
+            self.clocks[partition] = clock
+        else:
+            todo, clocks = self._admit(todo, partition, now_ms, out, True)
+            if not todo:
+                return out
+        self._expect_registry(partition, clocks[0])
+        batch = _Batch(todo, clocks, self._join_cache())
         for run in self._runs_of(partition):
             self._run_rule(run, batch, partition, out)
         self.stats.alerts += len(out.alerts)
@@ -586,7 +650,7 @@ class Engine:
 
     def __init__(
         self, ruleset: RuleSet, *, engine: str = "faust", tables: Tables | None = None, partitions: int = 1,
-        stores: Callable[[str], StateStore] | None = None,
+        stores: Callable[[str], StateStore] | None = None, max_skew_ms: int = -1,
     ) -> None:  # fmt: skip
         self.ruleset = ruleset
         self.tables = tables or Tables()
@@ -601,7 +665,7 @@ class Engine:
         self.streams: dict[str, list[Stream]] = {}
         for (source, fields), rules in groups.items():
             name = stream_name(source, fields)
-            ev = StreamEvaluator(name, rules, make_store(name), self.tables, partitions)
+            ev = StreamEvaluator(name, rules, make_store(name), self.tables, partitions, max_skew_ms)
             self.streams.setdefault(source, []).append(Stream(name, source, fields, ev))
 
     def process(self, source: str, ev: Event) -> Output:
@@ -610,6 +674,15 @@ class Engine:
         for stream in self.streams.get(source, ()):
             if stream.evaluator.rules:
                 out.extend(stream.evaluator.process(ev, partition_for(stream.key_of(ev), self.partitions)))
+        return out
+
+    def finish(self) -> Output:
+        """The end of a backtest's input: events still held for their time are refused
+        (:meth:`StreamEvaluator.finish`)."""
+        out = Output()
+        for streams in self.streams.values():
+            for stream in streams:
+                out.extend(stream.evaluator.finish())
         return out
 
     def process_batch(self, items: Sequence[tuple[str, Event]]) -> Output:
@@ -638,14 +711,17 @@ class Engine:
                 total.alerts += st.alerts
                 total.errors += st.errors
                 total.skipped_no_table_row += st.skipped_no_table_row
+                total.refused += st.refused
                 total.per_rule_errors.update(st.per_rule_errors)
         return total
 
 
-def run_backtest(ruleset: RuleSet, events: Iterable[tuple[str, Event]], engine: str = "faust",
-                 partitions: int = 1, tables: Tables | None = None) -> list[Alert]:  # fmt: skip
+def run_backtest(
+    ruleset: RuleSet, events: Iterable[tuple[str, Event]], engine: str = "faust", partitions: int = 1,
+    tables: Tables | None = None, max_skew_ms: int = -1,
+) -> list[Alert]:  # fmt: skip
     """Evaluate recorded ``(source, event)`` pairs in order with a fresh state."""
-    eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables)
+    eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables, max_skew_ms=max_skew_ms)
     out: list[Alert] = []
     for source, e in events:
         out.extend(eng.process(source, e).alerts)

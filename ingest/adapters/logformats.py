@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from app.events import LOGS
+from app.errors import IngestDecodeError
+from app.events import LOGS, check_unique_keys
 from ingest.adapters.apache import parse_record as access
 from ingest.adapters.apache_error import parse_record as apache_error
 from ingest.adapters.applog import parse_record as applog
@@ -67,6 +68,10 @@ def _jsonl(text: str, ctx: LineContext) -> Record:
     if not isinstance(obj, dict):
         msg = f"a JSON lines log event must be an object, got {type(obj).__name__}"
         raise LineParseError(msg)
+    try:
+        check_unique_keys(text, obj)
+    except IngestDecodeError as exc:
+        raise LineParseError(exc.reason, exc.field) from None
     if "host" not in obj and ctx.host:
         obj["host"] = ctx.host
     return obj

@@ -36,7 +36,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from app.errors import IngestDecodeError
-from app.events import SENSORS, format_ts, parse_ts
+from app.events import SENSORS, check_unique_keys, format_ts, parse_ts
 from app.rules.yamlpos import YamlProblem, load_with_positions
 from ingest.model import IngestArgError, Record
 
@@ -140,6 +140,7 @@ def _decode(payload: bytes, field: str | None) -> Any:
         return text
     try:
         value = orjson.loads(text)
+        check_unique_keys(text, value)
     except orjson.JSONDecodeError:
         msg = f"payload is neither a number nor a JSON object: {text[:60]!r}"
         raise IngestDecodeError(msg, field) from None

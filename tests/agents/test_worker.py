@@ -4,6 +4,7 @@ the demo webhook receiver; malformed events -> `dlq.events` while processing goe
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
@@ -134,6 +135,39 @@ def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(tmp_path: Path) 
         proc.wait(45)  # (the role's own stop would SIGKILL it after its grace)
         assert time.monotonic() - began < 20
         assert proc.returncode == 0
+
+
+def test_future_dated_events_change_no_alert_of_the_worker_and_are_dead_lettered(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The real NAB series with a bad clock's events among it, through the worker: the
+    alerts of the series without them, and each of them on dlq.events with its reason."""
+    lines = nab_lines(N_EVENTS)
+    bad = [
+        {"device_id": "rogue-1", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0},  # ahead of the wall
+        {
+            "device_id": "machine-temp-1",
+            "ts": "2020-01-01T00:00:00Z",
+            "temperature": 20.0,
+        },  # of the partition
+    ]
+    stream = [*lines[:1000], orjson.dumps(bad[0]), *lines[1000:2000], orjson.dumps(bad[1]), *lines[2000:]]
+    produce(broker.bootstrap, "events.sensors", [(orjson.loads(v)["device_id"].encode(), v) for v in stream])
+    ruleset = load_rules([PROJECT_ROOT / "rules"])
+    report = BacktestReport()
+    expected = backtest(ruleset, read_events(lines, "nab", report), io.StringIO(), report)
+    with role(["agents", "worker"], role_env(broker, tmp_path), tmp_path / "worker.log"):
+        alerts = wait_for_json(broker.bootstrap, "alerts", len(expected), timeout_s=90, what="alerts")
+        dead = wait_for_json(broker.bootstrap, "dlq.events", 2, timeout_s=30, what="the refused events")
+    assert sorted((a["fingerprint"], a["alert_id"]) for a in alerts) == sorted(
+        (a.fingerprint, a.alert_id) for a in expected
+    )
+    assert {(d["adapter"], d["field"], orjson.loads(d["raw"])["ts"][:4]) for d in dead} == {
+        ("rule-worker", "ts", "2099"), ("rule-worker", "ts", "2020"),
+    }  # fmt: skip
+    by_year = {orjson.loads(d["raw"])["ts"][:4]: d["reason"] for d in dead}
+    assert "ahead of the wall clock" in by_year["2099"]
+    assert "ahead of its partition's clock 2013-12-" in by_year["2020"]
 
 
 def role_env(broker: KafkaBroker, tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -88,19 +88,19 @@ def tables() -> Tables:
 
 
 def both_backtests(
-    spark: SparkSession, path: Path, partitions: int
+    spark: SparkSession, path: Path, partitions: int, max_skew_ms: int = -1
 ) -> tuple[list[Alert], BacktestReport, str, list[Alert], BacktestReport, str]:
     ruleset = load_rules([RULES])
     faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     with path.open("rb") as f:
         faust = backtest(
             ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
-            partitions=partitions, tables=tables(),
+            partitions=partitions, tables=tables(), max_skew_ms=max_skew_ms,
         )  # fmt: skip
     spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     on_spark = run_backtest(
         spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
-        partitions=partitions, tables=tables(),
+        partitions=partitions, tables=tables(), max_skew_ms=max_skew_ms,
     )  # fmt: skip
     return faust, faust_report, faust_out.getvalue(), on_spark, spark_report, spark_out.getvalue()
 
@@ -173,3 +173,45 @@ def test_late_out_of_order_and_silent_cases_are_decided_the_same_way(
         ("firing", at(645), None),
         ("resolved", at(645), at(662)),
     ]
+
+
+def test_future_dated_events_are_refused_the_same_way_and_change_no_alert(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The time bound (APP_MAX_EVENT_SKEW) on both engines: events from clocks decades or
+    weeks ahead, among every kind's input, are refused alike, and the alerts are those of
+    the input without them."""
+    lines = lines_for_test()
+    far = [
+        {"device_id": "w-2", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0},
+        {"device_id": "machine-temp-1", "ts": "2099-12-31T00:00:00Z", "temperature": 120.0},
+        {"host": "www-9", "ts": "2099-12-31T00:00:00Z", "client_ip": "10.0.0.9", "path": "/x", "status": 404},
+        {"device_id": "w-1", "ts": at(600 + 30 * 24 * 60), "temperature": 20.0},
+    ]
+    mixed = [*lines[:3000], orjson.dumps(far[1]), *lines[3000:-20], orjson.dumps(far[0]), *lines[-20:-5]]
+    mixed += [orjson.dumps(far[3]), lines[-5], orjson.dumps(far[2]), *lines[-4:]]
+    clean, dirty = tmp_path / "clean.jsonl", tmp_path / "dirty.jsonl"
+    clean.write_bytes(b"\n".join(lines) + b"\n")
+    dirty.write_bytes(b"\n".join(mixed) + b"\n")
+    skew = 5 * 60_000
+    faust, f_report, f_out, on_spark, s_report, s_out = both_backtests(spark, dirty, 2, skew)
+    assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
+    assert by_fingerprint(on_spark) == by_fingerprint(faust)
+    assert Counter(s_out.splitlines()) == Counter(f_out.splitlines())
+    assert (s_report.events, s_report.alerts, s_report.routed, s_report.late, s_report.refused) == (
+        f_report.events, f_report.alerts, f_report.routed, f_report.late, f_report.refused,
+    )  # fmt: skip
+    refused = sorted(p for p in f_report.problems if p.startswith("refused"))
+    assert sorted(p for p in s_report.problems if p.startswith("refused")) == refused
+    assert all(any(e["ts"][:10] in p for p in refused) for e in far), refused
+
+    ruleset = load_rules([RULES])
+    report = BacktestReport(statuses=EVERY_STATUS)
+    with clean.open("rb") as f:
+        without = backtest(
+            ruleset, read_events(f, str(clean), report), io.StringIO(), report, partitions=2, tables=tables(),
+            max_skew_ms=skew,
+        )  # fmt: skip
+    assert by_fingerprint(faust) == by_fingerprint(without)
+    assert report.refused == 0  # real jumps (2013 -> 2024, daily bars) are all confirmed or caught up with
+    assert f_report.refused == len(far) + 2  # the logs event is refused by each of its three streams

@@ -93,7 +93,9 @@ def test_list_silence_ack_show_and_unsilence(
     assert "no alert match" in capsys.readouterr().err
 
 
-def test_routes_test_prints_the_receivers_like_amtool(tmp_path: Path) -> None:
+def test_routes_test_prints_the_receivers_like_amtool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     routes = tmp_path / "routes.yaml"
     routes.write_text(BASE + """
 route:
@@ -109,6 +111,8 @@ route:
     )  # fmt: skip
     assert (out.returncode, out.stdout) == (0, "pager,bus\n"), out.stderr
     assert main(["routes", "test", "--config", str(routes), "--labels", "severity=info"]) == 0
+    assert main(["routes", "check", str(routes)]) == 1  # loopback receivers: the dispatcher refuses them
+    monkeypatch.setenv("APP_WEBHOOK_ALLOW_PRIVATE", "127.0.0.1:9")
     assert main(["routes", "check", str(routes)]) == 0
     routes.write_text(BASE + "route: {receiver: nobody}\n")
     assert main(["routes", "check", str(routes)]) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,33 @@ def test_limits_types_sources_and_auth(settings: Settings, tmp_path: Path) -> No
 
     summary = _serve(settings, scenario, max_body_bytes=4096, token="s3cret")
     assert (summary.published, summary.dlq) == (1, 1)
+
+
+@pytest.mark.timeout(60)
+def test_events_from_a_bad_clock_or_with_a_repeated_key_are_refused(settings: Settings) -> None:
+    """A device whose clock says 2099 was accepted (202) and wrecked its partition's clock;
+    one that repeated a key had its first value silently replaced."""
+    now = datetime.now(tz=UTC)
+    future = _reading(1, ts="2099-12-31T00:00:00Z")
+    repeated = b'{"device_id": "dev-1", "ts": "%s", "temperature": 20, "temperature": 99}' % (
+        now.isoformat().encode()
+    )
+
+    async def scenario(client: aiohttp.ClientSession, url: str) -> None:
+        for body, field, reason in (
+            (orjson.dumps(future), "ts", "ahead of the wall clock"),
+            (repeated, "temperature", "key 'temperature' appears more than once"),
+        ):
+            async with client.post(f"{url}/v1/events/sensors", data=body, headers=NDJSON) as r:
+                answer = await r.json()
+            assert r.status == 400, answer
+            assert answer["errors"][0]["field"] == field and reason in answer["errors"][0]["reason"]
+        present = _reading(2, ts=now.isoformat())
+        async with client.post(f"{url}/v1/events/sensors", json=present) as r:
+            assert r.status == 202
+
+    summary = _serve(settings, scenario)
+    assert (summary.published, summary.dlq) == (1, 2)
+    dead = consume_json(settings.bootstrap_servers, topics.DLQ, min_count=2)
+    assert "(max skew 5m, APP_MAX_EVENT_SKEW)" in dead[0]["reason"] and dead[0]["field"] == "ts"
+    assert dead[1]["raw"] == repeated.decode()

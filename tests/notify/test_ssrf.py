@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app.notify import SSRFBlockedError, SSRFGuard
-from app.notify.ssrf import PinnedTarget
+from app.notify.ssrf import AllowList, PinnedTarget
 
 
 def pin(url: str, allow: tuple[str, ...] = (), answers: list[str] | None = None) -> PinnedTarget:
@@ -67,3 +67,42 @@ def test_only_http_and_https_are_accepted() -> None:
     for url in ("ftp://93.184.216.34/x", "file:///etc/passwd", "not a url"):
         with pytest.raises(SSRFBlockedError):
             pin(url)
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254 (cloud metadata)
+        "2002:c0a8:101::",  # 6to4 of 192.168.1.1
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+        "64:ff9b:1::808:808",  # local-use NAT64: refused whole
+        "::7f00:1",  # IPv4-compatible 127.0.0.1
+        "::ffff:a9fe:a9fe",  # IPv4-mapped 169.254.169.254
+    ],
+)
+def test_ipv6_forms_that_embed_a_private_ipv4_are_refused(ip: str) -> None:
+    with pytest.raises(SSRFBlockedError, match="non-public"):
+        pin(f"http://[{ip}]:8080/hook")
+    with pytest.raises(SSRFBlockedError, match="non-public"):
+        pin("http://sneaky.example.com/hook", answers=[ip])
+
+
+def test_6to4_of_a_public_ipv4_is_public() -> None:
+    assert str(pin("http://[2002:808:808::1]/hook").ip) == "2002:808:808::1"
+
+
+def test_an_allow_list_entry_with_a_port_allows_that_port_only() -> None:
+    assert pin("http://127.0.0.1:8080/x", ("127.0.0.1:8080",)).ip.is_loopback
+    assert pin("http://localhost:8080/x", ("localhost:8080",)).ip.is_loopback
+    assert pin("http://[::1]:8080/x", ("[::1]:8080",)).ip.is_loopback
+    assert pin("http://127.0.0.1:6379/x", ("127.0.0.1",)).ip.is_loopback  # a bare host: every port
+    for url in ("http://127.0.0.1:6379/x", "http://127.0.0.1/x"):
+        with pytest.raises(SSRFBlockedError, match=r"127\.0\.0\.1:(6379|80)\)"):
+            pin(url, ("127.0.0.1:8080",))
+    with pytest.raises(SSRFBlockedError):
+        pin("http://localhost:6379/x", ("localhost:8080",))
+    with pytest.raises(ValueError, match="not a port"):
+        AllowList.parse(["127.0.0.1:http"])

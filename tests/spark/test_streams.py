@@ -57,7 +57,7 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     lines = [v for _, v in sensors]
     want = backtest(
         ruleset, read_events(lines, "s", report), io.StringIO(), report,
-        partitions=settings.partitions, tables=tables(),
+        partitions=settings.partitions, tables=tables(), max_skew_ms=settings.max_event_skew_ms,
     )  # fmt: skip
     assert {a.rule_id for a in want} >= {"hourly-heat", "heat-rising", "device-silent", "overheat-held"}
     assert {a.rule_id for a in want} >= {"too-hot-for-its-site", "status-change", "hot-quarter"}
