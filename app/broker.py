@@ -250,7 +250,10 @@ class KafkaBroker:
         """Format the log dir unless it was formatted before (its ``meta.properties`` exists)."""
         if (self.log_dir / "meta.properties").exists():
             return
-        argv = self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config))
+        # "--cluster-id=": an id may start with "-" (URL-safe base64), which argparse took for an option
+        argv = self._java(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={new_cluster_id()}", "-c", str(config)
+        )
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
             [*argv, "--ignore-formatted"], capture_output=True, timeout=120, check=False
         )
