@@ -83,6 +83,9 @@ class PartitionTransactions:
         """Own ``partitions``: stop the producers of the others, start (and so fence the previous
         owner of) those of the new ones, and begin a transaction on each."""
         wanted = set(partitions)
+        if self.failed is not None:
+            msg = "a transaction failed: this worker is stopping"
+            raise RuntimeError(msg) from self.failed
         if self.open:
             msg = "assign() with transactions still open: the revocation's commit did not run"
             raise RuntimeError(msg)
