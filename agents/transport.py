@@ -25,6 +25,18 @@ loop (``_new_offset``), with its flush of the producer and, before it, the
 check every delivery), so delivery stays at least once. Every other topic
 (table changelogs in recovery, other agents) takes Faust's path unchanged.
 
+**Exactly-once** (``RulesApp.transactions``, :mod:`agents.transactions`). Not
+Faust's own mode, whose transaction errors are logged and passed over. Here the
+handlers and each commit take turns on a lock (the gate), so one commit's
+state, outputs and offsets cover the same batches; a commit writes the changed
+states into the partitions' transactions and commits each with its offsets;
+partitions are committed before they are revoked, and the producers of newly
+assigned partitions start (fencing the previous owner) before Faust reads their
+changelogs. Any failure stops the worker. The consumer reads committed records
+only, at least once too, and table recovery ends at the last committed
+changelog record (:func:`committed_ends`), since a transaction's marker, never
+returned, ends the log.
+
 **No spinner.** Faust's worker draws a progress spinner and, for it, sets the
 root logger to DEBUG whenever the log level is WARN or above, so every debug
 call in the process (aiokafka logs one per record produced) built a log
@@ -36,15 +48,22 @@ These are subclasses wired in by :class:`RulesApp`; nothing in Faust is patched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, cast
 
+import aiokafka
 import faust
+from aiokafka.structs import TopicPartition
+from faust.tables import TableManager
+from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
-from faust.types import TP, TransportT
+from faust.types import TP, ConsumerT, TransportT
+
+from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +82,18 @@ CONSUMER_THREAD_STOP_S = 5.0
 class WorkerConsumerThread(AIOKafkaConsumerThread):
     shutdown_timeout = CONSUMER_THREAD_STOP_S
 
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        """Faust's consumer, reading committed records only (Faust does so only with its own
+        exactly-once mode, which this worker does not use: see :mod:`agents.transactions`).
+
+        Under exactly-once the worker's regroup topics and changelogs are written in
+        transactions, and an aborted one's records must never be evaluated or restored;
+        without transactions it changes nothing.
+        """
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # noqa: SLF001 - read by start(), which has not run
+        return consumer
+
 
 class BatchConsumer(Consumer):
     _held: frozenset[TP] = frozenset()
@@ -70,10 +101,24 @@ class BatchConsumer(Consumer):
     _no_fetch_in_flight: asyncio.Event | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
     _batch_acked: dict[TP, int]
+    #: exactly-once only: held by a handler call (with its offset bookkeeping) and by a commit,
+    #: so a commit's state, outputs and offsets cover the same batches
+    _eos_gate: asyncio.Lock | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batch_acked = {}
+
+    def _transactions(self) -> PartitionTransactions | None:
+        found: PartitionTransactions | None = getattr(self.app, "transactions", None)
+        return found
+
+    @property
+    def _gate(self) -> asyncio.Lock | None:
+        """The exactly-once gate; None at least once (the handlers then run without it)."""
+        if self._eos_gate is None and self._transactions() is not None:
+            self._eos_gate = asyncio.Lock()
+        return self._eos_gate
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return WorkerConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -113,11 +158,14 @@ class BatchConsumer(Consumer):
         generation changed, or for a partition no longer active is dropped
         unprocessed, as Faust's ``getmany`` drops records then: the position is
         reset to the committed offset when the rebalance ends, so it is read again.
+        Under exactly-once, so is a batch that finds no open transaction (partitions
+        being revoked, the worker stopping or failed).
         """
         rest: dict[TP, list[Any]] = {}
         generation = self.app.consumer_generation_id
         size = max(1, int(getattr(self.app, "batch_size", 500)))
         monitor = self.app.monitor
+        gate, transactions = self._gate, self._transactions()
         for tp, batch in records.items():
             handler = handlers.get(tp.topic)
             if handler is None:
@@ -132,15 +180,24 @@ class BatchConsumer(Consumer):
                 if active is not None and tp not in active and tp not in self._buffered_partitions:
                     break
                 chunk = batch[start : start + size]
-                await handler(tp, chunk)
-                after = chunk[-1].offset + 1
-                self._read_offset[tp] = after
-                self._acked.setdefault(tp, [])  # lists tp in Faust's commit loop
-                self._batch_acked[tp] = after
+                if gate is None:
+                    await handler(tp, chunk)
+                    self._batch_done(tp, chunk[-1].offset + 1)
+                else:
+                    async with gate:
+                        if transactions is None or not transactions.open or self.should_stop:
+                            return rest
+                        await handler(tp, chunk)
+                        self._batch_done(tp, chunk[-1].offset + 1)
                 if monitor is not None:
                     monitor.stream_inbound_time[tp] = time.monotonic()  # Faust's "stream idle" check
                 await asyncio.sleep(0)  # let timers (the commit each second) and other tasks run
         return rest
+
+    def _batch_done(self, tp: TP, after: int) -> None:
+        self._read_offset[tp] = after
+        self._acked.setdefault(tp, [])  # lists tp in Faust's commit loop
+        self._batch_acked[tp] = after
 
     def _new_offset(self, tp: TP) -> int | None:
         """The offset to commit: past the last handled batch for batch-agent partitions."""
@@ -148,9 +205,99 @@ class BatchConsumer(Consumer):
         return done if done is not None else super()._new_offset(tp)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Under exactly-once, commit what was processed first: the worker is still the owner
+        (a zombie's commit fails, fenced), and the in-memory state stays that of the offsets
+        committed, whoever owns the partitions next."""
+        transactions = self._transactions()
+        if transactions is not None and transactions.open:
+            with contextlib.suppress(Exception):  # logged, and the worker crashed: see the commit
+                await self._commit_transactions(begin=False)
         for tp in revoked:
             self._batch_acked.pop(tp, None)
         await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """Under exactly-once, start the assigned partitions' transactional producers (which
+        fences their previous owners and ends their open transactions) before Faust reads
+        their changelogs and committed offsets."""
+        transactions = self._transactions()
+        if transactions is not None:
+            try:
+                await transactions.assign(self._eos_partitions(assigned))
+            except Exception as exc:
+                logger.error(
+                    "exactly-once: cannot take the assigned partitions, stopping the worker: %r", exc
+                )
+                transactions.failed = exc
+                await self.app.crash(exc)
+                return
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    def _eos_partitions(self, assigned: set[TP]) -> set[int]:
+        """The partition numbers of the batch-agent topics in ``assigned``; an error unless each
+        comes with every batch-agent topic's partition of that number (one transaction covers
+        them all: see :mod:`agents.transactions`)."""
+        topics = set(getattr(self.app, "batch_handlers", {}))
+        ours = {(tp.topic, tp.partition) for tp in assigned if tp.topic in topics}
+        numbers = {p for _, p in ours}
+        missing = sorted({(t, p) for t in topics for p in numbers} - ours)
+        if missing:
+            msg = (
+                f"exactly-once needs partition p of every input topic on one worker; assigned "
+                f"without {missing[:5]}: the input topics' partition counts differ (APP_PARTITIONS)?"
+            )
+            raise RuntimeError(msg)
+        return numbers
+
+    async def _commit_tps(self, tps: Any, start_new_transaction: bool) -> bool:
+        if self._transactions() is None:
+            return bool(await super()._commit_tps(tps, start_new_transaction))
+        return await self._commit_transactions(begin=start_new_transaction)
+
+    async def _commit_transactions(self, *, begin: bool) -> bool:
+        """One exactly-once commit: under the gate (no handler running), take the offsets
+        after the handled batches, run the ``before_commit`` hooks (the changed states go to
+        the transactions), then commit every partition's transaction with its offsets.
+
+        A failure stops the worker: nothing after it is committed, and the restarted worker
+        resumes from the last commit (its producers abort the failed transactions)."""
+        transactions, gate = self._transactions(), self._gate
+        if transactions is None or gate is None:
+            return False
+        async with gate:
+            if not transactions.open or transactions.failed is not None:
+                return False
+            started = time.perf_counter()
+            assignment = self.assignment()
+            offsets: dict[TP, int] = {}
+            for tp in list(self._batch_acked):
+                offset = self._batch_acked.pop(tp)
+                committed = self._committed_offset.get(tp)
+                if tp in assignment and (committed is None or offset > committed):
+                    offsets[tp] = offset
+            try:
+                for hook in getattr(self.app, "before_commit", ()):
+                    done = hook()
+                    if inspect.isawaitable(done):
+                        await done
+                await transactions.commit(offsets, begin=begin)
+            except Exception as exc:
+                transactions.failed = transactions.failed or exc
+                transactions.open = False
+                logger.error("exactly-once commit failed, stopping the worker: %r", exc)
+                await self.app.crash(exc)
+                raise
+            COMMIT_SECONDS.observe(time.perf_counter() - started)
+            if offsets:
+                self._committed_offset.update(offsets)
+                self.app.monitor.on_tp_commit(offsets)
+            return bool(offsets)
+
+    async def on_stop(self) -> None:
+        await super().on_stop()  # its last commit ends the transactions (no new ones begin)
+        transactions = self._transactions()
+        if transactions is not None:
+            await transactions.close()
 
     async def perform_seek(self) -> None:
         """Seek to the committed offsets, stream partitions paused until flow control resumes.
@@ -166,7 +313,7 @@ class BatchConsumer(Consumer):
         await super().perform_seek()
 
     async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        """Write the rule state first, so the changelog always covers the offsets committed."""
+        """At least once: write the rule state first, so the changelog always covers the offsets committed."""
         for hook in getattr(self.app, "before_commit", ()):
             done = hook()
             if inspect.isawaitable(done):
@@ -178,6 +325,97 @@ class BatchConsumer(Consumer):
         held, self._held = self._held, frozenset()
         if held:
             self.resume_partitions(held & self.assignment())
+
+
+async def committed_ends(bootstrap: str, tps: Collection[TP], timeout_s: float = 30.0) -> dict[TP, int]:
+    """Per partition: one past the offset of the last record a ``read_committed`` reader gets
+    below the partition's last stable offset; its earliest offset when it gets none.
+
+    Faust's recovery reads a changelog partition until it has seen the record at the end
+    offset less one. A partition written in transactions ends with a commit (or abort)
+    marker, which no consumer ever returns, so that recovery never ended (Faust's own
+    exactly-once mode gives up on waiting after two idle 5 s polls). This reads each
+    partition's tail backwards, 64 records, then 8 times more each round, until it finds
+    a committed record or the partition's start: an aborted transaction's records (a
+    worker killed mid-commit) are skipped like the markers.
+    """
+    parts = {TopicPartition(tp.topic, tp.partition): tp for tp in tps}
+    if not parts:
+        return {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    consumer = aiokafka.AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        fetch_max_wait_ms=10,
+    )
+    await asyncio.wait_for(consumer.start(), timeout_s)
+    try:
+        consumer.assign(list(parts))
+        ends = await asyncio.wait_for(consumer.end_offsets(list(parts)), timeout_s)  # last stable offsets
+        starts = await asyncio.wait_for(consumer.beginning_offsets(list(parts)), timeout_s)
+        found: dict[TopicPartition, int] = {}
+        low = dict(ends)
+        step = dict.fromkeys(parts, 64)
+        pending = {tp for tp in parts if ends[tp] > starts[tp]}
+        while pending:
+            for tp in pending:
+                low[tp] = max(starts[tp], low[tp] - step[tp])
+                consumer.seek(tp, low[tp])
+            reading = set(pending)
+            while reading:
+                if loop.time() > deadline:
+                    msg = f"changelog tails not read within {timeout_s:.0f} s: {sorted(reading)}"
+                    raise TimeoutError(msg)
+                batch = await consumer.getmany(*reading, timeout_ms=100)
+                for tp, records in batch.items():
+                    last = max((r.offset for r in records if r.offset < ends[tp]), default=None)
+                    if last is not None and last > found.get(tp, -1):
+                        found[tp] = last
+                for tp in list(reading):
+                    if await consumer.position(tp) >= ends[tp]:
+                        reading.discard(tp)
+            for tp in list(pending):
+                if tp in found or low[tp] <= starts[tp]:
+                    pending.discard(tp)
+                else:
+                    step[tp] *= 8
+        return {orig: found[tp] + 1 if tp in found else starts[tp] for tp, orig in parts.items()}
+    finally:
+        await consumer.stop()
+
+
+class WorkerRecovery(Recovery):
+    """Faust's table recovery, its end the last committed changelog record (:func:`committed_ends`)."""
+
+    async def _build_highwaters(
+        self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str
+    ) -> None:
+        bootstrap = getattr(self.app, "bootstrap_servers", "")
+        if not bootstrap or not tps:
+            await super()._build_highwaters(consumer, tps, destination, title)
+            return
+        ends = await committed_ends(bootstrap, tps, timeout_s=float(self.app.conf.broker_request_timeout))
+        # Faust's "highwater": the offset of the last record recovery will see (-1: none)
+        highwaters = {tp: end - 1 for tp, end in ends.items()}
+        self.log.info(
+            "Last committed record of %s changelog partitions:\n%s",
+            title,
+            self._highwater_logtable(highwaters, title=title),
+        )
+        destination.clear()
+        destination.update(highwaters)
+
+
+class WorkerTableManager(TableManager):
+    """Faust's table manager with :class:`WorkerRecovery`."""
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = WorkerRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
 
 
 class QuietWorker(faust.Worker):
@@ -221,8 +459,13 @@ class RulesApp(faust.App):
     idempotence: bool = True
     #: most records per handler call (a fetch holds up to a few thousand per partition)
     batch_size: int = 500
+    #: the cluster's bootstrap servers (``host:port,...``): the changelogs' tails are read there
+    bootstrap_servers: str = ""
+    #: exactly-once (``APP_PROCESSING_GUARANTEE``): the partitions' transactions; None at least once
+    transactions: PartitionTransactions | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("TableManager", WorkerTableManager)
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
 
@@ -230,6 +473,24 @@ class RulesApp(faust.App):
         await super().on_start()
         for task in self.early_tasks:
             self.add_future(task())  # cancelled when the app stops, as Faust's tasks are
+
+    def enable_transactions(self) -> PartitionTransactions:
+        """Exactly-once from now on (before the worker starts): see :mod:`agents.transactions`."""
+        self.transactions = PartitionTransactions(self.conf.id, self.new_transactional_producer)
+        return self.transactions
+
+    def new_transactional_producer(self, transactional_id: str) -> aiokafka.AIOKafkaProducer:
+        """An unstarted aiokafka producer with the worker producer's settings and ``transactional_id``."""
+        producer = cast("IdempotentProducer", self.producer)
+        options = {
+            **producer._settings_default(),  # noqa: SLF001 - Faust's settings for its own producer
+            **producer._settings_auth(),  # noqa: SLF001
+            "acks": "all",
+            "enable_idempotence": True,
+        }
+        return aiokafka.AIOKafkaProducer(
+            **options, transactional_id=transactional_id, transaction_timeout_ms=TRANSACTION_TIMEOUT_MS
+        )
 
     def batch_agent(self, topic: str) -> Callable[[BatchHandler], BatchHandler]:
         """Subscribe to ``topic`` and have ``handler(tp, records)`` process it a batch at a time."""

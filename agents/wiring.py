@@ -28,14 +28,22 @@ stream machinery, a changelog record per rule and event (and one
 ``send_soon`` per changelog record), and an awaited ``Topic.send`` per alert
 were most of a worker's time.
 
-Delivery guarantee: at least once. A batch counts as processed when its
-handler returned, that is after every output of the batch (alerts, regrouped
-events, DLQ records) was handed to the producer. Before committing offsets
-the consumer hands the changed states to the producer, flushes it and fails if
-any output or state record could not be delivered; only then does Faust
-commit. A crash re-processes the uncommitted batches from the state as of the
-last commit; alert ids are deterministic, so the replay re-emits the same
-ids, which downstream dedups.
+Delivery guarantee (``APP_PROCESSING_GUARANTEE``):
+
+* ``at_least_once`` (the default). A batch counts as processed when its
+  handler returned, that is after every output of the batch (alerts, regrouped
+  events, DLQ records) was handed to the producer. Before committing offsets
+  the consumer hands the changed states to the producer, flushes it and fails if
+  any output or state record could not be delivered; only then does Faust
+  commit. A crash re-processes the uncommitted batches from the state as of the
+  last commit; alert ids are deterministic, so the replay re-emits the same
+  ids, which downstream dedups.
+* ``exactly_once``. Each input partition's outputs go to that partition's
+  transactional producer (:mod:`agents.transactions`); each commit, with no
+  handler running, writes the changed states into the same transactions and
+  commits them with the input offsets. A crash aborts everything since the
+  last commit; readers of ``alerts`` read committed records only.
+  docs/exactly-once.md has the design, the zombie story and the cost.
 """
 
 from __future__ import annotations
@@ -275,11 +283,14 @@ class Outbox:
         self.failed: BaseException | None = None
         self._crashing: asyncio.Future[Any] | None = None
 
-    async def send_all(self, records: Sequence[tuple[str, bytes, bytes]]) -> None:
-        """Queue ``(topic, key, value)`` records on the partitions the partitioner picks."""
+    async def send_all(self, records: Sequence[tuple[str, bytes, bytes]], source_partition: int = 0) -> None:
+        """Queue ``(topic, key, value)`` records on the partitions the partitioner picks.
+
+        ``source_partition``: the input partition whose batch produced them; under exactly-once
+        they go into that partition's transaction."""
         if not records:
             return
-        producer = self._producer()
+        producer = self._producer(source_partition)
         partitioner = self.partitioner
         partitions: dict[str, list[int]] = {}
         building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
@@ -299,16 +310,28 @@ class Outbox:
         Each record is copied into its partition's record batch as it comes, and every
         one is in a batch before the first batch is sent: ``records`` is read in one go,
         with no other task running in between (a generator of states sees none change).
+        Under exactly-once each record goes into the transaction of its own partition number:
+        a state's changelog partition is that of the input partition whose events own it.
         """
-        producer: Any = None
         building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
+        producers: dict[int, Any] = {}
         for topic, partition, key, value in records:
-            if producer is None:
-                producer = self._producer()
-            self._append(producer, building.setdefault((topic, partition), []), key, value)
-        await self._send_built(producer, building)
+            batches = building.get((topic, partition))
+            if batches is None:
+                batches = building[(topic, partition)] = []
+                if partition not in producers:
+                    producers[partition] = self._producer(partition)
+            self._append(producers[partition], batches, key, value)
+        for (topic, partition), batches in building.items():
+            for batch in batches:
+                await self._send_batch(producers[partition], batch, topic, partition)
 
-    def _producer(self) -> Any:
+    def _producer(self, source_partition: int) -> Any:
+        """The aiokafka producer for the outputs of ``source_partition``: Faust's (at least once),
+        or that partition's transactional producer (exactly-once)."""
+        transactions = getattr(self.app, "transactions", None)
+        if transactions is not None:
+            return transactions.producer(source_partition)
         return cast("Any", self.app.producer)._ensure_producer()  # noqa: SLF001 - its aiokafka producer
 
     async def _send_built(self, producer: Any, building: dict[tuple[str, int], list[Any]]) -> None:
@@ -383,11 +406,19 @@ class Outbox:
 
 
 def commit_hooks(
-    outbox: Outbox, stores: Iterable[TableStore], flush: Callable[[], Awaitable[None]]
+    outbox: Outbox,
+    stores: Iterable[TableStore],
+    flush: Callable[[], Awaitable[None]],
+    *,
+    exactly_once: bool = False,
 ) -> tuple[Callable[[], object], ...]:
     """What runs before every offset commit (``RulesApp.before_commit``), in order: fail if
     an output was lost; write the changed states; flush the producer (``flush``) and fail
-    if any output or state record handed to it was not delivered. Faust then commits."""
+    if any output or state record handed to it was not delivered. Faust then commits.
+
+    ``exactly_once``: no flush. The states go into the partitions' transactions, and the
+    commit that follows flushes each transactional producer and fails when a record of
+    its transaction was not delivered."""
     stores = tuple(stores)
 
     async def write_state() -> None:
@@ -398,6 +429,8 @@ def commit_hooks(
         await flush()
         outbox.check()
 
+    if exactly_once:
+        return (outbox.check, write_state)
     return (outbox.check, write_state, delivered)
 
 
@@ -440,7 +473,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         if direct is not None:
             out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
         timer.observe(time.perf_counter() - started)
-        await outbox.send_all(sends + outbox.records(out, source))
+        await outbox.send_all(sends + outbox.records(out, source), partition)
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
         """A batch of the regroup topic: each event runs the stream it was re-keyed for."""
@@ -459,7 +492,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             rt.ensure_restored(s, regroup_store, partition)
             out.extend(s.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000))
         timer.observe(time.perf_counter() - started)
-        await outbox.send_all(outbox.records(out, source))
+        await outbox.send_all(outbox.records(out, source), partition)
 
     app.batch_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
@@ -502,8 +535,9 @@ async def _follow_tables(settings: Settings, rt: Runtime) -> None:
                         rt.tables.apply(by_topic[tp.topic], (r.key or b"").decode(), r.value)
                     except (IngestDecodeError, ValueError) as exc:
                         logger.warning("ignored bad row in %s at offset %d: %s", tp.topic, r.offset, exc)
-                    if tp in pending and r.offset + 1 >= marks[tp]:
-                        pending.discard(tp)
+            for tp in list(pending):  # the position: it passes transaction markers, never returned
+                if await consumer.position(tp) >= marks[tp]:
+                    pending.discard(tp)
             if not pending and not rt.tables_ready.is_set():
                 logger.info("registry tables loaded: %s", {n: len(v) for n, v in rt.tables.rows.items()})
                 rt.tables_ready.set()
@@ -587,7 +621,12 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             )
             stores[name] = TableStore(table, limit)
     outbox = Outbox(app, partitioner)
-    app.before_commit = commit_hooks(outbox, stores.values(), app.producer.flush)
+    app.bootstrap_servers = settings.bootstrap_servers
+    if settings.exactly_once:
+        app.enable_transactions()
+    app.before_commit = commit_hooks(
+        outbox, stores.values(), app.producer.flush, exactly_once=settings.exactly_once
+    )
     app.idempotence = settings.enable_idempotence
     app.batch_size = settings.worker_batch
     rt = Runtime(settings, ruleset, Tables(), stores)

@@ -316,7 +316,9 @@ class KafkaBroker:
         """Format the log dir unless it was formatted before (its ``meta.properties`` exists)."""
         if (self.log_dir / "meta.properties").exists():
             return
-        argv = self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config))
+        argv = self._java(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={new_cluster_id()}", "-c", str(config)
+        )
         for user, password in self.sasl_users.items():
             for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
                 argv += ["--add-scram", f"{mech}=[name={user},password={password}]"]

@@ -25,6 +25,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24="  # noqa: S105 - public demo value
 DEMO_COMMAND_SECRET = "demo-command-secret-change-me-in-production"  # noqa: S105 - public demo value
 
+#: the values of APP_PROCESSING_GUARANTEE
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
+
 # name -> (default, description). The default "" means unset.
 ENV_DOCS: dict[str, tuple[str, str]] = {
     "KAFKA_BOOTSTRAP_SERVERS": (
@@ -55,6 +58,13 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "on",
         "`on` or `off`: the idempotent producer (with acks=all) in every role. Off only for a "
         "cluster that refuses InitProducerId (an ACL without IdempotentWrite).",
+    ),
+    "APP_PROCESSING_GUARANTEE": (
+        "at_least_once",
+        "`at_least_once` or `exactly_once`: the rule worker's delivery guarantee. `exactly_once` "
+        "commits each second's alerts, DLQ and routed records, rule state and input offsets in one "
+        "Kafka transaction per input partition (readers of `alerts` read committed records only); it "
+        "needs the idempotent producer. See docs/exactly-once.md for the cost and the default.",
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
     "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml`)."),
@@ -177,6 +187,7 @@ class Settings:
     worker_batch: int
     state_record_max_bytes: int
     idempotence: str
+    processing_guarantee: str
     data_dir: Path
     rules_dir: Path
     routes_file: Path
@@ -209,6 +220,11 @@ class Settings:
         return self.idempotence == "on"
 
     @property
+    def exactly_once(self) -> bool:
+        """The rule worker commits its outputs, state and offsets in Kafka transactions."""
+        return self.processing_guarantee == "exactly_once"
+
+    @property
     def store_path(self) -> Path:
         return self.data_dir / "alerts.sqlite3"
 
@@ -224,6 +240,13 @@ class Settings:
         if idem not in {"on", "off"}:
             msg = f"APP_KAFKA_IDEMPOTENCE={idem!r}: expected on or off"
             raise ConfigError(msg)
+        guarantee = _get(env, "APP_PROCESSING_GUARANTEE").strip().lower()
+        if guarantee not in PROCESSING_GUARANTEES:
+            msg = f"APP_PROCESSING_GUARANTEE={guarantee!r}: expected at_least_once or exactly_once"
+            raise ConfigError(msg)
+        if guarantee == "exactly_once" and idem != "on":
+            msg = "APP_PROCESSING_GUARANTEE=exactly_once needs APP_KAFKA_IDEMPOTENCE=on"
+            raise ConfigError(msg)
         level = _get(env, "APP_LOG_LEVEL").upper()
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             msg = f"APP_LOG_LEVEL={level!r}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
@@ -236,6 +259,7 @@ class Settings:
             worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
             state_record_max_bytes=_int(env, "APP_STATE_RECORD_MAX_BYTES", minimum=1024),
             idempotence=idem,
+            processing_guarantee=guarantee,
             data_dir=_path(env, "APP_DATA_DIR"),
             rules_dir=_path(env, "APP_RULES_DIR"),
             routes_file=_path(env, "APP_ROUTES_FILE"),

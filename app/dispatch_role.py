@@ -240,8 +240,11 @@ async def _loop(
         for tp, records in polled.items():
             _apply(disp, tp, records, command_secret)
             offsets[(tp.topic, tp.partition)] = records[-1].offset + 1
-            reached[tp] = records[-1].offset + 1
-        # ``offsets`` only holds what this batch moved; the replay may end over several batches
+        # ``offsets`` only holds what this batch moved; the replay may end over several batches.
+        # The position, not the last record: a transaction's commit marker ends a partition
+        # written by an exactly-once worker, and a read_committed consumer never returns it.
+        for tp in marks:
+            reached[tp] = await consumer.position(tp)
         if marks and all(reached.get(tp, 0) >= m for tp, m in marks.items()):
             marks.clear()
             disp.rebuilding = False
@@ -372,12 +375,13 @@ async def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) ->
         deadline = asyncio.get_running_loop().time() + timeout_s
         left = dict(marks)
         while left and asyncio.get_running_loop().time() < deadline:
-            for tp, records in (await consumer.getmany(timeout_ms=200, max_records=2000)).items():
+            for records in (await consumer.getmany(timeout_ms=200, max_records=2000)).values():
                 for rec in records:
                     with contextlib.suppress(orjson.JSONDecodeError):
                         out.append(orjson.loads(rec.value or b""))
-                    if rec.offset + 1 >= left.get(tp, 0):
-                        left.pop(tp, None)
+            for tp in list(left):  # the position passes commit markers, which are never returned
+                if await consumer.position(tp) >= left[tp]:
+                    left.pop(tp)
     finally:
         await consumer.stop()
     return out

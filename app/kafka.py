@@ -107,11 +107,19 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 
 
 def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
-    """A consumer reading from the earliest offset unless told otherwise."""
+    """A consumer reading from the earliest offset unless told otherwise, committed records only.
+
+    ``read_committed``: records of an aborted transaction (an exactly-once rule worker that
+    crashed mid-commit, docs/exactly-once.md) are never returned, and those of an open one only
+    once it commits. Without transactions it changes nothing. The position of such a consumer
+    passes the transactions' commit markers, which are never returned: a partition is read to
+    its end when ``position()`` reaches the end offset, not when a record's offset does.
+    """
     options: dict[str, Any] = {
         **connection(settings),
         "auto_offset_reset": "earliest",
         "enable_auto_commit": False,
+        "isolation_level": "read_committed",
     }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)

@@ -54,9 +54,23 @@ async def reset_topics(bootstrap: str, partitions: int = 2) -> None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"topics not deleted within 20 s: {topics}")
             await asyncio.sleep(0.05)
+        # the coordinator drops the deleted topics' offsets a moment later (after transactional
+        # offset commits, up to a second later): wait for it, or a group could resume from them
+        while left := [g for g in await _groups(admin) if await _committed(admin, g)]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"committed offsets of deleted topics still there after 20 s: {left}")
+            await asyncio.sleep(0.05)
     finally:
         await admin.close()
     await ensure_topics(bootstrap, partitions=partitions)
+
+
+async def _groups(admin: AIOKafkaAdminClient) -> list[str]:
+    return [g[0] if isinstance(g, tuple) else g.group_id for g in await admin.list_consumer_groups()]
+
+
+async def _committed(admin: AIOKafkaAdminClient, group: str) -> bool:
+    return any(meta.offset >= 0 for meta in (await admin.list_consumer_group_offsets(group)).values())
 
 
 @pytest.fixture

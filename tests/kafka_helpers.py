@@ -12,7 +12,11 @@ from aiokafka import AIOKafkaConsumer
 
 async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float) -> list[Any]:
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",  # as the system's readers: an aborted transaction's records never
     )
     await consumer.start()
     out: list[Any] = []
@@ -34,7 +38,7 @@ async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float)
 
 
 def consume(bootstrap: str, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
-    """Records of ``topic`` from the earliest offset: stop once ``min_count`` are
+    """Committed records of ``topic`` from the earliest offset: stop once ``min_count`` are
     read (0: read until ``timeout_s``). Never blocks longer than ``timeout_s`` + 1 s."""
     return asyncio.run(_consume(bootstrap, topic, min_count, timeout_s))
 

@@ -9,7 +9,6 @@ import os
 import signal
 import time
 import urllib.request
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +19,14 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.broker import KafkaBroker, free_port
 from app.config import PROJECT_ROOT
 from app.rules.loader import load_rules
-from ingest.adapters.nab import nab_events
-from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
+from tests.agents.worker_helpers import nab_lines, role_env
+from tests.conftest import own_broker
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 N_EVENTS = 3000  # covers the first overheat episodes (row 2398 onwards)
-
-
-def nab_lines(n: int) -> list[bytes]:
-    path = require_dataset(NAB_MACHINE_TEMP)
-    rows = [r for r in islice(nab_events(str(path), device="machine-temp-1", field="temperature"), n)]
-    assert all(isinstance(r, dict) for r in rows)
-    return [orjson.dumps(r) for r in rows]
 
 
 def receiver_stats(port: int) -> dict[str, Any] | None:
@@ -168,16 +160,6 @@ def test_future_dated_events_change_no_alert_of_the_worker_and_are_dead_lettered
     by_year = {orjson.loads(d["raw"])["ts"][:4]: d["reason"] for d in dead}
     assert "ahead of the wall clock" in by_year["2099"]
     assert "ahead of its partition's clock 2013-12-" in by_year["2020"]
-
-
-def role_env(broker: KafkaBroker, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The environment of a role under test against ``broker`` (the fixture's 2 partitions)."""
-    return child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-        APP_DATA_DIR=str(tmp_path / "data"),
-        APP_PARTITIONS="2",
-        **extra,
-    )
 
 
 def _metrics_answer(port: int) -> bool:

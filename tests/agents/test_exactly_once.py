@@ -1,0 +1,250 @@
+"""Exactly-once in the rule worker (``APP_PROCESSING_GUARANTEE=exactly_once``) on the real broker.
+
+A kill -9 of the worker in the middle of a replay of the real NAB series, caught with a
+transaction open: after a restart, the committed ``alerts`` hold every alert id exactly once
+and the same ids as the backtest, and the regroup topic holds every regrouped event exactly
+once, while the aborted transaction's records are still in the log, invisible to
+``read_committed`` readers. The at-least-once path is the one every other worker test runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
+
+from agents.transport import committed_ends
+from agents.wiring import regroup_topic
+from app.backtest import BacktestReport, backtest, read_events
+from app.broker import KafkaBroker
+from app.config import PROJECT_ROOT
+from app.rules.evaluator import partition_for
+from app.rules.loader import load_rules
+from app.topics import ALERTS, SENSORS
+from tests.agents.worker_helpers import WORKER_GROUP, committed_offsets, nab_lines, role_env
+from tests.procs import role, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+PARTITIONS = 2
+#: two machines reporting the same real series, one per partition of the source topic and, swapped,
+#: one per partition of the regroup topic, so each partition's input comes from one partition
+#: (as in the backtest, whatever the interleaving): checked in the test
+DEVICES = ("machine-temp-1", "machine-temp-7")
+REGROUP = regroup_topic("sensors")
+#: a rule grouped by other fields than the topic key: every event is re-keyed to the regroup
+#: topic, a second hop whose records are outputs of the first
+REGROUPED_RULE = """rules:
+  - id: hot-hours
+    description: Hours with six or more readings above 90 (regrouped by device and kind)
+    source: sensors
+    where: temperature > 90
+    group_by: [device_id, kind]
+    window: {type: tumbling, size: 1h}
+    aggregate: {n: count(*)}
+    having: n >= 6
+"""
+CHUNK = 1000  # records per produce call while replaying: the replay takes several seconds
+
+
+def rules_dir(tmp_path: Path) -> Path:
+    """The shipped rule packs plus :data:`REGROUPED_RULE`."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for pack in (PROJECT_ROOT / "rules").glob("*.yaml"):
+        shutil.copy(pack, rules / pack.name)
+    (rules / "regrouped.yaml").write_text(REGROUPED_RULE)
+    return rules
+
+
+async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[TopicPartition, int]:
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        return dict(await consumer.end_offsets(tps))
+    finally:
+        await consumer.stop()
+
+
+async def _open_transaction(bootstrap: str, topic: str, timeout_s: float) -> bool:
+    """Poll until some partition of ``topic`` has an open transaction holding records: its last
+    stable offset (what read_committed sees) below its high watermark."""
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    committed = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    everything = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await committed.start()
+    await everything.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
+            if any(stable[tp] < high[tp] for tp in tps):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+    finally:
+        await committed.stop()
+        await everything.stop()
+
+
+def read_all(bootstrap: str, topic: str, isolation_level: str, timeout_s: float = 30.0) -> list[Any]:
+    """Every record of ``topic`` that a reader with ``isolation_level`` gets, to the end of each partition."""
+
+    async def run() -> list[Any]:
+        ends = await _ends(bootstrap, topic, isolation_level)
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            consumer.assign(list(ends))
+            await consumer.seek_to_beginning(*ends)
+            deadline = time.monotonic() + timeout_s
+            left = {tp for tp, end in ends.items() if end > 0}
+            while left:
+                assert time.monotonic() < deadline, f"{topic} not read to its end within {timeout_s:.0f} s"
+                for records in (await consumer.getmany(timeout_ms=200, max_records=5000)).values():
+                    out.extend(records)
+                left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+        finally:
+            await consumer.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+async def replay_and_kill(bootstrap: str, records: list[tuple[bytes, bytes]], pid: int) -> int:
+    """Replay ``records`` to the sensors topic in chunks; once a quarter of them is committed and a
+    transaction with records is open on the regroup topic (every event is regrouped), kill -9 the
+    worker (process group ``pid``), and finish the replay. Returns how many were sent at the kill.
+    One event loop, no thread: the test process stays single-threaded."""
+    sent = 0
+
+    async def replay() -> None:
+        nonlocal sent
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            for start in range(0, len(records), CHUNK):
+                chunk = records[start : start + CHUNK]
+                await asyncio.gather(*[await producer.send(SENSORS, v, key=k) for k, v in chunk])
+                sent = start + len(chunk)
+                await asyncio.sleep(0.1)  # ~5 s of replay
+        finally:
+            await producer.stop()
+
+    task = asyncio.create_task(replay())
+    try:
+        deadline = time.monotonic() + 60
+        while await committed_total(bootstrap, SENSORS) < len(records) // 4:
+            assert time.monotonic() < deadline and not task.done(), "a quarter of the replay not committed"
+            await asyncio.sleep(0.1)
+        assert await _open_transaction(bootstrap, REGROUP, 10), "no open transaction seen"
+        os.killpg(pid, signal.SIGKILL)
+        killed_at = sent
+    finally:
+        await asyncio.wait_for(task, 120)
+    return killed_at
+
+
+async def committed_total(bootstrap: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        found = await admin.list_consumer_group_offsets(WORKER_GROUP)
+    finally:
+        await admin.close()
+    return sum(m.offset for tp, m in found.items() if tp.topic == topic and m.offset > 0)
+
+
+def consumed(bootstrap: str, topics: list[str]) -> bool:
+    """The worker group committed offsets past every committed record of ``topics``."""
+    done = committed_offsets(bootstrap)
+    tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+    ends = asyncio.run(committed_ends(bootstrap, tps))
+    return all(done.get(tp, 0) >= end for tp, end in ends.items())
+
+
+def test_a_kill_9_mid_replay_leaves_every_alert_committed_once(broker: KafkaBroker, tmp_path: Path) -> None:
+    assert {partition_for(d.encode(), PARTITIONS) for d in DEVICES} == set(range(PARTITIONS))
+    assert {partition_for(f"{d}\x1f".encode(), PARTITIONS) for d in DEVICES} == set(range(PARTITIONS))
+    series = {d: nab_lines(None, device=d) for d in DEVICES}  # the whole series, ~22,700 readings each
+    pairs = zip(*series.values(), strict=True)  # the two machines report together
+    records = [(d.encode(), v) for pair in pairs for d, v in zip(DEVICES, pair, strict=True)]
+    rules = rules_dir(tmp_path)
+    report = BacktestReport()
+    with (tmp_path / "expected.jsonl").open("w") as out:
+        expected = backtest(load_rules([rules]), read_events([v for _, v in records], "nab", report), out,
+                            report, partitions=PARTITIONS)  # fmt: skip
+    assert len(expected) > 500 and len({a.alert_id for a in expected}) == len(expected)
+
+    env = role_env(broker, tmp_path, APP_RULES_DIR=str(rules), APP_PROCESSING_GUARANTEE="exactly_once")
+    log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+    with role(["agents", "worker", "-l", "info"], env, log1) as w1:
+        wait_for(lambda: "Worker ready" in log1.read_text(errors="replace"), 60, what="worker ready")
+        killed_at = asyncio.run(replay_and_kill(broker.bootstrap, records, w1.pid))
+        w1.wait(10)
+    assert killed_at < len(records), "the replay ended before the kill"
+    assert "transactional producers started" in log1.read_text(errors="replace")
+
+    with role(["agents", "worker", "-l", "info"], env, log2):
+        wait_for(lambda: consumed(broker.bootstrap, [SENSORS, REGROUP]), 90, what="the input consumed")
+        alerts = [orjson.loads(r.value) for r in read_all(broker.bootstrap, ALERTS, "read_committed")]
+    # every alert id once, and the backtest's
+    ids = Counter(a["alert_id"] for a in alerts)
+    assert [i for i, n in ids.items() if n > 1] == []
+    assert set(ids) == {a.alert_id for a in expected}
+    assert len(alerts) == len(expected)
+    # every regrouped event once: the regroup topic is an output too
+    regrouped = read_all(broker.bootstrap, REGROUP, "read_committed")
+    assert len(regrouped) == len(records)
+    # the killed worker's open transaction is in the log, aborted: a read_uncommitted reader sees more
+    assert len(read_all(broker.bootstrap, REGROUP, "read_uncommitted")) > len(regrouped)
+    log = log2.read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_the_new_owner_of_a_partition_fences_the_previous_one(broker: KafkaBroker) -> None:
+    """The zombie story at the producers' level: worker A owns partition 0 and has a transaction
+    open when worker B is given partition 0 (A was paused past its session, say). B's producer
+    starts with the same transactional id, which aborts A's open transaction; A's commit then
+    fails (fenced), and readers see B's records only."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    from agents.transactions import PartitionTransactions
+
+    def new_producer(tid: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=tid, acks="all")
+
+    async def run() -> None:
+        a = PartitionTransactions("g-zombie", new_producer)
+        b = PartitionTransactions("g-zombie", new_producer)
+        try:
+            await a.assign({0, 1})
+            await (await a.producer(0).send(ALERTS, b"from-a", key=b"k", partition=0))
+            await b.assign({0})  # fences a's producer of partition 0, aborting its transaction
+            await (await b.producer(0).send(ALERTS, b"from-b", key=b"k", partition=0))
+            with pytest.raises(KafkaError):
+                await a.commit({TopicPartition(SENSORS, 0): 10}, begin=False)
+            assert a.failed is not None
+            await b.commit({TopicPartition(SENSORS, 0): 20}, begin=True)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(run())
+    values = [r.value for r in read_all(broker.bootstrap, ALERTS, "read_committed")]
+    assert values == [b"from-b"]
+    assert committed_offsets(broker.bootstrap, "g-zombie") == {TopicPartition(SENSORS, 0): 20}
