@@ -571,6 +571,43 @@ def _extra_topics(ruleset: RuleSet, settings: Settings) -> tuple[TopicSpec, ...]
     return tuple(TopicSpec(n, key="", partitions=settings.partitions) for n in sorted(names))
 
 
+def initial_rules(settings: Settings) -> tuple[RuleSet, dict[str, str] | None]:
+    """The rules to start with, and the file hashes of a rejected set (None: all valid).
+
+    A worker never dies on a rule file: when the directory does not load as a whole, the
+    problems are logged and the worker starts with the files that load on their own (and
+    together; else with none), as a hot reload keeps the last good rules. Fixing a file
+    brings the whole set in at the next reload tick."""
+    from app.rules.loader import file_digest, rule_files
+
+    try:
+        return load_rules([settings.rules_dir]), None
+    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+        if isinstance(exc, RuleConfigError):
+            logger.error("rule files rejected at start; starting with the valid files only:\n%s", exc)
+        else:
+            logger.exception("rule files could not be loaded at start; starting with the valid files only")
+    files = rule_files([settings.rules_dir])
+    good = []
+    for f in files:
+        try:
+            load_rules([f])
+        except Exception:  # noqa: S112 - reported above with the whole set's problems
+            continue
+        good.append(f)
+    try:
+        ruleset = load_rules(good) if good else RuleSet()
+    except Exception:  # the valid files clash with one another (duplicate ids): start with none
+        logger.exception("the valid rule files do not load together; starting with no rules")
+        ruleset = RuleSet()
+    try:
+        rejected = {str(f): file_digest(f) for f in files}
+    except OSError:
+        rejected = None
+    RELOADS.labels("rejected").inc()
+    return ruleset, rejected
+
+
 def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) -> faust.App:
     """A Faust app evaluating ``ruleset`` (default: the rules in ``settings.rules_dir``)."""
     settings = settings or Settings.from_env()
@@ -578,8 +615,9 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         msg = "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at a cluster"
         raise SystemExit(msg)
     watch = ruleset is None
+    rejected: dict[str, str] | None = None
     if ruleset is None:
-        ruleset = load_rules([settings.rules_dir])
+        ruleset, rejected = initial_rules(settings)
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
@@ -630,6 +668,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     app.idempotence = settings.enable_idempotence
     app.batch_size = settings.worker_batch
     rt = Runtime(settings, ruleset, Tables(), stores)
+    rt.rejected = rejected  # a bad set at start is not parsed again until a file changes
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
         _register_source(app, rt, outbox, source, topic_name)

@@ -113,3 +113,32 @@ def test_topics_that_cannot_be_created_postpone_the_reload(
     reloads.broker_down = False  # the files were fine: the next tick applies them
     reloads.tick()
     assert reloads.loads == 2 and len(reloads.swapped) == 1
+
+
+def test_a_worker_starting_with_a_bad_file_keeps_the_valid_ones_and_does_not_parse_the_set_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a_good.yaml").write_text(GOOD)
+    (tmp_path / "b_deep.yaml").write_text(DEEP.replace("id: r", "id: deep"))
+    settings = SimpleNamespace(rules_dir=tmp_path)
+    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
+        ruleset, rejected = wiring.initial_rules(settings)  # type: ignore[arg-type]
+    assert [r.id for r in ruleset.rules] == ["r"]
+    assert rejected is not None and set(rejected) == {
+        str(tmp_path / "a_good.yaml"),
+        str(tmp_path / "b_deep.yaml"),
+    }
+    assert "b_deep.yaml" in caplog.text and "starting with the valid files only" in caplog.text
+
+
+def test_valid_files_that_clash_start_with_no_rules_rather_than_no_worker(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(GOOD)
+    (tmp_path / "b.yaml").write_text(GOOD)  # the same rule id twice: each file alone is valid
+    ruleset, rejected = wiring.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
+    assert ruleset.rules == () and rejected is not None
+
+
+def test_a_valid_directory_starts_with_every_rule_and_nothing_rejected(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(GOOD)
+    ruleset, rejected = wiring.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
+    assert [r.id for r in ruleset.rules] == ["r"] and rejected is None
