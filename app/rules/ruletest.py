@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from app.alerts import STATUSES, Alert
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import SCHEMAS, Event, format_ts, parse_ts
 from app.rules.evaluator import Engine
 from app.rules.loader import load_rules
+from app.rules.yamlpos import YamlProblem, load_with_positions
 from app.tables import TABLES, Tables
 
 logger = logging.getLogger(__name__)
@@ -134,10 +134,14 @@ def _show(a: Alert, like: dict[str, Any] | None) -> str:
 def run_file(path: Path) -> list[CaseResult]:
     """Run every case of one test file."""
     name = str(path)
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    try:  # the rule files' bounded reader: no aliases, capped nesting and size (docs/rule-limits.md)
+        spec = load_with_positions(path.read_text(encoding="utf-8"))[0] or {}
+    except OSError as exc:
         return [CaseResult(name, "-", False, f"cannot read test file: {exc}")]
+    except YamlProblem as exc:
+        return [CaseResult(name, "-", False, f"{name}:{exc.line}:{exc.col}: {exc.message}")]
+    if not isinstance(spec, dict):
+        return [CaseResult(name, "-", False, f"{name}: a rule test file is a mapping (rule_files, tests)")]
     base = path.parent
     try:
         ruleset = load_rules([base / f for f in spec.get("rule_files", [])])
