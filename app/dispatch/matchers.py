@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -81,7 +82,53 @@ def parse_matcher(text: str) -> Matcher:
         except re.error as exc:
             msg = f"bad regex in matcher {text!r}: {exc}"
             raise ValueError(msg) from None
+        why = backtracking_risk(value)
+        if why:
+            msg = f"regex in matcher {text!r} refused: {why}"
+            raise ValueError(msg)
     return Matcher(name, op, value, regex)  # type: ignore[arg-type]
+
+
+#: Longest regex a matcher may hold.
+MAX_REGEX_CHARS = 1000
+
+
+def backtracking_risk(pattern: str) -> str:
+    """Why ``pattern`` could make Python's backtracking matcher run for exponential time on
+    a label value, or "" when it cannot in the ways checked: a repeat inside a repeat
+    (``(a+)+``, ``(\\w+\\s?)*``), the shape of every classic catastrophic regex, a back
+    reference, or more than :data:`MAX_REGEX_CHARS` characters. A silence or a route is
+    evaluated on every alert, so one such pattern would stall the dispatcher."""
+    if len(pattern) > MAX_REGEX_CHARS:
+        return f"longer than {MAX_REGEX_CHARS} characters"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import sre_constants
+        import sre_parse
+
+    repeats = {sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT}
+    refs = {sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS}
+
+    def walk(items: Any, inside_repeat: bool) -> str:
+        for item in items:
+            if isinstance(item, sre_parse.SubPattern):
+                found = walk(item.data, inside_repeat)
+            elif isinstance(item, tuple) and item and item[0] in repeats:
+                _lo, hi, body = item[1]
+                if inside_repeat and hi > 1:
+                    return "a repeat inside a repeat (e.g. (a+)+) can backtrack exponentially"
+                found = walk([body], inside_repeat or hi > 1)
+            elif isinstance(item, tuple) and item and item[0] in refs:
+                return "back references are not allowed"
+            elif isinstance(item, tuple | list):
+                found = walk(item, inside_repeat)
+            else:
+                found = ""
+            if found:
+                return found
+        return ""
+
+    return walk([sre_parse.parse(pattern)], False)
 
 
 def parse_matchers(texts: Iterable[str]) -> tuple[Matcher, ...]:

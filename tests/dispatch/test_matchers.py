@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from app.dispatch.matchers import format_labels, parse_matcher
@@ -40,3 +41,15 @@ def test_round_trip_spelling() -> None:
 def test_bad_matchers_say_what_is_expected(text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         parse_matcher(text)
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+", r"(\w+\s?)*$", "((a|b)*c)*", r"(a)\1", "x" * 1001])
+def test_regexes_that_could_backtrack_exponentially_are_refused_with_the_reason(pattern: str) -> None:
+    with pytest.raises(ValueError, match="refused"):
+        parse_matcher(f"device_id=~{orjson.dumps(pattern).decode()}")
+
+
+def test_ordinary_regexes_are_still_accepted_and_match() -> None:
+    assert parse_matcher('device_id=~"pump-.*"').matches({"device_id": "pump-7"})
+    assert parse_matcher('x=~"(ab|cd){2,5}x?"').matches({"x": "abcd"})
+    assert not parse_matcher('x!~"(?:foo)+bar"').matches({"x": "foofoobar"})
