@@ -29,6 +29,7 @@ from app.rules.expr import _split_strings, compile_expr
 from app.rules.functions import FUNCTIONS, like_matcher
 from app.rules.loader import load_rules
 from app.rules.spark_sql import to_spark_sql
+from tests.rules.like_oracle import old_like_regex
 
 FUZZ = settings(
     max_examples=150,
@@ -308,16 +309,7 @@ def test_the_loader_bounds_nesting_and_aliases(rule_file: Path, kind: str, depth
 
 
 def _old_like(pattern: str, ignore_case: bool) -> re.Pattern[str]:
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+    return re.compile(old_like_regex(pattern), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
 
 @settings(FUZZ, max_examples=400)

@@ -19,6 +19,7 @@ from app.rules import template, yamlpos
 from app.rules.expr import MAX_DEPTH, _rewrite_durations, compile_expr
 from app.rules.functions import MAX_LIKE_RUN, like_runs
 from app.rules.loader import MAX_FILE_BYTES, MAX_PROBLEMS, load_rules
+from tests.rules.like_oracle import old_like_regex
 
 SCHEMA = LOGS.all_fields()
 
@@ -230,17 +231,3 @@ def test_like_matches_as_the_regex_did(pattern: str, value: str, want: bool) -> 
 
 def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def old_like_regex(pattern: str) -> str:
-    """LIKE as it compiled before: ``%`` -> ``.*``, ``_`` -> ``.``; the oracle of the new matcher."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return "".join(out)
