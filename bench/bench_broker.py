@@ -39,7 +39,12 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from latency_runs import ECHO_WORKER, log_append_time_alerts  # noqa: E402
-from worker_runs import percentiles, wait_for_leaders, worker_process  # noqa: E402
+from worker_runs import (  # noqa: E402
+    cpu_seconds,
+    percentiles,
+    wait_for_leaders,
+    worker_process,
+)
 
 from app.broker import KafkaBroker, kafka_version  # noqa: E402
 from app.config import Settings  # noqa: E402
@@ -53,12 +58,6 @@ BODY = orjson.dumps(
     {"device_id": "dev-0000", "ts": "2026-01-01T00:00:00.000Z", "temperature": 21.5, "pad": "x" * 40}
 )
 KEYS = [f"dev-{i:04d}".encode() for i in range(100)]
-
-
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def produce_rate(bootstrap: str, n: int) -> float:

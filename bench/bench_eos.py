@@ -36,8 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
+from worker_runs import cpu_seconds, worker_process  # noqa: E402
 
 from app.broker import KafkaBroker, free_port  # noqa: E402
 from app.events import format_ts, parse_ts  # noqa: E402
@@ -112,28 +112,9 @@ def worker_env(bootstrap: str, data: Path, rules: Path, partitions: int, guarant
     }
 
 
-@contextmanager
-def worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def worker(env: dict[str, str], log: Path) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """The rule worker for the ``with`` block; terminated after it, killed at 15 s."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            WORKER, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a live process (its own, not its children's)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return worker_process(WORKER, env, log)
 
 
 def scrape(port: str, prefix: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import subprocess
 import time
 import urllib.request
@@ -55,6 +56,13 @@ def worker_process(cmd: Sequence[str], env: dict[str, str], log: Path) -> Iterat
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds of process ``pid`` so far (its own, not its children's;
+    Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log_tail(log: Path, lines: int = 15) -> str:
