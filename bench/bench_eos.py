@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
+from latency_runs import probe_rules  # noqa: E402
 from worker_runs import cpu_seconds, worker_process  # noqa: E402
 
 from app.broker import KafkaBroker, free_port  # noqa: E402
@@ -59,14 +60,7 @@ WORKER = [sys.executable, "-m", "agents", "worker", "-l", "warn"]
 GUARANTEES = ("at_least_once", "exactly_once")
 GROUP = "streamalert-rules"
 PROBE_RULE = "eos-latency-probe"
-PROBE_RULES = f"""rules:
-  - id: {PROBE_RULE}
-    description: Benchmark probe; fires on odd and resolves on even sequence numbers of one device
-    source: sensors
-    where: value > 0
-    group_by: [device_id]
-    severity: info
-"""
+PROBE_RULES = probe_rules(PROBE_RULE)
 PROBE_EVERY_S = 0.01
 TICK_S = 0.005
 

@@ -35,14 +35,21 @@ from app.topics import ALERTS, SENSORS, SOURCE_TOPICS
 logger = logging.getLogger(__name__)
 
 PROBE_RULE = "latency-probe"
-PROBE_RULES = f"""rules:
-  - id: {PROBE_RULE}
+
+
+def probe_rules(rule_id: str) -> str:
+    """The rule file of the latency probe: fires on odd and resolves on even sequence numbers."""
+    return f"""rules:
+  - id: {rule_id}
     description: Benchmark probe; fires on odd and resolves on even sequence numbers of one device
     source: sensors
     where: value > 0
     group_by: [device_id]
     severity: info
 """
+
+
+PROBE_RULES = probe_rules(PROBE_RULE)
 PROBE_EVERY = 5  # one event in five is a probe; the others are the pack's real traffic
 TICK_S = 0.002  # the producer sends what is due every 2 ms
 #: aiokafka's timestamp type of a record stamped by the broker
