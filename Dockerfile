@@ -1,7 +1,7 @@
 # streamalert: one image for every role. The entry point runs the supervisor;
 # override the command to run one role (see docker-compose.yml).
 
-# Stage 1: compile the evaluator's hot path with mypyc (app/native.py). It needs a C
+# Stage 1: compile the evaluator's hot path with mypyc (app/runtime/native.py). It needs a C
 # compiler, which the runtime image does not carry; the runtime loads the build only
 # while its manifest matches the sources copied below, and runs plain Python otherwise.
 FROM python:3.11 AS native
@@ -9,8 +9,8 @@ WORKDIR /opt/streamalert
 COPY pyproject.toml requirements.txt requirements-dev.txt ./
 RUN pip install --no-cache-dir -r requirements-dev.txt
 COPY app ./app
-RUN python -c "from app import native; raise SystemExit(native.build())" \
- && python -c "from app import native; native.activate(); print(native.status())" | grep '^compiled'
+RUN python -c "from app.runtime import native; raise SystemExit(native.build())" \
+ && python -c "from app.runtime import native; native.activate(); print(native.status())" | grep '^compiled'
 
 # Stage 2: the JVM artifacts from Maven Central (deps/*/pom.xml), fetched as `make jars`
 # does: Apache Kafka for the all-in-one `run` without KAFKA_BOOTSTRAP_SERVERS, and Spark's

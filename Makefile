@@ -47,10 +47,11 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	@rm -f $(VENV)/.dev-installed-*
 	@touch $@
 
-lint: $(DEV_STAMP) ## Ruff lint and format check, mypy on the core
+lint: $(DEV_STAMP) ## Ruff lint and format check, mypy, and the import contracts (the core is import-pure)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 fmt: $(DEV_STAMP) ## Apply ruff format and safe fixes
 	$(VENV)/bin/ruff check --fix .

@@ -7,15 +7,19 @@ APP_METRICS_PORT. ``--without-web`` is added unless ``--with-web`` is given.
 CPython's cyclic collector is tuned for the worker (see :data:`GC_THRESHOLDS`).
 
 The worker waits for Kafka before it builds the app (which creates topics): one warning,
-then quiet retries; a stop signal during the wait exits 0 (:mod:`app.kafka_wait`).
+then quiet retries; a stop signal during the wait exits 0 (:mod:`app.kafka.wait`).
 """
 
 import gc
 import sys
 
-from agents.wiring import build_app
-from app.config import Settings
-from app.kafka_wait import wait_for_broker_blocking
+from app.runtime import native
+
+native.activate()  # before any evaluator module loads
+
+from agents.wiring import build_app  # noqa: E402
+from app.kafka.wait import wait_for_broker_blocking  # noqa: E402
+from app.runtime.settings import Settings  # noqa: E402
 
 #: The collector's thresholds. By default (700, 10, 10) its youngest generation runs
 #: after 700 net new containers, about every 150 events under load, each time walking

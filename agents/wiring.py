@@ -65,16 +65,17 @@ from faust.types import TP, TableT
 from prometheus_client import Counter, Gauge, Histogram
 
 from agents.transport import QuietWorker, RulesApp
-from app import metrics, native
-from app.config import Settings
 from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
 from app.eventtime import REFUSED
-from app.kafka import CachedPartitioner, make_consumer, partition_counts
+from app.kafka.admin import ensure_topics
+from app.kafka.clients import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
+from app.runtime import metrics, native
+from app.runtime.settings import Settings
 from app.tables import TABLES, Tables
-from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
+from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -512,7 +513,7 @@ async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, in
 
 async def _follow_tables(settings: Settings, rt: Runtime) -> None:
     """Read every registry table topic from the start, then keep following it."""
-    from app.kafka import high_watermarks
+    from app.kafka.clients import high_watermarks
 
     topics = [t.topic for t in TABLES.values()]
     by_topic = {t.topic: t.name for t in TABLES.values()}

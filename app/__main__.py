@@ -1,5 +1,9 @@
-"""`python -m app ...`: see app/cli.py."""
+"""`python -m app ...`: see app/cli/main.py."""
 
-from app.cli import main
+from app.runtime import native
+
+native.activate()  # before any evaluator module loads
+
+from app.cli.main import main  # noqa: E402
 
 raise SystemExit(main())

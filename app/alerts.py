@@ -15,6 +15,7 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
@@ -188,3 +189,35 @@ class Alert:
     @classmethod
     def from_json(cls, raw: bytes | str) -> Alert:
         return cls.from_dict(orjson.loads(raw))
+
+
+#: Within one episode (same ``starts_at`` and ``event_ts``): pending, then firing or
+#: no data, then its end (resolved, or inactive for an episode that never fired).
+STATUS_RANK = {"pending": 0, "firing": 1, "no_data": 1, "resolved": 2, "inactive": 2}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(value: str, what: str, alert_id: str) -> int:
+    try:
+        ts = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        msg = f"alert {alert_id}: {what}={value!r} is not an RFC 3339 time"
+        raise ValueError(msg) from None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return (ts - _EPOCH) // _MICROSECOND  # exact, unlike float timestamps
+
+
+def order_key(alert: Alert) -> tuple[int, int, int]:
+    """``(starts_at µs, event_ts µs, status rank)``: how an alert's transitions are ordered,
+    compared as instants (not strings); a greater key is the newer state.
+    Raises ValueError naming the alert and field when a time does not parse."""
+    if alert.status not in STATUS_RANK:
+        msg = f"alert {alert.alert_id}: unknown status {alert.status!r}"
+        raise ValueError(msg)
+    return (
+        _micros(alert.starts_at, "starts_at", alert.alert_id),
+        _micros(alert.event_ts, "event_ts", alert.alert_id),
+        STATUS_RANK[alert.status],
+    )

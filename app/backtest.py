@@ -28,7 +28,7 @@ from app.rules.loader import RuleSet
 from app.tables import TABLES, Tables, read_table_file
 
 if TYPE_CHECKING:
-    from app.kafka import Target
+    from app.kafka.clients import Target
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, 
     as (record timestamp, value), ordered by timestamp (stable per partition)."""
     from aiokafka import AIOKafkaConsumer
 
-    from app.kafka import connection, high_watermarks
+    from app.kafka.clients import connection, high_watermarks
 
     marks = await high_watermarks(bootstrap, topics)
     pending = {tp: end for tp, end in marks.items() if end > 0}

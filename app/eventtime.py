@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from app.config import Settings
 from app.errors import IngestDecodeError
 from app.events import Event, format_ts, span
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,22 +1,12 @@
-"""The Kafka topics this system owns, their keys, and how they are created.
+"""The Kafka topics this system owns and their keys.
 
-Topic names are constants here and nowhere else. ``ensure_topics`` is
-idempotent: a topic that exists already is left as it is.
+Topic names are constants here and nowhere else. This module is pure data: creating
+the topics on a cluster is :func:`app.kafka.admin.ensure_topics`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from dataclasses import dataclass
-
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-
-from app.errors import BrokerError
-from app.kafka import Target, bootstrap_of, connection
-
-logger = logging.getLogger(__name__)
 
 SENSORS = "events.sensors"
 LOGS = "events.logs"
@@ -62,41 +52,3 @@ def receiver_topic_spec(topic: str) -> TopicSpec:
     """The spec of a Kafka receiver's notification topic (``alerts.<receiver>`` by default),
     created by the dispatcher at start for every kafka receiver in the routes file."""
     return TopicSpec(topic, key="group key")
-
-
-async def ensure_topics(
-    bootstrap: Target,
-    partitions: int,
-    replication_factor: int = 1,
-    specs: tuple[TopicSpec, ...] = TOPICS,
-    timeout_s: float = 30.0,
-) -> list[str]:
-    """Create every topic in ``specs`` that does not exist yet; return those created."""
-    admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=10_000)
-    try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-        existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(
-                name=s.name,
-                num_partitions=s.partitions or partitions,
-                replication_factor=replication_factor,
-                topic_configs=s.config(),
-            )
-            for s in specs
-            if s.name not in existing
-        ]
-        if wanted:
-            try:
-                await admin.create_topics(wanted)
-            except TopicAlreadyExistsError:
-                logger.info("topics were created concurrently by another process")
-        created = [t.name for t in wanted]
-        if created:
-            logger.info("created topics %s", ", ".join(created))
-        return created
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot create topics on {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
-    finally:
-        await admin.close()

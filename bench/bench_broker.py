@@ -3,7 +3,7 @@ with no Faust and no rules.
 
 Run: ``make bench`` or ``.venv/bin/python bench/bench_broker.py [--events N] [--rate R]
 [--seconds S] [--partitions P]``. About a minute with the defaults, on one embedded broker
-(``app.broker.KafkaBroker`` over a temporary home). Small JSON sensor events (~110 bytes),
+(``app.kafka.broker.KafkaBroker`` over a temporary home). Small JSON sensor events (~110 bytes),
 keys spread over P partitions (4):
 
 * **echo**: R events/s (5,000) for S seconds (10) through ``latency_runs.ECHO_WORKER`` (another process:
@@ -11,7 +11,7 @@ keys spread over P partitions (4):
   CreateTime to the echo's broker append time (``alerts`` is created with ``LogAppendTime``).
   It is the floor of ``bench_rules.py``'s latency run without the rule traffic's mix;
 * **produce**: N events (200,000) through one aiokafka producer with the app's publisher
-  settings (``app.kafka``: acks=all, idempotent, linger 5 ms), until the last is acked;
+  settings (``app.kafka.clients``: acks=all, idempotent, linger 5 ms), until the last is acked;
 * **consume**: a bare consumer (no group, no decoding) reading them from the start;
 * **one hop** at R events/s (5,000) for S seconds (10), producer linger 1 ms (the worker's):
   each record's CreateTime to its receipt by a caught-up consumer, once with aiokafka's
@@ -35,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
@@ -46,10 +49,11 @@ from worker_runs import (  # noqa: E402
     worker_process,
 )
 
-from app.broker import KafkaBroker, kafka_version  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.kafka import make_producer  # noqa: E402
-from app.topics import ALERTS, SENSORS, ensure_topics  # noqa: E402
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker, kafka_version  # noqa: E402
+from app.kafka.clients import make_producer  # noqa: E402
+from app.runtime.settings import Settings  # noqa: E402
+from app.topics import ALERTS, SENSORS  # noqa: E402
 
 TICK_S = 0.002
 FAUST_FETCH_WAIT_MS = 1500  # faust.transport.drivers.aiokafka builds its consumer with it

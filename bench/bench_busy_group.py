@@ -27,6 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 from app.events import SCHEMAS, Event, format_ts  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402

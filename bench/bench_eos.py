@@ -41,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
@@ -48,11 +51,12 @@ from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 from latency_runs import probe_rules  # noqa: E402
 from worker_runs import cpu_seconds, worker_process  # noqa: E402
 
-from app.broker import KafkaBroker, free_port  # noqa: E402
 from app.events import format_ts, parse_ts  # noqa: E402
-from app.kafka import end_offsets  # noqa: E402
-from app.rules.evaluator import partition_for  # noqa: E402
-from app.topics import ALERTS, SENSORS, ensure_topics  # noqa: E402
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker, free_port  # noqa: E402
+from app.kafka.clients import end_offsets  # noqa: E402
+from app.placement import partition_for  # noqa: E402
+from app.topics import ALERTS, SENSORS  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 
 NAB = ROOT.parent / "shared/datasets/nab/data/realKnownCause/machine_temperature_system_failure.csv"

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
@@ -41,10 +44,10 @@ from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 from worker_runs import wait_for_leaders  # noqa: E402
 
 from app import topics  # noqa: E402
-from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.kafka import end_offsets  # noqa: E402
-from app.topics import ensure_topics  # noqa: E402
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
+from app.kafka.clients import end_offsets  # noqa: E402
+from app.runtime.settings import Settings  # noqa: E402
 from ingest.adapters import apache_events, nab_events  # noqa: E402
 from ingest.httpd.server import HttpOptions, serve_http  # noqa: E402
 from ingest.mqtt.bridge import MqttOptions, bridge  # noqa: E402

@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 from app.events import MAX_STRING_LEN  # noqa: E402
 from app.rules.functions import MAX_LIKE_RUN, like_matcher  # noqa: E402

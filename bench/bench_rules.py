@@ -5,7 +5,7 @@ Run: ``make bench`` or ``.venv/bin/python bench/bench_rules.py [--events N] [--w
 [--skip-faust] [--skip-throughput] [--skip-quix] [--skip-latency] [--skip-echo] [--latency-rate R]
 [--latency-seconds S] [--producer-linger-ms L] [--latency-partitions P] [--fleet-devices D]``.
 Prints one line per figure, beside its target. Each run with a broker starts its own embedded
-Apache Kafka (``app.broker.KafkaBroker`` over a temporary home), P partitions per topic. About 5
+Apache Kafka (``app.kafka.broker.KafkaBroker`` over a temporary home), P partitions per topic. About 5
 minutes on a quiet host: each worker, agent and peer run is bounded at 60 s (most take a few
 seconds after their start-up), each latency run at start-up + 5 s warm-up + S s + 5 s drain:
 
@@ -61,6 +61,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
@@ -89,13 +92,14 @@ from worker_runs import (  # noqa: E402
     worker_process,
 )
 
-from app import native  # noqa: E402
-from app.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
 from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker, free_port, kafka_version  # noqa: E402
 from app.rules.evaluator import Engine  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
+from app.runtime import native  # noqa: E402
 from app.tables import Tables  # noqa: E402
-from app.topics import ALERTS, DEVICES_TABLE, SENSORS, SOURCE_TOPICS, ensure_topics  # noqa: E402
+from app.topics import ALERTS, DEVICES_TABLE, SENSORS, SOURCE_TOPICS  # noqa: E402
 from ingest.adapters.apache import apache_events  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 from ingest.adapters.ohlc import ohlc_events  # noqa: E402

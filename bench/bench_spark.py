@@ -38,15 +38,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
-from app.broker import KafkaBroker  # noqa: E402
-from app.config import Settings  # noqa: E402
 from app.events import format_ts  # noqa: E402
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
-from app.topics import SENSORS, ensure_topics  # noqa: E402
+from app.runtime.settings import Settings  # noqa: E402
+from app.topics import SENSORS  # noqa: E402
 
 TARGET = 100_000
 START_MS = 1_700_000_000_000

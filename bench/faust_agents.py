@@ -12,7 +12,7 @@ from pathlib import Path
 
 from worker_runs import Progress, metric, progress_rate
 
-from app.broker import free_port
+from app.kafka.broker import free_port
 
 #: plain Faust apps (Faust's default timings) join their group and then read the whole topic
 PLAIN_FAUST_TIMEOUT_S = 60.0

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from worker_runs import Item, create_topics, percentiles
 
 from app.events import format_ts
-from app.rules.evaluator import partition_for
+from app.placement import partition_for
 from app.topics import ALERTS, SENSORS, SOURCE_TOPICS
 
 logger = logging.getLogger(__name__)

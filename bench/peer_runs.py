@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer
 from worker_runs import ROOT, create_topics, log_tail, worker_process
 
 from app.events import parse_ts
-from app.kafka import end_offsets
+from app.kafka.clients import end_offsets
 from app.topics import ALERTS, LOGS, SENSORS
 
 logger = logging.getLogger(__name__)

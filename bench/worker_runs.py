@@ -23,7 +23,7 @@ from typing import NamedTuple
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.kafka import end_offsets
+from app.kafka.clients import end_offsets
 
 logger = logging.getLogger(__name__)
 

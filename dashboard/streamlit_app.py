@@ -5,7 +5,7 @@ Run with ``streamlit run dashboard/streamlit_app.py``. It opens the SQLite store
 ``Settings.from_env().store_path`` read-only on every refresh (every
 ``REFRESH_S`` seconds, via ``st.fragment(run_every=...)``), never reads Kafka,
 and shows "no alerts yet" while the store is missing or empty. The action
-forms publish the very commands the CLI publishes (:mod:`app.operator`) to
+forms publish the very commands the CLI publishes (:mod:`app.cli.operator`) to
 the ``commands`` topic; the Kafka client is imported only when a button is
 pressed. It never imports Faust or Spark.
 """
@@ -23,11 +23,11 @@ from typing import Any
 
 import streamlit as st
 
-from app.config import Settings
+from app.cli.operator import ack_command, publish_command, silence_command, unsilence_command
 from app.dispatch.commands import Command
 from app.errors import ConfigError
-from app.operator import ack_command, publish_command, silence_command, unsilence_command
-from app.store import AlertStore, Counts, CurrentAlert
+from app.runtime.settings import Settings
+from app.storage.alert_store import AlertStore, Counts, CurrentAlert
 
 logger = logging.getLogger(__name__)
 

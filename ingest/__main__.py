@@ -1,5 +1,9 @@
 """`python -m ingest ...`: see ingest/cli.py."""
 
-from ingest.cli import main
+from app.runtime import native
+
+native.activate()  # before the event decoder loads
+
+from ingest.cli import main  # noqa: E402
 
 raise SystemExit(main())

@@ -29,8 +29,8 @@ from typing import BinaryIO
 
 import orjson
 
-from app.config import Settings
 from app.errors import AppError, ConfigError
+from app.runtime.settings import Settings
 from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_events
 from ingest.adapters.logfile import log_events
 from ingest.adapters.logformats import LOG_FORMATS

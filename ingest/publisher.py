@@ -1,7 +1,7 @@
 """Validated, bounded publishing of events to one topic, with a dead-letter path.
 
 Lifecycle: ``async with Publisher(settings, topic, source, adapter) as pub:``
-starts a producer from :func:`app.kafka.make_producer`; each ``await
+starts a producer from :func:`app.kafka.clients.make_producer`; each ``await
 pub.publish(item)`` validates ``item`` with the source schema and sends the
 normalised event keyed by its key, or sends a :func:`app.events.dlq_record` to
 ``dlq.events`` keyed by the source. Leaving the block flushes and awaits every
@@ -50,11 +50,11 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from prometheus_client import Counter, Gauge
 
 from app import topics
-from app.config import Settings
 from app.errors import BrokerError, ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, encode, schema_for
 from app.eventtime import WallClockBound
-from app.kafka import make_producer
+from app.kafka.clients import make_producer
+from app.runtime.settings import Settings
 from ingest.model import ConvertError
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from app.config import Settings
 from app.errors import IngestDecodeError
 from app.events import parse_ts
+from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
 from ingest.adapters import FORMAT_SOURCES
 from ingest.adapters.apache import numbered_apache_events

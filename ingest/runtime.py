@@ -1,7 +1,7 @@
 """Run one ingest adapter as a process: settings, signals, metrics, one summary line.
 
 :func:`run_adapter` is the shared ``main`` of every command that publishes:
-it reads :class:`~app.config.Settings` from the environment, serves
+it reads :class:`~app.runtime.settings.Settings` from the environment, serves
 ``/metrics`` on ``APP_METRICS_PORT`` when non-zero, and runs
 ``body(settings, stop)`` in an event loop. The first SIGTERM or SIGINT sets
 ``stop`` (also one that arrives during start-up); the adapter then stops
@@ -11,7 +11,7 @@ printed to stdout as one JSON line; the exit code is 0, or 1 when some records
 were never acknowledged by the broker.
 
 Before ``body`` runs, the adapter waits until Kafka answers
-(:func:`app.kafka_wait.wait_for_broker`: one warning, then quiet retries). A stop
+(:func:`app.kafka.wait.wait_for_broker`: one warning, then quiet retries). A stop
 signal during that wait ends the adapter with :class:`NotStarted` (nothing read,
 nothing published, exit code 0).
 """
@@ -28,10 +28,10 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from app.config import Settings, setup_logging
 from app.errors import ConfigError
-from app.kafka_wait import quiet_client_logs, wait_for_broker
-from app.metrics import serve
+from app.kafka.wait import quiet_client_logs, wait_for_broker
+from app.runtime.metrics import serve
+from app.runtime.settings import Settings, setup_logging
 from ingest.publisher import NO_BOOTSTRAP, Publisher
 
 logger = logging.getLogger(__name__)

@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.config import Settings, setup_logging
-from app.errors import AppError
-from jobs.cli import add_spark_arguments, cmd_spark
+from app.runtime import native
+
+native.activate()  # before any evaluator module loads
+
+from app.errors import AppError  # noqa: E402
+from app.runtime.settings import Settings, setup_logging  # noqa: E402
+from jobs.cli import add_spark_arguments, cmd_spark  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Command-line entry points of the Spark engine, registered in ``app/cli.py``.
+"""Command-line entry points of the Spark engine, registered in ``app/cli/main.py``.
 
 - ``python -m app spark [--master local[*]] [--rules DIR ...] [--once]``: the
   streaming job (a ``make run`` role); ``python -m jobs`` is the same and is
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
 from app.errors import RuleConfigError
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ def register(sub: Any, backtest: argparse.ArgumentParser) -> None:
 
 def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
     """Run the streaming job until SIGINT/SIGTERM (or caught up, with ``--once``)."""
-    from app import metrics
-    from app.supervisor import stop_on_signals
+    from app.runtime import metrics
+    from app.runtime.supervisor import stop_on_signals
     from jobs.engine import EngineOptions, run
 
     stop = stop_on_signals("the spark query")

@@ -14,8 +14,8 @@ import logging
 import os
 from pathlib import Path
 
-from app.config import PROJECT_ROOT
 from app.errors import ConfigError
+from app.runtime.settings import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
 

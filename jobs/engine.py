@@ -32,10 +32,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from app.config import Settings
+from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
-from app.topics import SOURCE_TOPICS, TopicSpec, ensure_topics
+from app.runtime.settings import Settings
+from app.topics import SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from app.errors import BrokerError
-from app.kafka import Endpoint, topic_partitions
+from app.kafka.clients import Endpoint, topic_partitions
 from jobs.kafka_offsets import TP, KafkaSourceOptions, Offsets
 
 logger = logging.getLogger(__name__)

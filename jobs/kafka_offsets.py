@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.errors import ConfigError
-from app.kafka_auth import KafkaAuth, from_spark_options
+from app.kafka.auth import KafkaAuth, from_spark_options
 
 logger = logging.getLogger(__name__)
 

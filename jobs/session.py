@@ -74,6 +74,7 @@ def build_session(
         "spark.sql.ansi.enabled": "true",
         "spark.sql.shuffle.partitions": str(parts),
         "spark.ui.showConsoleProgress": "false",
+        "spark.python.daemon.module": "jobs.pydaemon",  # the compiled evaluator in the workers
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.pythonUDF.arrow.enabled": "true",  # the geo UDFs: ~3x faster in batches

@@ -33,8 +33,8 @@ import orjson
 from prometheus_client import Counter, Histogram
 from pyspark.sql import DataFrame, Row
 
-from app.config import Settings
-from app.kafka import make_producer
+from app.kafka.clients import make_producer
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,8 @@ from typing import Any
 import orjson
 
 from app.events import SCHEMAS, Event, dlq_record
-from app.rules.evaluator import LATE_TOPIC, Engine, Output, StreamEvaluator, partition_for
+from app.placement import partition_for
+from app.rules.evaluator import LATE_TOPIC, Engine, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State

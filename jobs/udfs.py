@@ -43,7 +43,7 @@ def python_function(name: str) -> Callable[..., Any]:
 
     It captures only ``name`` and builds the function in the process that calls it: Spark
     pickles the UDF to its Python workers, and the built function may be compiled code
-    (:mod:`app.native`), which pickle cannot carry.
+    (:mod:`app.runtime.native`), which pickle cannot carry.
     """
 
     def udf(*args: Any) -> Any:

@@ -5,19 +5,23 @@ own with :func:`own_broker`."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from app.runtime import native
 
-import pytest
-from aiokafka.admin import AIOKafkaAdminClient
+native.activate()  # the suite runs on the compiled hot path when a current build exists
 
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT, Settings
-from app.topics import ensure_topics
+import asyncio  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
+
+from app.kafka.admin import ensure_topics  # noqa: E402
+from app.kafka.broker import KafkaBroker  # noqa: E402
+from app.runtime.settings import PROJECT_ROOT, Settings  # noqa: E402
 
 DATASETS = (PROJECT_ROOT / "../shared/datasets").resolve()
 NAB_MACHINE_TEMP = DATASETS / "nab/data/realKnownCause/machine_temperature_system_failure.csv"

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from app.config import PROJECT_ROOT
+from app.runtime.settings import PROJECT_ROOT
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""The per-role ACLs (app/acls.py) on a real Apache Kafka broker with SASL/SCRAM and the
+"""The per-role ACLs (app/kafka/acls.py) on a real Apache Kafka broker with SASL/SCRAM and the
 StandardAuthorizer: the probe's forged alert cannot even be written."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaError
 
-from app.acls import ALL, PREFIXED, ROLES, TOPIC, WRITE, apply_acls, bindings
-from app.broker import KafkaBroker
-from app.config import Settings
 from app.errors import BrokerError
-from app.kafka import end_offsets, make_producer
-from app.topics import ALERTS, COMMANDS, SENSORS, ensure_topics
+from app.kafka.acls import ALL, PREFIXED, ROLES, TOPIC, WRITE, apply_acls, bindings
+from app.kafka.admin import ensure_topics
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import end_offsets, make_producer
+from app.runtime.settings import Settings
+from app.topics import ALERTS, COMMANDS, SENSORS
 from tests.conftest import make_settings
 
 

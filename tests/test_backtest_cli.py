@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import PROJECT_ROOT
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
 from tests.kafka_helpers import produce

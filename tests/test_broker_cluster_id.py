@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from app.broker import new_cluster_id
+from app.kafka.broker import new_cluster_id
 
 
 def test_a_cluster_id_never_reads_as_an_option() -> None:

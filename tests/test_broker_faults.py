@@ -21,12 +21,13 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker, free_port
-from app.config import PROJECT_ROOT
-from app.kafka import high_watermarks
+from app.kafka.admin import ensure_topics
+from app.kafka.broker import KafkaBroker, free_port
+from app.kafka.clients import high_watermarks
 from app.rules.loader import load_rules
-from app.supervisor import Role, Supervisor
-from app.topics import ALERTS, SENSORS, ensure_topics
+from app.runtime.settings import PROJECT_ROOT
+from app.runtime.supervisor import Role, Supervisor
+from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
 from tests.agents.test_worker import _metrics_answer, role_env
 from tests.conftest import NAB_MACHINE_TEMP, make_settings, own_broker, require_dataset

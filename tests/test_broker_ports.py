@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import time
 
-from app.broker import free_port, port_free
+from app.kafka.broker import free_port, port_free
 
 
 def test_a_port_whose_server_closed_its_connections_first_is_still_free() -> None:

@@ -15,14 +15,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import REGISTRY
 
-from app import dispatch_role, receiver
-from app.broker import KafkaBroker
-from app.config import Settings
-from app.delivery import OutboxSender
-from app.dispatch.db import DispatchDB
 from app.dispatch.messages import OutboxMessage
-from app.kafka import partitions_of
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import partitions_of
 from app.notify import RetryPolicy
+from app.roles import dispatch as dispatch_role
+from app.roles import receiver
+from app.roles.delivery import OutboxSender
+from app.runtime.settings import Settings
+from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import write_routes
@@ -238,7 +239,7 @@ def test_a_receiver_without_url_waits_then_dead_letters_at_max_age(
         stop.set()
         await asyncio.wait_for(task, 3)
 
-    with caplog.at_level(logging.WARNING, logger="app.delivery"):
+    with caplog.at_level(logging.WARNING, logger="app.roles.delivery"):
         asyncio.run(main())
     (dead,) = db.outbox("dead")
     assert dead.last_error == "receiver unusable: no URL configured"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.config import ENV_DOCS, PROJECT_ROOT
 from app.events import SCHEMAS
+from app.runtime.settings import ENV_DOCS, PROJECT_ROOT
 from app.topics import TOPICS
 
 README = (PROJECT_ROOT / "README.md").read_text()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT
-from app.kafka import end_offsets
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import end_offsets
+from app.runtime.settings import PROJECT_ROOT
 from tests.conftest import reset_topics
 from tests.procs import wait_for
 
@@ -42,7 +42,7 @@ def test_the_embedded_broker_dies_with_its_owner_even_on_kill_9(tmp_path: Path) 
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from app.broker import KafkaBroker\n"
+        "from app.kafka.broker import KafkaBroker\n"
         f"b = KafkaBroker(Path({str(tmp_path / 'kafka')!r})).start()\n"
         f"open({str(pid_file)!r}, 'w').write(str(b.pid))\n"
         "time.sleep(60)\n"

@@ -1,4 +1,4 @@
-"""Kafka security settings (app/kafka_auth.py): parsing, and SASL against a real Apache Kafka
+"""Kafka security settings (app/kafka/auth.py): parsing, and SASL against a real Apache Kafka
 broker with a SASL listener (PLAIN and both SCRAM mechanisms)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import KafkaBroker
-from app.config import Settings
 from app.errors import BrokerError, ConfigError
-from app.kafka import end_offsets, make_consumer, make_producer
-from app.kafka_auth import KafkaAuth
-from app.topics import ensure_topics
+from app.kafka.admin import ensure_topics
+from app.kafka.auth import KafkaAuth
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import end_offsets, make_consumer, make_producer
+from app.runtime.settings import Settings
 from tests.conftest import make_settings
 
 

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from app.broker import free_port
-from app.kafka_wait import Probe, RepeatLimiter, broker_answers, wait_for_broker
+from app.kafka.broker import free_port
+from app.kafka.wait import Probe, RepeatLimiter, broker_answers, wait_for_broker
 
 
 def answers_after(failures: int, calls: list[float]) -> Probe:
@@ -25,7 +25,7 @@ def test_one_warning_then_quiet_retries_with_backoff_until_it_answers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls: list[float] = []
-    caplog.set_level(logging.INFO, logger="app.kafka_wait")
+    caplog.set_level(logging.INFO, logger="app.kafka.wait")
     ok = asyncio.run(wait_for_broker("h:1", first_s=0.01, cap_s=0.04, probe=answers_after(5, calls)))
     assert ok and len(calls) == 6
     gaps = [b - a for a, b in itertools.pairwise(calls)]
@@ -38,7 +38,7 @@ def test_one_warning_then_quiet_retries_with_backoff_until_it_answers(
 
 
 def test_a_broker_that_answers_at_once_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="app.kafka_wait")
+    caplog.set_level(logging.INFO, logger="app.kafka.wait")
     assert asyncio.run(wait_for_broker("h:1", probe=answers_after(0, [])))
     assert caplog.records == []
 

@@ -1,4 +1,4 @@
-"""The compiled hot path (app/native.py): it loads only while it matches the sources, and
+"""The compiled hot path (app/runtime/native.py): it loads only while it matches the sources, and
 APP_NATIVE=0 runs plain Python. `make test` builds it before the suite, so the suite runs on
 it; the rule and conformance tests then run once more on plain Python."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from app import native
-from app.config import PROJECT_ROOT
+from app.runtime import native
+from app.runtime.settings import PROJECT_ROOT
 
 
 def fake_build(root: Path) -> Path:
@@ -77,7 +77,8 @@ def test_no_build_says_so(tmp_path: Path) -> None:
 def probe(env: dict[str, str]) -> tuple[str, str]:
     """In a fresh interpreter: where the evaluator module was loaded from, and the status line."""
     code = (
-        "import app.rules.evaluator as e; from app import native; print(e.__file__); print(native.status())"
+        "from app.runtime import native; native.activate(); import app.rules.evaluator as e; "
+        "print(e.__file__); print(native.status())"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -114,6 +115,8 @@ def test_a_current_build_is_what_runs() -> None:
 
 DECODE_PROBE = """
 import json
+from app.runtime import native
+native.activate()
 from app.errors import AppError
 from app.events import SCHEMAS
 cases = [

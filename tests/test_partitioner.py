@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from app.kafka import CachedPartitioner, KeyHashes
-from app.rules.evaluator import partition_for
+from app.kafka.clients import CachedPartitioner
+from app.placement import KeyHashes, partition_for
 
 KEYS = [
     b"m1",

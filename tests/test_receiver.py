@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app import receiver
-from app.config import Settings
 from app.errors import NotifierError
 from app.notify import WebhookNotifier
+from app.roles import receiver
+from app.runtime.settings import Settings
 from tests.conftest import make_settings
 from tests.notify.servers import make_alert
 
@@ -43,7 +43,7 @@ def with_receiver(
         await asyncio.wait_for(task, 5)
         return stats
 
-    with caplog.at_level(logging.INFO, logger="app.receiver"):
+    with caplog.at_level(logging.INFO, logger="app.roles.receiver"):
         return asyncio.run(asyncio.wait_for(main(), 30))
 
 
@@ -110,7 +110,7 @@ def test_fail_first_answers_503_then_accepts(cfg: Settings, caplog: pytest.LogCa
 
 
 def test_port_option_overrides_settings(cfg: Settings, caplog: pytest.LogCaptureFixture) -> None:
-    from app.broker import free_port
+    from app.kafka.broker import free_port
 
     port = free_port()
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app import store_sync
 from app.alerts import Alert
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT, Settings
-from app.store import AlertStore
+from app.kafka.broker import KafkaBroker
+from app.roles import store_sync
+from app.runtime.settings import PROJECT_ROOT, Settings
+from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
 from tests.kafka_helpers import produce
 from tests.test_delivery import committed
@@ -102,7 +102,8 @@ def test_readers_in_other_processes_see_committed_writes(tmp_path: Path) -> None
     with pytest.raises(FileNotFoundError):
         AlertStore(path, readonly=True)
     reader = (
-        "import sys; from app.store import AlertStore; s = AlertStore(sys.argv[1], readonly=True); "
+        "import sys; from app.storage.alert_store import AlertStore; "
+        "s = AlertStore(sys.argv[1], readonly=True); "
         "print(len(s.history()), s.counts().by_status.get('firing', 0))"
     )
     with AlertStore(path) as writer:

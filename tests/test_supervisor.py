@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.supervisor import Role, Supervisor
+from app.runtime.supervisor import Role, Supervisor
 from tests.conftest import make_settings
 from tests.procs import processes_with_env, wait_for
 
@@ -50,7 +50,7 @@ def test_crashed_role_is_restarted_and_one_shot_role_is_not(tmp_path: Path) -> N
 
 
 def test_gives_up_after_too_many_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.supervisor.MAX_RESTARTS", 2)
+    monkeypatch.setattr("app.runtime.supervisor.MAX_RESTARTS", 2)
     crash = Role("crasher", py("raise SystemExit(1)"))
     sup = supervisor(tmp_path, [crash])
     sup.start()

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.config import PROJECT_ROOT
+from app.runtime.settings import PROJECT_ROOT
 from tests.browser.cdp import chromium_path, visit
 from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
 from tests.kafka_helpers import consume
@@ -217,7 +217,7 @@ def _ok(url: str) -> bool:
 def test_each_data_dir_gets_its_own_secrets_and_keeps_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.system import local_secrets
+    from app.runtime.system import local_secrets
 
     monkeypatch.delenv("APP_WEBHOOK_SECRET", raising=False)
     monkeypatch.delenv("APP_COMMAND_SECRET", raising=False)

@@ -13,9 +13,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from app.broker import KafkaBroker, free_port
 from app.errors import ConfigError
-from app.system import (
+from app.kafka.broker import KafkaBroker, free_port
+from app.runtime.system import (
     MOSQUITTO,
     RunOptions,
     build_roles,

@@ -10,9 +10,9 @@ by an injected clock. The seams:
 - :mod:`~app.dispatch.silences`, :mod:`~app.dispatch.inhibit`, :mod:`~app.dispatch.acks`,
   :mod:`~app.dispatch.flapping`: the Muters (and escalation);
 - :mod:`~app.dispatch.storm`: storm control; :mod:`~app.dispatch.pipeline`: the stages;
-- :mod:`~app.dispatch.db`: the SQLite state file with the outbox.
+- :mod:`~app.storage.dispatch_db`: the SQLite state file with the outbox.
 
-The Kafka role that drives it is :mod:`app.dispatch_role`.
+The Kafka role that drives it is :mod:`app.roles.dispatch`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Unknown keys are errors; durations are written ``30s``, ``5m``, ``4h``.
 :func:`load_routes` collects every problem, each as ``file:line:col: message``
 (like ``rules check``), and raises :class:`RoutesConfigError`. String values
 may name environment variables as ``${NAME}``; an unset variable of this
-application falls back to its documented default (``app.config.ENV_DOCS``),
+application falls back to its documented default (``app.runtime.settings.ENV_DOCS``),
 any other unset variable is an error.
 """
 
@@ -20,24 +20,26 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 
-from app.config import ENV_DOCS
 from app.dispatch.matchers import Matcher, parse_matcher
 from app.errors import ConfigError
-from app.rules.durations import parse_duration
+from app.notify.config import (
+    AlertmanagerReceiverConfig,
+    FrozenModel,
+    KafkaReceiverConfig,
+    Seconds,
+    WebhookReceiverConfig,
+)
 from app.rules.yamlpos import YamlProblem, load_with_positions, position_of
+from app.runtime.settings import ENV_DOCS
 
 logger = logging.getLogger(__name__)
 
 _NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _seconds(value: object) -> float:
-    return parse_duration(value) / 1000
 
 
 def _matcher(value: object) -> Matcher:
@@ -46,51 +48,7 @@ def _matcher(value: object) -> Matcher:
     return parse_matcher(value)  # type: ignore[arg-type]
 
 
-#: Seconds, written as a duration (``30s``, ``5m``).
-Seconds = Annotated[float, BeforeValidator(_seconds)]
 MatcherField = Annotated[Matcher, BeforeValidator(_matcher)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", populate_by_name=True, arbitrary_types_allowed=True
-    )
-
-
-class WebhookReceiverConfig(_Frozen):
-    """A signed (Standard Webhooks) HTTP POST of the Alertmanager v4 payload."""
-
-    type: Literal["webhook"]
-    name: str = Field(pattern=_NAME)
-    url: str
-    secret: SecretStr
-    timeout: Seconds = 10.0
-    headers: dict[str, str] = Field(default_factory=dict)
-    send_resolved: bool = True
-
-
-class AlertmanagerReceiverConfig(_Frozen):
-    """A push of the alerts to an Alertmanager's ``/api/v2/alerts`` (``url`` is its base URL)."""
-
-    type: Literal["alertmanager"]
-    name: str = Field(pattern=_NAME)
-    url: str
-    timeout: Seconds = 10.0
-    headers: dict[str, str] = Field(default_factory=dict)
-    send_resolved: bool = True
-
-
-class KafkaReceiverConfig(_Frozen):
-    """The v4 payload as a record on ``topic`` (default ``alerts.<name>``), keyed by group key."""
-
-    type: Literal["kafka"]
-    name: str = Field(pattern=_NAME)
-    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    send_resolved: bool = True
-
-    @property
-    def topic_name(self) -> str:
-        return self.topic or f"alerts.{self.name}"
 
 
 ReceiverConfig = Annotated[
@@ -98,14 +56,14 @@ ReceiverConfig = Annotated[
 ]
 
 
-class EscalationConfig(_Frozen):
+class EscalationConfig(FrozenModel):
     """Notify ``to`` about a firing alert nobody acknowledged ``after`` its first notification."""
 
     after: Seconds
     to: str
 
 
-class RouteConfig(_Frozen):
+class RouteConfig(FrozenModel):
     """One node of the routing tree. Unset fields are inherited from the parent."""
 
     name: str | None = Field(default=None, pattern=_NAME)
@@ -121,7 +79,7 @@ class RouteConfig(_Frozen):
     routes: tuple[RouteConfig, ...] = ()
 
 
-class InhibitRuleConfig(_Frozen):
+class InhibitRuleConfig(FrozenModel):
     """Firing alerts matching ``source_matchers`` mute alerts matching ``target_matchers``
     that have equal values for every label in ``equal``."""
 
@@ -130,14 +88,14 @@ class InhibitRuleConfig(_Frozen):
     equal: tuple[str, ...] = ()
 
 
-class FlappingConfig(_Frozen):
+class FlappingConfig(FrozenModel):
     """An alert with ``changes`` or more state changes within ``window`` (event time) is flapping."""
 
     window: Seconds = 3600.0
     changes: int = Field(default=6, ge=0)  # 0 disables detection
 
 
-class DeliveryConfig(_Frozen):
+class DeliveryConfig(FrozenModel):
     """Outbox delivery: retry backoff and the age after which a message is dead-lettered."""
 
     max_age: Seconds = 3600.0
@@ -146,7 +104,7 @@ class DeliveryConfig(_Frozen):
     keep_delivered: Seconds = 7 * 86400.0
 
 
-class RoutesFile(_Frozen):
+class RoutesFile(FrozenModel):
     receivers: tuple[ReceiverConfig, ...] = Field(min_length=1)
     route: RouteConfig
     inhibit_rules: tuple[InhibitRuleConfig, ...] = ()

@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.alerts import Alert
+from app.alerts import Alert, order_key
 from app.dispatch.base import Table
 from app.dispatch.routes import Route
-from app.store import order_key
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.alerts import Alert
-from app.dispatch.config import AlertmanagerReceiverConfig, KafkaReceiverConfig, WebhookReceiverConfig
+from app.notify.config import AlertmanagerReceiverConfig, AnyReceiver
 from app.notify.payload import alertmanager_alerts, build_payload, encode
 
 logger = logging.getLogger(__name__)
 
-ReceiverConfig = WebhookReceiverConfig | AlertmanagerReceiverConfig | KafkaReceiverConfig
+ReceiverConfig = AnyReceiver
 
 
 @dataclass(frozen=True)

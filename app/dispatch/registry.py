@@ -14,9 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.alerts import Alert
+from app.alerts import Alert, order_key
 from app.dispatch.base import Table
-from app.store import order_key
 
 logger = logging.getLogger(__name__)
 

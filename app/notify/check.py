@@ -6,7 +6,7 @@ is not ``http(s)://`` with a host, a literal address the SSRF guard would refuse
 signing secret that is not base64, a header that cannot be sent, a timeout that is not
 positive, an ``APP_WEBHOOK_ALLOW_PRIVATE`` entry that does not parse. A blank URL is not
 a problem here: the receiver's delivery waits until one is configured (see
-:class:`app.delivery.OutboxSender`). Host names are not resolved: what they resolve to is
+:class:`app.roles.delivery.OutboxSender`). Host names are not resolved: what they resolve to is
 checked at each delivery.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import httpx
 
-from app.dispatch.config import AlertmanagerReceiverConfig, KafkaReceiverConfig, WebhookReceiverConfig
+from app.notify.config import AlertmanagerReceiverConfig, KafkaReceiverConfig, WebhookReceiverConfig
 from app.notify.redact import redact_url
 from app.notify.ssrf import AllowList, is_forbidden, literal_ip
 from app.notify.webhook import secret_problem, url_problem

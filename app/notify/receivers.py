@@ -14,9 +14,9 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from app.dispatch.config import AlertmanagerReceiverConfig, KafkaReceiverConfig, WebhookReceiverConfig
-from app.dispatch.messages import ReceiverConfig
 from app.errors import NotifierError
+from app.notify.config import AlertmanagerReceiverConfig, KafkaReceiverConfig, WebhookReceiverConfig
+from app.notify.config import AnyReceiver as ReceiverConfig
 from app.notify.webhook import WebhookNotifier
 
 logger = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ import orjson
 
 from app.alerts import Alert
 from app.events import SCHEMAS, Event
-from app.kafka import KeyHashes
+from app.placement import partition_for
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import (
@@ -68,20 +68,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DictStore", "Engine", "EvalStats", "Output", "StateStore", "StreamEvaluator", "ThresholdLogic",
-    "build_alert", "group_values", "partition_for", "run_backtest", "state_key",
+    "build_alert", "group_values", "run_backtest", "state_key",
 ]  # fmt: skip
 
 #: Where events go that a rule with ``late_policy: side`` could not use.
 LATE_TOPIC = "events.late"
 
-_KEY_HASHES = KeyHashes()
 #: joined registry rows kept across batches, at most (more: the cache starts again)
 MAX_JOIN_CACHE = 100_000
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """Kafka's default partition for a key (murmur2, as Java and aiokafka do it)."""
-    return _KEY_HASHES(key) % partitions
 
 
 def logic_for(rule: CompiledRule) -> Logic | None:

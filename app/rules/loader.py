@@ -71,7 +71,7 @@ class CompiledRule:
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as its validated model, and compiled again where it is loaded: Spark ships
         # rules to its Python workers, and the compiled closures may be native code
-        # (app.native), which pickle cannot carry
+        # (app.runtime.native), which pickle cannot carry
         return (_recompile, (self.rule, self.engine, self.path, self.line))
 
 

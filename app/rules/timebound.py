@@ -6,7 +6,7 @@ which it holds until a second witness confirms their time, which it refuses
 its partition clocks; not thread-safe. Its state per partition (the clock, the held
 events) is written to the evaluator's store as one record under :data:`CLOCK_KEY`, so the
 live worker's changelog carries it across restarts and rule reloads. Compiled with the
-evaluator (``app.native``): the common case is a comparison per event.
+evaluator (``app.runtime.native``): the common case is a comparison per event.
 """
 
 from __future__ import annotations

@@ -43,9 +43,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
-from app.config import Settings
 from app.errors import IngestDecodeError
 from app.events import Event
+from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
 from ingest.publisher import Publisher
 from ingest.runtime import AdapterSummary

@@ -47,8 +47,8 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import Counter
 
-from app.config import Settings
 from app.errors import IngestDecodeError
+from app.runtime.settings import Settings
 from app.topics import SENSORS
 from ingest.mqtt.mapping import MappingRule
 from ingest.publisher import Delivery, Publisher

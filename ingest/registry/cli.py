@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from app.config import Settings
+from app.runtime.settings import Settings
 from ingest.model import IngestArgError
 from ingest.progress import OtherInputError, Progress, ProgressFile
 from ingest.registry.load import TableRecord, load_rows

@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 from aiokafka.errors import KafkaError
 
-from app.config import Settings
 from app.errors import BrokerError
-from app.kafka import make_consumer, partitions_of
+from app.kafka.clients import make_consumer, partitions_of
+from app.runtime.settings import Settings
 from ingest.publisher import Publisher
 from ingest.registry.load import TableRecord
 from ingest.registry.model import TableSpec

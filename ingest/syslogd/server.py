@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from prometheus_client import Counter
 
-from app.config import Settings
+from app.runtime.settings import Settings
 from app.topics import LOGS
 from ingest.adapters.logbase import LineContext
 from ingest.adapters.logformats import log_format, parse_log_line

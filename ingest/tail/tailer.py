@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from app.config import Settings
+from app.runtime.settings import Settings
 from app.topics import LOGS
 from ingest.adapters.logbase import LineContext
 from ingest.adapters.logformats import log_format, require_host

@@ -27,10 +27,10 @@ from aiokafka.structs import TopicPartition
 from agents.transport import committed_ends
 from agents.wiring import regroup_topic
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT
-from app.rules.evaluator import partition_for
+from app.kafka.broker import KafkaBroker
+from app.placement import partition_for
 from app.rules.loader import load_rules
+from app.runtime.settings import PROJECT_ROOT
 from app.topics import ALERTS, SENSORS
 from tests.agents.worker_helpers import WORKER_GROUP, committed_offsets, nab_lines, role_env
 from tests.procs import role, wait_for

@@ -15,9 +15,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
 from agents.wiring import MAX_QUEUED_BATCHES, Outbox, TableStore, commit_hooks
-from app.broker import KafkaBroker
-from app.kafka import CachedPartitioner
-from app.topics import TopicSpec, ensure_topics
+from app.kafka.admin import ensure_topics
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import CachedPartitioner
+from app.topics import TopicSpec
 from tests.agents.test_table_store import TOPIC, fake_table
 
 

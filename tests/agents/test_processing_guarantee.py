@@ -12,9 +12,9 @@ import pytest
 
 from agents.transactions import PartitionTransactions
 from agents.wiring import Outbox, commit_hooks
-from app.config import ENV_DOCS, Settings
 from app.errors import ConfigError
-from app.kafka import CachedPartitioner
+from app.kafka.clients import CachedPartitioner
+from app.runtime.settings import ENV_DOCS, Settings
 
 
 def test_the_setting_defaults_to_at_least_once_and_is_validated(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import logging
 import pytest
 
 from agents.wiring import build_app
-from app.config import Settings
+from app.runtime.settings import Settings
 
 pytestmark = pytest.mark.integration
 

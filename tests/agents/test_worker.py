@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker, free_port
-from app.config import PROJECT_ROOT
+from app.kafka.broker import KafkaBroker, free_port
 from app.rules.loader import load_rules
+from app.runtime.settings import PROJECT_ROOT
 from tests.agents.worker_helpers import nab_lines, role_env
 from tests.conftest import own_broker
 from tests.kafka_helpers import consume_json, produce, wait_for_json

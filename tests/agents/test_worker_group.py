@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker
-from app.rules.evaluator import partition_for
+from app.kafka.broker import KafkaBroker
+from app.placement import partition_for
 from app.rules.loader import load_rules
 from tests.agents.test_worker_kinds import PARTITIONS, worker_env
 from tests.kafka_helpers import produce, wait_for_json

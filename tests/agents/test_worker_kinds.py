@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker
 from app.rules.loader import load_rules
 from app.tables import Tables
 from ingest.adapters.apache import apache_events

@@ -11,7 +11,7 @@ import orjson
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from app.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import websockets
 
-from app.broker import free_port
+from app.kafka.broker import free_port
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

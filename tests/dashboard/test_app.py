@@ -12,12 +12,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.alerts import Alert
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT
 from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
 from app.dispatch.config import load_routes
 from app.dispatch.dispatcher import Dispatcher
-from app.store import AlertStore
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import PROJECT_ROOT
+from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
 from tests.dispatch.harness import publish
 from tests.dispatch.test_cli import sync_until

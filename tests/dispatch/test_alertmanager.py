@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.broker import KafkaBroker, free_port
+from app.kafka.broker import KafkaBroker, free_port
 from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import publish

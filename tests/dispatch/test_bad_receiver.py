@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from app import dispatch_role
-from app.broker import KafkaBroker
-from app.cli import main
-from app.delivery import OutboxSender
+from app.cli.main import main
 from app.dispatch.config import load_routes
-from app.dispatch.db import DispatchDB
 from app.dispatch.messages import OutboxMessage
+from app.kafka.broker import KafkaBroker
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
+from app.roles import dispatch as dispatch_role
+from app.roles.delivery import OutboxSender
+from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS
 from tests.dispatch.harness import http_receiver, publish, write_routes
 from tests.dispatch.helpers import SECRET, alert

@@ -11,11 +11,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app import store_sync
-from app.broker import KafkaBroker
-from app.cli import main
-from app.config import PROJECT_ROOT
-from app.store import AlertStore
+from app.cli.main import main
+from app.kafka.broker import KafkaBroker
+from app.roles import store_sync
+from app.runtime.settings import PROJECT_ROOT
+from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
 from tests.conftest import child_env
 from tests.dispatch.harness import publish
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 def sync_until(settings_env: dict[str, str], done: str) -> None:
     """Run store-sync until the store's ``done`` query (a SQL count) is non-zero."""
-    from app.config import Settings
+    from app.runtime.settings import Settings
 
     settings = Settings.from_env(settings_env)
 

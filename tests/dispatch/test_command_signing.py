@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import DEMO_COMMAND_SECRET, DEMO_WEBHOOK_SECRET, Settings
 from app.dispatch.commands import AckCommand, parse_command, sign_command, verify_command
 from app.errors import ConfigError
+from app.runtime.settings import DEMO_COMMAND_SECRET, DEMO_WEBHOOK_SECRET, Settings
 
 
 def ack(**kw: str) -> AckCommand:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from app.config import PROJECT_ROOT
 from app.dispatch.config import RoutesConfigError, load_routes
 from app.dispatch.routes import build_tree
+from app.runtime.settings import PROJECT_ROOT
 from tests.dispatch.helpers import SECRET
 
 

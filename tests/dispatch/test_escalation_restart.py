@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import KafkaBroker
-from app.config import DEMO_COMMAND_SECRET
 from app.dispatch.base import iso
 from app.dispatch.commands import AckCommand, sign_command
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import DEMO_COMMAND_SECRET
 from app.topics import ALERTS, COMMANDS
 from tests.conftest import make_settings
 from tests.dispatch.harness import SECRET, http_receiver, publish, write_routes

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import KafkaBroker
-from app.config import Settings
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import Settings
 from app.topics import ALERTS
 from tests.conftest import child_env, make_settings
 from tests.dispatch.harness import http_receiver, publish, write_routes

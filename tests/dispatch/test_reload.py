@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from app import dispatch_role
-from app.broker import KafkaBroker
-from app.config import Settings
 from app.dispatch.config import load_routes
 from app.dispatch.reload import RoutesWatcher
+from app.kafka.broker import KafkaBroker
+from app.roles import dispatch as dispatch_role
+from app.runtime.settings import Settings
 from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import http_receiver, publish, write_routes

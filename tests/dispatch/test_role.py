@@ -12,12 +12,12 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from app import dispatch_role
-from app.broker import KafkaBroker
-from app.config import DEMO_COMMAND_SECRET, Settings
 from app.dispatch.base import iso
 from app.dispatch.commands import SilenceCommand, sign_command
-from app.dispatch.db import DispatchDB
+from app.kafka.broker import KafkaBroker
+from app.roles import dispatch as dispatch_role
+from app.runtime.settings import DEMO_COMMAND_SECRET, Settings
+from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 from tests.conftest import make_settings
 from tests.dispatch.harness import http_receiver, publish, write_routes

@@ -20,8 +20,8 @@ from typing import TypeVar
 
 import pytest
 
-from app.broker import free_port
-from app.kafka import end_offsets
+from app.kafka.broker import free_port
+from app.kafka.clients import end_offsets
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 

@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import KafkaBroker, free_port
-from app.config import PROJECT_ROOT
-from app.kafka import end_offsets
+from app.kafka.broker import KafkaBroker, free_port
+from app.kafka.clients import end_offsets
+from app.runtime.settings import PROJECT_ROOT
 from tests.conftest import APACHE_LOG, NAB_MACHINE_TEMP, child_env, require_dataset
 from tests.kafka_helpers import consume
 

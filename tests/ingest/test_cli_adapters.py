@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import KafkaBroker, free_port
-from app.config import PROJECT_ROOT
 from app.events import parse_ts
+from app.kafka.broker import KafkaBroker, free_port
+from app.runtime.settings import PROJECT_ROOT
 from ingest.cli import main
 from ingest.sim.fleet import FleetConfig, fleet_events
 from tests.conftest import child_env

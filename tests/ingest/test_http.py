@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app import topics
-from app.config import Settings
+from app.runtime.settings import Settings
 from ingest.httpd.server import HttpOptions, serve_http
 from ingest.runtime import AdapterSummary
 from tests.ingest.conftest import stop_task, topic_count

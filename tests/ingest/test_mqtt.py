@@ -13,7 +13,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from app import topics
-from app.config import Settings
+from app.runtime.settings import Settings
 from ingest.mqtt.bridge import MqttOptions, bridge
 from ingest.mqtt.mapping import load_mapping_file, parse_map_option
 from ingest.runtime import AdapterSummary

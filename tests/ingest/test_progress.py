@@ -19,10 +19,10 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from app import topics
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT, Settings
 from app.events import parse_ts
-from app.kafka import end_offsets
+from app.kafka.broker import KafkaBroker
+from app.kafka.clients import end_offsets
+from app.runtime.settings import PROJECT_ROOT, Settings
 from ingest.progress import OtherInputError, Progress, ProgressError, ProgressFile
 from ingest.replay import Line, ReplayInput, ReplayOptions, ReplaySummary, open_input, replay
 from ingest.sim.fleet import FleetConfig, fleet_events

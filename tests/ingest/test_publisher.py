@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app import topics
-from app.broker import KafkaBroker
-from app.config import Settings
 from app.errors import ConfigError
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import Settings
 from ingest.model import ConvertError
 from ingest.publisher import Publisher
 from tests.conftest import make_settings

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app import topics
-from app.config import Settings
+from app.runtime.settings import Settings
 from ingest.model import IngestArgError
 from ingest.registry.load import load_rows
 from ingest.registry.model import TABLES

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from app import topics
-from app.config import Settings
 from app.events import parse_ts
+from app.runtime.settings import Settings
 from ingest.adapters import apache_events, jsonl_lines, nab_events
 from ingest.model import IngestArgError
 from ingest.replay import ReplayOptions, ReplaySummary, open_input, replay, source_for_topic

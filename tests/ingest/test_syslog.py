@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import free_port
-from app.config import Settings
+from app.kafka.broker import free_port
+from app.runtime.settings import Settings
 from ingest.syslogd.server import Address, SyslogOptions, serve_syslog
 from tests.ingest.conftest import stop_task, udp_port, until_count
 from tests.kafka_helpers import consume_json

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from app import topics
-from app.broker import KafkaBroker
-from app.config import PROJECT_ROOT, Settings
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import PROJECT_ROOT, Settings
 from ingest.tail.state import load_state
 from ingest.tail.tailer import TailOptions, tail
 from tests.conftest import child_env

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest
-from app.config import PROJECT_ROOT
 from app.events import SENSORS, Event
 from app.rules.evaluator import DictStore, Engine, StreamEvaluator
 from app.rules.loader import RuleSet, load_rules
 from app.rules.timebound import HOLD_LIMIT_MS
+from app.runtime.settings import PROJECT_ROOT
 from ingest.adapters.nab import nab_events
 from tests.conftest import DATASETS, NAB_MACHINE_TEMP, require_dataset
 

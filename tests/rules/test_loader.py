@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.config import PROJECT_ROOT
 from app.errors import RuleConfigError
 from app.rules.loader import load_rules
+from app.runtime.settings import PROJECT_ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
 

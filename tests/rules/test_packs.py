@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from app.alerts import Alert
-from app.config import PROJECT_ROOT
 from app.events import SCHEMAS, Event, parse_ts
 from app.rules.evaluator import run_backtest
 from app.rules.loader import load_rules
+from app.runtime.settings import PROJECT_ROOT
 from ingest.adapters.apache import apache_events
 from ingest.adapters.nab import nab_events
 from ingest.adapters.ohlc import ohlc_events

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from app.config import PROJECT_ROOT
 from app.rules.ruletest import run_tests
+from app.runtime.settings import PROJECT_ROOT
 
 
 def test_the_shipped_rule_tests_pass() -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 import pytest
 
-from app import native
 from app.events import SCHEMAS, Event, format_ts
 from app.rules import aggregates
 from app.rules.aggregates import ADDERS, AggSpec, SlidingAggregates
@@ -18,6 +17,7 @@ from app.rules.evaluator import Engine, StreamEvaluator
 from app.rules.loader import RuleSet, load_rules
 from app.rules.logic.base import DictStore
 from app.rules.logic.windows import SlidingLogic
+from app.runtime import native
 
 T0 = 1_700_000_000_000
 

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.broker import KafkaBroker
-from app.cli import main
+from app.cli.main import main
+from app.kafka.broker import KafkaBroker
 from tests.conformance.test_threshold import RULES, crafted
 from tests.kafka_helpers import produce
 

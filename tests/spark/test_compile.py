@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from app.config import PROJECT_ROOT
 from app.errors import RuleConfigError
 from app.rules.loader import load_rules
+from app.runtime.settings import PROJECT_ROOT
 from jobs.compile import plan_rules
 
 GOLDEN = PROJECT_ROOT / "tests/rules/golden/issue-examples.good.yaml"

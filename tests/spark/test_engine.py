@@ -15,11 +15,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker
-from app.config import Settings
 from app.errors import IngestDecodeError
 from app.events import SENSORS
+from app.kafka.broker import KafkaBroker
 from app.rules.loader import RuleSet, load_rules
+from app.runtime.settings import Settings
 from ingest.adapters.nab import nab_events
 from jobs.compile import plan_rules
 from jobs.engine import EngineOptions, checkpoint_dir, marker_path, start

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from app.broker import KafkaBroker, free_port
+from app.kafka.broker import KafkaBroker, free_port
 from jobs import kafka_client
 from jobs.kafka_client import KafkaSourceError
 from jobs.kafka_offsets import KafkaSourceOptions

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from app.broker import KafkaBroker
-from app.config import Settings
+from app.kafka.broker import KafkaBroker
+from app.runtime.settings import Settings
 from jobs.engine import marker_path
 from jobs.sink import BatchMarker
 from tests.conftest import child_env

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker
 from tests.conftest import child_env
 from tests.procs import processes_with_env, role, wait_for
 from tests.spark.test_engine import RULES

@@ -15,9 +15,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
-from app.broker import KafkaBroker
-from app.config import Settings
+from app.kafka.broker import KafkaBroker
 from app.rules.loader import load_rules
+from app.runtime.settings import Settings
 from app.topics import DEVICES_TABLE
 from jobs.compile import plan_rules
 from jobs.engine import ensure_output_topics

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaClient
 from aiokafka.protocol.admin import CreateAclsRequest
 
 from app.errors import BrokerError
-from app.kafka import Target, bootstrap_of, connection
+from app.kafka.clients import Target, bootstrap_of, connection
 from app.topics import ALERTS, COMMANDS, DLQ, NOTIFICATIONS
 
 logger = logging.getLogger(__name__)

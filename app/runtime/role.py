@@ -6,7 +6,7 @@ is set and it has shut down cleanly. SIGINT and SIGTERM set ``stop``; a
 second signal is left to the default handler so a stuck role can still die.
 
 A role that uses Kafka (``kafka=True``, the default) starts once the cluster answers
-(:func:`app.kafka_wait.wait_for_broker`: one warning, then quiet retries); a stop
+(:func:`app.kafka.wait.wait_for_broker`: one warning, then quiet retries); a stop
 signal during that wait exits 0 without running the role.
 """
 
@@ -18,9 +18,9 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app import metrics
-from app.config import Settings
-from app.kafka_wait import quiet_client_logs, wait_for_broker
+from app.kafka.wait import quiet_client_logs, wait_for_broker
+from app.runtime import metrics
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
 from app.dispatch.config import RoutesConfigError, load_routes
 from app.dispatch.routes import Route, build_tree
 from app.notify.check import receiver_problems
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

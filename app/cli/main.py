@@ -24,14 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings, setup_logging
 from app.errors import AppError, RuleConfigError
+from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
 
 
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from app.system import RunOptions, run
+    from app.runtime.system import RunOptions, run
 
     return run(
         settings,
@@ -155,7 +155,7 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 def _role(module: str, *, kafka: bool = True, **options: object) -> Command:
     def cmd(args: argparse.Namespace, settings: Settings) -> int:
-        from app.roles import run_role
+        from app.runtime.role import run_role
 
         mod = importlib.import_module(module)
         return run_role(mod.run, settings, kafka=kafka, **options)
@@ -166,7 +166,7 @@ def _role(module: str, *, kafka: bool = True, **options: object) -> Command:
 def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from app.topics import ensure_topics
+    from app.kafka.admin import ensure_topics
 
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
@@ -177,10 +177,10 @@ def _cmd_topics(_args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_acls(_args: argparse.Namespace, settings: Settings) -> int:
-    """Write the per-role ACLs (app/acls.py) on KAFKA_BOOTSTRAP_SERVERS, as its administrator."""
+    """Write the per-role ACLs (app/kafka/acls.py) on KAFKA_BOOTSTRAP_SERVERS, as its administrator."""
     import asyncio
 
-    from app.acls import ROLES, apply_acls
+    from app.kafka.acls import ROLES, apply_acls
 
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
@@ -195,7 +195,7 @@ def _cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
     import signal
     import threading
 
-    from app.broker import KafkaBroker
+    from app.kafka.broker import KafkaBroker
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -208,7 +208,7 @@ def _cmd_broker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_native(args: argparse.Namespace, _settings: Settings) -> int:
-    from app import native
+    from app.runtime import native
 
     if args.action == "build":
         return native.build()
@@ -290,19 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_spark_commands(sub, bt)
     sub.add_parser("dispatch", help="run the alert dispatcher (routing, outbox delivery)").set_defaults(
-        func=_role("app.dispatch_role")
+        func=_role("app.roles.dispatch")
     )
     sub.add_parser("deliver", help="alias of dispatch (kept for existing layouts)").set_defaults(
-        func=_role("app.dispatch_role")
+        func=_role("app.roles.dispatch")
     )
-    from app.alerts_cli import register as register_alert_commands
+    from app.cli.alerts import register as register_alert_commands
 
     register_alert_commands(sub)
     sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
-        func=_role("app.store_sync")
+        func=_role("app.roles.store_sync")
     )
     rec = sub.add_parser("receiver", help="run the demo webhook receiver")
-    rec.set_defaults(func=lambda a, s: _role("app.receiver", kafka=False, port=s.receiver_port)(a, s))
+    rec.set_defaults(func=lambda a, s: _role("app.roles.receiver", kafka=False, port=s.receiver_port)(a, s))
 
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
     sub.add_parser(

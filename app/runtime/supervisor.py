@@ -1,6 +1,6 @@
 """A small process supervisor: start roles, restart crashed ones, stop them in order.
 
-:mod:`app.system` decides which roles make up the product; this module only
+:mod:`app.runtime.system` decides which roles make up the product; this module only
 runs processes:
 - start every role as a child process in its own process group;
 - restart a child that exits non-zero (exponential backoff, at most
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from app.config import Settings
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from app.errors import ConfigError
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
-#: name -> (default, description), merged into :data:`app.config.ENV_DOCS`.
+#: name -> (default, description), merged into :data:`app.runtime.settings.ENV_DOCS`.
 AUTH_ENV_DOCS: dict[str, tuple[str, str]] = {
     "KAFKA_SECURITY_PROTOCOL": (
         "PLAINTEXT",

@@ -32,8 +32,8 @@ from aiohttp import web
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError, WebhookVerificationError
 
-from app.config import Settings
 from app.errors import ConfigError
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

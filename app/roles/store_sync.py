@@ -28,11 +28,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
-from app.alerts import Alert
-from app.config import Settings
+from app.alerts import Alert, order_key
 from app.dispatch.commands import parse_command, verify_command
-from app.kafka import Target, high_watermarks, make_consumer, partitions_of
-from app.store import AlertStore, order_key
+from app.kafka.clients import Target, high_watermarks, make_consumer, partitions_of
+from app.runtime.settings import Settings
+from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 
 logger = logging.getLogger(__name__)

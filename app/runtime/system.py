@@ -1,6 +1,6 @@
 """`python -m app run`: the whole system on one machine, under one supervisor.
 
-Starts the embedded Apache Kafka broker (:class:`app.broker.KafkaBroker`, its log dir
+Starts the embedded Apache Kafka broker (:class:`app.kafka.broker.KafkaBroker`, its log dir
 under ``APP_DATA_DIR/kafka``) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, creates the
 topics, and runs these roles as child processes (stop order in
 brackets, producers first):
@@ -49,12 +49,13 @@ from typing import Any
 
 import orjson
 
-from app.broker import KafkaBroker, free_port, kafka_version
-from app.config import PROJECT_ROOT, Settings
 from app.errors import ConfigError
-from app.kafka import end_offsets
-from app.supervisor import Role, Supervisor, stop_on_signals
-from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
+from app.kafka.admin import ensure_topics
+from app.kafka.broker import KafkaBroker, free_port, kafka_version
+from app.kafka.clients import end_offsets
+from app.runtime.settings import PROJECT_ROOT, Settings
+from app.runtime.supervisor import Role, Supervisor, stop_on_signals
+from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS
 
 logger = logging.getLogger(__name__)
 

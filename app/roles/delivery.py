@@ -38,10 +38,10 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge, Histogram
 
 from app.dispatch.base import Clock, wall_clock
-from app.dispatch.db import DispatchDB, OutboxRow
 from app.errors import NotifierError
 from app.notify import RetryPolicy, SSRFBlockedError
 from app.notify.receivers import Notifier
+from app.storage.dispatch_db import DispatchDB, OutboxRow
 from app.topics import NOTIFICATIONS
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ Lifecycle of :func:`run`:
 3. loop: read ``alerts`` and ``commands`` (all partitions, from the offsets
    kept in the state file), apply them, run due timers, and commit state,
    offsets, new outbox messages and records to publish in one SQLite
-   transaction; one :class:`~app.delivery.OutboxSender` per receiver
-   delivers, a :class:`~app.delivery.Publisher` produces the notification
+   transaction; one :class:`~app.roles.delivery.OutboxSender` per receiver
+   delivers, a :class:`~app.roles.delivery.Publisher` produces the notification
    log and manual resolutions;
 4. on ``stop``: finish the current batch, let attempts in progress end
    (bounded by the receiver timeouts), publish what is queued, close.
@@ -40,23 +40,24 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from app.alerts import Alert
-from app.config import Settings
-from app.delivery import OutboxSender, Publisher
 from app.dispatch.acks import Escalation
 from app.dispatch.base import Clock, wall_clock
 from app.dispatch.commands import parse_command, verify_command
 from app.dispatch.config import KafkaReceiverConfig, RoutesFile, load_routes
-from app.dispatch.db import DispatchDB
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
 from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
-from app.kafka import high_watermarks, make_consumer, make_producer, partitions_of
+from app.kafka.admin import ensure_topics
+from app.kafka.clients import high_watermarks, make_consumer, make_producer, partitions_of
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
 from app.notify.receivers import make_notifier
-from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, ensure_topics, receiver_topic_spec
+from app.roles.delivery import OutboxSender, Publisher
+from app.runtime.settings import Settings
+from app.storage.dispatch_db import DispatchDB
+from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, receiver_topic_spec
 
 logger = logging.getLogger(__name__)
 

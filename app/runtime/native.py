@@ -43,12 +43,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "manifest.json"
 #: the modules compiled together (one mypyc group: they call each other natively)
 MODULES = (
     "app.alerts",
     "app.events",
+    "app.placement",
     "app.rules.aggregates",
     "app.rules.evaluator",
     "app.rules.expr",

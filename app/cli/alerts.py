@@ -1,4 +1,4 @@
-"""`python -m app alerts ...`: the operator's alert commands (``routes ...`` is in :mod:`app.routes_cli`).
+"""`python -m app alerts ...`: the operator's alert commands (``routes ...`` is in :mod:`app.cli.routes`).
 
 Reads (``list``, ``show``, ``silences``, ``dead-letters``) open the alert
 store read-only; writes (``ack``, ``silence``, ``unsilence``, ``resolve``)
@@ -19,11 +19,7 @@ from typing import Any
 
 import orjson
 
-from app.config import Settings
-from app.dispatch.commands import Command
-from app.dispatch.matchers import matches_all, parse_matchers
-from app.errors import ConfigError
-from app.operator import (
+from app.cli.operator import (
     ack_command,
     now_iso,
     publish_command,
@@ -31,7 +27,11 @@ from app.operator import (
     silence_command,
     unsilence_command,
 )
-from app.store import AlertStore, CurrentAlert
+from app.dispatch.commands import Command
+from app.dispatch.matchers import matches_all, parse_matchers
+from app.errors import ConfigError
+from app.runtime.settings import Settings
+from app.storage.alert_store import AlertStore, CurrentAlert
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``alerts`` and ``routes`` commands to the top-level subparsers ``sub``."""
-    from app.routes_cli import register as register_routes
+    from app.cli.routes import register as register_routes
 
     register_routes(sub)
     user = _user()

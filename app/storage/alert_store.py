@@ -38,23 +38,18 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from app.alerts import Alert
-from app.store_ops import OperatorRecords
+from app.alerts import Alert, order_key
+from app.storage.operator_records import OperatorRecords
 
 logger = logging.getLogger(__name__)
 
-#: Within one episode (same ``starts_at`` and ``event_ts``): pending, then firing or
-#: no data, then its end (resolved, or inactive for an episode that never fired).
-STATUS_RANK = {"pending": 0, "firing": 1, "no_data": 1, "resolved": 2, "inactive": 2}
 SCHEMA_VERSION = 2
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS transitions (
     alert_id TEXT PRIMARY KEY, rule_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
@@ -99,30 +94,6 @@ _CURRENT_COLS = (
     "rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at, "
     "alert_id, values_json, event_ts, rule_version, updated_at"
 )
-
-
-def _micros(value: str, what: str, alert_id: str) -> int:
-    try:
-        ts = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        msg = f"alert {alert_id}: {what}={value!r} is not an RFC 3339 time"
-        raise ValueError(msg) from None
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=UTC)
-    return (ts - _EPOCH) // _MICROSECOND  # exact, unlike float timestamps
-
-
-def order_key(alert: Alert) -> tuple[int, int, int]:
-    """``(starts_at µs, event_ts µs, status rank)``: the ordering rule above.
-    Raises ValueError naming the alert and field when a time does not parse."""
-    if alert.status not in STATUS_RANK:
-        msg = f"alert {alert.alert_id}: unknown status {alert.status!r}"
-        raise ValueError(msg)
-    return (
-        _micros(alert.starts_at, "starts_at", alert.alert_id),
-        _micros(alert.event_ts, "event_ts", alert.alert_id),
-        STATUS_RANK[alert.status],
-    )
 
 
 @dataclass(frozen=True)

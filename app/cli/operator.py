@@ -1,4 +1,4 @@
-"""Operator actions as commands, shared by the CLI (:mod:`app.alerts_cli`) and the dashboard.
+"""Operator actions as commands, shared by the CLI (:mod:`app.cli.alerts`) and the dashboard.
 
 Each builder returns a validated command from :mod:`app.dispatch.commands`
 (ValueError, naming the bad field or matcher, on bad input);
@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from app.config import Settings
 from app.dispatch.commands import (
     AckCommand,
     Command,
@@ -30,7 +29,8 @@ from app.dispatch.commands import (
 from app.dispatch.matchers import parse_matcher
 from app.errors import ConfigError
 from app.rules.durations import parse_duration
-from app.store import CurrentAlert
+from app.runtime.settings import Settings
+from app.storage.alert_store import CurrentAlert
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def unsilence_command(silence_id: str, *, by: str, comment: str = "") -> Unsilen
 def publish_command(settings: Settings, cmd: Command) -> None:
     """Produce ``cmd`` to the commands topic and wait for the broker's ack.
     Raises ConfigError without a broker, BrokerError/TimeoutError when it fails."""
-    from app.kafka import make_producer
+    from app.kafka.clients import make_producer
     from app.topics import COMMANDS
 
     if not settings.bootstrap_servers:

@@ -1,6 +1,6 @@
 """Operator records in the alert store: commands, acks, silences and notifications.
 
-A mixin of :class:`app.store.AlertStore` (which owns the connection and the
+A mixin of :class:`app.storage.alert_store.AlertStore` (which owns the connection and the
 schema): the write helpers run inside the store's batch transaction, the
 queries serve the CLI and the dashboard. Commands are recorded once per
 ``cmd_id``; a notification's row only moves forward (queued, then delivered

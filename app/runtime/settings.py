@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import ConfigError
-from app.kafka_auth import AUTH_ENV_DOCS, KafkaAuth
+from app.kafka.auth import AUTH_ENV_DOCS, KafkaAuth
 from app.rules.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 #: Public demo values: fine on one machine, refused with APP_ENV=production.
 DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24="  # noqa: S105 - public demo value

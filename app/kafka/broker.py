@@ -34,10 +34,10 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from app.config import PROJECT_ROOT
 from app.errors import BrokerError
-from app.kafka_auth import KafkaAuth
-from app.kafka_wait import broker_answers
+from app.kafka.auth import KafkaAuth
+from app.kafka.wait import broker_answers
+from app.runtime.settings import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class KafkaBroker:
     formatted, so they take effect on a new ``home`` only.
 
     ``acls`` (with ``sasl_users``) turns on Kafka's StandardAuthorizer: nothing is allowed
-    without an ACL (:mod:`app.acls` writes them), except to the first user, the super user.
+    without an ACL (:mod:`app.kafka.acls` writes them), except to the first user, the super user.
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 logs stay readable while it is gone.
 
 Every role that talks to Kafka calls :func:`wait_for_broker` before it creates a client:
-:func:`app.roles.run_role` (dispatch, store-sync), :func:`ingest.runtime.run_adapter`
+:func:`app.runtime.role.run_role` (dispatch, store-sync), :func:`ingest.runtime.run_adapter`
 (replays, simulators, the HTTP, syslog, tail and MQTT adapters, the registry) and the rule
 worker's entry point (:func:`wait_for_broker_blocking`, before Faust starts). A cluster that
 does not answer gives one WARNING line, then quiet retries with a doubling wait
@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
-from app.config import Settings, setup_logging
-from app.kafka import Target, bootstrap_of, connection
-from app.kafka_auth import KafkaAuth
+from app.kafka.auth import KafkaAuth
+from app.kafka.clients import Target, bootstrap_of, connection
+from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.partitioner import DefaultPartitioner
 
-from app.config import Settings
 from app.errors import BrokerError
-from app.kafka_auth import KafkaAuth
+from app.kafka.auth import KafkaAuth
+from app.placement import KeyHashes
+from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -50,31 +51,6 @@ def bootstrap_of(target: Target) -> str:
     if isinstance(target, Settings):
         return target.bootstrap_servers
     return target.bootstrap if isinstance(target, Endpoint) else target
-
-
-#: Most key hashes a :class:`KeyHashes` keeps before it starts over.
-MAX_KEY_HASHES = 100_000
-
-
-class KeyHashes:
-    """Kafka's key hash (murmur2, as the Java client and aiokafka compute it), remembered.
-
-    aiokafka's murmur2 is pure Python, ~10 µs a key, and this project's keys repeat:
-    device ids, hosts and client IPs on the source and regroup topics, alert
-    fingerprints on the alerts topic. At :data:`MAX_KEY_HASHES` keys it starts over.
-    """
-
-    def __init__(self, limit: int = MAX_KEY_HASHES) -> None:
-        self.limit = limit
-        self.known: dict[bytes, int] = {}
-
-    def __call__(self, key: bytes) -> int:
-        found = self.known.get(key)
-        if found is None:
-            if len(self.known) >= self.limit:
-                self.known.clear()
-            found = self.known[key] = murmur2(key) & 0x7FFFFFFF
-        return found
 
 
 class CachedPartitioner(DefaultPartitioner):
