@@ -14,6 +14,7 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import REGISTRY
+from pydantic import SecretStr
 
 from app.dispatch.messages import OutboxMessage
 from app.kafka.broker import KafkaBroker
@@ -162,7 +163,9 @@ def test_refused_messages_are_dead_lettered_and_logged(
     alert = make_alert(1)
     produce(broker.bootstrap, ALERTS, [(b"k", alert.to_json())])
     failed_before = metric("webhook_deliveries_total", outcome="failed")
-    wrong = Settings(**{**loopback_settings.__dict__, "webhook_secret": "whsec_b3RoZXItc2VjcmV0LXh4eA=="})
+    wrong = loopback_settings.model_copy(
+        update={"webhook_secret": SecretStr("whsec_b3RoZXItc2VjcmV0LXh4eA==")}
+    )
 
     async def main() -> None:
         stop_rx, stop_tx = asyncio.Event(), asyncio.Event()
@@ -205,7 +208,7 @@ def test_a_refused_url_disables_the_receiver_and_keeps_its_messages(
     broker: KafkaBroker, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     produce(broker.bootstrap, ALERTS, [(b"k", make_alert(1).to_json())])
-    cfg = Settings(**{**settings.__dict__, "webhook_secret": SECRET})
+    cfg = settings.model_copy(update={"webhook_secret": SecretStr(SECRET)})
     stats, stopped_in = run_pair(  # no APP_WEBHOOK_ALLOW_PRIVATE: 127.0.0.1 is refused
         cfg, caplog, lambda s: metric("webhook_delivery_paused", receiver="ops") == 1, {}, fast_policy(),
         settle_s=0.2,

@@ -34,7 +34,9 @@ def with_receiver(
         stop = asyncio.Event()
         task = asyncio.create_task(receiver.run(settings, stop, **options))
         url = await _listening_url(caplog)
-        async with WebhookNotifier(url, settings.webhook_secret, 5.0, allow_private=["127.0.0.1"]) as n:
+        async with WebhookNotifier(
+            url, settings.webhook_secret.get_secret_value(), 5.0, allow_private=["127.0.0.1"]
+        ) as n:
             await body(url, n)
         async with httpx.AsyncClient() as client:
             assert (await client.get(url.replace("/webhook", "/healthz"))).text == "ok"

@@ -17,7 +17,6 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import AppError, RuleConfigError
+from app.roles import ROLES, RoleEntry
 from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -153,12 +153,11 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
 Command = Callable[[argparse.Namespace, Settings], int]
 
 
-def _role(module: str, *, kafka: bool = True, **options: object) -> Command:
+def _role(entry: RoleEntry) -> Command:
     def cmd(args: argparse.Namespace, settings: Settings) -> int:
         from app.runtime.role import run_role
 
-        mod = importlib.import_module(module)
-        return run_role(mod.run, settings, kafka=kafka, **options)
+        return run_role(entry.load(), settings, kafka=entry.kafka, **entry.options(settings))
 
     return cmd
 
@@ -289,21 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
 
     register_spark_commands(sub, bt)
-    sub.add_parser("dispatch", help="run the alert dispatcher (routing, outbox delivery)").set_defaults(
-        func=_role("app.roles.dispatch")
-    )
-    sub.add_parser("deliver", help="alias of dispatch (kept for existing layouts)").set_defaults(
-        func=_role("app.roles.dispatch")
-    )
+    for entry in ROLES:
+        sub.add_parser(entry.name, help=entry.help).set_defaults(func=_role(entry))
+        for alias in entry.aliases:
+            sub.add_parser(alias, help=f"alias of {entry.name}").set_defaults(func=_role(entry))
     from app.cli.alerts import register as register_alert_commands
 
     register_alert_commands(sub)
-    sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
-        func=_role("app.roles.store_sync")
-    )
-    rec = sub.add_parser("receiver", help="run the demo webhook receiver")
-    rec.set_defaults(func=lambda a, s: _role("app.roles.receiver", kafka=False, port=s.receiver_port)(a, s))
-
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
     sub.add_parser(
         "acls", help="write the per-role ACLs on the cluster (idempotent; run as its administrator)"

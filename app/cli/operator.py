@@ -142,7 +142,7 @@ def publish_command(settings: Settings, cmd: Command) -> None:
         msg = "KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
         raise ConfigError(msg)
 
-    signed = sign_command(cmd, settings.command_secret)
+    signed = sign_command(cmd, settings.command_secret.get_secret_value())
 
     async def main() -> None:
         producer = make_producer(settings)

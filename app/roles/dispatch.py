@@ -193,7 +193,7 @@ async def run(
         )  # fmt: skip
         await _loop(
             disp, db, consumer, stop, senders, publisher, marks, clock, poll_ms, max_batch, watcher, reload,
-            command_secret=settings.command_secret,
+            command_secret=settings.command_secret.get_secret_value(),
         )  # fmt: skip
         await _commit_kafka(consumer, db)
     finally:

@@ -159,7 +159,7 @@ async def run(
     """Serve the demo receiver until ``stop`` is set. ``port`` defaults to
     ``settings.receiver_port``; 0 picks a free port. Logs
     ``receiver listening on http://HOST:PORT/webhook`` once bound."""
-    receiver = WebhookReceiver(settings.webhook_secret, fail_first=fail_first)
+    receiver = WebhookReceiver(settings.webhook_secret.get_secret_value(), fail_first=fail_first)
     url = await receiver.start(host, settings.receiver_port if port is None else port)
     logger.info("receiver listening on %s", url)
     try:

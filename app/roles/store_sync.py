@@ -127,7 +127,7 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)
             if not polled:
                 continue
-            alerts, commands, events = decode_batch(polled, settings.command_secret)
+            alerts, commands, events = decode_batch(polled, settings.command_secret.get_secret_value())
             offsets = {(tp.topic, tp.partition): recs[-1].offset + 1 for tp, recs in polled.items()}
             new = store.apply_batch(alerts, commands, events, offsets)
             APPLIED.labels("new").inc(new)

@@ -1,8 +1,10 @@
-"""Settings read once from the environment into a frozen object.
+"""Settings read once from the environment into a frozen, typed pydantic model.
 
-Every variable is documented in the README's configuration reference; the
-``ENV_DOCS`` table below is its single source, and a test checks the README
-lists each one. Parse errors name the variable and the expected form.
+Every variable is documented in the configuration reference (docs/configuration.md); the
+``ENV_DOCS`` table below is its single source, and a test checks the reference lists
+each one. Parse errors name the variable and the expected form. Secrets are
+:class:`pydantic.SecretStr`: they never appear in a repr, a log line or an error, and a
+caller reads one with ``.get_secret_value()`` where it signs or verifies.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from app.errors import ConfigError
 from app.kafka.auth import AUTH_ENV_DOCS, KafkaAuth
@@ -177,9 +180,11 @@ def _path(env: Mapping[str, str], name: str) -> Path:
     return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Process-wide settings. Build with :meth:`from_env`; never mutate."""
+class Settings(BaseModel):
+    """Process-wide settings. Build with :meth:`from_env`; frozen (``model_copy(update=...)``
+    makes a changed copy)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     bootstrap_servers: str
     partitions: int
@@ -193,7 +198,7 @@ class Settings:
     routes_file: Path
     datasets_dir: Path
     webhook_url: str
-    webhook_secret: str = field(repr=False)
+    webhook_secret: SecretStr
     webhook_allow_private: tuple[str, ...]
     external_url: str
     dashboard_port: int
@@ -202,8 +207,8 @@ class Settings:
     replay_limit: int
     metrics_port: int
     log_level: str
-    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
-    command_secret: str = field(default=DEMO_COMMAND_SECRET, repr=False)
+    kafka_auth: KafkaAuth = Field(default_factory=KafkaAuth)
+    command_secret: SecretStr = SecretStr(DEMO_COMMAND_SECRET)
     env: str = "development"
     #: APP_MAX_EVENT_SKEW and APP_MAX_EVENT_AGE in milliseconds; -1: off
     max_event_skew_ms: int = -1
@@ -265,7 +270,7 @@ class Settings:
             routes_file=_path(env, "APP_ROUTES_FILE"),
             datasets_dir=_path(env, "APP_DATASETS_DIR"),
             webhook_url=_get(env, "APP_WEBHOOK_URL").strip(),
-            webhook_secret=_get(env, "APP_WEBHOOK_SECRET"),
+            webhook_secret=SecretStr(_get(env, "APP_WEBHOOK_SECRET")),
             webhook_allow_private=allow,
             external_url=_get(env, "APP_EXTERNAL_URL").strip().rstrip("/"),
             dashboard_port=_int(env, "APP_DASHBOARD_PORT"),
@@ -275,7 +280,7 @@ class Settings:
             metrics_port=_int(env, "APP_METRICS_PORT"),
             log_level=level,
             kafka_auth=KafkaAuth.from_env(env),
-            command_secret=_get(env, "APP_COMMAND_SECRET"),
+            command_secret=SecretStr(_get(env, "APP_COMMAND_SECRET")),
             env=_environment(env),
             max_event_skew_ms=_duration_ms(env, "APP_MAX_EVENT_SKEW"),
             max_event_age_ms=_duration_ms(env, "APP_MAX_EVENT_AGE"),

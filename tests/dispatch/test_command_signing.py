@@ -47,4 +47,4 @@ def test_production_refuses_the_demo_secrets(env: dict[str, str], named: str) ->
 def test_production_accepts_secrets_of_its_own_and_development_the_demo_ones() -> None:
     own = {"APP_WEBHOOK_SECRET": "whsec_" + "a" * 40, "APP_COMMAND_SECRET": "c" * 32}
     assert Settings.from_env({"APP_ENV": "production", **own}).env == "production"
-    assert Settings.from_env({}).command_secret == DEMO_COMMAND_SECRET
+    assert Settings.from_env({}).command_secret.get_secret_value() == DEMO_COMMAND_SECRET
