@@ -18,6 +18,7 @@ from app.runtime import native
 native.activate()  # before any evaluator module loads
 
 from agents.wiring import build_app  # noqa: E402
+from app.errors import AppError  # noqa: E402
 from app.kafka.wait import wait_for_broker_blocking  # noqa: E402
 from app.runtime.settings import Settings  # noqa: E402
 
@@ -35,6 +36,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "worker" and not {"--with-web", "--witho
 gc.set_threshold(*GC_THRESHOLDS)
 if sys.argv[1:2] == ["worker"] and not wait_for_broker_blocking(Settings.from_env()):
     raise SystemExit(0)
-app = build_app()
+try:
+    app = build_app()
+except AppError as exc:  # a configuration the worker cannot run with: said once, exit 2
+    print(f"error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 gc.freeze()
 app.main()

@@ -49,7 +49,7 @@ def test_the_embedded_broker_dies_with_its_owner_even_on_kill_9(tmp_path: Path) 
     )
     owner = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, start_new_session=True)
     try:
-        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout_s=30, what="the broker's pid")
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout_s=120, what="the broker's pid")
         broker_pid = int(pid_file.read_text())
         assert Path(f"/proc/{broker_pid}").exists()
         owner.kill()

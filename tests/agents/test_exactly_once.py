@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
+from agents.topics import regroup_topic
 from agents.transport import committed_ends
-from agents.wiring import regroup_topic
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
 from app.placement import partition_for

@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
-from agents.wiring import MAX_QUEUED_BATCHES, Outbox, TableStore, commit_hooks
+from agents.outbox import MAX_QUEUED_BATCHES, Outbox, commit_hooks
+from agents.state_store import TableStore
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import CachedPartitioner

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from agents.outbox import Outbox, commit_hooks
 from agents.transactions import PartitionTransactions
-from agents.wiring import Outbox, commit_hooks
 from app.errors import ConfigError
 from app.kafka.clients import CachedPartitioner
 from app.runtime.settings import ENV_DOCS, Settings

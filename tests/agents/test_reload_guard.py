@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agents import wiring
+from agents import runtime
 from app.rules.loader import RuleSet, load_rules
 
 GOOD = "rules:\n  - id: r\n    source: logs\n    where: status = 1\n"
@@ -39,15 +39,15 @@ class Reloads:
             if self.broker_down:
                 raise ConnectionError("the broker is gone")
 
-        monkeypatch.setattr(wiring, "load_rules", counted)
-        monkeypatch.setattr(wiring, "ensure_topics", no_topics)
+        monkeypatch.setattr(runtime, "load_rules", counted)
+        monkeypatch.setattr(runtime, "ensure_topics", no_topics)
 
     def swap(self, ruleset: RuleSet) -> None:
         self.swapped.append(ruleset)
         self.rt.ruleset = ruleset
 
     def tick(self) -> None:
-        asyncio.run(wiring._maybe_reload(self.settings, self.rt))  # type: ignore[arg-type]
+        asyncio.run(runtime.maybe_reload(self.settings, self.rt))  # type: ignore[arg-type]
 
 
 def test_a_bad_edit_keeps_the_rules_and_is_parsed_once(
@@ -58,7 +58,7 @@ def test_a_bad_edit_keeps_the_rules_and_is_parsed_once(
     reloads = Reloads(tmp_path, monkeypatch)
     good = reloads.rt.ruleset
     rules.write_text(DEEP)  # raised RecursionError out of the reload, which ended the worker
-    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
+    with caplog.at_level(logging.ERROR, logger="agents.runtime"):
         for _ in range(3):
             reloads.tick()
     assert reloads.rt.ruleset is good and reloads.swapped == []
@@ -70,7 +70,7 @@ def test_a_bad_edit_keeps_the_rules_and_is_parsed_once(
     assert reloads.loads == 2 and len(reloads.swapped) == 1
     # the same bad edit made again is parsed and logged again, once
     rules.write_text(DEEP)
-    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
+    with caplog.at_level(logging.ERROR, logger="agents.runtime"):
         reloads.tick()
         reloads.tick()
     assert reloads.loads == 3 and len(caplog.records) == 2
@@ -88,7 +88,7 @@ def test_any_exception_from_loading_is_a_rejection(
     reloads = Reloads(tmp_path, monkeypatch, load=broken)
     good = reloads.rt.ruleset
     rules.write_text(GOOD.replace("status = 1", "status = 2"))
-    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
+    with caplog.at_level(logging.ERROR, logger="agents.runtime"):
         reloads.tick()
         reloads.tick()
     assert reloads.rt.ruleset is good and reloads.loads == 1
@@ -107,7 +107,7 @@ def test_topics_that_cannot_be_created_postpone_the_reload(
     good = reloads.rt.ruleset
     rules.write_text(GOOD.replace("status = 1", "status = 2"))
     reloads.broker_down = True  # raised out of the reload, which ended the worker
-    with caplog.at_level(logging.WARNING, logger="agents.wiring"):
+    with caplog.at_level(logging.WARNING, logger="agents.runtime"):
         reloads.tick()
     assert reloads.rt.ruleset is good and "reload postponed" in caplog.text
     reloads.broker_down = False  # the files were fine: the next tick applies them
@@ -121,8 +121,8 @@ def test_a_worker_starting_with_a_bad_file_keeps_the_valid_ones_and_does_not_par
     (tmp_path / "a_good.yaml").write_text(GOOD)
     (tmp_path / "b_deep.yaml").write_text(DEEP.replace("id: r", "id: deep"))
     settings = SimpleNamespace(rules_dir=tmp_path)
-    with caplog.at_level(logging.ERROR, logger="agents.wiring"):
-        ruleset, rejected = wiring.initial_rules(settings)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="agents.runtime"):
+        ruleset, rejected = runtime.initial_rules(settings)  # type: ignore[arg-type]
     assert [r.id for r in ruleset.rules] == ["r"]
     assert rejected is not None and set(rejected) == {
         str(tmp_path / "a_good.yaml"),
@@ -134,11 +134,11 @@ def test_a_worker_starting_with_a_bad_file_keeps_the_valid_ones_and_does_not_par
 def test_valid_files_that_clash_start_with_no_rules_rather_than_no_worker(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(GOOD)
     (tmp_path / "b.yaml").write_text(GOOD)  # the same rule id twice: each file alone is valid
-    ruleset, rejected = wiring.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
+    ruleset, rejected = runtime.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
     assert ruleset.rules == () and rejected is not None
 
 
 def test_a_valid_directory_starts_with_every_rule_and_nothing_rejected(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(GOOD)
-    ruleset, rejected = wiring.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
+    ruleset, rejected = runtime.initial_rules(SimpleNamespace(rules_dir=tmp_path))  # type: ignore[arg-type]
     assert [r.id for r in ruleset.rules] == ["r"] and rejected is None

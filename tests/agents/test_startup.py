@@ -38,6 +38,6 @@ def test_the_registry_tables_load_as_the_app_starts_before_table_recovery(
                 fut.cancel()
             await asyncio.gather(*futures, return_exceptions=True)
 
-    with caplog.at_level(logging.INFO, logger="agents.wiring"):
+    with caplog.at_level(logging.INFO, logger="agents.registry"):
         recovered = app.loop.run_until_complete(run())  # the app's futures live on its own loop
     assert recovered is False  # the tables were ready with no recovery run at all

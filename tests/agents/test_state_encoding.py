@@ -6,7 +6,7 @@ import json
 
 from faust.serializers import codecs
 
-from agents.wiring import encode_state
+from agents.state_store import encode_state
 
 
 def test_a_state_round_trips_through_the_tables_json_codec() -> None:

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.wiring import TableStore
+from agents.state_store import TableStore
 
 
 def fake_table(data: dict[str, Any] | None = None) -> Any:

@@ -1,0 +1,26 @@
+"""The rule worker's Prometheus metrics (served on ``APP_METRICS_PORT``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+EVENTS = Counter("worker_events_total", "Events consumed by the rule worker", ["source"])
+DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
+ALERTS_OUT = Counter("worker_alerts_total", "Alert transitions produced", ["rule", "status"])
+LATE = Counter("worker_late_events_total", "Events a stateful rule could not use (late)", ["source"])
+ROUTED = Counter("worker_routed_total", "Events routed by branch rules", ["topic"])
+RELOADS = Counter("worker_rule_reloads_total", "Rule reloads", ["outcome"])
+RULES = Gauge("worker_rules", "Rules loaded")
+CONSUME_LAG = Histogram(
+    "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
+    ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)  # fmt: skip
+STATE_TOO_LARGE = Counter(
+    "worker_state_too_large_total",
+    "State writes kept out of the changelog: larger than a Kafka record may be",
+    ["rule"],
+)
+BATCH_SECONDS = Histogram(
+    "worker_batch_seconds", "Time to decode and evaluate one batch of events with every rule", ["source"],
+    buckets=(1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.5),
+)  # fmt: skip

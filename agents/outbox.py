@@ -1,0 +1,206 @@
+"""How the rule worker's outputs reach Kafka: a handler's batch at a time, as record batches
+(:class:`Outbox`), and what runs before each offset commit (:func:`commit_hooks`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, cast
+
+import faust
+import orjson
+from aiokafka.structs import TopicPartition
+
+from agents.metrics import ALERTS_OUT, LATE, ROUTED
+from agents.state_store import TableStore
+from app.events import dlq_record
+from app.eventtime import REFUSED
+from app.kafka.clients import CachedPartitioner
+from app.rules.evaluator import LATE_TOPIC, Output
+from app.topics import ALERTS, DLQ
+
+logger = logging.getLogger(__name__)
+
+#: Most record batches of one partition the :class:`Outbox` queues in the producer before
+#: it waits for them to be sent (up to 1 MiB each: ``producer_max_batch_size``).
+MAX_QUEUED_BATCHES = 8
+
+
+class Outbox:
+    """Hands a worker's outputs to Faust's producer, a handler's batch at a time.
+
+    ``send_all`` returns once every record is queued: one record batch per topic
+    partition (more when one fills up), in the order given, on the partition the
+    producer's partitioner picks for the key. Per record, aiokafka's ``send`` costs
+    tens of microseconds of Python (partition lookup, a future, the accumulator); a
+    worker emits about one record per event. A record the producer could not
+    deliver crashes the worker and fails the next commit (:meth:`check` runs
+    before it), so no offset is committed past a lost alert; the restarted worker
+    replays from the last commit.
+
+    aiokafka's ``send_batch`` waits until the partition's queue is empty, which under
+    load is a broker round trip: a batch is usually still waiting while the one
+    before it is in flight. So a batch for a partition with batches queued goes in
+    behind them at once, as aiokafka's accumulator would queue it after the wait,
+    up to :data:`MAX_QUEUED_BATCHES`; past that, ``send_batch`` waits, which bounds
+    what a stalled broker leaves in memory. The sender takes a partition's batches
+    in queue order, so the records keep theirs.
+    """
+
+    def __init__(self, app: faust.App, partitioner: CachedPartitioner) -> None:
+        self.app = app
+        #: the producer's own partitioner: a key goes where Faust's producer would send it
+        self.partitioner = partitioner
+        self.failed: BaseException | None = None
+        self._crashing: asyncio.Future[Any] | None = None
+
+    async def send_all(self, records: Sequence[tuple[str, bytes, bytes]], source_partition: int = 0) -> None:
+        """Queue ``(topic, key, value)`` records on the partitions the partitioner picks.
+
+        ``source_partition``: the input partition whose batch produced them; under exactly-once
+        they go into that partition's transaction."""
+        if not records:
+            return
+        producer = self._producer(source_partition)
+        partitioner = self.partitioner
+        partitions: dict[str, list[int]] = {}
+        building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
+        for topic, key, value in records:
+            found = partitions.get(topic)
+            if found is None:
+                found = partitions[topic] = sorted(await producer.partitions_for(topic))
+            self._append(
+                producer, building.setdefault((topic, partitioner(key, found, found)), []), key, value
+            )
+        await self._send_built(producer, building)
+
+    async def send_placed(self, records: Iterable[tuple[str, int, bytes, bytes | None]]) -> None:
+        """Queue ``(topic, partition, key, value)`` records (the state changelog) on their
+        given partitions, in order; a None value is a tombstone.
+
+        Each record is copied into its partition's record batch as it comes, and every
+        one is in a batch before the first batch is sent: ``records`` is read in one go,
+        with no other task running in between (a generator of states sees none change).
+        Under exactly-once each record goes into the transaction of its own partition number:
+        a state's changelog partition is that of the input partition whose events own it.
+        """
+        building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
+        producers: dict[int, Any] = {}
+        for topic, partition, key, value in records:
+            batches = building.get((topic, partition))
+            if batches is None:
+                batches = building[(topic, partition)] = []
+                if partition not in producers:
+                    producers[partition] = self._producer(partition)
+            self._append(producers[partition], batches, key, value)
+        for (topic, partition), batches in building.items():
+            for batch in batches:
+                await self._send_batch(producers[partition], batch, topic, partition)
+
+    def _producer(self, source_partition: int) -> Any:
+        """The aiokafka producer for the outputs of ``source_partition``: Faust's (at least once),
+        or that partition's transactional producer (exactly-once)."""
+        transactions = getattr(self.app, "transactions", None)
+        if transactions is not None:
+            return transactions.producer(source_partition)
+        return cast("Any", self.app.producer)._ensure_producer()  # noqa: SLF001 - its aiokafka producer
+
+    async def _send_built(self, producer: Any, building: dict[tuple[str, int], list[Any]]) -> None:
+        """Queue each partition's record batches (:meth:`_append`), in order."""
+        for (topic, partition), batches in building.items():
+            for batch in batches:
+                await self._send_batch(producer, batch, topic, partition)
+
+    @staticmethod
+    def _append(producer: Any, batches: list[Any], key: bytes, value: bytes | None) -> None:
+        """Append a record to the last of one partition's ``batches``, opening a batch when
+        there is none or the last is full."""
+        if not batches or batches[-1].append(timestamp=None, key=key, value=value) is None:
+            batch = producer.create_batch()
+            batch.append(timestamp=None, key=key, value=value)  # a new batch takes any record
+            batches.append(batch)
+
+    async def _send_batch(self, producer: Any, batch: Any, topic: str, partition: int) -> None:
+        """Queue one record batch for ``topic``/``partition``: behind the partition's queued
+        batches without waiting while there are fewer than :data:`MAX_QUEUED_BATCHES`."""
+        tp = TopicPartition(topic, partition)
+        queue = producer._message_accumulator  # noqa: SLF001 - aiokafka's, see the class docstring
+        queued = queue._batches.get(tp)  # noqa: SLF001
+        if queued and len(queued) < MAX_QUEUED_BATCHES and not queue._closed and queue._exception is None:  # noqa: SLF001
+            fut = queue._append_batch(batch, tp).future  # noqa: SLF001 - what add_batch does after its wait
+        else:  # nothing queued (or too much, or a closed or failed producer, which send_batch reports)
+            fut = await producer.send_batch(batch, topic, partition=partition)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None or self.failed is not None:
+            return
+        self.failed = fut.exception()
+        logger.error("an output record was not delivered, stopping the worker: %r", self.failed)
+        self._crashing = asyncio.ensure_future(self.app.crash(self.failed))  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        if self.failed is not None:
+            msg = "an output record was not delivered"
+            raise RuntimeError(msg) from self.failed
+
+    def records(self, out: Output, source: str) -> list[tuple[str, bytes, bytes]]:
+        """A batch's outputs as records, counted: alerts, branch copies, late copies, and
+        dead letters for the events refused for their time (``events_time_refused_total``).
+
+        Counted once per label set and batch: a labelled ``inc`` costs a few microseconds,
+        and a flapping rule raises an alert every few events."""
+        records: list[tuple[str, bytes, bytes]] = []
+        alerts: dict[tuple[str, str], int] = {}
+        for alert in out.alerts:
+            label = (alert.rule_id, alert.status)
+            alerts[label] = alerts.get(label, 0) + 1
+            records.append((ALERTS, alert.fingerprint.encode(), alert.to_json()))
+        routed: dict[str, int] = {}
+        for topic, key, value in out.routed:
+            routed[topic] = routed.get(topic, 0) + 1
+            records.append((topic, key, value))
+        for rule_id, value in out.late:
+            records.append((LATE_TOPIC, rule_id.encode(), value))
+        for ev, reason in out.refused:  # too far ahead of its partition's clock (docs/event-time.md)
+            dead = dlq_record(source, reason, orjson.dumps(ev.fields), adapter="rule-worker", field="ts")
+            records.append((DLQ, source.encode(), dead))
+        if out.refused:
+            REFUSED.labels(source, "ahead", "worker").inc(len(out.refused))
+        for (rule_id, status), n in alerts.items():
+            ALERTS_OUT.labels(rule_id, status).inc(n)
+        for topic, n in routed.items():
+            ROUTED.labels(topic).inc(n)
+        if out.late:
+            LATE.labels(source).inc(len(out.late))
+        return records
+
+
+def commit_hooks(
+    outbox: Outbox,
+    stores: Iterable[TableStore],
+    flush: Callable[[], Awaitable[None]],
+    *,
+    exactly_once: bool = False,
+) -> tuple[Callable[[], object], ...]:
+    """What runs before every offset commit (``RulesApp.before_commit``), in order: fail if
+    an output was lost; write the changed states; flush the producer (``flush``) and fail
+    if any output or state record handed to it was not delivered. Faust then commits.
+
+    ``exactly_once``: no flush. The states go into the partitions' transactions, and the
+    commit that follows flushes each transactional producer and fails when a record of
+    its transaction was not delivered."""
+    stores = tuple(stores)
+
+    async def write_state() -> None:
+        """The changed states, as changelog records, before the offsets that cover them."""
+        await outbox.send_placed(record for store in stores for record in store.changes())
+
+    async def delivered() -> None:
+        await flush()
+        outbox.check()
+
+    if exactly_once:
+        return (outbox.check, write_state)
+    return (outbox.check, write_state, delivered)

@@ -1,0 +1,145 @@
+"""The worker's swappable part: the current rules and their engine (:class:`Runtime`), the rules
+to start with (:func:`initial_rules`) and hot reload (:func:`maybe_reload`).
+
+A worker never dies on a rule file: a set that does not load is logged with every problem
+and the last good rules keep running."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from agents.metrics import RELOADS, RULES
+from agents.state_store import TableStore
+from agents.topics import extra_topics
+from app.errors import RuleConfigError
+from app.kafka.admin import ensure_topics
+from app.rules.evaluator import DictStore, Engine, Stream
+from app.rules.loader import RuleSet, file_digest, load_rules, rule_files
+from app.runtime.settings import Settings
+from app.tables import Tables
+
+logger = logging.getLogger(__name__)
+
+#: how often the rule files are checked for edits
+RELOAD_INTERVAL_S = 1.0
+
+
+@dataclass
+class Runtime:
+    """The swappable part: the current rules and their engine."""
+
+    settings: Settings
+    ruleset: RuleSet
+    tables: Tables
+    stores: dict[str, TableStore]
+    engine: Engine = field(init=False)
+    restored: set[tuple[str, int]] = field(default_factory=set)
+    tables_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rejected: dict[str, str] | None = None  # file hashes of the last rejected edit, logged once
+
+    def __post_init__(self) -> None:
+        self.engine = self.build(self.ruleset)
+
+    def build(self, ruleset: RuleSet) -> Engine:
+        def store_of(stream: str) -> DictStore:
+            source, _, grouping = stream.partition(".by.")
+            return self.stores[f"{source}.regroup" if grouping else source].store
+
+        return Engine(
+            ruleset, engine="faust", tables=self.tables, partitions=self.settings.partitions, stores=store_of,
+            max_skew_ms=self.settings.max_event_skew_ms,
+        )  # fmt: skip
+
+    def swap(self, ruleset: RuleSet) -> None:
+        self.ruleset, self.engine = ruleset, self.build(ruleset)
+        self.restored.clear()
+        RULES.set(len(ruleset.rules))
+
+    def stream(self, source: str, name: str) -> Stream | None:
+        return next((s for s in self.engine.streams.get(source, ()) if s.name == name), None)
+
+    def ensure_restored(self, stream: Stream, store: TableStore, partition: int) -> None:
+        """Re-arm the timers of a partition's persisted state, once per partition and rule set."""
+        if (stream.name, partition) in self.restored:
+            return
+        self.restored.add((stream.name, partition))
+        stream.evaluator.restore((k, v) for k, v in store.items() if v.get("p") == partition)
+
+
+def initial_rules(settings: Settings) -> tuple[RuleSet, dict[str, str] | None]:
+    """The rules to start with, and the file hashes of a rejected set (None: all valid).
+
+    A worker never dies on a rule file: when the directory does not load as a whole, the
+    problems are logged and the worker starts with the files that load on their own (and
+    together; else with none), as a hot reload keeps the last good rules. Fixing a file
+    brings the whole set in at the next reload tick."""
+    try:
+        return load_rules([settings.rules_dir]), None
+    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+        if isinstance(exc, RuleConfigError):
+            logger.error("rule files rejected at start; starting with the valid files only:\n%s", exc)
+        else:
+            logger.exception("rule files could not be loaded at start; starting with the valid files only")
+    files = rule_files([settings.rules_dir])
+    good = []
+    for f in files:
+        try:
+            load_rules([f])
+        except Exception:  # noqa: S112 - reported above with the whole set's problems
+            continue
+        good.append(f)
+    try:
+        ruleset = load_rules(good) if good else RuleSet()
+    except Exception:  # the valid files clash with one another (duplicate ids): start with none
+        logger.exception("the valid rule files do not load together; starting with no rules")
+        ruleset = RuleSet()
+    try:
+        rejected = {str(f): file_digest(f) for f in files}
+    except OSError:
+        rejected = None
+    RELOADS.labels("rejected").inc()
+    return ruleset, rejected
+
+
+async def maybe_reload(settings: Settings, rt: Runtime) -> None:
+    """Swap in edited rules when they are valid; keep the last good ones otherwise.
+
+    A rejected set of files is remembered by its hashes and not parsed again until one of
+    them changes (logged once, until the rules running change or come back). Loading runs
+    in a thread, so the event loop keeps evaluating with the current rules meanwhile;
+    nothing it raises stops the worker (the rule limits bound its time, see
+    docs/rule-limits.md). Should the new rules' topics fail to be created, the next tick
+    tries again."""
+    try:
+        current = {str(f): file_digest(f) for f in rule_files([settings.rules_dir])}
+    except OSError:
+        return  # a file vanished between listing and reading: next tick
+    if current == dict(rt.ruleset.files):
+        rt.rejected = None  # back to the rules running: a bad edit made again is logged again
+        return
+    if current == rt.rejected:
+        return
+    try:
+        ruleset = await asyncio.to_thread(load_rules, [settings.rules_dir])
+    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+        RELOADS.labels("rejected").inc()
+        rt.rejected = current
+        if isinstance(exc, RuleConfigError):
+            logger.error("rule files rejected, keeping the last good rules:\n%s", exc)
+        else:
+            logger.exception("rule files could not be loaded, keeping the last good rules")
+        return
+    try:
+        await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+                            specs=extra_topics(ruleset, settings))  # fmt: skip
+    except Exception as exc:  # the broker's trouble, not the files': the next tick tries again
+        logger.warning("reload postponed, the new rules' topics could not be created: %r", exc)
+        return
+    rt.swap(ruleset)
+    rt.rejected = None
+    RELOADS.labels("applied").inc()
+    logger.info(
+        "reloaded %d rules (%s)", len(ruleset.rules), ", ".join(f"{r.id}@{r.version}" for r in ruleset.rules)
+    )
