@@ -1,8 +1,8 @@
 """Settings read once from the environment into a frozen object.
 
-Every variable is documented in the README's configuration reference; the
-``ENV_DOCS`` table below is its single source, and a test checks the README
-lists each one. Parse errors name the variable and the expected form.
+Every variable is documented in docs/configuration.md; ``ENV_DOCS`` below holds
+each one's default and meaning, and tests/test_docs.py checks that the page lists every
+variable the code reads. Parse errors name the variable and the expected form.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ MAX_KEY_HASHES = 100_000
 class KeyHashes:
     """Kafka's key hash (murmur2, as the Java client and aiokafka compute it), remembered.
 
-    aiokafka's murmur2 is pure Python, ~10 µs a key, and this project's keys repeat:
+    aiokafka's murmur2 is pure Python, and this project's keys repeat:
     device ids, hosts and client IPs on the source and regroup topics, alert
     fingerprints on the alerts topic. At :data:`MAX_KEY_HASHES` keys it starts over.
     """
