@@ -22,13 +22,11 @@ from app.errors import AppError  # noqa: E402
 from app.kafka.wait import wait_for_broker_blocking  # noqa: E402
 from app.runtime.settings import Settings  # noqa: E402
 
-#: The collector's thresholds. By default (700, 10, 10) its youngest generation runs
-#: after 700 net new containers, about every 150 events under load, each time walking
-#: the batch's live events and states; and every ~20,000 events a full collection
-#: walked everything Faust and the modules had built, ~75 ms each time. At 20,000 a
-#: young collection runs about every 15,000 events (5-11 ms). With the start-up objects
-#: frozen (``gc.freeze``: no collection walks them again) a full one took ~14 ms.
-#: Figures in the README's table of changes (taken with a temporary ``gc.callbacks`` timer).
+#: The collector's thresholds for the worker: a young collection after 20,000 net new
+#: containers (Python's default is 700, which walks a batch's live events and states many
+#: times per batch), and the start-up objects frozen (``gc.freeze``) so that no full
+#: collection walks what Faust and the modules built at start. The measurements behind
+#: these values are in docs/PERFORMANCE-HISTORY.md.
 GC_THRESHOLDS = (20_000, 20, 20)
 
 if len(sys.argv) > 1 and sys.argv[1] == "worker" and not {"--with-web", "--without-web"} & set(sys.argv):

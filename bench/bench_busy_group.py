@@ -2,19 +2,19 @@
 proportion to its size at every event.
 
 Run: ``.venv/bin/python bench/bench_busy_group.py [--seconds S] [--rates R,R]``. For each
-rate R, in batches of 500 (the worker's batch until 2026-11-24; its figures in the README were
-taken so), prints events/s (CPU time):
+rate R, in batches of 500 (the figures in docs/performance.md are taken so), prints events/s
+(CPU time):
 
 * **sliding burst**: S seconds of event time of one client IP sending 403s at R/s
   through a 1-minute sliding rule (count, count distinct, sum, max). The window holds
-  R x 60 events; re-aggregating it at each change point ran ~115 events/s at 50/s.
+  R x 60 events; an event must not cost in proportion to them.
 * **pct_change ticks**: S x 20 seconds of one symbol ticking at R/s through
-  ``pct_change(price, 1h)``, whose history holds an hour of ticks; copying it at each
-  event ran ~240 events/s at 2/s.
+  ``pct_change(price, 1h)``, whose history holds an hour of ticks; an event must not
+  cost in proportion to it.
 
 Then, once: **cardinality**, one host whose hour-long tumbling window sees 30,000
-distinct client IPs through ``count(distinct client_ip)``; searching a list of the
-values seen at each event ran ~5,000 events/s.
+distinct client IPs through ``count(distinct client_ip)``; adding a value must not cost in proportion to the
+values seen.
 """
 
 from __future__ import annotations

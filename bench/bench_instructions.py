@@ -2,8 +2,8 @@
 
 The host's timing drifts by 20-40 % within an hour, more than most single changes; the
 count of instructions executed does not. This runs the bench pack through
-``Engine.process_batch`` in batches of ``EVAL_BATCH`` (2,000, the worker's; 500 before
-2026-11-24), as ``bench_rules.py`` does, under callgrind with counting switched on only
+``Engine.process_batch`` in batches of ``EVAL_BATCH`` (2,000, the worker's default), as
+``bench_rules.py`` does, under callgrind with counting switched on only
 inside that call, and prints instructions per event.
 Compare two checkouts with the same command in each: two runs of the same code gave the
 same count.

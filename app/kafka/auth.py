@@ -1,6 +1,6 @@
 """How every role authenticates to Kafka and encrypts its connections: TLS, SASL PLAIN and
-SCRAM, read once from the environment (``KAFKA_SECURITY_PROTOCOL`` and friends; the
-README's configuration reference lists them).
+SCRAM, read once from the environment (``KAFKA_SECURITY_PROTOCOL`` and friends;
+docs/configuration.md lists them).
 
 :class:`KafkaAuth` turns into the options of each client library: aiokafka's keyword
 arguments (:meth:`KafkaAuth.client_options`, also what Faust's transport is given) and the

@@ -133,7 +133,7 @@ class BranchArm(_Frozen):
 
 
 class Rule(_Frozen):
-    """One rule. See the README's rule reference for every key."""
+    """One rule. See docs/rules.md for every key."""
 
     id: str = Field(pattern=_ID_PATTERN)
     description: str = ""

@@ -1,8 +1,8 @@
 """Settings read once from the environment into a frozen, typed pydantic model.
 
-Every variable is documented in the configuration reference (docs/configuration.md); the
-``ENV_DOCS`` table below is its single source, and a test checks the reference lists
-each one. Parse errors name the variable and the expected form. Secrets are
+Every variable is documented in docs/configuration.md; ``ENV_DOCS`` below holds each
+one's default and meaning, and tests/test_docs.py checks that the page lists every variable
+the code reads. Parse errors name the variable and the expected form. Secrets are
 :class:`pydantic.SecretStr`: they never appear in a repr, a log line or an error, and a
 caller reads one with ``.get_secret_value()`` where it signs or verifies.
 """
