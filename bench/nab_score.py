@@ -65,10 +65,9 @@ PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
 
 #: (words in the file's folder/name, kind): the first that matches names the metric's kind
 _KINDS = (
-    (("machine_temperature",), "machine_temperature"),
     (("temperature",), "temperature"),
     (("cpu",), "cpu"),
-    (("latency",), "latency"),
+    (("latency", "rogue_agent_key"), "latency"),
     (("Twitter_volume",), "tweets"),
     (("realTraffic",), "traffic"),
     (("realAdExchange",), "ad_clicks"),
