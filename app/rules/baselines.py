@@ -7,6 +7,7 @@ field, and in a tumbling or hopping window rule's ``having`` over an aggregate n
 ``zscore(x, lookback)``            ``(x - mean) / stddev`` of the group's values in the
                                    trailing ``lookback`` (the current one excluded)
 ``robust_zscore(x, lookback)``     ``(x - median) / (1.4826 * MAD)`` over the same values
+                                   (MAD 0: ``1.2533 *`` the mean absolute deviation)
 ``ewma(x, half_life)``             the exponentially weighted mean of the earlier values, each
                                    weighing half as much ``half_life`` (event time) later
 ``holt_residual(x, sf, tf)``       ``x`` less Holt's (double exponential smoothing) forecast
@@ -66,6 +67,9 @@ MAX_LOOKBACK_MS = 7 * 86_400_000
 MAX_HORIZON_MS = 366 * 86_400_000
 #: the MAD of a normal distribution is its standard deviation over this
 MAD_SCALE = 1.4826
+#: when over half the values equal the median (MAD 0), the mean absolute deviation from it
+#: times this stands in (the usual modified z-score's fallback)
+MEAN_AD_SCALE = 1.253314
 
 FUNCTIONS = ("zscore", "robust_zscore", "ewma", "holt_residual", "seasonal", "predict_linear")
 _FORMS = {
@@ -172,7 +176,7 @@ class Collector:
             what = {"ewma": "half-life", "seasonal": "period"}.get(name, "lookback")
             lookback = _duration(args[1], what)
             if lookback > MAX_LOOKBACK_MS:
-                msg = f"the {what} may be at most 1w (7 days); got {lookback // 1000} s"
+                msg = f"the {what} may be at most 1w (7 days); got {lookback / 86_400_000:g}d"
                 raise ValueError(msg)
             horizon = 0
             if name == "predict_linear":
@@ -289,9 +293,11 @@ def _robust(spec: BaselineSpec, st: State | None, ts: int, v: float) -> tuple[St
     score = None
     if _warm(spec, st, ts):
         med = _median(srt)
-        mad = _mad(srt, med)
-        if mad > 1e-12 * max(1.0, abs(med)):
-            score = (v - med) / (MAD_SCALE * mad)
+        spread = MAD_SCALE * _mad(srt, med)
+        if spread <= 1e-12 * max(1.0, abs(med)):  # over half the values equal: the mean deviation
+            spread = MEAN_AD_SCALE * math.fsum(abs(x - med) for x in srt) / len(srt)
+        if spread > 1e-12 * max(1.0, abs(med)):
+            score = (v - med) / spread
     _add(st, ts, v)
     bisect.insort(srt, v)
     return st, score
