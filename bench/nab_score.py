@@ -117,7 +117,7 @@ def series_events(series: Series) -> Iterator[tuple[str, Event]]:
     schema = SCHEMAS["sensors"]
     device = series.name.rsplit("/", 1)[-1].removesuffix(".csv")
     kind = metric_kind(series.name)
-    for ts, value in zip(series.timestamps, series.values):
+    for ts, value in zip(series.timestamps, series.values, strict=True):
         stamp = ts.replace(" ", "T") + "Z"
         yield "sensors", schema.validate({"device_id": device, "ts": stamp, "value": value, "kind": kind})
 
@@ -130,7 +130,8 @@ def detect(ruleset: RuleSet, series: Series) -> list[str]:
     report = BacktestReport()
     alerts = backtest(ruleset, series_events(series), io.StringIO(), report)
     if report.problems:
-        raise SystemExit(f"{series.name}: {report.problems[:3]}")
+        msg = f"{series.name}: {report.problems[:3]}"
+        raise SystemExit(msg)
     found = [by_ms[parse_ts(a.event_ts)] for a in alerts if a.status == "firing"]
     return sorted(set(found), key=series.timestamps.index)
 
@@ -142,7 +143,8 @@ def score_all(
     windows = read_windows(datasets)
     missing = sorted(set(windows) - {s.name for s in corpus})
     if missing:
-        raise SystemExit(f"series missing from {datasets}: {missing[:5]}")
+        msg = f"series missing from {datasets}: {missing[:5]}"
+        raise SystemExit(msg)
     start = time.perf_counter()
     detections = {s.name: detect(ruleset, s) for s in corpus}
     took = time.perf_counter() - start

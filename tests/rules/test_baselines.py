@@ -30,7 +30,7 @@ def run(spec: BaselineSpec, points: list[tuple[int, float | None]]) -> list[floa
 
 
 def series(n: int, step: int = 5 * MIN, seed: int = 7) -> list[tuple[int, float | None]]:
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
     return [(i * step, 50.0 + 10 * rng.random() + (i % 7)) for i in range(n)]
 
 
