@@ -156,7 +156,11 @@ def score_all(
 
 def table(scores: dict[str, CorpusScore], published: dict[str, dict[str, float]]) -> str:
     rows = [("this pack (streamalert rules)", *(scores[p].score for p in PROFILES))]
-    rows += [(label, *(published[key][p] for p in PROFILES)) for key, label in PUBLISHED_NAMES.items()]
+    rows += [
+        (label, *(published[key][p] for p in PROFILES))
+        for key, label in PUBLISHED_NAMES.items()
+        if key in published
+    ]
     rows.sort(key=lambda r: -r[1])
     lines = ["| detector | standard | low FP | low FN |", "|---|---|---|---|"]
     for label, *vals in rows:

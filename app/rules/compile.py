@@ -14,8 +14,8 @@ from sqlglot import exp
 
 from app.errors import ExpressionError
 from app.events import Schema
-from app.rules import baselines
 from app.rules.aggregates import AggSpec, compile_aggregate
+from app.rules.baselines import BaselineSpec, Collector
 from app.rules.expr import Compiled, compile_expr
 from app.rules.model import Rule
 from app.rules.template import placeholders
@@ -48,8 +48,8 @@ class RuleParts:
     arms: tuple[tuple[Compiled | None, str], ...] = ()
     pct_changes: tuple[PctChange, ...] = field(default_factory=tuple)
     #: baseline calls of ``where``/``clear`` (threshold rules) and of ``having`` (windows)
-    baselines: tuple[baselines.BaselineSpec, ...] = ()
-    having_baselines: tuple[baselines.BaselineSpec, ...] = ()
+    baselines: tuple[BaselineSpec, ...] = ()
+    having_baselines: tuple[BaselineSpec, ...] = ()
 
 
 def _interval_ms(node: exp.Expression) -> int:
@@ -88,7 +88,7 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
             fail(("group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
 
     pct: dict[str, PctChange] = {}
-    base_where = baselines.Collector(fields, f"the {rule.source} schema")
+    base_where = Collector(fields, f"the {rule.source} schema")
 
     def synthetic_where(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
         if name != "pct_change":
@@ -127,12 +127,12 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
         except ExpressionError as exc:
             fail(("aggregate", name), str(exc))
     having = None
-    base_having = baselines.Collector({}, "the aggregates")
+    base_having = Collector({}, "the aggregates")
     if rule.having is not None and len(aggs) == len(rule.aggregate):
         agg_types = {a.name: a.type for a in aggs}
         having_schema = {**{g: fields[g] for g in rule.group_by if g in fields}, **agg_types}
         windowed = rule.window is not None and rule.window.type in ("tumbling", "hopping")
-        base_having = baselines.Collector(
+        base_having = Collector(
             agg_types, "the aggregates", None if windowed else "baselines need a tumbling or hopping window"
         )
 
