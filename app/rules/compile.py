@@ -15,6 +15,7 @@ from sqlglot import exp
 from app.errors import ExpressionError
 from app.events import Schema
 from app.rules.aggregates import AggSpec, compile_aggregate
+from app.rules.baselines import BaselineSpec, Collector
 from app.rules.expr import Compiled, compile_expr
 from app.rules.model import Rule
 from app.rules.template import placeholders
@@ -46,6 +47,9 @@ class RuleParts:
     steps: tuple[Compiled, ...] = ()
     arms: tuple[tuple[Compiled | None, str], ...] = ()
     pct_changes: tuple[PctChange, ...] = field(default_factory=tuple)
+    #: baseline calls of ``where``/``clear`` (threshold rules) and of ``having`` (windows)
+    baselines: tuple[BaselineSpec, ...] = ()
+    having_baselines: tuple[BaselineSpec, ...] = ()
 
 
 def _interval_ms(node: exp.Expression) -> int:
@@ -84,10 +88,11 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
             fail(("group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
 
     pct: dict[str, PctChange] = {}
+    base_where = Collector(fields, f"the {rule.source} schema")
 
     def synthetic_where(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
         if name != "pct_change":
-            return None
+            return base_where.resolve(name, args)
         if len(args) != 2 or not isinstance(args[0], exp.Column):
             msg = "expected pct_change(field, lookback), e.g. pct_change(adj_close, 1d)"
             raise ValueError(msg)
@@ -110,7 +115,7 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
             return None
 
     where = expr(("where",), rule.where, synthetic=synthetic_where if rule.kind == "threshold" else None)
-    clear = expr(("clear",), rule.clear)
+    clear = expr(("clear",), rule.clear, synthetic=synthetic_where if rule.kind == "threshold" else None)
 
     aggs: list[AggSpec] = []
     for name, text in rule.aggregate.items():
@@ -122,13 +127,18 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
         except ExpressionError as exc:
             fail(("aggregate", name), str(exc))
     having = None
+    base_having = Collector({}, "the aggregates")
     if rule.having is not None and len(aggs) == len(rule.aggregate):
         agg_types = {a.name: a.type for a in aggs}
         having_schema = {**{g: fields[g] for g in rule.group_by if g in fields}, **agg_types}
+        windowed = rule.window is not None and rule.window.type in ("tumbling", "hopping")
+        base_having = Collector(
+            agg_types, "the aggregates", None if windowed else "baselines need a tumbling or hopping window"
+        )
 
         def synthetic_having(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
             if name != "prev":
-                return None
+                return base_having.resolve(name, args)
             if len(args) != 1 or not isinstance(args[0], exp.Column) or args[0].name not in agg_types:
                 msg = f"expected prev(<aggregate name>), one of {', '.join(agg_types)}"
                 raise ValueError(msg)
@@ -169,4 +179,6 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
         steps=tuple(s for s in steps if s is not None),
         arms=arms,
         pct_changes=tuple(pct.values()),
+        baselines=tuple(base_where.specs.values()),
+        having_baselines=tuple(base_having.specs.values()),
     )

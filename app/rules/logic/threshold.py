@@ -38,6 +38,7 @@ from typing import Any
 
 from app.alerts import Alert
 from app.events import Event
+from app.rules import baselines
 from app.rules.compile import PctChange
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
@@ -79,6 +80,8 @@ class ThresholdLogic:
         self.keep_ms = r.keep_firing_for
         self.clear = rule.parts.clear if rule.parts else None
         self.pct = rule.parts.pct_changes if rule.parts else ()
+        #: baseline calls (app.rules.baselines): their state lives beside pct_change's, in "h"
+        self.baselines = rule.parts.baselines if rule.parts else ()
         self.columns = sorted((rule.where.columns | rule.where.synthetic) if rule.where else ())
         self.no_data = r.no_data if r.no_data is not None and r.no_data.state != "keep" else None
         self.lateness = r.allowed_lateness
@@ -86,13 +89,13 @@ class ThresholdLogic:
         self.where = rule.where.fn
         #: a quiet group (no state) stays quiet on an event where the condition is not TRUE,
         #: unless pct_change history or a no-data deadline must be kept for it
-        self.where_gate = "no_state" if not self.pct and self.no_data is None else None
+        self.where_gate = "no_state" if not self.pct and not self.baselines and self.no_data is None else None
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
     ) -> tuple[Mapping[str, Any], dict]:
         hist = st.get("h", {}) if st else {}  # updated in place: the event is stored either way
-        if not self.pct:
+        if not self.pct and not self.baselines:
             return row, hist
         extra = {}
         for pc in self.pct:
@@ -102,6 +105,8 @@ class ThresholdLogic:
             value = row.get(pc.field)
             extra[pc.column] = pct_value(h, pc, ev.ts_ms, value)
             remember(h, pc, ev.ts_ms, value)
+        if self.baselines:
+            extra.update(baselines.advance(self.baselines, hist, ev.ts_ms, row))
         return {**row, **extra}, hist
 
     def on_event(
@@ -111,7 +116,7 @@ class ThresholdLogic:
         if st is not None and (ev.ts_ms < st["last"] or ev.ts_ms <= (st.get("nd") or -1)):
             return [], True
         hist: dict | None = None
-        if self.pct:
+        if self.pct or self.baselines:
             row, hist = self._with_pct(st, ev, row)
         holds = self.where(row) is True
         if st is None:
@@ -186,7 +191,7 @@ class ThresholdLogic:
         ``rows``: the events' rows; ``passes``: the condition on each. Returns how many
         it took (0: none, nothing changed).
         """
-        if self.pct or self.no_data is not None or passes is None:
+        if self.pct or self.baselines or self.no_data is not None or passes is None:
             return 0
         clear = self.clear
         st = store.get(key)

@@ -30,6 +30,7 @@ from typing import Any
 
 from app.alerts import Alert, Status
 from app.events import Event
+from app.rules import baselines
 from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
@@ -75,6 +76,9 @@ class _Aggregating:
         #: the results of an empty window (``prev(x)`` when the previous window had no event);
         #: shared, read only
         self._empty_results = self.results(self.empty())
+        #: baseline calls of ``having`` (tumbling and hopping only): state in "b", learnt at
+        #: each window evaluated in order (see _evaluate); elsewhere their columns read NULL
+        self._baselines = rule.parts.having_baselines
 
     def results(self, states: list[Any]) -> dict[str, Any]:
         return {a.name: a.result(s) for a, s in zip(self.aggs, states)}
@@ -113,9 +117,14 @@ class _Aggregating:
             out.append(add(s, values))
         return out
 
-    def active(self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None) -> bool:
+    def active(
+        self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bool:  # fmt: skip
         row = group_row(self.rule, group)
         row.update(aggs)
+        if extra:
+            row.update(extra)
         for name, prev_name in self._prev_names:
             row[prev_name] = None if prev is None else prev.get(name)
         return self.having(row) is True
@@ -348,7 +357,10 @@ class TumblingLogic(_Aggregating):
     def _evaluate(self, st: State, group: tuple[str, ...], start: int, accs: list[Any]) -> list[Alert]:
         aggs = self.results(accs)
         alerts: list[Alert] = []
-        if self.active(group, aggs, self._prev(st, start)):
+        extra = None
+        if self._baselines:  # the window's start is the baseline's time
+            extra = baselines.advance(self._baselines, st.setdefault("b", {}), start, aggs)
+        if self.active(group, aggs, self._prev(st, start), extra):
             alerts = self._fire(st, group, start, aggs)
         elif st["fire"] is not None or st["n"]:
             # firing: resolved; pending (the streak broke before it fired): inactive, never notified
@@ -410,7 +422,7 @@ class TumblingLogic(_Aggregating):
         for s in gone:
             del windows[s]
         st["due"] = self._due(st)
-        if not windows and st["fire"] is None and not st["n"]:
+        if not windows and st["fire"] is None and not st["n"] and not st.get("b"):
             store.delete(key)
         else:
             store.put(key, st)
