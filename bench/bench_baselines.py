@@ -23,11 +23,15 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.config import PROJECT_ROOT
-from app.events import SCHEMAS, Event, format_ts, parse_ts
-from app.rules.baselines import BaselineSpec
-from app.rules.evaluator import run_backtest
-from app.rules.loader import load_rules
+from app.runtime import native
+
+native.activate()  # before any evaluator module loads
+
+from app.events import SCHEMAS, Event, format_ts, parse_ts  # noqa: E402
+from app.rules.baselines import BaselineSpec  # noqa: E402
+from app.rules.evaluator import run_backtest  # noqa: E402
+from app.rules.loader import load_rules  # noqa: E402
+from app.runtime.settings import PROJECT_ROOT  # noqa: E402
 
 DAY = 86_400_000
 CALLS = {

@@ -31,11 +31,15 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.backtest import BacktestReport, backtest
-from app.config import PROJECT_ROOT
-from app.events import SCHEMAS, Event, parse_ts
-from app.rules.loader import RuleSet, load_rules
-from bench.nab_scoring import (
+from app.runtime import native
+
+native.activate()  # before any evaluator module loads
+
+from app.backtest import BacktestReport, backtest  # noqa: E402
+from app.events import SCHEMAS, Event, parse_ts  # noqa: E402
+from app.rules.loader import RuleSet, load_rules  # noqa: E402
+from app.runtime.settings import PROJECT_ROOT  # noqa: E402
+from bench.nab_scoring import (  # noqa: E402
     CorpusScore,
     load_profiles,
     normalise_window_bound,

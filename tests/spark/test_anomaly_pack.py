@@ -10,8 +10,8 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.cli import main
-from app.config import PROJECT_ROOT
+from app.cli.main import main
+from app.runtime.settings import PROJECT_ROOT
 from bench.nab_score import read_corpus, series_events
 from tests.conftest import DATASETS, require_dataset
 
