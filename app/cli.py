@@ -7,6 +7,7 @@ Commands:
   backtest     run rules over recorded events and print the alert transitions (--engine spark too)
   spark        run the Spark engine: rules with engine spark/both on Structured Streaming
   dispatch | store-sync | receiver   run one role alone (as the supervisor does)
+  users        add or list the console's users (python -m app users add NAME)
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
@@ -298,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.alerts_cli import register as register_alert_commands
 
     register_alert_commands(sub)
+    from app.console.cli import register as register_user_commands
+
+    register_user_commands(sub)
     sub.add_parser("store-sync", help="run the alert-store sync role").set_defaults(
         func=_role("app.store_sync")
     )
