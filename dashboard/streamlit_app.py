@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from dashboard import auth, views  # noqa: E402
 logger = logging.getLogger(__name__)
 
 REFRESH_S = 5
+#: session-state keys: the last script run's and the last page draw's server-side time
+REFRESH_MS = "refresh_ms"
+PAGE_MS = "page_ms"
 PAGES: dict[str, str] = {
     "overview": "Overview",
     "alerts": "Alerts",
@@ -52,6 +56,7 @@ def _on_page_change() -> None:
 
 
 def main() -> None:
+    started = time.perf_counter()
     st.set_page_config(page_title="streamalert console", layout="wide")
     try:
         settings = Settings.from_env()
@@ -81,9 +86,26 @@ def main() -> None:
     }
     render = renderers[page]
     if live and page in ("Overview", "Rules"):
-        st.fragment(run_every=REFRESH_S)(render)()
+        st.fragment(run_every=REFRESH_S)(timed(render))()
     else:
+        timed(render)()
+    ms = (time.perf_counter() - started) * 1000
+    st.session_state[REFRESH_MS] = ms
+    logger.debug("console page %s drawn in %.0f ms", page, ms)
+
+
+def timed(render: Callable[[], None]) -> Callable[[], None]:
+    """``render`` that notes its duration under ``REFRESH_MS`` and shows it in the sidebar
+    (a fragment's own reruns are timed too)."""
+
+    def run() -> None:
+        t = time.perf_counter()
         render()
+        ms = (time.perf_counter() - t) * 1000
+        st.session_state[PAGE_MS] = ms
+        st.caption(f"refreshed in {ms:.0f} ms")
+
+    return run
 
 
 if __name__ == "__main__":

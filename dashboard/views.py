@@ -44,12 +44,7 @@ from app.store import CurrentAlert
 logger = logging.getLogger(__name__)
 
 NO_ALERTS = "no alerts yet"
-SEVERITY_BG = {
-    "critical": "#fecaca",
-    "error": "#fed7aa",
-    "warning": "#fef08a",
-    "info": "#bfdbfe",
-}
+SEVERITY_MARK = {"critical": "🔴", "error": "🟠", "warning": "🟡", "info": "🔵"}
 STATUS_COLOURS = {"firing": "#dc2626", "pending": "#f59e0b", "no_data": "#6b7280", "resolved": "#16a34a",
                   "inactive": "#9ca3af"}  # fmt: skip
 
@@ -202,8 +197,11 @@ def pipeline_health(settings: Settings, newest_alert_event: str | None) -> None:
 # -- alerts ---------------------------------------------------------------------------------
 
 
-def _styled(frame: pd.DataFrame) -> Any:
-    return frame.style.map(lambda v: f"background-color: {SEVERITY_BG.get(v, '')}", subset=["severity"])
+def _styled(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a coloured marker before each severity (a Styler costs ~0.25 ms a row)."""
+    if "severity" in frame.columns:
+        frame = frame.assign(severity=[f"{SEVERITY_MARK.get(v, '⚪')} {v}" for v in frame["severity"]])
+    return frame
 
 
 def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -446,7 +444,7 @@ def map_page(settings: Settings) -> None:
     states: dict[str, dict[str, Any]] = {}
     if q is not None:
         with q:
-            states = q.devices()
+            states = q.devices(row["device_id"] for row in registry)
     points = fleet(registry, states)
     devices = pd.DataFrame(
         [{"device_id": p.device_id, "kind": p.kind, "lat": p.lat, "lon": p.lon, "state": p.state,

@@ -36,7 +36,6 @@ _COLS = (
 #: severities in the order the console shows them (others after, by name)
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
 ACTIVE = ("firing", "pending", "no_data")
-MAX_ROWS = 10_000
 
 
 _ONE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|[^\s,"{}]*)')
@@ -130,14 +129,20 @@ class ConsoleQueries:
 
     def rate(self, now: datetime, minutes: int = 60) -> list[dict[str, Any]]:
         """Transitions recorded per minute (wall clock) and status over the last ``minutes``:
-        ``[{"minute": "2024-05-01T10:07", "status": "firing", "n": 3}, ...]``."""
-        since = (now - timedelta(minutes=minutes)).astimezone(UTC).isoformat()
-        rows = self._conn.execute(
-            "SELECT substr(recorded_at, 1, 16) AS m, status, COUNT(*) FROM transitions "
-            "WHERE recorded_at >= ? GROUP BY m, status ORDER BY m",
-            (since,),
-        )
-        return [{"minute": m, "status": s, "n": n} for m, s, n in rows]
+        ``[{"minute": "2024-05-01T10:07", "status": "firing", "n": 3}, ...]``. One range
+        count per minute on the covering ``transitions_by_recorded`` index (a single
+        ``GROUP BY`` over an expression sorted every row of the hour: four times slower)."""
+        end = now.astimezone(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
+        out = []
+        for i in range(minutes, 0, -1):
+            lo, hi = end - timedelta(minutes=i), end - timedelta(minutes=i - 1)
+            for status, n in self._conn.execute(
+                "SELECT status, COUNT(*) FROM transitions WHERE recorded_at >= ? AND recorded_at < ? "
+                "GROUP BY status",
+                (lo.isoformat(), hi.isoformat()),
+            ):
+                out.append({"minute": lo.strftime("%Y-%m-%dT%H:%M"), "status": status, "n": n})
+        return out
 
     def newest_event(self) -> str | None:
         """The latest event time of any recorded transition (the ``transitions_by_time`` index)."""
@@ -153,28 +158,40 @@ class ConsoleQueries:
         limit: int = 500,
     ) -> AlertPage:
         """Current alerts in ``statuses`` whose notified labels match every matcher, most
-        recently started first. Equality matchers on ``alertname``, ``severity`` or a label
-        are pushed into SQL; regexes run here."""
-        where = [f"status IN ({','.join('?' * len(tuple(statuses)))})"]
-        args: list[Any] = list(statuses)
-        for m in matchers:
-            if m.op != "=":
-                continue
-            if m.name == "alertname":
-                where.append("rule_id = ?")
-            elif m.name == "severity":
-                where.append("severity = ?")
-            else:
-                where.append("json_extract(labels, ?) IS ?")
-                args.append(f'$."{m.name}"')
-            args.append(m.value if m.value or m.name in ("alertname", "severity") else None)
+        recently started first: the first ``limit`` of ``total``. The matchers run inside
+        SQLite (a function over the labels column), so only the rows shown are decoded."""
+        wanted = tuple(statuses)
+        ms = tuple(matchers)
+
+        def match(labels: str, rule_id: str, severity: str) -> int:
+            got = {"alertname": rule_id, "severity": severity, **orjson.loads(labels)}
+            return 1 if matches_all(ms, got) else 0
+
+        self._conn.create_function("console_match", 3, match, deterministic=True)
+        cond = f"status IN ({','.join('?' * len(wanted))})"
+        args: list[Any] = list(wanted)
+        for m in ms:  # equalities first, on columns, so the function sees fewer rows
+            if m.op == "=" and m.name in ("alertname", "severity"):
+                cond += " AND rule_id = ?" if m.name == "alertname" else " AND severity = ?"
+                args.append(m.value)
+        if ms:
+            cond += " AND console_match(labels, rule_id, severity)"
+        ids = [
+            r[0]
+            for r in self._conn.execute(
+                f"SELECT rowid FROM alerts WHERE {cond} ORDER BY starts_us DESC",  # noqa: S608 - placeholders only
+                args,
+            )
+        ]
+        shown = ids[:limit]
+        if not shown:
+            return AlertPage([], len(ids))
         rows = self._conn.execute(
-            f"SELECT {_COLS} FROM alerts WHERE {' AND '.join(where)} "  # noqa: S608 - placeholders only
-            "ORDER BY starts_us DESC LIMIT ?",
-            [*args, MAX_ROWS],
+            f"SELECT {_COLS} FROM alerts WHERE rowid IN ({','.join('?' * len(shown))}) "  # noqa: S608
+            "ORDER BY starts_us DESC",
+            shown,
         ).fetchall()
-        found = [a for a in map(_current, rows) if matches_all(matchers, notified_labels(a))]
-        return AlertPage(found[:limit], len(found))
+        return AlertPage([_current(r) for r in rows], len(ids))
 
     def alert(self, rule_id: str, fingerprint: str) -> CurrentAlert | None:
         row = self._conn.execute(
@@ -252,15 +269,27 @@ class ConsoleQueries:
 
     # -- map ------------------------------------------------------------------------------
 
-    def devices(self) -> dict[str, dict[str, Any]]:
-        """Per ``device_id`` label: the worst active severity (None when nothing is active), how
-        many alerts are active, and the last position an alert carried (``lat``/``lon`` values)."""
+    def devices(self, ids: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Per ``device_id`` label (only ``ids`` if given, through the ``alerts_by_device``
+        index): the worst active severity (None when nothing is active), how many alerts are
+        active, and the last position an alert carried (``lat``/``lon`` values)."""
         out: dict[str, dict[str, Any]] = {}
-        rows = self._conn.execute(
+        sql = (
             "SELECT json_extract(labels, '$.device_id') AS d, status, severity, "
-            "json_extract(values_json, '$.lat'), json_extract(values_json, '$.lon'), event_us "
-            "FROM alerts WHERE d IS NOT NULL ORDER BY event_us"
+            "json_extract(values_json, '$.lat'), json_extract(values_json, '$.lon'), event_us FROM alerts "
         )
+        wanted = None if ids is None else list(ids)
+        if wanted is None:
+            rows = self._conn.execute(sql + "WHERE d IS NOT NULL ORDER BY event_us").fetchall()
+        else:
+            rows = []
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i : i + 500]
+                rows += self._conn.execute(
+                    sql + f"WHERE json_extract(labels, '$.device_id') IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+            rows.sort(key=lambda r: r[5])
         for dev, status, sev, lat, lon, _us in rows:
             cur = out.setdefault(dev, {"severity": None, "active": 0, "lat": None, "lon": None})
             if status in ACTIVE:
