@@ -3,9 +3,10 @@
 Run: ``.venv/bin/python bench/bench_console.py``. Builds the store in a temp dir (1,000
 rules' worth of groups: 10,000 label sets with 10 transitions each, 60 % of them active,
 a few hundred acks, silences and notifications; a registry of 60 devices for the map),
-then times each console page's server-side work, the whole Streamlit script run of that page (Streamlit's ``AppTest``
-runs the page's script and serializes every element it draws, as a browser's refresh
-makes the server do), median of 7 runs after one warm-up. Also the store queries alone.
+then times each console page's server-side work: the whole Streamlit script run of that
+page, as the page itself measures it (run by Streamlit's ``AppTest``, which serializes
+every element drawn, as a browser's refresh makes the server do), median of 7 runs after
+one warm-up. Also the store queries alone.
 The target is 300 ms or less per refresh; the last line prints the worst page's figure and
 its ratio to the target.
 """
