@@ -110,7 +110,8 @@ def overview_data(path: Path, now: datetime) -> dict[str, Any] | None:
     if q is None:
         return None
     with q:
-        return {"counts": q.counts(), "rate": q.rate(now), "newest": q.newest_event()}
+        latest = q.alerts(statuses=("firing",), limit=10).rows
+        return {"counts": q.counts(), "rate": q.rate(now), "newest": q.newest_event(), "latest": latest}
 
 
 def overview(settings: Settings) -> None:
@@ -129,6 +130,9 @@ def overview(settings: Settings) -> None:
         pending = data["counts"].get("pending", {})
         no_data = data["counts"].get("no_data", {})
         st.caption(f"pending {sum(pending.values())}, no data {sum(no_data.values())}")
+        if data["latest"]:
+            st.markdown("**Latest firing**")
+            st.dataframe(_styled(pd.DataFrame(alert_rows(data["latest"], set()))), hide_index=True)
         st.subheader("Alert transitions per minute, last hour")
         if data["rate"]:
             frame = pd.DataFrame(data["rate"])
@@ -303,9 +307,7 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
     left, right = st.columns(2)
     with left:
         st.markdown("**Labels**")
-        st.dataframe(
-            [{"label": k, "value": v} for k, v in sorted(notified_labels(a).items())], hide_index=True
-        )
+        st.table(pd.DataFrame({"value": dict(sorted(notified_labels(a).items()))}))
         st.markdown("**Annotations**")
         for k, v in sorted(a.annotations.items()):
             st.markdown(f"- {k}: {v}")
@@ -345,13 +347,13 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
     st.markdown("**Notifications sent**")
     sent = q.notifications_for([t.alert_id for t in transitions])
     if sent:
-        st.dataframe(sent, hide_index=True)
+        st.table(pd.DataFrame(sent).set_index("webhook_id"))
     else:
         st.caption("no notification recorded for this alert (pending, silenced, or not yet delivered)")
     acks = q.acks_of(a.fingerprint)
     if acks:
         st.markdown("**Acks**")
-        st.dataframe(acks, hide_index=True)
+        st.table(pd.DataFrame(acks).set_index("at"))
     with st.form("ack_detail", clear_on_submit=True):
         comment = st.text_input("ack comment", key="ack_comment")
         if st.form_submit_button("Ack", disabled=user is None):
@@ -392,7 +394,7 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
     base = alt.Chart(frame)
     layers = [
         base.mark_line(point=True).encode(
-            x=alt.X("time:T", title="event time"), y=alt.Y("value:Q", title=field or "value"),
+            x=alt.X("time:T", title="event time"), y=alt.Y("value:Q", title=field or "value", scale=alt.Scale(zero=False)),
             color="field:N", tooltip=["time", "field", "value", "status"],
         )
     ]  # fmt: skip

@@ -102,8 +102,8 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     frames = [d.value for d in at.dataframe]
     timeline = next(f for f in frames if "event time" in f.columns)
     assert list(timeline["status"]) == ["pending", "firing"]
-    sent = next(f for f in frames if "webhook_id" in f.columns)
-    assert list(sent["webhook_id"]) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
+    (sent,) = [t.value for t in at.table if t.value.index.name == "webhook_id"]
+    assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
     assert at.json[0].value == '{"temperature": 104.0}'
     assert any("threshold > 100" in c.value for c in at.caption)
 
