@@ -394,7 +394,8 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
     base = alt.Chart(frame)
     layers = [
         base.mark_line(point=True).encode(
-            x=alt.X("time:T", title="event time"), y=alt.Y("value:Q", title=field or "value", scale=alt.Scale(zero=False)),
+            x=alt.X("time:T", title="event time"),
+            y=alt.Y("value:Q", title=field or "value", scale=alt.Scale(zero=False)),
             color="field:N", tooltip=["time", "field", "value", "status"],
         )
     ]  # fmt: skip
