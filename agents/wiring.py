@@ -64,6 +64,7 @@ from aiokafka.structs import TopicPartition
 from faust.types import TP, TableT
 from prometheus_client import Counter, Gauge, Histogram
 
+from agents.state_server import attach as attach_state_server
 from agents.transport import QuietWorker, RulesApp
 from app import metrics, native
 from app.config import Settings
@@ -672,6 +673,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
         _register_source(app, rt, outbox, source, topic_name)
+    attach_state_server(app, rt)  # interactive queries, when APP_STATE_PORT is set
 
     @app.task
     async def _start() -> None:

@@ -8,6 +8,7 @@ Commands:
   spark        run the Spark engine: rules with engine spark/both on Structured Streaming
   dispatch | store-sync | receiver   run one role alone (as the supervisor does)
   users        add or list the console's users (python -m app users add NAME)
+  state        a rule's live state from the rule workers (interactive queries)
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)

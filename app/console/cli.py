@@ -1,4 +1,5 @@
-"""`python -m app users ...`: the console's local users file (see :mod:`app.console.users`)."""
+"""`python -m app users ...` (the console's local users file, :mod:`app.console.users`) and
+`python -m app state RULE [KEY]` (the workers' live rule state, docs/interactive-queries.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import getpass
 import logging
 import sys
 from typing import Any
+
+import orjson
 
 from app.config import Settings
 from app.console.users import hash_password, load_users, save_user, users_path
@@ -40,8 +43,26 @@ def _cmd_list(_args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_state(args: argparse.Namespace, _settings: Settings) -> int:
+    from app.console.state_client import query_state
+
+    answer = query_state(args.rule, args.key)
+    if answer.error:
+        print(f"error: {answer.error}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(answer.body, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add ``users add|list`` to the top-level parser's subcommands."""
+    """Add ``users add|list`` and ``state`` to the top-level parser's subcommands."""
+    state = sub.add_parser(
+        "state",
+        help="a rule's live state from the workers: its groups, or one group (KEY: values joined by |)",
+    )
+    state.add_argument("rule")
+    state.add_argument("key", nargs="?", default=None)
+    state.set_defaults(func=_cmd_state)
     users = sub.add_parser("users", help="the console's local users (hashed passwords)")
     usub = users.add_subparsers(dest="users_command", required=True)
     add = usub.add_parser("add", help="add a user or change a password (asks for it twice)")
