@@ -62,6 +62,7 @@ from agents.metrics import BATCH_SECONDS, CONSUME_LAG, DLQ_EVENTS, EVENTS, RULES
 from agents.outbox import Outbox, commit_hooks
 from agents.registry import follow_tables
 from agents.runtime import RELOAD_INTERVAL_S, Runtime, initial_rules, maybe_reload
+from agents.state_server import attach as attach_state_server
 from agents.state_store import RECORD_OVERHEAD_BYTES, TableStore
 from agents.topics import check_partitions, extra_topics, regroup_topic
 from agents.transport import QuietWorker, RulesApp
@@ -233,6 +234,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
         _register_source(app, rt, outbox, source, topic_name)
+    attach_state_server(app, rt)  # interactive queries, when APP_STATE_PORT is set
 
     @app.task
     async def _start() -> None:

@@ -7,6 +7,8 @@ Commands:
   backtest     run rules over recorded events and print the alert transitions (--engine spark too)
   spark        run the Spark engine: rules with engine spark/both on Structured Streaming
   dispatch | store-sync | receiver   run one role alone (as the supervisor does)
+  users        add or list the console's users (python -m app users add NAME)
+  state        a rule's live state from the rule workers (interactive queries)
   alerts       list, show, ack, silence, unsilence, resolve alerts; silences; dead-letters
   routes       test which receivers labels reach; show or check the routes file
   topics       create the topics on KAFKA_BOOTSTRAP_SERVERS (idempotent)
@@ -295,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.alerts import register as register_alert_commands
 
     register_alert_commands(sub)
+    from app.cli.console import register as register_user_commands
+
+    register_user_commands(sub)
     sub.add_parser("topics", help="create the topics (idempotent)").set_defaults(func=_cmd_topics)
     sub.add_parser(
         "acls", help="write the per-role ACLs on the cluster (idempotent; run as its administrator)"

@@ -43,12 +43,14 @@ import socket
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from app.console.launch import prepare as prepare_console
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker, free_port, kafka_version
@@ -371,7 +373,9 @@ def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: flo
     }
 
 
-def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -> None:
+def _print_urls(
+    bootstrap: str, roles: list[Role], broker: KafkaBroker | None, console_lines: Sequence[str] = ()
+) -> None:
     kafka = bootstrap
     if broker is not None:
         kafka += f" (embedded Apache Kafka {kafka_version()}, ready in {broker.ready_s or 0:.1f} s)"
@@ -381,6 +385,7 @@ def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -
             lines.append(f"  {r.name:<11} {r.url}")
     for r in roles:
         lines.append(f"  metrics     http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics ({r.name})")
+    lines += list(console_lines)
     print("streamalert is starting:\n" + "\n".join(lines), flush=True)
 
 
@@ -436,9 +441,10 @@ def run(settings: Settings, opts: RunOptions) -> int:
     try:
         asyncio.run(ensure_topics(bootstrap, settings.partitions, settings.replication_factor))
         roles = build_roles(settings, bootstrap, opts)
+        console_lines = prepare_console(settings.data_dir, roles)
         sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
         sup.start()
-        _print_urls(bootstrap, roles, broker)
+        _print_urls(bootstrap, roles, broker, console_lines)
         deadline = None if opts.duration_s is None else started + opts.duration_s
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()

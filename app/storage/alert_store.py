@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS transitions (
     recorded_at TEXT NOT NULL, alert TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS transitions_by_time ON transitions (event_us);
 CREATE INDEX IF NOT EXISTS transitions_by_rule ON transitions (rule_id, event_us);
+CREATE INDEX IF NOT EXISTS transitions_by_alert ON transitions (rule_id, fingerprint, event_us);
+CREATE INDEX IF NOT EXISTS transitions_by_recorded ON transitions (recorded_at, status);
 CREATE TABLE IF NOT EXISTS alerts (
     rule_id TEXT NOT NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL,
     severity TEXT NOT NULL, labels TEXT NOT NULL, annotations TEXT NOT NULL,
@@ -65,6 +67,9 @@ CREATE TABLE IF NOT EXISTS alerts (
     starts_us INTEGER NOT NULL, event_us INTEGER NOT NULL, status_rank INTEGER NOT NULL,
     PRIMARY KEY (rule_id, fingerprint));
 CREATE INDEX IF NOT EXISTS alerts_by_status ON alerts (status, starts_us);
+CREATE INDEX IF NOT EXISTS alerts_by_rule ON alerts (rule_id, status);
+CREATE INDEX IF NOT EXISTS alerts_by_severity ON alerts (status, severity);
+CREATE INDEX IF NOT EXISTS alerts_by_device ON alerts (json_extract(labels, '$.device_id'));
 CREATE TABLE IF NOT EXISTS commands (cmd_id TEXT PRIMARY KEY, type TEXT NOT NULL, at TEXT NOT NULL,
     command TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS acks (fingerprint TEXT NOT NULL, starts_at TEXT NOT NULL, by TEXT NOT NULL,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +105,10 @@ def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | N
                     time.sleep(0.2)
             return asyncio.run(_visit(url, wait_for, timeout_s, screenshot, port))
         finally:
-            _stop_group(proc)
+            stop_group(proc)
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop Chromium and every helper it started (its own session), and wait until they are
     gone: a renderer still writing to the profile made the profile's removal fail."""
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
@@ -124,3 +126,146 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
                 return
             time.sleep(0.05)
     proc.wait(5)
+
+
+class Tab:
+    """One headless Chromium tab driven over CDP, synchronously (its own event loop): open a
+    URL, wait for text, type into a labelled input, click a button by its text, choose an
+    option of a labelled select, take a screenshot. Made by :func:`browser`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, page: Page) -> None:
+        self.loop = loop
+        self.page = page
+
+    def _run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def eval(self, expression: str) -> Any:
+        res = self._run(self.page.call("Runtime.evaluate", expression=expression, returnByValue=True))
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"{expression[:80]}: {res['exceptionDetails']}")
+        return res.get("result", {}).get("value")
+
+    def open(self, url: str) -> None:
+        self._run(self.page.call("Page.navigate", url=url))
+
+    def text(self) -> str:
+        return str(self.eval("document.body ? document.body.innerText : ''"))
+
+    def wait_for(self, predicate_js: str, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.eval(predicate_js):
+                return
+            time.sleep(0.3)
+        raise AssertionError(
+            f"timed out after {timeout_s:.0f} s waiting for {what}; page:\n{self.text()[:3000]}"
+        )
+
+    def wait_text(self, text: str, timeout_s: float = 60.0) -> None:
+        self.wait_for(
+            f"document.body && document.body.innerText.includes({json.dumps(text)})", repr(text), timeout_s
+        )
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Until Streamlit's 'Running...' status widget is gone (a rerun finished)."""
+        time.sleep(0.4)
+        self.wait_for(
+            "!document.querySelector('[data-testid=\"stStatusWidget\"]')", "the rerun to finish", timeout_s
+        )
+
+    def _key(self, key: str, code: str, vk: int) -> None:
+        for kind in ("keyDown", "keyUp"):
+            self._run(
+                self.page.call(
+                    "Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=vk,
+                    nativeVirtualKeyCode=vk,
+                )
+            )  # fmt: skip
+
+    def type_into(self, label: str, text: str, enter: bool = True) -> None:
+        """Focus the input whose aria-label is ``label``, replace its text, press Enter."""
+        sel = json.dumps(f'input[aria-label="{label}"], textarea[aria-label="{label}"]')
+        self.wait_for(f"!!document.querySelector({sel})", f"the input {label!r}")
+        self.eval(f"(() => {{ const e = document.querySelector({sel}); e.focus(); e.select(); }})()")
+        self._run(self.page.call("Input.insertText", text=text))
+        if enter:
+            self._key("Enter", "Enter", 13)
+
+    def click_button(self, label: str) -> None:
+        js = (
+            "(() => { const b = [...document.querySelectorAll('button')].find("
+            f"b => b.innerText.trim() === {json.dumps(label)} && !b.disabled);"
+            " if (b) { b.click(); return true; } return false; })()"
+        )
+        self.wait_for(js, f"an enabled button {label!r}")
+
+    def choose(self, label: str, option: str) -> None:
+        """Pick ``option`` (its visible text starts with it) in the select labelled ``label``."""
+        find = (
+            "[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')].find(s => "
+            f"s.querySelector('label') && s.querySelector('label').innerText.trim() === {json.dumps(label)})"
+        )
+        self.wait_for(f"!!({find})", f"the select {label!r}")
+        self.eval(
+            f"(() => {{ const s = {find}; const i = s.querySelector('input'); i.focus(); i.click(); }})()"
+        )
+        self._run(self.page.call("Input.insertText", text=option))
+        pick = (
+            "(() => { const o = [...document.querySelectorAll('[role=\"option\"]')].find("
+            f"o => o.innerText.trim().startsWith({json.dumps(option)})); if (o) {{ o.click(); return true; }}"
+            " return false; })()"
+        )
+        self.wait_for(pick, f"the option {option!r} of {label!r}")
+
+    def screenshot(self, path: Path, width: int = 1280) -> None:
+        """A PNG of the whole page, scaled to ``width`` pixels wide."""
+        metrics = self._run(self.page.call("Page.getLayoutMetrics"))
+        size = metrics.get("cssContentSize") or metrics["contentSize"]
+        scale = min(1.0, width / max(1, size["width"]))
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 2400), "scale": scale}
+        data = self._run(
+            self.page.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data["data"]))
+
+
+@contextlib.contextmanager
+def browser(width: int = 1400, height: int = 1000) -> Iterator[Tab]:
+    """Headless Chromium with one tab; every process it started is gone afterwards."""
+    exe = chromium_path()
+    if exe is None:
+        msg = "chromium is not installed"
+        raise RuntimeError(msg)
+    port = free_port()
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
+        proc = subprocess.Popen(
+            [exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}", "--remote-debugging-address=127.0.0.1",
+             f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        loop = asyncio.new_event_loop()
+        try:
+            deadline = time.monotonic() + 20
+            targets: list[dict[str, Any]] = []
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=1) as resp:
+                        targets = json.loads(resp.read())
+                    if any(t.get("type") == "page" for t in targets):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
+            ws = loop.run_until_complete(websockets.connect(ws_url, max_size=50_000_000))
+            page = Page(ws)
+            loop.run_until_complete(page.call("Page.enable"))
+            try:
+                yield Tab(loop, page)
+            finally:
+                loop.run_until_complete(ws.close())
+        finally:
+            loop.close()
+            stop_group(proc)

@@ -1,100 +1,169 @@
-"""The Streamlit page with streamlit's AppTest against a real store in a temp dir."""
+"""The console with streamlit's AppTest against a real store in a temp dir."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from streamlit import config
 from streamlit.testing.v1 import AppTest
 
-from app.alerts import Alert
-from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
-from app.dispatch.config import load_routes
-from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.commands import AckCommand, SilenceCommand, UnsilenceCommand, parse_command
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import PROJECT_ROOT
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
+from tests.console_helpers import PASSWORD, add_user, make_alert, seed
 from tests.dispatch.harness import publish
 from tests.dispatch.test_cli import sync_until
 from tests.kafka_helpers import consume_json
 
 APP = PROJECT_ROOT / "dashboard" / "streamlit_app.py"
-ROUTES = PROJECT_ROOT / "config" / "routes.yaml"
 
 
-def alert(device: str, status: str, severity: str = "critical", start: str = "2024-05-01T10:00:00Z") -> Alert:
-    return Alert.build(
-        rule_id="temp_high",
-        rule_version="2",
-        status=status,  # type: ignore[arg-type]
-        severity=severity,
-        labels={"device_id": device},
-        annotations={"summary": f"{device} runs hot"},
-        starts_at=start,
-        ends_at="2024-05-01T10:09:00Z" if status == "resolved" else None,
-        source="sensors",
-        event_ts="2024-05-01T10:09:00Z" if status == "resolved" else start,
-        values={"temp_c": 95},
-    )
+@pytest.fixture(autouse=True)
+def _loopback_after() -> Iterator[None]:
+    yield
+    config.set_option("server.address", "")
 
 
 @pytest.fixture
 def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("APP_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("APP_USERS_FILE", raising=False)
+    monkeypatch.delenv("APP_STATE_URLS", raising=False)
+    (tmp_path / "data").mkdir()
     return tmp_path / "data"
 
 
-def run_page() -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=30)
+def run_page(page: str = "overview", address: str = "127.0.0.1", **params: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["page"] = page
+    for k, v in params.items():
+        at.query_params[k] = v
+    config.set_option("server.address", address)
     at.run()
     assert not at.exception, at.exception
     return at
 
 
-def test_firing_alerts_counts_and_transitions_are_shown(data_dir: Path) -> None:
-    with AlertStore(data_dir / "alerts.sqlite3") as store:
-        store.apply_many(
-            [alert("pump-7", "firing"), alert("pump-9", "firing", "warning", "2024-05-01T10:02:00Z"),
-             alert("fan-1", "firing"), alert("fan-1", "resolved")]
-        )  # fmt: skip
-        store.apply_batch(
-            commands=[{"type": "silence", "cmd_id": "c1", "at": "2024-05-01T10:00:00Z", "silence_id": "s1",
-                       "matchers": ['device_id="fan-1"'], "starts_at": "2024-05-01T10:00:00Z",
-                       "ends_at": "2999-01-01T00:00:00Z", "by": "ann", "comment": "swap"}],
-            notifications=[{"event": "dead", "msg_id": "m1", "receiver": "ops", "group_key": "g", "at": 1.0,
-                            "alert_ids": ["a1"], "attempts": 2, "reason": "answered 400"}],
-        )  # fmt: skip
-    at = run_page()
-    firing, counts, history, silences, dead = (df.value for df in at.dataframe)
-    assert list(silences["matchers"]) == ['device_id="fan-1"'] and list(dead["reason"]) == ["answered 400"]
-    assert list(firing["labels"]) == ["device_id=pump-9", "device_id=pump-7"]
-    assert list(firing["summary"]) == ["pump-9 runs hot", "pump-7 runs hot"]
-    assert list(firing["severity"]) == ["warning", "critical"]
-    assert counts.set_index("status")["total"].to_dict() == {"firing": 2, "resolved": 1}
-    assert len(history) == 4 and history["status"].iloc[0] == "resolved"
-    assert at.metric[0].value == "2"
+def sign_in(at: AppTest, name: str = "ann", password: str = PASSWORD) -> AppTest:
+    at.text_input(key="sign_in_user").input(name)
+    at.text_input(key="sign_in_password").input(password)
+    next(b for b in at.button if b.label == "Sign in").click().run()
+    assert not at.exception, at.exception
+    return at
 
 
 def test_missing_or_empty_store_says_no_alerts_yet(data_dir: Path) -> None:
     at = run_page()
-    assert [i.value for i in at.info] == ["no alerts yet"]
-    AlertStore(data_dir / "alerts.sqlite3").close()  # created, still empty
+    assert "no alerts yet" in [i.value for i in at.info]
+    AlertStore(data_dir / "alerts.sqlite3").close()
+    at = run_page("alerts")
+    assert "no alerts yet" in [i.value for i in at.info]
+
+
+def test_overview_counts_firing_by_severity(data_dir: Path) -> None:
+    seed(data_dir / "alerts.sqlite3")
     at = run_page()
-    assert [i.value for i in at.info] == ["no alerts yet"]
-    assert len(at.dataframe) == 0
+    metrics = {m.label: m.value for m in at.metric}
+    assert (metrics["firing"], metrics["critical"], metrics["warning"]) == ("3", "1", "2")
+    assert any("Pipeline health" in s.value for s in at.subheader)
+
+
+def test_alerts_filter_group_and_detail(data_dir: Path) -> None:
+    seed(data_dir / "alerts.sqlite3")
+    at = run_page("alerts")
+    assert at.dataframe[0].value.shape[0] == 3  # pump-7, pump-9, vehicle-01 (fan-1 is resolved)
+    at.text_input(key="filter").input('severity="critical", device_id=~"pump-.*"').run()
+    (table,) = [d.value for d in at.dataframe]
+    assert list(table["labels"]) == ["device_id=pump-7, team=plant-ops"]
+    at.text_input(key="filter").input("device_id~bad").run()
+    assert "filter:" in at.error[0].value and "device_id~bad" in at.error[0].value
+    at.text_input(key="filter").input("").run()
+    at.selectbox(key="group_by").select("severity").run()
+    assert {m.value for m in at.markdown} >= {"**severity=critical**: 1", "**severity=warning**: 2"}
+    at.selectbox(key="open_alert").select_index(0).run()
+    assert not at.exception
+
+
+def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_dir: Path) -> None:
+    alerts = seed(data_dir / "alerts.sqlite3")
+    pump = alerts[1]
+    at = run_page("alerts", alert=f"{pump.rule_id}/{pump.fingerprint}")
+    md = [m.value for m in at.markdown]
+    assert "[Runbook](https://runbooks.example/overheat)" in md
+    assert "**Input: temperature** around the alert" in md
+    frames = [d.value for d in at.dataframe]
+    timeline = next(f for f in frames if "event time" in f.columns)
+    assert list(timeline["status"]) == ["pending", "firing"]
+    (sent,) = [t.value for t in at.table if t.value.index.name == "webhook_id"]
+    assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
+    assert at.json[0].value == '{"temperature": 104.0}'
+    assert any("threshold > 100" in c.value for c in at.caption)
+
+
+def test_actions_need_a_signed_in_user_and_record_them(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    seed(data_dir / "alerts.sqlite3")
+    at = run_page("silences")
+    assert "read-only" in at.warning[0].value  # no users file yet: nobody can act
+    add_user(data_dir)
+    at = run_page("silences")
+    at.text_input(key="silence_matchers").input('device_id=~"pump-.*"').run()
+    assert any("would mute 2 current alert(s)" in m.value for m in at.markdown)
+    assert at.button(key="create_silence").disabled
+    sign_in(at, password="wrong password")
+    assert [e.value for e in at.error] == ["wrong user or password"]
+    sign_in(at)
+    assert any(m.value == "signed in as **ann**" for m in at.sidebar.markdown)
+    at.button(key="create_silence").click().run()
+    assert [e.value for e in at.error] == [
+        "not sent: KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
+    ]
+
+
+def test_beyond_loopback_without_users_runs_read_only_and_says_so(data_dir: Path) -> None:
+    seed(data_dir / "alerts.sqlite3")
+    at = run_page("alerts", address="0.0.0.0")  # beyond loopback: the case under test
+    assert at.error[0].value.startswith("READ-ONLY: this console is bound beyond loopback")
+    add_user(data_dir)
+    at = run_page("alerts", address="0.0.0.0")
+    assert "sign in (sidebar) to view it" in at.info[0].value and not at.dataframe
+    sign_in(at)
+    assert at.dataframe
+
+
+def test_rules_and_map_pages(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed(data_dir / "alerts.sqlite3")
+    (data_dir / "fleet-devices.csv").write_text(
+        "device_id,kind,lat,lon,depot_lat,depot_lon,geofence_km\n"
+        "pump-7,thermometer,48.1,11.5,,,\nvehicle-01,vehicle,,,48.15,11.6,5\n"
+    )
+    at = run_page("rules")
+    rules = at.dataframe[0].value.set_index("rule")
+    assert rules.loc["machine-overheat", "file:line"].endswith("rules/iot.yaml:4")
+    assert rules.loc["machine-overheat", "firing now"] == 2  # pump-7, pump-9
+    at = run_page("map")
+    devices = at.dataframe[0].value.set_index("device_id")
+    assert devices.loc["pump-7", "state"] == "critical"
+    assert (devices.loc["vehicle-01", "lat"], devices.loc["vehicle-01", "state"]) == (48.2, "warning")
+    at.selectbox(key="map_device").select("pump-7").run()
+    assert any(s.value == "Alerts of pump-7" for s in at.subheader)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_runs_from_its_own_folder_like_streamlit_without_faust_or_spark(tmp_path: Path) -> None:
     # `streamlit run dashboard/streamlit_app.py` puts dashboard/ first on sys.path (a module
-    # named app.py there would shadow the `app` package); run the page the same way, with the
-    # project root on PYTHONPATH as the supervisor and the Dockerfile set it.
+    # named app.py there would shadow the `app` package); run the page the same way.
     probe = (
         "import runpy, sys; sys.path.insert(0, sys.argv[1]); "
         "runpy.run_path(sys.argv[2], run_name='__main__'); "
@@ -102,6 +171,7 @@ def test_runs_from_its_own_folder_like_streamlit_without_faust_or_spark(tmp_path
         "print('imported:', bad)"
     )
     env = {**os.environ, "APP_DATA_DIR": str(tmp_path), "PYTHONPATH": str(PROJECT_ROOT)}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     out = subprocess.run(
         [sys.executable, "-c", probe, str(APP.parent), str(APP)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -110,88 +180,42 @@ def test_runs_from_its_own_folder_like_streamlit_without_faust_or_spark(tmp_path
     assert "imported: []" in out.stdout
 
 
-def test_pending_and_no_data_alerts_are_shown_apart_from_firing(data_dir: Path) -> None:
-    with AlertStore(data_dir / "alerts.sqlite3") as store:
-        store.apply_many([alert("pump-7", "firing"), alert("pump-8", "pending"), alert("pump-9", "no_data")])
-    at = run_page()
-    firing, waiting = at.dataframe[0].value, at.dataframe[1].value
-    assert list(firing["labels"]) == ["device_id=pump-7"]
-    assert sorted(zip(waiting["status"], waiting["labels"], strict=True)) == [
-        ("no_data", "device_id=pump-9"),
-        ("pending", "device_id=pump-8"),
-    ]
-
-
-def test_actions_without_a_broker_say_why_nothing_was_sent(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    with AlertStore(data_dir / "alerts.sqlite3") as store:
-        store.apply_many([alert("pump-7", "firing")])
-    at = run_page()
-    at.text_input(key="silence_matchers").input('device_id="pump-7"')
-    at.button[1].click().run()
-    assert [e.value for e in at.error] == [
-        "not sent: KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
-    ]
-    at.text_input(key="silence_matchers").input("device_id~bad")
-    at.button[1].click().run()
-    assert "not sent:" in at.error[0].value and "device_id~bad" in at.error[0].value
-
-
 @pytest.mark.slow
 @pytest.mark.integration
-def test_ack_silence_and_unsilence_buttons_publish_commands_the_store_and_dispatcher_apply(
+def test_ack_silence_and_expire_publish_signed_commands_by_the_signed_in_user(
     data_dir: Path, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "APP_DATA_DIR": str(data_dir),
-    }
-    hot = alert("pump-7", "firing")
+    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(data_dir)}
+    hot = make_alert("pump-7", "firing")
     publish(broker.bootstrap, ALERTS, [hot])
     sync_until(env, "SELECT COUNT(*) FROM alerts")
+    add_user(data_dir)
 
-    at = run_page()
-    assert [b.label for b in at.button] == ["Ack", "Silence", "Unsilence"]
+    at = sign_in(run_page("alerts", alert=f"{hot.rule_id}/{hot.fingerprint}"))
     at.text_input(key="ack_comment").input("on it")
-    at.button[0].click().run()
-    at.text_input(key="silence_matchers").input('device_id=~"pump-.*" severity=critical')
-    at.text_input(key="silence_duration").input("30m")
-    at.text_input(key="silence_by").input("ann")
-    at.text_input(key="silence_comment").input("swap")
-    at.button[1].click().run()
+    next(b for b in at.button if b.label == "Ack").click().run()
     assert not at.error and len(at.success) == 1
     sync_until(env, "SELECT COUNT(*) FROM acks")
+
+    at = sign_in(run_page("silences"))
+    at.text_input(key="silence_matchers").input('device_id=~"pump-.*" severity=critical').run()
+    at.text_input(key="silence_duration").input("30m").run()
+    at.button(key="create_silence").click().run()
+    assert not at.error and len(at.success) == 1
     sync_until(env, "SELECT COUNT(*) FROM silences")
-
-    commands = [parse_command(orjson.dumps(c)) for c in consume_json(broker.bootstrap, COMMANDS, min_count=2)]
-    ack, silence = sorted(commands, key=lambda c: c.type)
-    assert isinstance(ack, AckCommand) and isinstance(silence, SilenceCommand)
-    assert (ack.fingerprint, ack.starts_at, ack.comment) == (hot.fingerprint, hot.starts_at, "on it")
-    assert (silence.matchers, silence.by, silence.comment) == (
-        ('device_id=~"pump-.*"', 'severity="critical"'),
-        "ann",
-        "swap",
-    )
-    with AlertStore(data_dir / "alerts.sqlite3", readonly=True) as store:
-        assert [a["comment"] for a in store.acks()] == ["on it"]
-        (row,) = store.silences(active_at=silence.starts_at)
-        assert row["id"] == silence.silence_id and row["created_by"] == "ann"
-    # the dispatcher applies the same records: the alert is acked and silenced
-    disp = Dispatcher(load_routes(ROUTES, {}))
-    for c in commands:
-        disp.on_command(c)
-    assert disp.acks.acked(hot) is not None and disp.silences.mutes(hot, silence.at_s + 1)
-
-    at = run_page()
-    assert at.selectbox(key="unsilence_id").value == silence.silence_id
-    at.button[2].click().run()
+    at = sign_in(run_page("silences"))
+    at.selectbox(key="expire_id").select_index(0).run()
+    at.button(key="expire").click().run()
     assert not at.error
     sync_until(env, "SELECT COUNT(*) FROM silences WHERE ended_by IS NOT NULL")
-    (unsilence,) = [
-        c for c in consume_json(broker.bootstrap, COMMANDS, min_count=3) if c["type"] == "unsilence"
-    ]
-    disp.on_command(parse_command(orjson.dumps(unsilence)))
-    assert not disp.silences.mutes(hot, parse_command(orjson.dumps(unsilence)).at_s + 1)
+
+    cmds = [parse_command(orjson.dumps(c)) for c in consume_json(broker.bootstrap, COMMANDS, min_count=3)]
+    ack = next(c for c in cmds if isinstance(c, AckCommand))
+    silence = next(c for c in cmds if isinstance(c, SilenceCommand))
+    unsilence = next(c for c in cmds if isinstance(c, UnsilenceCommand))
+    assert (ack.fingerprint, ack.comment, ack.by) == (hot.fingerprint, "on it", "ann")
+    assert (silence.matchers, silence.by) == (('device_id=~"pump-.*"', 'severity="critical"'), "ann")
+    assert (unsilence.silence_id, unsilence.by) == (silence.silence_id, "ann")
+    with AlertStore(data_dir / "alerts.sqlite3", readonly=True) as store:
+        assert [(a["by"], a["comment"]) for a in store.acks()] == [("ann", "on it")]

@@ -1,0 +1,1 @@
+"""The operator console's non-UI parts: users, store queries, pipeline health, state queries."""

@@ -1,0 +1,50 @@
+"""What ``python -m app run`` does for the console: the roles file, the worker's state port,
+and a first user.
+
+:func:`prepare` runs after the roles are built and before they start. It gives the worker
+an ``APP_STATE_PORT`` (its interactive-query server, :mod:`agents.state_server`), writes
+``APP_DATA_DIR/roles.json`` (each role's ``/metrics`` URL, and the worker's state URL) for
+the console's health and state pages, and creates the users file with a user ``admin`` when
+there is none (:func:`app.console.users.ensure_first_user`). It returns the lines to print
+with the other URLs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from app.console.health import write_roles_file
+from app.console.users import ensure_first_user, users_path
+from app.kafka.broker import free_port
+
+logger = logging.getLogger(__name__)
+
+
+def prepare(data_dir: Path, roles: list[Any]) -> list[str]:
+    """See the module docstring. ``roles``: :class:`app.runtime.supervisor.Role` objects."""
+    entries: list[dict[str, Any]] = []
+    for r in roles:
+        entry: dict[str, Any] = {
+            "name": r.name,
+            "metrics": f"http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics",
+            "one_shot": bool(r.one_shot),
+        }
+        if r.name == "worker":
+            port = r.env.get("APP_STATE_PORT") or str(free_port())
+            r.env["APP_STATE_PORT"] = port
+            entry["state"] = f"http://127.0.0.1:{port}"
+        entries.append(entry)
+    write_roles_file(data_dir, entries)
+    lines = []
+    path = users_path(data_dir=data_dir)
+    note = ensure_first_user(path)
+    if note is not None:
+        lines.append(f"  console     sign in as admin: the password is in {note} (users: {path})")
+    elif any(r.name == "dashboard" for r in roles):
+        lines.append(f"  console     sign in with a user of {path} (add one: python -m app users add NAME)")
+    worker = next((e for e in entries if "state" in e), None)
+    if worker is not None:
+        lines.append(f"  state       {worker['state']}/state/rules/RULE (interactive queries)")
+    return lines

@@ -1,0 +1,188 @@
+"""The console in a real browser (headless Chromium over CDP) against a real Streamlit server,
+a seeded alert store and the session's Kafka broker: sign in, filter, open an alert's
+detail with its chart, ack, preview and create a silence, see the map's markers.
+
+Screenshots go to the test's temp dir, and to ``APP_SCREENSHOTS_DIR`` too when it is set
+(``APP_SCREENSHOTS_DIR=docs/img`` refreshes the README's pictures).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from PIL import Image
+
+from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
+from app.kafka.broker import KafkaBroker, free_port
+from app.runtime.settings import PROJECT_ROOT
+from app.topics import COMMANDS
+from tests.browser.cdp import Tab, browser, chromium_path, stop_group
+from tests.console_helpers import PASSWORD, add_user, seed
+from tests.kafka_helpers import consume_json
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed"),
+]
+
+REGISTRY = (
+    "device_id,kind,lat,lon,depot_lat,depot_lon,geofence_km\n"
+    "pump-7,thermometer,48.137,11.575,,,\n"
+    "pump-9,thermometer,48.16,11.52,,,\n"
+    "fan-1,thermometer,48.12,11.60,,,\n"
+    "vehicle-01,vehicle,,,48.15,11.65,5\n"
+)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def console(tmp_path: Path, broker: KafkaBroker) -> Iterator[str]:
+    """A Streamlit console on loopback over a seeded store; its URL."""
+    data = tmp_path / "data"
+    data.mkdir()
+    seed(data / "alerts.sqlite3")
+    add_user(data)
+    (data / "fleet-devices.csv").write_text(REGISTRY)
+    port = free_port()
+    env = {
+        **os.environ,
+        "APP_DATA_DIR": str(data),
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "PYTHONPATH": str(PROJECT_ROOT),
+    }
+    env.pop("APP_STATE_URLS", None)
+    log = (tmp_path / "streamlit.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not _healthy(f"{url}/_stcore/health"):
+            assert proc.poll() is None, (tmp_path / "streamlit.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "streamlit did not become healthy in 60 s"
+            time.sleep(0.3)
+        yield url
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+def _shot(tab: Tab, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    tab.screenshot(path, width=1100)
+    # palette PNG: a fifth of the size, and the README's pictures stay small
+    img = Image.open(path).convert("RGB").quantize(colors=128)
+    img.save(path, optimize=True)
+    keep = os.environ.get("APP_SCREENSHOTS_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / name)
+    return path
+
+
+def _sidebar(tab: Tab, page: str) -> None:
+    tab.wait_for(
+        "(() => { const l = [...document.querySelectorAll('[data-testid=\"stSidebar\"] label')]"
+        f".find(l => l.innerText.trim() === {orjson.dumps(page).decode()});"
+        " if (l) { l.click(); return true; } return false; })()",
+        f"the sidebar's {page}",
+    )
+    tab.wait_idle()
+
+
+def _markers(png: Path, box: tuple[float, float, float, float]) -> set[str]:
+    """Which marker colours the map's area (``box``: left, top, right, bottom in the picture's
+    pixels) holds: reddish (critical) and greenish (no alert) pixels, by hue, since the dots
+    are blended and the picture is palette-reduced."""
+    img = np.asarray(Image.open(io.BytesIO(png.read_bytes())).convert("RGB").crop(box)).astype(int)
+    r, g, b = img[..., 0], img[..., 1], img[..., 2]
+    found = set()
+    if ((r > 180) & (g < 110) & (b < 110)).any():
+        found.add("red")
+    if ((g > 130) & (r < 120) & (g > b + 10)).any():
+        found.add("green")
+    return found
+
+
+def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
+    console: str, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    with browser() as tab:
+        tab.open(f"{console}/?page=overview")
+        tab.wait_text("Latest firing")
+        tab.wait_text("Pipeline health")
+        _shot(tab, tmp_path, "console-overview.png")
+
+        # acting needs a user: the buttons are disabled until one signs in
+        tab.type_into("user", "ann", enter=False)
+        tab.type_into("password", PASSWORD, enter=False)
+        tab.click_button("Sign in")
+        tab.wait_text("signed in as ann")
+
+        _sidebar(tab, "Alerts")
+        tab.wait_text("alert(s) match")
+        tab.type_into("filter", 'severity="critical", device_id=~"pump-.*"')
+        tab.wait_text("1 alert(s) match")
+        tab.choose("open alert", "critical machine-overheat")
+        tab.wait_text("Runbook")
+        tab.wait_text("Input: temperature")
+        charts = "document.querySelectorAll('.vega-embed').length >= 2"
+        tab.wait_for(charts, "the transitions and input charts")
+        tab.wait_text("wh-123")  # the notification's webhook id
+        tab.type_into("ack comment", "on it", enter=False)
+        tab.click_button("Ack")
+        tab.wait_text("ack sent by ann")
+        _shot(tab, tmp_path, "console-alert-detail.png")
+
+        _sidebar(tab, "Silences")
+        tab.type_into("matchers", 'device_id=~"pump-.*"')
+        tab.wait_text("would mute 2 current alert(s)")
+        _shot(tab, tmp_path, "console-silence.png")
+        tab.click_button("Create silence")
+        tab.wait_text("silence sent by ann")
+
+        _sidebar(tab, "Map")
+        tab.wait_text("Click a device to see its alerts")
+        canvas = "document.querySelector('[data-testid=\"stDeckGlJsonChart\"] canvas')"
+        tab.wait_for(f"!!{canvas}", "the map's canvas")
+        time.sleep(2)  # deck.gl draws on the next frames
+        shot = _shot(tab, tmp_path, "console-map.png")
+        rect = tab.eval(
+            f"(() => {{ const r = {canvas}.getBoundingClientRect(); return [r.left, r.top + window.scrollY,"
+            " r.right, r.bottom + window.scrollY, document.documentElement.scrollWidth]; })()"
+        )
+        tab.choose("device", "pump-7")
+        tab.wait_text("Alerts of pump-7")
+
+    # the markers are drawn: pump-7's critical red and the healthy fan's green
+    scale = min(1.0, 1100 / rect[4])
+    assert _markers(shot, tuple(v * scale for v in rect[:4])) == {"red", "green"}
+    commands = [parse_command(orjson.dumps(c)) for c in consume_json(broker.bootstrap, COMMANDS, min_count=2)]
+    ack = next(c for c in commands if isinstance(c, AckCommand))
+    silence = next(c for c in commands if isinstance(c, SilenceCommand))
+    assert (ack.by, ack.comment) == ("ann", "on it")
+    assert (silence.by, silence.matchers) == ("ann", ('device_id=~"pump-.*"',))

@@ -1,0 +1,44 @@
+"""Pipeline health: roles from roles.json probed over /metrics, rates, Spark's lag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from app.console.health import HealthSample, probe_roles, rates, spark_lag, take_sample, write_roles_file
+from app.kafka.broker import free_port
+
+
+def test_roles_are_up_when_their_metrics_answer(tmp_path: Path) -> None:
+    port, dead = free_port(), free_port()
+    reg = CollectorRegistry()
+    Counter("worker_events_total", "x", ["source"], registry=reg).labels("sensors").inc(3)
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        write_roles_file(tmp_path, [
+            {"name": "worker", "metrics": f"http://127.0.0.1:{port}/metrics"},
+            {"name": "dispatch", "metrics": f"http://127.0.0.1:{dead}/metrics"},
+        ])  # fmt: skip
+        assert [(r.name, r.up) for r in probe_roles(tmp_path)] == [("worker", True), ("dispatch", False)]
+        sample = take_sample(tmp_path, bootstrap="")
+        assert sample.error == "KAFKA_BOOTSTRAP_SERVERS is not set" and len(sample.roles) == 2
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_rates_are_the_difference_between_two_samples() -> None:
+    a = HealthSample(100.0, ends={"events.sensors": 100, "dlq.events": 4})
+    b = HealthSample(110.0, ends={"events.sensors": 300, "dlq.events": 5})
+    assert rates(a, b) == {"events.sensors": 20.0, "dlq.events": 0.1}
+    assert rates(None, b) == {}
+
+
+def test_spark_lag_from_the_latest_offsets_file(tmp_path: Path) -> None:
+    offsets = tmp_path / "spark" / "checkpoints" / "q" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"events.sensors":{"0":5,"1":5}}\n')
+    (offsets / "2").write_text('v1\n{"batchWatermarkMs":0}\n{"events.sensors":{"0":10,"1":7}}\n')
+    assert spark_lag(tmp_path, {("events.sensors", 0): 12, ("events.sensors", 1): 7}) == 2
+    assert spark_lag(tmp_path / "none", {}) is None
