@@ -71,6 +71,7 @@ from app.errors import IngestDecodeError, RuleConfigError
 from app.events import Event, dlq_record, schema_for
 from app.eventtime import REFUSED
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
+from app.kafka_auth import KafkaAuth
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
 from app.tables import TABLES, Tables
@@ -248,6 +249,19 @@ class Runtime:
 
 def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
+
+
+def faust_credentials(auth: KafkaAuth) -> faust.auth.Credentials | None:
+    """Faust's ``broker_credentials`` for ``auth`` (``KAFKA_SECURITY_PROTOCOL`` and friends):
+    its consumer, producers and admin client then connect as the role's principal."""
+    if auth.uses_sasl:
+        return faust.SASLCredentials(
+            username=auth.username, password=auth.password, mechanism=auth.mechanism,
+            ssl_context=auth.ssl_context(),
+        )  # fmt: skip
+    if auth.uses_ssl:
+        return faust.SSLCredentials(auth.ssl_context())
+    return None
 
 
 #: Most record batches of one partition the :class:`Outbox` queues in the producer before
@@ -517,7 +531,7 @@ async def _follow_tables(settings: Settings, rt: Runtime) -> None:
     topics = [t.topic for t in TABLES.values()]
     by_topic = {t.topic: t.name for t in TABLES.values()}
     logger.info("loading registry tables from %s", ", ".join(topics))
-    marks = await high_watermarks(settings.bootstrap_servers, topics)
+    marks = await high_watermarks(settings, topics)
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
     try:
@@ -553,7 +567,7 @@ async def check_partitions(settings: Settings) -> None:
     registry devices would be expected by no worker and never reported silent.
     """
     topics = [*SOURCE_TOPICS.values(), *(regroup_topic(s) for s in SOURCE_TOPICS)]
-    counts = await partition_counts(settings.bootstrap_servers, topics)
+    counts = await partition_counts(settings, topics)
     wrong = {t: n for t, n in counts.items() if n != settings.partitions}
     if wrong:
         listed = ", ".join(f"{t} has {n}" for t, n in sorted(wrong.items()))
@@ -620,7 +634,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         ruleset, rejected = initial_rules(settings)
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+    asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor,
                               specs=_extra_topics(ruleset, settings)))  # fmt: skip
     asyncio.run(check_partitions(settings))
     partitioner = CachedPartitioner()  # the default partition, with key hashes remembered
@@ -628,6 +642,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         "streamalert-rules",
         Worker=QuietWorker,
         broker=_broker_urls(settings.bootstrap_servers),
+        broker_credentials=faust_credentials(settings.kafka_auth),
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
         web_enabled=False,
@@ -660,6 +675,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             stores[name] = TableStore(table, limit)
     outbox = Outbox(app, partitioner)
     app.bootstrap_servers = settings.bootstrap_servers
+    app.kafka_auth = settings.kafka_auth
     if settings.exactly_once:
         app.enable_transactions()
     app.before_commit = commit_hooks(
@@ -727,7 +743,7 @@ async def _maybe_reload(settings: Settings, rt: Runtime) -> None:
             logger.exception("rule files could not be loaded, keeping the last good rules")
         return
     try:
-        await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+        await ensure_topics(settings, settings.partitions, settings.replication_factor,
                             specs=_extra_topics(ruleset, settings))  # fmt: skip
     except Exception as exc:  # the broker's trouble, not the files': the next tick tries again
         logger.warning("reload postponed, the new rules' topics could not be created: %r", exc)

@@ -17,11 +17,26 @@ on a cluster, run ``python -m app acls`` once as an administrator.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from aiokafka import AIOKafkaClient
 from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import (
+    CompactArray,
+    CompactBytes,
+    CompactString,
+    Int8,
+    Int16,
+    Int32,
+    Schema,
+    TaggedFields,
+)
 
 from app.errors import BrokerError
 from app.kafka import Target, bootstrap_of, connection
@@ -96,6 +111,7 @@ ROLE_ACLS: dict[str, tuple[Grant, ...]] = {
         Grant(TOPIC, COMMANDS, (WRITE, DESCRIBE)),
         Grant(TOPIC, ALERTS, (READ, DESCRIBE)),
         Grant(TOPIC, "tables.", (READ, DESCRIBE), prefixed=True),
+        _EVENTS_READ,  # `backtest --topic` (no group: it assigns partitions)
     ),
 }
 
@@ -134,3 +150,87 @@ async def apply_acls(target: Target, roles: tuple[str, ...] = ROLES, timeout_s: 
         await client.close()
     logger.info("wrote %d ACLs for %s", written, ", ".join(roles))
     return written
+
+
+# --- SCRAM credentials (Kafka's AlterUserScramCredentials, API 51, KIP-554) ---------------
+
+#: SCRAM mechanisms by Kafka's wire code, with their hash
+SCRAM_MECHANISMS: dict[str, tuple[int, str]] = {
+    "SCRAM-SHA-256": (1, "sha256"),
+    "SCRAM-SHA-512": (2, "sha512"),
+}
+#: PBKDF2 iterations of a stored credential: Kafka's minimum (and its tools' default)
+SCRAM_ITERATIONS = 4096
+
+
+class _AlterScramResponse(Response):
+    API_KEY = 51
+    API_VERSION = 0
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("results", CompactArray(("user_name", CompactString("utf-8")), ("error_code", Int16),
+                                 ("error_message", CompactString("utf-8")), ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )  # fmt: skip
+
+
+class _AlterScramStruct(RequestStruct):
+    FLEXIBLE_VERSION = True
+    API_KEY = 51
+    API_VERSION = 0
+    RESPONSE_TYPE = _AlterScramResponse
+    SCHEMA = Schema(
+        ("deletions", CompactArray(("name", CompactString("utf-8")), ("mechanism", Int8),
+                                   ("tags", TaggedFields))),
+        ("upsertions", CompactArray(("name", CompactString("utf-8")), ("mechanism", Int8),
+                                    ("iterations", Int32), ("salt", CompactBytes),
+                                    ("salted_password", CompactBytes), ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )  # fmt: skip
+
+
+#: (user, mechanism code, iterations, salt, salted password, tagged fields)
+_Upsertion = tuple[str, int, int, bytes, bytes, dict[int, bytes]]
+
+
+class _AlterScramRequest(Request[_AlterScramStruct]):
+    API_KEY: ClassVar[int] = 51
+
+    def __init__(self, upsertions: list[_Upsertion]) -> None:
+        self._upsertions = upsertions
+
+    def build(self, request_struct_class: type[_AlterScramStruct]) -> _AlterScramStruct:
+        return request_struct_class([], self._upsertions, {})
+
+
+def scram_upsertion(user: str, password: str, mechanism: str) -> _Upsertion:
+    """One stored SCRAM credential (RFC 5802's SaltedPassword = Hi(password, salt, i), PBKDF2
+    with the mechanism's HMAC): what ``kafka-storage format --add-scram`` and
+    ``kafka-configs --alter --add-config SCRAM-...`` store. The password itself never travels."""
+    code, digest = SCRAM_MECHANISMS[mechanism]
+    salt = secrets.token_bytes(32)
+    salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, SCRAM_ITERATIONS)
+    return (user, code, SCRAM_ITERATIONS, salt, salted, {})
+
+
+async def upsert_scram_users(target: Target, users: Mapping[str, str], timeout_s: float = 30.0) -> None:
+    """Create or replace the SCRAM-SHA-256 and SCRAM-SHA-512 credentials of ``users`` (user ->
+    password), as an administrator: a log dir formatted before these users existed (or with
+    other passwords) then takes them. A :class:`BrokerError` names a user the cluster refused."""
+    client = AIOKafkaClient(**connection(target), request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        for mechanism in SCRAM_MECHANISMS:  # a request may alter each user once
+            upserts = [scram_upsertion(u, p, mechanism) for u, p in users.items()]
+            request = _AlterScramRequest(upserts)
+            response = await asyncio.wait_for(client.send(client.get_random_node(), request), timeout_s)
+            for user, code, message, _tags in response.results:
+                if code:
+                    msg = f"the cluster refused the {mechanism} credentials of {user!r}: {code} {message}"
+                    raise BrokerError(msg)
+    except (TimeoutError, OSError) as exc:
+        msg = f"cannot write SCRAM credentials on {bootstrap_of(target)}: {exc!r}"
+        raise BrokerError(msg) from exc
+    finally:
+        await client.close()
+    logger.info("wrote the SCRAM credentials of %s", ", ".join(users))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -182,7 +183,10 @@ class KafkaBroker:
     PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 mechanisms for those users; the first user is
     the broker's own (inter-broker and controller) identity, and the controller listener
     takes only that user (SASL PLAIN). SCRAM credentials are created when the log dir is
-    formatted, so they take effect on a new ``home`` only.
+    formatted; on a log dir formatted earlier (without these users, or with other
+    passwords) :meth:`start` writes them once the broker answers (AlterUserScramCredentials,
+    as the first user over PLAIN, whose password is in the listener's configuration), so
+    every user's SCRAM password is the one given here after every start.
 
     ``acls`` (with ``sasl_users``) turns on Kafka's StandardAuthorizer: nothing is allowed
     without an ACL (:mod:`app.acls` writes them), except to the first user, the super user.
@@ -251,6 +255,12 @@ class KafkaBroker:
         return KafkaAuth(
             protocol="SASL_PLAINTEXT", mechanism="SCRAM-SHA-256", username=user, password=password
         )
+
+    @property
+    def _plain_admin_auth(self) -> KafkaAuth:
+        """The first user over PLAIN: its password is in the listener's JAAS configuration,
+        so it authenticates even before the log dir holds any SCRAM credential."""
+        return dataclasses.replace(self.admin_auth, mechanism="PLAIN")
 
     def _listener_props(self) -> dict[str, str]:
         controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
@@ -356,7 +366,9 @@ class KafkaBroker:
                 )
                 self._proc = None
                 raise BrokerError(msg)
-            if asyncio.run(broker_answers(self.bootstrap, timeout_s=2.0, auth=self.admin_auth)):
+            if asyncio.run(broker_answers(self.bootstrap, timeout_s=2.0, auth=self._plain_admin_auth)):
+                if self.sasl_users and not self.formatted_now:
+                    self._upsert_scram()
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",
@@ -369,6 +381,17 @@ class KafkaBroker:
             f"the Kafka broker did not answer on {self.bootstrap} within {timeout_s:.0f}s; see {self.output}"
         )
         raise BrokerError(msg)
+
+    def _upsert_scram(self) -> None:
+        """Give an earlier log dir this broker's SCRAM users and passwords (see the class)."""
+        from app.acls import upsert_scram_users
+        from app.kafka import Endpoint
+
+        try:
+            asyncio.run(upsert_scram_users(Endpoint(self.bootstrap, self._plain_admin_auth), self.sasl_users))
+        except BrokerError:
+            self.stop()
+            raise
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Controlled shutdown (SIGTERM), then SIGKILL when it takes longer than ``grace_s``."""

@@ -36,7 +36,11 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return run(
         settings,
         RunOptions(
-            duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet, fresh=args.fresh
+            duration_s=args.duration,
+            dashboard=not args.no_dashboard,
+            quiet=args.quiet,
+            fresh=args.fresh,
+            auth=not args.no_auth,
         ),
     )
 
@@ -106,10 +110,10 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     try:
         tables = load_tables(args.table or ())
         if args.topic:
-            if not settings.bootstrap_servers:
-                print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
-                return 2
-            events: Any = read_topic_events(settings, args.topic, report)
+            from app.runtime.credentials import operator_settings
+
+            # KAFKA_BOOTSTRAP_SERVERS, or the running `make run` of APP_DATA_DIR (as its console)
+            events: Any = read_topic_events(operator_settings(settings), args.topic, report)
         else:
             events = None
     except (ValueError, IngestDecodeError) as exc:
@@ -236,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh",
         action="store_true",
         help="start from nothing: remove APP_DATA_DIR (broker log, alert store, dispatcher, progress) first",
+    )
+    run.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="run the embedded broker without SASL and ACLs (plaintext; for debugging only)",
     )
     run.set_defaults(func=_cmd_run)
 

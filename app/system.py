@@ -49,10 +49,19 @@ from typing import Any
 
 import orjson
 
+from app.acls import apply_acls
 from app.broker import KafkaBroker, free_port, kafka_version
 from app.config import PROJECT_ROOT, Settings
 from app.errors import ConfigError
-from app.kafka import end_offsets
+from app.kafka import Endpoint, Target, end_offsets
+from app.kafka_auth import KafkaAuth
+from app.runtime.credentials import (
+    CONSOLE,
+    embedded_users,
+    role_auth,
+    role_kafka_env,
+    write_client_env,
+)
 from app.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS, ensure_topics
 
@@ -72,6 +81,8 @@ class RunOptions:
     dashboard: bool = True
     quiet: bool = False
     fresh: bool = False
+    #: the embedded broker with SASL/SCRAM and ACLs, one principal per role (``--no-auth``: off)
+    auth: bool = True
 
 
 def _port_free(port: int) -> bool:
@@ -106,8 +117,15 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
     return {k: v for k, v in kept.items() if k not in os.environ}
 
 
-def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Role]:
-    """The product's roles with their commands, environments and URLs."""
+def build_roles(
+    settings: Settings, bootstrap: str, opts: RunOptions, users: dict[str, str] | None = None
+) -> list[Role]:
+    """The product's roles with their commands, environments and URLs.
+
+    On the embedded broker each role's environment carries its own principal's Kafka
+    credentials (``users`` from :func:`app.runtime.credentials.embedded_users`; plaintext when
+    None), in its environment only; with an external cluster (``KAFKA_BOOTSTRAP_SERVERS``)
+    the roles inherit the operator's ``KAFKA_*`` settings unchanged."""
     base_env = {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
@@ -254,7 +272,8 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         if not settings.external_url:
             deliver_env["APP_EXTERNAL_URL"] = dash_url
     for role in roles:
-        role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
+        kafka_env = role_kafka_env(role.name, users) if settings.embedded else {}
+        role.env = {**base_env, **kafka_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles
 
 
@@ -351,7 +370,7 @@ def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
+def counters(bootstrap: Target, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
     """Events per topic, DLQ, alerts (records ever written) and webhooks the receiver got."""
     topics = [*SOURCE_TOPICS.values(), DLQ, ALERTS, NOTIFICATIONS]
     try:
@@ -370,11 +389,16 @@ def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: flo
     }
 
 
-def _print_urls(bootstrap: str, roles: list[Role], broker: KafkaBroker | None) -> None:
+def _print_urls(
+    bootstrap: str, roles: list[Role], broker: KafkaBroker | None, client_env: Path | None = None
+) -> None:
     kafka = bootstrap
     if broker is not None:
-        kafka += f" (embedded Apache Kafka {kafka_version()}, ready in {broker.ready_s or 0:.1f} s)"
+        how = "SASL/SCRAM + ACLs" if broker.acls else "plaintext, no ACLs (--no-auth)"
+        kafka += f" (embedded Apache Kafka {kafka_version()}, {how}, ready in {broker.ready_s or 0:.1f} s)"
     lines = [f"  kafka       {kafka}"]
+    if client_env is not None:
+        lines.append(f"  operator    python -m app alerts ... (as User:{CONSOLE}: {client_env})")
     for r in roles:
         if r.url:
             lines.append(f"  {r.name:<11} {r.url}")
@@ -426,18 +450,32 @@ def run(settings: Settings, opts: RunOptions) -> int:
     if opts.fresh:
         wipe(settings.data_dir)
     check_consistent(settings)
-    broker = KafkaBroker(settings.data_dir / "kafka") if settings.embedded else None
+    users = embedded_users(settings.data_dir) if settings.embedded and opts.auth else None
+    broker = (
+        KafkaBroker(settings.data_dir / "kafka", sasl_users=users, acls=users is not None)
+        if settings.embedded
+        else None
+    )
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:
         broker.start()
     bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
+    # topics, ACLs and counters: as the embedded broker's own user, or with the operator's settings
+    admin: Target = Endpoint(broker.bootstrap, broker.admin_auth) if broker else settings
+    client_env: Path | None = None
     sup: Supervisor | None = None
     try:
-        asyncio.run(ensure_topics(bootstrap, settings.partitions, settings.replication_factor))
-        roles = build_roles(settings, bootstrap, opts)
+        asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
+        if users is not None:
+            asyncio.run(apply_acls(admin))
+        roles = build_roles(settings, bootstrap, opts, users)
+        if broker is not None:
+            console = role_auth(users, CONSOLE) if users is not None else KafkaAuth()
+            secret = local_secrets(settings.data_dir).get("APP_COMMAND_SECRET") or settings.command_secret
+            client_env = write_client_env(settings.data_dir, bootstrap, console, secret)
         sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
         sup.start()
-        _print_urls(bootstrap, roles, broker)
+        _print_urls(bootstrap, roles, broker, client_env)
         deadline = None if opts.duration_s is None else started + opts.duration_s
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()
@@ -455,10 +493,12 @@ def run(settings: Settings, opts: RunOptions) -> int:
 
         sup.stop(after_stage)
         sup = None
-        print(orjson.dumps(counters(bootstrap, stats, started)).decode(), flush=True)
+        print(orjson.dumps(counters(admin, stats, started)).decode(), flush=True)
         return 0
     finally:
         if sup is not None:
             sup.stop()
+        if client_env is not None:
+            client_env.unlink(missing_ok=True)
         if broker is not None:
             broker.stop()

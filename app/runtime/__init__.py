@@ -1,0 +1,1 @@
+"""Running the whole system on one machine (``make run``)."""
