@@ -8,6 +8,10 @@ RESOURCE". Kafka's StandardAuthorizer denies everything else:
 - The dispatcher and the alert store read what they apply and write only their own
   outputs.
 - A client without credentials cannot even connect to a SASL listener.
+- The topics rules copy events to (``branch:`` arms, named freely by rule authors) are
+  granted to the engines one by one (:func:`branch_grants`), for the rules present when the
+  ACLs are written; a rule that later names a new one needs them written again (a worker
+  that may not create it keeps its last good rules and says so).
 
 :func:`apply_acls` writes the table with Kafka's CreateAcls. The call is idempotent, since
 Kafka keeps one copy of an identical binding. ``make run`` calls it on its embedded broker;
@@ -20,8 +24,9 @@ import asyncio
 import hashlib
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from aiokafka import AIOKafkaClient
@@ -96,7 +101,8 @@ ROLE_ACLS: dict[str, tuple[Grant, ...]] = {
         _CLUSTER,
         Grant(TOPIC, ALERTS, (READ, DESCRIBE)),  # exactly "alerts": its outputs alerts.<receiver> below
         Grant(TOPIC, COMMANDS, (READ, DESCRIBE)),
-        Grant(TOPIC, NOTIFICATIONS, (WRITE, DESCRIBE)),
+        # its notification log: written per delivery, read back at start (_rebuild_log)
+        Grant(TOPIC, NOTIFICATIONS, (READ, WRITE, DESCRIBE)),
         Grant(TOPIC, f"{ALERTS}.", (WRITE, CREATE, DESCRIBE), prefixed=True),
         Grant(GROUP, "dispatcher", (READ, DESCRIBE)),
     ),
@@ -116,33 +122,84 @@ ROLE_ACLS: dict[str, tuple[Grant, ...]] = {
 }
 
 
-def bindings(role: str) -> list[tuple[int, str, int, str, int]]:
-    """``(resource type, name, pattern type, principal, operation)`` of every ACL of ``role``."""
+#: The engines, which copy events to the topics their rules' ``branch:`` arms name.
+ENGINES = ("worker", "spark")
+#: Topics no rule may branch to: the system's own, which the engines must not write to
+#: (or only as they already may: ``alerts`` and ``dlq.events``).
+_NOT_BRANCH_TARGETS = (ALERTS, COMMANDS, NOTIFICATIONS, DLQ)
+_NOT_BRANCH_PREFIXES = ("tables.", f"{ALERTS}.", "__")
+
+
+def branch_grants(topics: Iterable[str]) -> dict[str, tuple[Grant, ...]]:
+    """What the engines need to create and write the branch topics ``topics`` (which rule
+    authors name freely, e.g. ``finance.high_amount``): literal grants to each engine. A system
+    topic is left out (and logged): a rule may not make an engine write commands or
+    notifications."""
+    wanted: list[Grant] = []
+    for topic in sorted(set(topics)):
+        if topic in _NOT_BRANCH_TARGETS or topic.startswith(_NOT_BRANCH_PREFIXES):
+            logger.warning("no ACL for branch topic %r: it is one of the system's own topics", topic)
+            continue
+        if not topic.startswith("events."):  # events.* is granted already
+            wanted.append(Grant(TOPIC, topic, (CREATE, WRITE, DESCRIBE)))
+    return dict.fromkeys(ENGINES, tuple(wanted))
+
+
+def rule_branch_topics(rules_dir: Path) -> list[str]:
+    """The branch topics the rule files under ``rules_dir`` name (none when they do not load:
+    the worker reports why)."""
+    from app.errors import RuleConfigError
+    from app.rules.loader import load_rules
+
+    try:
+        ruleset = load_rules([rules_dir])
+    except (RuleConfigError, OSError) as exc:
+        logger.warning(
+            "no branch-topic ACLs: the rules in %s do not load (%s)", rules_dir, type(exc).__name__
+        )
+        return []
+    return [arm.topic for r in ruleset.rules for arm in (r.rule.branch or ())]
+
+
+def bindings(
+    role: str, extra: Mapping[str, tuple[Grant, ...]] | None = None
+) -> list[tuple[int, str, int, str, int]]:
+    """``(resource type, name, pattern type, principal, operation)`` of every ACL of ``role``
+    (its :data:`ROLE_ACLS` and its ``extra`` grants, e.g. :func:`branch_grants`)."""
     principal = f"User:{role}"
     return [
         (g.resource, g.name, PREFIXED if g.prefixed else LITERAL, principal, op)
-        for g in ROLE_ACLS[role]
+        for g in (*ROLE_ACLS[role], *(extra or {}).get(role, ()))
         for op in g.operations
     ]
 
 
-async def apply_acls(target: Target, roles: tuple[str, ...] = ROLES, timeout_s: float = 30.0) -> int:
+async def apply_acls(
+    target: Target,
+    roles: tuple[str, ...] = ROLES,
+    timeout_s: float = 30.0,
+    extra: Mapping[str, tuple[Grant, ...]] | None = None,
+) -> int:
     """Create every ACL of ``roles`` (as an administrator); return how many were written.
-    A :class:`BrokerError` names the first binding the cluster refused."""
+    The requests are in flight together (one round trip each took ~3.5 s for the 70 of
+    :data:`ROLES` on a loaded host). A :class:`BrokerError` names a binding the cluster refused."""
     client = AIOKafkaClient(**connection(target), request_timeout_ms=int(timeout_s * 1000))
-    written = 0
+    wanted = [b for role in roles for b in bindings(role, extra)]
+
+    async def create(node: int, binding: Binding) -> None:
+        resource, name, pattern, principal, op = binding
+        request = CreateAclsRequest(resource, name, pattern, principal, "*", op, ALLOW)
+        response = await client.send(node, request)
+        for code, message in (tuple(r)[:2] for r in response.creation_responses):
+            if code:
+                msg = f"the cluster refused the ACL {principal} op {op} on {name}: {code} {message}"
+                raise BrokerError(msg)
+
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         node = client.get_random_node()
-        for role in roles:
-            for resource, name, pattern, principal, op in bindings(role):
-                request = CreateAclsRequest(resource, name, pattern, principal, "*", op, ALLOW)
-                response = await asyncio.wait_for(client.send(node, request), timeout_s)
-                for code, message in (tuple(r)[:2] for r in response.creation_responses):
-                    if code:
-                        msg = f"the cluster refused the ACL {principal} op {op} on {name}: {code} {message}"
-                        raise BrokerError(msg)
-                written += 1
+        await asyncio.wait_for(asyncio.gather(*(create(node, b) for b in wanted)), timeout_s)
+        written = len(wanted)
     except (TimeoutError, OSError) as exc:
         msg = f"cannot write ACLs on {bootstrap_of(target)}: {exc!r}"
         raise BrokerError(msg) from exc

@@ -184,12 +184,13 @@ def _cmd_acls(_args: argparse.Namespace, settings: Settings) -> int:
     """Write the per-role ACLs (app/acls.py) on KAFKA_BOOTSTRAP_SERVERS, as its administrator."""
     import asyncio
 
-    from app.acls import ROLES, apply_acls
+    from app.acls import ROLES, apply_acls, branch_grants, rule_branch_topics
 
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
         return 2
-    written = asyncio.run(apply_acls(settings))
+    # the engines may also create and write the branch topics of the rules in APP_RULES_DIR
+    written = asyncio.run(apply_acls(settings, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
     print(f"wrote {written} ACLs for the principals User:{', User:'.join(ROLES)}")
     return 0
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from app.acls import apply_acls
+from app.acls import apply_acls, branch_grants, rule_branch_topics
 from app.broker import KafkaBroker, free_port, kafka_version
 from app.config import PROJECT_ROOT, Settings
 from app.errors import ConfigError
@@ -467,7 +467,7 @@ def run(settings: Settings, opts: RunOptions) -> int:
     try:
         asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
         if users is not None:
-            asyncio.run(apply_acls(admin))
+            asyncio.run(apply_acls(admin, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
         roles = build_roles(settings, bootstrap, opts, users)
         if broker is not None:
             console = role_auth(users, CONSOLE) if users is not None else KafkaAuth()
