@@ -161,9 +161,11 @@ def rule_branch_topics(rules_dir: Path) -> list[str]:
     return [arm.topic for r in ruleset.rules for arm in (r.rule.branch or ())]
 
 
-def bindings(
-    role: str, extra: Mapping[str, tuple[Grant, ...]] | None = None
-) -> list[tuple[int, str, int, str, int]]:
+#: ``(resource type, name, pattern type, principal, operation)``
+Binding = tuple[int, str, int, str, int]
+
+
+def bindings(role: str, extra: Mapping[str, tuple[Grant, ...]] | None = None) -> list[Binding]:
     """``(resource type, name, pattern type, principal, operation)`` of every ACL of ``role``
     (its :data:`ROLE_ACLS` and its ``extra`` grants, e.g. :func:`branch_grants`)."""
     principal = f"User:{role}"
