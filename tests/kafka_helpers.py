@@ -13,10 +13,10 @@ from aiokafka.errors import KafkaError
 from app.kafka import Target, connection
 
 
-async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float) -> list[Any]:
+async def _consume(bootstrap: Target, topic: str, min_count: int, timeout_s: float) -> list[Any]:
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        **connection(bootstrap),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         isolation_level="read_committed",  # as the system's readers: an aborted transaction's records never
@@ -40,7 +40,7 @@ async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float)
     return out
 
 
-def consume(bootstrap: str, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
+def consume(bootstrap: Target, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
     """Committed records of ``topic`` from the earliest offset: stop once ``min_count`` are
     read (0: read until ``timeout_s``). Never blocks longer than ``timeout_s`` + 1 s."""
     return asyncio.run(_consume(bootstrap, topic, min_count, timeout_s))

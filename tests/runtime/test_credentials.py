@@ -90,7 +90,8 @@ def test_the_operators_command_line_finds_the_running_make_run(tmp_path: Path) -
     users = embedded_users(settings.data_dir)
     path = write_client_env(settings.data_dir, "127.0.0.1:4242", role_auth(users, "console"), "cmd 'secret\"")
     assert path.stat().st_mode & 0o777 == 0o600
-    assert read_client_env(settings.data_dir)["APP_COMMAND_SECRET"] == "cmd 'secret\""  # shell-quoted
+    found = read_client_env(settings.data_dir)
+    assert found is not None and found["APP_COMMAND_SECRET"] == "cmd 'secret\""  # shell-quoted
     local = operator_settings(settings, env={})
     assert local.bootstrap_servers == "127.0.0.1:4242"
     assert local.kafka_auth == role_auth(users, "console")
