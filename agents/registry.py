@@ -19,7 +19,7 @@ async def follow_tables(settings: Settings, rt: Runtime) -> None:
     topics = [t.topic for t in TABLES.values()]
     by_topic = {t.topic: t.name for t in TABLES.values()}
     logger.info("loading registry tables from %s", ", ".join(topics))
-    marks = await high_watermarks(settings.bootstrap_servers, topics)
+    marks = await high_watermarks(settings, topics)
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
     try:

@@ -132,7 +132,7 @@ async def maybe_reload(settings: Settings, rt: Runtime) -> None:
             logger.exception("rule files could not be loaded, keeping the last good rules")
         return
     try:
-        await ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+        await ensure_topics(settings, settings.partitions, settings.replication_factor,
                             specs=extra_topics(ruleset, settings))  # fmt: skip
     except Exception as exc:  # the broker's trouble, not the files': the next tick tries again
         logger.warning("reload postponed, the new rules' topics could not be created: %r", exc)

@@ -27,7 +27,7 @@ async def check_partitions(settings: Settings) -> None:
     registry devices would be expected by no worker and never reported silent.
     """
     topics = [*SOURCE_TOPICS.values(), *(regroup_topic(s) for s in SOURCE_TOPICS)]
-    counts = await partition_counts(settings.bootstrap_servers, topics)
+    counts = await partition_counts(settings, topics)
     wrong = {t: n for t, n in counts.items() if n != settings.partitions}
     if wrong:
         listed = ", ".join(f"{t} has {n}" for t, n in sorted(wrong.items()))

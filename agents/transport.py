@@ -64,6 +64,8 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, P
 from faust.types import TP, ConsumerT, TransportT
 
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
+from app.kafka.auth import KafkaAuth
+from app.kafka.clients import Endpoint, Target, connection
 
 logger = logging.getLogger(__name__)
 
@@ -327,7 +329,7 @@ class BatchConsumer(Consumer):
             self.resume_partitions(held & self.assignment())
 
 
-async def committed_ends(bootstrap: str, tps: Collection[TP], timeout_s: float = 30.0) -> dict[TP, int]:
+async def committed_ends(bootstrap: Target, tps: Collection[TP], timeout_s: float = 30.0) -> dict[TP, int]:
     """Per partition: one past the offset of the last record a ``read_committed`` reader gets
     below the partition's last stable offset; its earliest offset when it gets none.
 
@@ -345,7 +347,7 @@ async def committed_ends(bootstrap: str, tps: Collection[TP], timeout_s: float =
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     consumer = aiokafka.AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **connection(bootstrap),
         enable_auto_commit=False,
         isolation_level="read_committed",
         fetch_max_wait_ms=10,
@@ -396,7 +398,8 @@ class WorkerRecovery(Recovery):
         if not bootstrap or not tps:
             await super()._build_highwaters(consumer, tps, destination, title)
             return
-        ends = await committed_ends(bootstrap, tps, timeout_s=float(self.app.conf.broker_request_timeout))
+        target = Endpoint(bootstrap, getattr(self.app, "kafka_auth", KafkaAuth()))
+        ends = await committed_ends(target, tps, timeout_s=float(self.app.conf.broker_request_timeout))
         # Faust's "highwater": the offset of the last record recovery will see (-1: none)
         highwaters = {tp: end - 1 for tp, end in ends.items()}
         self.log.info(
@@ -461,6 +464,8 @@ class RulesApp(faust.App):
     batch_size: int = 500
     #: the cluster's bootstrap servers (``host:port,...``): the changelogs' tails are read there
     bootstrap_servers: str = ""
+    #: how the worker authenticates there (``KAFKA_SECURITY_PROTOCOL`` and friends)
+    kafka_auth: KafkaAuth = KafkaAuth()
     #: exactly-once (``APP_PROCESSING_GUARANTEE``): the partitions' transactions; None at least once
     transactions: PartitionTransactions | None = None
 

@@ -69,6 +69,7 @@ from agents.transport import QuietWorker, RulesApp
 from app.errors import ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, schema_for
 from app.kafka.admin import ensure_topics
+from app.kafka.auth import KafkaAuth
 from app.kafka.clients import CachedPartitioner
 from app.rules.evaluator import Output, stream_name
 from app.rules.loader import RuleSet
@@ -92,6 +93,19 @@ QUIET_RELEASE_MS = 3000
 
 def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
+
+
+def faust_credentials(auth: KafkaAuth) -> faust.auth.Credentials | None:
+    """Faust's ``broker_credentials`` for ``auth`` (``KAFKA_SECURITY_PROTOCOL`` and friends):
+    its consumer, producers and admin client then connect as the role's principal."""
+    if auth.uses_sasl:
+        return faust.SASLCredentials(
+            username=auth.username, password=auth.password, mechanism=auth.mechanism,
+            ssl_context=auth.ssl_context(),
+        )  # fmt: skip
+    if auth.uses_ssl:
+        return faust.SSLCredentials(auth.ssl_context())
+    return None
 
 
 def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str) -> None:
@@ -182,7 +196,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         ruleset, rejected = initial_rules(settings)
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    asyncio.run(ensure_topics(settings.bootstrap_servers, settings.partitions, settings.replication_factor,
+    asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor,
                               specs=extra_topics(ruleset, settings)))  # fmt: skip
     asyncio.run(check_partitions(settings))
     partitioner = CachedPartitioner()  # the default partition, with key hashes remembered
@@ -190,6 +204,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         "streamalert-rules",
         Worker=QuietWorker,
         broker=_broker_urls(settings.bootstrap_servers),
+        broker_credentials=faust_credentials(settings.kafka_auth),
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
         web_enabled=False,
@@ -222,6 +237,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             stores[name] = TableStore(table, limit)
     outbox = Outbox(app, partitioner)
     app.bootstrap_servers = settings.bootstrap_servers
+    app.kafka_auth = settings.kafka_auth
     if settings.exactly_once:
         app.enable_transactions()
     app.before_commit = commit_hooks(

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from app.errors import IngestDecodeError
 from app.events import FieldType, Schema, check_value
+from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
 
 logger = logging.getLogger(__name__)
@@ -149,10 +149,41 @@ def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
                         raise ValueError(msg) from None
                 rows.append(row)
         return rows
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data, positions = _read_yaml(path)
+    prefix: tuple[str, ...] = ()
     if isinstance(data, dict):
-        data = data.get("rows")
+        data, prefix = data.get("rows"), ("rows",)
     if not isinstance(data, list):
         msg = f"{path}: expected a list of rows (or rows: [...])"
         raise ValueError(msg)
+    for i, r in enumerate(data):
+        if not isinstance(r, dict):
+            line, col = position_of(positions, (*prefix, i))
+            msg = f"{path}:{line}:{col}: a row must be a mapping of column: value"
+            raise ValueError(msg)
     return [dict(r) for r in data]
+
+
+#: The largest YAML registry file a backtest or rule test reads (CSV has no such limit).
+MAX_YAML_TABLE_BYTES = 4 * 1024 * 1024
+
+
+def _read_yaml(path: Path) -> tuple[Any, Positions]:
+    """A YAML registry file through the rule files' bounded reader (:mod:`app.rules.yamlpos`:
+    no anchors or aliases, bounded nesting and size); a ValueError as ``file:line:col: ...``."""
+    with path.open("rb") as fh:
+        raw = fh.read(MAX_YAML_TABLE_BYTES + 1)
+    if len(raw) > MAX_YAML_TABLE_BYTES:
+        msg = f"{path}:1:1: larger than {MAX_YAML_TABLE_BYTES} bytes (the limit for YAML); use CSV"
+        raise ValueError(msg)
+    try:
+        return load_with_positions(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        msg = f"{path}:1:1: not UTF-8: {exc.reason}"
+        raise ValueError(msg) from None
+    except YamlProblem as exc:
+        msg = f"{path}:{exc.line}:{exc.col}: {exc.message}"
+        raise ValueError(msg) from None
+    except (RecursionError, MemoryError) as exc:  # past every limit of the reader: still the file's
+        msg = f"{path}:1:1: the file is too large or nests too deeply to load ({type(exc).__name__})"
+        raise ValueError(msg) from None

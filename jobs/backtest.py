@@ -14,6 +14,7 @@ start, in record-timestamp order like the Faust-engine topic backtest.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
@@ -52,7 +53,9 @@ def file_records(spark: SparkSession, path: Path) -> DataFrame:
     return spark.createDataFrame(lines.map(lambda li: (None, 0, li[1], li[0][0].encode())), _RAW)
 
 
-def topic_records(spark: SparkSession, bootstrap: str, topics: list[str]) -> DataFrame:
+def topic_records(
+    spark: SparkSession, bootstrap: str, topics: list[str], security: Mapping[str, str] | None = None
+) -> DataFrame:
     """Every record of ``topics`` from the earliest offset to the latest at start, in
     record-timestamp order across topics and partitions (ties by topic, partition,
     offset), as the Faust-engine topic backtest orders them: partition 0, offset =
@@ -62,6 +65,7 @@ def topic_records(spark: SparkSession, bootstrap: str, topics: list[str]) -> Dat
         "subscribe": ",".join(topics),
         "startingOffsets": "earliest",
         "endingOffsets": "latest",
+        **(security or {}),  # the role's TLS/SASL as kafka.* options (KafkaAuth.spark_options)
     }
     ordered = (
         read_kafka(spark, opts, streaming=False)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.errors import RuleConfigError
+from app.errors import ConfigError, RuleConfigError
 from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -111,9 +111,14 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     except (ValueError, IngestDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if topics and not settings.bootstrap_servers:
-        print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
-        return 2
+    if topics:
+        from app.runtime.credentials import operator_settings
+
+        try:  # KAFKA_BOOTSTRAP_SERVERS, or the running `make run` of APP_DATA_DIR (as its console)
+            settings = operator_settings(settings)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         ruleset = load_rules(args.rules)
         plan_rules(ruleset)  # refuse what Spark cannot run before starting it
@@ -127,7 +132,8 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         if topics:
-            raw, name = topic_records(spark, settings.bootstrap_servers, topics), ",".join(topics)
+            security = settings.kafka_auth.spark_options()
+            raw, name = topic_records(spark, settings.bootstrap_servers, topics, security), ",".join(topics)
         else:
             raw, name = file_records(spark, Path(args.input)), str(args.input)
         run_backtest(

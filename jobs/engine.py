@@ -104,9 +104,7 @@ async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]
     for r in plan.stream_rules:
         names |= {topic for _, topic in (r.parts.arms if r.parts else ())}
     specs = tuple(TopicSpec(n, key="") for n in sorted(names))
-    return await ensure_topics(
-        settings.bootstrap_servers, settings.partitions, settings.replication_factor, specs
-    )
+    return await ensure_topics(settings, settings.partitions, settings.replication_factor, specs)
 
 
 def start(

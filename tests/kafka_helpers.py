@@ -1,4 +1,4 @@
-"""Bounded reads from a real broker for tests."""
+"""Bounded reads from (and writes to) a real broker for tests."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+
+from app.kafka.clients import Target, connection
 
 
-async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float) -> list[Any]:
+async def _consume(bootstrap: Target, topic: str, min_count: int, timeout_s: float) -> list[Any]:
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        **connection(bootstrap),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         isolation_level="read_committed",  # as the system's readers: an aborted transaction's records never
@@ -37,7 +40,7 @@ async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float)
     return out
 
 
-def consume(bootstrap: str, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
+def consume(bootstrap: Target, topic: str, *, min_count: int = 0, timeout_s: float = 10.0) -> list[Any]:
     """Committed records of ``topic`` from the earliest offset: stop once ``min_count`` are
     read (0: read until ``timeout_s``). Never blocks longer than ``timeout_s`` + 1 s."""
     return asyncio.run(_consume(bootstrap, topic, min_count, timeout_s))
@@ -74,3 +77,23 @@ def wait_for_json(
         timeout_s=timeout_s,
         what=what,
     )
+
+
+async def _write(target: Target, topic: str, value: bytes) -> bool:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(**connection(target), request_timeout_ms=5000, acks="all")
+    try:
+        await asyncio.wait_for(producer.start(), 10)
+        await asyncio.wait_for(producer.send_and_wait(topic, value, key=b"k"), 10)
+    except (KafkaError, TimeoutError):
+        return False
+    finally:
+        await producer.stop()
+    return True
+
+
+def can_write(target: Target, topic: str, value: bytes = b"{}") -> bool:
+    """True when ``target``'s principal (plaintext for a bare address) could write ``value`` to
+    ``topic``; False when the broker refused the connection, the login or the write."""
+    return asyncio.run(_write(target, topic, value))

@@ -7,16 +7,26 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from aiokafka.errors import KafkaError
 
 from app.errors import BrokerError
-from app.kafka.acls import ALL, PREFIXED, ROLES, TOPIC, WRITE, apply_acls, bindings
+from app.kafka.acls import (
+    ALL,
+    PREFIXED,
+    ROLES,
+    TOPIC,
+    WRITE,
+    apply_acls,
+    bindings,
+    branch_grants,
+    rule_branch_topics,
+)
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
-from app.kafka.clients import end_offsets, make_producer
-from app.runtime.settings import Settings
-from app.topics import ALERTS, COMMANDS, SENSORS
+from app.kafka.clients import end_offsets
+from app.runtime.settings import PROJECT_ROOT, Settings
+from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, SENSORS, TopicSpec
 from tests.conftest import make_settings
+from tests.kafka_helpers import can_write
 
 
 def test_only_the_engines_write_alerts_and_only_the_console_writes_commands() -> None:
@@ -35,23 +45,28 @@ def test_only_the_engines_write_alerts_and_only_the_console_writes_commands() ->
     assert writers(COMMANDS) == {"console"}
 
 
+def test_branch_topics_are_granted_to_the_engines_but_never_a_system_topic() -> None:
+    extra = branch_grants(["finance.big", "events.copy", ALERTS, COMMANDS, NOTIFICATIONS, "tables.devices"])
+    written = {
+        (r, name)
+        for r in ROLES
+        for (kind, name, _, _, op) in bindings(r, extra)
+        if kind == TOPIC and op in (ALL, WRITE)
+    }
+    assert {r for r, name in written if name == "finance.big"} == {"worker", "spark"}
+    assert {r for r, name in written if name == COMMANDS} == {"console"}
+    assert {r for r, name in written if name == NOTIFICATIONS} == {"dispatch"}
+    assert {r for r, name in written if name == ALERTS} == {"worker", "spark"}
+
+
+def test_the_branch_topics_of_the_shipped_rules_are_found() -> None:
+    assert {"finance.high_amount", "finance.low_amount"} <= set(rule_branch_topics(PROJECT_ROOT / "rules"))
+
+
 def as_role(tmp_path: Path, bootstrap: str, user: str, password: str) -> Settings:
     env = {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
            "KAFKA_SASL_USERNAME": user, "KAFKA_SASL_PASSWORD": password}  # fmt: skip
     return make_settings(tmp_path, KAFKA_BOOTSTRAP_SERVERS=bootstrap, **env)
-
-
-async def write(settings: Settings, topic: str) -> bool:
-    """True when ``settings``' principal could write one record to ``topic``."""
-    producer = make_producer(settings, request_timeout_ms=5000)
-    try:
-        await asyncio.wait_for(producer.start(), 10)
-        await asyncio.wait_for(producer.send_and_wait(topic, b"{}", key=b"k"), 10)
-    except (KafkaError, TimeoutError):
-        return False
-    finally:
-        await producer.stop()
-    return True
 
 
 @pytest.mark.slow
@@ -70,8 +85,38 @@ def test_each_role_writes_only_what_its_acls_allow_and_strangers_nothing(tmp_pat
             ("ingest", ALERTS): False, ("console", ALERTS): False, ("dispatch", ALERTS): False,
             ("worker", COMMANDS): False, ("ingest", COMMANDS): False,
         }  # fmt: skip
-        seen = {(r, t): asyncio.run(write(role[r], t)) for r, t in allowed}
+        seen = {(r, t): can_write(role[r], t) for r, t in allowed}
         assert seen == allowed
         assert asyncio.run(end_offsets(admin, [ALERTS, COMMANDS])) == {ALERTS: 2, COMMANDS: 1}
         with pytest.raises(BrokerError):  # no credentials: no connection at all
             asyncio.run(end_offsets(broker.bootstrap, [ALERTS], timeout_s=5))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_log_dir_formatted_without_users_takes_them_and_a_changed_password_replaces_the_old(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "kafka"
+    with KafkaBroker(home, heap="384m") as plain:  # a data dir from before make run had auth
+        asyncio.run(ensure_topics(plain.bootstrap, partitions=1))
+    users = {"admin": "admin-pw", **{r: f"{r}-pw" for r in ROLES}}
+    with KafkaBroker(home, heap="384m", sasl_users=users, acls=True) as broker:
+        assert not broker.formatted_now
+        admin = as_role(tmp_path, broker.bootstrap, "admin", users["admin"])
+        asyncio.run(apply_acls(admin, extra=branch_grants(["finance.big"])))
+        worker = as_role(tmp_path, broker.bootstrap, "worker", users["worker"])
+        assert can_write(worker, ALERTS)  # SCRAM-SHA-512 with the password given now
+        # a branch topic a rule names: the worker may create it, then write it
+        assert asyncio.run(ensure_topics(worker, 1, specs=(TopicSpec("finance.big", key=""),))) == [
+            "finance.big"
+        ]
+        assert can_write(worker, "finance.big")
+        ingest = as_role(tmp_path, broker.bootstrap, "ingest", users["ingest"])
+        refused = r"refused to create finance\.other \(TopicAuthorizationFailedError"  # logged as created
+        with pytest.raises(BrokerError, match=refused):
+            asyncio.run(ensure_topics(ingest, 1, specs=(TopicSpec("finance.other", key=""),)))
+    users["worker"] = "a-new-password"
+    with KafkaBroker(home, heap="384m", sasl_users=users, acls=True) as broker:
+        assert can_write(as_role(tmp_path, broker.bootstrap, "worker", "a-new-password"), ALERTS)
+        assert not can_write(as_role(tmp_path, broker.bootstrap, "worker", "worker-pw"), ALERTS)

@@ -21,10 +21,14 @@ from typing import Any
 import orjson
 import pytest
 
+from app.kafka.auth import KafkaAuth
+from app.kafka.clients import Endpoint
+from app.runtime.credentials import read_client_env, role_auth
 from app.runtime.settings import PROJECT_ROOT
+from app.topics import ALERTS, COMMANDS, SENSORS
 from tests.browser.cdp import chromium_path, visit
 from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
-from tests.kafka_helpers import consume
+from tests.kafka_helpers import can_write, consume
 from tests.procs import processes_with_env, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -43,8 +47,8 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "app", "run", "--duration", "35", "--no-dashboard", "--quiet"],
+    proc = subprocess.run(  # with SASL/SCRAM and ACLs on the embedded broker: make run's default
+        [sys.executable, "-m", "app", "run", "--duration", "40", "--no-dashboard", "--quiet"],
         env=env,
         cwd=PROJECT_ROOT,
         capture_output=True,
@@ -64,6 +68,16 @@ def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path
     assert counters["dlq"] == 0  # the first 2000 log lines are all well-formed
     assert processes_with_env(env["APP_DATA_DIR"]) == []
     assert (tmp_path / "data" / "alerts.sqlite3").exists()
+    # every role had its own principal, and no password reached a log or the output
+    data = tmp_path / "data"
+    assert "SASL/SCRAM + ACLs" in proc.stdout
+    passwords = orjson.loads((data / "kafka" / "users.json").read_bytes())
+    logs = [proc.stdout, proc.stderr, *(f.read_text(errors="replace") for f in (data / "logs").glob("*.log"))]
+    assert {u for u, p in passwords.items() if any(p in text for text in logs)} == set()
+    worker_log = (data / "logs" / "worker.log").read_text()
+    assert "Authenticated as worker via SCRAM-SHA-512" in worker_log
+    assert "Authenticated as dispatch via SCRAM-SHA-512" in (data / "logs" / "dispatch.log").read_text()
+    assert not (data / "client.env").exists()  # make run removes it when it stops
 
 
 def _run(env: dict[str, str], seconds: int, *extra: str) -> dict[str, Any]:
@@ -178,7 +192,7 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
     try:
         text = wait_for(
             lambda: "dashboard   http" in (t := (tmp_path / "run.log").read_text()) and t,
-            timeout_s=30,
+            timeout_s=90,  # broker, topics, ACLs, then the banner: 33 s at a load average of 20 on 2 cores
             what="the URL banner",
         )
         url = text.split("dashboard   ")[1].split()[0]
@@ -227,3 +241,70 @@ def test_each_data_dir_gets_its_own_secrets_and_keeps_them(
     assert (tmp_path / "a" / "secrets.json").stat().st_mode & 0o077 == 0
     monkeypatch.setenv("APP_COMMAND_SECRET", "the operator's own")
     assert "APP_COMMAND_SECRET" not in local_secrets(tmp_path / "a")
+
+
+FORGED = b'{"alert_id": "forged-by-the-probe", "rule_id": "probe", "status": "firing"}'
+
+
+def test_under_make_run_strangers_cannot_write_alerts_or_commands_and_the_operator_can(
+    tmp_path: Path,
+) -> None:
+    """The issue's probe against make run's own broker: a client without credentials, an ingest
+    principal (what a device's path holds) and the worker's cannot write a forged alert or
+    silence; the forged alert is never on `alerts` nor delivered; the operator's CLI, with no
+    variable set, still silences through the running make run as its console."""
+    require_dataset(NAB_MACHINE_TEMP)
+    env = run_env(tmp_path)
+    data = tmp_path / "data"
+    log = (tmp_path / "run.log").open("wb")
+    cmd = [sys.executable, "-m", "app", "run", "--duration", "70", "--no-dashboard", "--quiet"]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        client = wait_for(lambda: read_client_env(data), timeout_s=90, what="make run's client.env")
+        bootstrap = client["KAFKA_BOOTSTRAP_SERVERS"]
+        users = orjson.loads((data / "kafka" / "users.json").read_bytes())
+        as_ = {r: Endpoint(bootstrap, role_auth(users, r)) for r in ("ingest", "worker", "console")}
+        assert can_write(as_["ingest"], SENSORS, b"{}")  # the principal works, for what it may write
+        refused = {
+            "nobody -> alerts": can_write(bootstrap, ALERTS, FORGED),
+            "nobody -> commands": can_write(bootstrap, COMMANDS, FORGED),
+            "ingest -> alerts": can_write(as_["ingest"], ALERTS, FORGED),
+            "ingest -> commands": can_write(as_["ingest"], COMMANDS, FORGED),
+            "worker -> commands": can_write(as_["worker"], COMMANDS, FORGED),
+            "console -> alerts": can_write(as_["console"], ALERTS, FORGED),
+        }
+        assert refused == dict.fromkeys(refused, False)
+        silence = [
+            sys.executable,
+            "-m",
+            "app",
+            "alerts",
+            "silence",
+            'device_id="probe-device"',
+            "--duration",
+            "1h",
+        ]
+        cli = subprocess.run([*silence, "--comment", "by the probe"], env=env, cwd=PROJECT_ROOT,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert cli.returncode == 0, cli.stderr[-2000:]
+        admin = Endpoint(bootstrap, KafkaAuth("SASL_PLAINTEXT", "SCRAM-SHA-256", "admin", users["admin"]))
+        # the topic as it stands once the engines wrote to it (a forged record would be there already)
+        on_alerts = [r.value for r in consume(admin, ALERTS, min_count=1, timeout_s=45)]
+        code = proc.wait(120)
+    finally:
+        stop(proc)
+        log.close()
+    output = (tmp_path / "run.log").read_text()
+    assert code == 0, output[-3000:]
+    assert processes_with_env(env["APP_DATA_DIR"]) == []
+    assert FORGED not in on_alerts and len(on_alerts) > 0
+    counters = orjson.loads(next(ln for ln in reversed(output.splitlines()) if ln.startswith('{"events"')))
+    assert counters["webhooks_delivered"] > 0
+    assert b"forged-by-the-probe" not in (data / "logs" / "receiver.log").read_bytes()
+    # the operator's silence was signed with make run's command secret: applied, not counted as forged
+    assert "forged" not in (data / "logs" / "dispatch.log").read_text().lower()
+    silences = subprocess.run([sys.executable, "-m", "app", "alerts", "silences"], env=env, cwd=PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "probe-device" in silences.stdout, silences.stdout + silences.stderr

@@ -2,8 +2,9 @@
 
 Reads (``list``, ``show``, ``silences``, ``dead-letters``) open the alert
 store read-only; writes (``ack``, ``silence``, ``unsilence``, ``resolve``)
-produce one command to the ``commands`` topic (KAFKA_BOOTSTRAP_SERVERS must
-be set), which the dispatcher applies and store-sync records, and print it.
+produce one command to the ``commands`` topic (of KAFKA_BOOTSTRAP_SERVERS, or
+else of the ``make run`` up on the same APP_DATA_DIR, as its console principal),
+which the dispatcher applies and store-sync records, and print it.
 An alert is named by a prefix of its fingerprint or of one of its alert ids.
 Exit codes: 0 done, 2 usage or configuration error (nothing matches, no store,
 no broker).

@@ -38,7 +38,11 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return run(
         settings,
         RunOptions(
-            duration_s=args.duration, dashboard=not args.no_dashboard, quiet=args.quiet, fresh=args.fresh
+            duration_s=args.duration,
+            dashboard=not args.no_dashboard,
+            quiet=args.quiet,
+            fresh=args.fresh,
+            auth=not args.no_auth,
         ),
     )
 
@@ -108,10 +112,10 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     try:
         tables = load_tables(args.table or ())
         if args.topic:
-            if not settings.bootstrap_servers:
-                print("error: --topic needs KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
-                return 2
-            events: Any = read_topic_events(settings, args.topic, report)
+            from app.runtime.credentials import operator_settings
+
+            # KAFKA_BOOTSTRAP_SERVERS, or the running `make run` of APP_DATA_DIR (as its console)
+            events: Any = read_topic_events(operator_settings(settings), args.topic, report)
         else:
             events = None
     except (ValueError, IngestDecodeError) as exc:
@@ -181,12 +185,13 @@ def _cmd_acls(_args: argparse.Namespace, settings: Settings) -> int:
     """Write the per-role ACLs (app/kafka/acls.py) on KAFKA_BOOTSTRAP_SERVERS, as its administrator."""
     import asyncio
 
-    from app.kafka.acls import ROLES, apply_acls
+    from app.kafka.acls import ROLES, apply_acls, branch_grants, rule_branch_topics
 
     if not settings.bootstrap_servers:
         print("error: KAFKA_BOOTSTRAP_SERVERS is not set", file=sys.stderr)
         return 2
-    written = asyncio.run(apply_acls(settings))
+    # the engines may also create and write the branch topics of the rules in APP_RULES_DIR
+    written = asyncio.run(apply_acls(settings, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
     print(f"wrote {written} ACLs for the principals User:{', User:'.join(ROLES)}")
     return 0
 
@@ -237,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh",
         action="store_true",
         help="start from nothing: remove APP_DATA_DIR (broker log, alert store, dispatcher, progress) first",
+    )
+    run.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="run the embedded broker without SASL and ACLs (plaintext; for debugging only)",
     )
     run.set_defaults(func=_cmd_run)
 

@@ -27,7 +27,6 @@ from app.dispatch.commands import (
     sign_command,
 )
 from app.dispatch.matchers import parse_matcher
-from app.errors import ConfigError
 from app.rules.durations import parse_duration
 from app.runtime.settings import Settings
 from app.storage.alert_store import CurrentAlert
@@ -134,14 +133,16 @@ def unsilence_command(silence_id: str, *, by: str, comment: str = "") -> Unsilen
 
 def publish_command(settings: Settings, cmd: Command) -> None:
     """Produce ``cmd`` to the commands topic and wait for the broker's ack.
+
+    Without ``KAFKA_BOOTSTRAP_SERVERS`` it goes to the ``make run`` of the same data dir, as
+    its console principal and signed with its command secret
+    (:func:`app.runtime.credentials.operator_settings`).
     Raises ConfigError without a broker, BrokerError/TimeoutError when it fails."""
     from app.kafka.clients import make_producer
+    from app.runtime.credentials import operator_settings
     from app.topics import COMMANDS
 
-    if not settings.bootstrap_servers:
-        msg = "KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
-        raise ConfigError(msg)
-
+    settings = operator_settings(settings)
     signed = sign_command(cmd, settings.command_secret.get_secret_value())
 
     async def main() -> None:

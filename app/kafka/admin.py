@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from app.errors import BrokerError
 from app.kafka.clients import Target, bootstrap_of, connection
@@ -37,11 +37,20 @@ async def ensure_topics(
             for s in specs
             if s.name not in existing
         ]
+        refused: list[str] = []
         if wanted:
             try:
-                await admin.create_topics(wanted)
+                response = await admin.create_topics(wanted)
             except TopicAlreadyExistsError:
                 logger.info("topics were created concurrently by another process")
+            else:  # per-topic errors come back in the answer, not as an exception
+                for name, code, *rest in response.topic_errors:
+                    if code not in (0, TopicAlreadyExistsError.errno):
+                        why = f": {rest[0]}" if rest and rest[0] else ""
+                        refused.append(f"{name} ({for_code(code).__name__}{why})")
+        if refused:
+            msg = f"the cluster refused to create {', '.join(refused)}"
+            raise BrokerError(msg)
         created = [t.name for t in wanted]
         if created:
             logger.info("created topics %s", ", ".join(created))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -113,6 +115,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class _NoPlainWarning(logging.Filter):
+    """Drops aiokafka's "Sending username and password in the clear" warning, which the
+    broker's own PLAIN login on its loopback listener would print at every start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "in the clear" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _own_plain_login() -> Iterator[None]:
+    conn_log, quiet = logging.getLogger("aiokafka.conn"), _NoPlainWarning()
+    conn_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        conn_log.removeFilter(quiet)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -181,8 +201,12 @@ class KafkaBroker:
     ``sasl_users`` (user -> password) makes the client listener ``SASL_PLAINTEXT`` with the
     PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 mechanisms for those users; the first user is
     the broker's own (inter-broker and controller) identity, and the controller listener
-    takes only that user (SASL PLAIN). SCRAM credentials are created when the log dir is
-    formatted, so they take effect on a new ``home`` only.
+    takes only that user (SASL PLAIN). :meth:`start` writes every user's SCRAM credentials
+    once the broker answers (AlterUserScramCredentials, as the first user over PLAIN, whose
+    password is in the listener's configuration), on a new log dir as on one formatted
+    earlier without these users or with other passwords: after every start each SCRAM
+    password is the one given here. (Not ``kafka-storage format --add-scram``: that puts
+    the passwords on a command line, which every local user can read.)
 
     ``acls`` (with ``sasl_users``) turns on Kafka's StandardAuthorizer: nothing is allowed
     without an ACL (:mod:`app.kafka.acls` writes them), except to the first user, the super user.
@@ -252,6 +276,12 @@ class KafkaBroker:
             protocol="SASL_PLAINTEXT", mechanism="SCRAM-SHA-256", username=user, password=password
         )
 
+    @property
+    def _plain_admin_auth(self) -> KafkaAuth:
+        """The first user over PLAIN: its password is in the listener's JAAS configuration,
+        so it authenticates even before the log dir holds any SCRAM credential."""
+        return dataclasses.replace(self.admin_auth, mechanism="PLAIN")
+
     def _listener_props(self) -> dict[str, str]:
         controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
         if not self.sasl_users:
@@ -267,7 +297,9 @@ class KafkaBroker:
             "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "inter.broker.listener.name": "SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+            # its own identity by PLAIN, as on the controller listener: valid before the SCRAM
+            # credentials are written (start() writes them once the broker answers)
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
             # the controller's own listener: only the broker's identity, by PLAIN (SCRAM
             # credentials live in the metadata the controller serves, so it cannot use them)
             "sasl.mechanism.controller.protocol": "PLAIN",
@@ -319,9 +351,6 @@ class KafkaBroker:
         argv = self._java(
             "kafka.tools.StorageTool", "format", f"--cluster-id={new_cluster_id()}", "-c", str(config)
         )
-        for user, password in self.sasl_users.items():
-            for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-                argv += ["--add-scram", f"{mech}=[name={user},password={password}]"]
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell
             [*argv, "--ignore-formatted"], capture_output=True, timeout=120, check=False
         )
@@ -356,7 +385,13 @@ class KafkaBroker:
                 )
                 self._proc = None
                 raise BrokerError(msg)
-            if asyncio.run(broker_answers(self.bootstrap, timeout_s=2.0, auth=self.admin_auth)):
+            with _own_plain_login():
+                answers = asyncio.run(
+                    broker_answers(self.bootstrap, timeout_s=2.0, auth=self._plain_admin_auth)
+                )
+            if answers:
+                if self.sasl_users:
+                    self._upsert_scram()
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",
@@ -369,6 +404,20 @@ class KafkaBroker:
             f"the Kafka broker did not answer on {self.bootstrap} within {timeout_s:.0f}s; see {self.output}"
         )
         raise BrokerError(msg)
+
+    def _upsert_scram(self) -> None:
+        """Store this broker's SCRAM users and passwords in its log dir (see the class)."""
+        from app.kafka.acls import upsert_scram_users
+        from app.kafka.clients import Endpoint
+
+        try:
+            with _own_plain_login():
+                asyncio.run(
+                    upsert_scram_users(Endpoint(self.bootstrap, self._plain_admin_auth), self.sasl_users)
+                )
+        except BrokerError:
+            self.stop()
+            raise
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Controlled shutdown (SIGTERM), then SIGKILL when it takes longer than ``grace_s``."""

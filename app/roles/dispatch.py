@@ -332,6 +332,8 @@ async def _assign(
 
 async def _commit_kafka(consumer: AIOKafkaConsumer, db: DispatchDB) -> None:
     kept = {TopicPartition(t, p): n for (t, p), n in db.offsets().items()}
+    if not kept:  # nothing applied yet (stopped right after start): aiokafka refuses an empty commit
+        return
     with contextlib.suppress(KafkaError):
         await consumer.commit(kept)
 

@@ -1,1 +1,2 @@
-"""runtime"""
+"""The runtime around the roles: settings, the supervisor and the system layout (``make run``),
+per-data-dir credentials, metrics and the compiled build."""

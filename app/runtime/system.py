@@ -52,9 +52,18 @@ import orjson
 
 from app.console.launch import prepare as prepare_console
 from app.errors import ConfigError
+from app.kafka.acls import apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
+from app.kafka.auth import KafkaAuth
 from app.kafka.broker import KafkaBroker, free_port, kafka_version
-from app.kafka.clients import end_offsets
+from app.kafka.clients import Endpoint, Target, end_offsets
+from app.runtime.credentials import (
+    CONSOLE,
+    embedded_users,
+    role_auth,
+    role_kafka_env,
+    write_client_env,
+)
 from app.runtime.settings import PROJECT_ROOT, Settings
 from app.runtime.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS
@@ -75,6 +84,8 @@ class RunOptions:
     dashboard: bool = True
     quiet: bool = False
     fresh: bool = False
+    #: the embedded broker with SASL/SCRAM and ACLs, one principal per role (``--no-auth``: off)
+    auth: bool = True
 
 
 def _port_free(port: int) -> bool:
@@ -109,8 +120,15 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
     return {k: v for k, v in kept.items() if k not in os.environ}
 
 
-def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Role]:
-    """The product's roles with their commands, environments and URLs."""
+def build_roles(
+    settings: Settings, bootstrap: str, opts: RunOptions, users: dict[str, str] | None = None
+) -> list[Role]:
+    """The product's roles with their commands, environments and URLs.
+
+    On the embedded broker each role's environment carries its own principal's Kafka
+    credentials (``users`` from :func:`app.runtime.credentials.embedded_users`; plaintext when
+    None), in its environment only; with an external cluster (``KAFKA_BOOTSTRAP_SERVERS``)
+    the roles inherit the operator's ``KAFKA_*`` settings unchanged."""
     base_env = {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
@@ -257,7 +275,8 @@ def build_roles(settings: Settings, bootstrap: str, opts: RunOptions) -> list[Ro
         if not settings.external_url:
             deliver_env["APP_EXTERNAL_URL"] = dash_url
     for role in roles:
-        role.env = {**base_env, **role.env, "APP_METRICS_PORT": str(free_port())}
+        kafka_env = role_kafka_env(role.name, users) if settings.embedded else {}
+        role.env = {**base_env, **kafka_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles
 
 
@@ -354,7 +373,7 @@ def _http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
+def counters(bootstrap: Target, receiver_stats: dict[str, Any] | None, started: float) -> dict[str, Any]:
     """Events per topic, DLQ, alerts (records ever written) and webhooks the receiver got."""
     topics = [*SOURCE_TOPICS.values(), DLQ, ALERTS, NOTIFICATIONS]
     try:
@@ -374,12 +393,19 @@ def counters(bootstrap: str, receiver_stats: dict[str, Any] | None, started: flo
 
 
 def _print_urls(
-    bootstrap: str, roles: list[Role], broker: KafkaBroker | None, console_lines: Sequence[str] = ()
+    bootstrap: str,
+    roles: list[Role],
+    broker: KafkaBroker | None,
+    console_lines: Sequence[str] = (),
+    client_env: Path | None = None,
 ) -> None:
     kafka = bootstrap
     if broker is not None:
-        kafka += f" (embedded Apache Kafka {kafka_version()}, ready in {broker.ready_s or 0:.1f} s)"
+        how = "SASL/SCRAM + ACLs" if broker.acls else "plaintext, no ACLs (--no-auth)"
+        kafka += f" (embedded Apache Kafka {kafka_version()}, {how}, ready in {broker.ready_s or 0:.1f} s)"
     lines = [f"  kafka       {kafka}"]
+    if client_env is not None:
+        lines.append(f"  operator    python -m app alerts ... (as User:{CONSOLE}: {client_env})")
     for r in roles:
         if r.url:
             lines.append(f"  {r.name:<11} {r.url}")
@@ -432,19 +458,36 @@ def run(settings: Settings, opts: RunOptions) -> int:
     if opts.fresh:
         wipe(settings.data_dir)
     check_consistent(settings)
-    broker = KafkaBroker(settings.data_dir / "kafka") if settings.embedded else None
+    users = embedded_users(settings.data_dir) if settings.embedded and opts.auth else None
+    broker = (
+        KafkaBroker(settings.data_dir / "kafka", sasl_users=users, acls=users is not None)
+        if settings.embedded
+        else None
+    )
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:
         broker.start()
     bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
+    # topics, ACLs and counters: as the embedded broker's own user, or with the operator's settings
+    admin: Target = Endpoint(broker.bootstrap, broker.admin_auth) if broker else settings
+    client_env: Path | None = None
     sup: Supervisor | None = None
     try:
-        asyncio.run(ensure_topics(bootstrap, settings.partitions, settings.replication_factor))
-        roles = build_roles(settings, bootstrap, opts)
+        asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
+        if users is not None:
+            asyncio.run(apply_acls(admin, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
+        roles = build_roles(settings, bootstrap, opts, users)
+        if broker is not None:
+            console = role_auth(users, CONSOLE) if users is not None else KafkaAuth()
+            secret = (
+                local_secrets(settings.data_dir).get("APP_COMMAND_SECRET")
+                or settings.command_secret.get_secret_value()
+            )
+            client_env = write_client_env(settings.data_dir, bootstrap, console, secret)
         console_lines = prepare_console(settings.data_dir, roles)
         sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
         sup.start()
-        _print_urls(bootstrap, roles, broker, console_lines)
+        _print_urls(bootstrap, roles, broker, console_lines, client_env)
         deadline = None if opts.duration_s is None else started + opts.duration_s
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             sup.poll()
@@ -462,10 +505,12 @@ def run(settings: Settings, opts: RunOptions) -> int:
 
         sup.stop(after_stage)
         sup = None
-        print(orjson.dumps(counters(bootstrap, stats, started)).decode(), flush=True)
+        print(orjson.dumps(counters(admin, stats, started)).decode(), flush=True)
         return 0
     finally:
         if sup is not None:
             sup.stop()
+        if client_env is not None:
+            client_env.unlink(missing_ok=True)
         if broker is not None:
             broker.stop()

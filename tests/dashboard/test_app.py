@@ -125,9 +125,8 @@ def test_actions_need_a_signed_in_user_and_record_them(
     sign_in(at)
     assert any(m.value == "signed in as **ann**" for m in at.sidebar.markdown)
     at.button(key="create_silence").click().run()
-    assert [e.value for e in at.error] == [
-        "not sent: KAFKA_BOOTSTRAP_SERVERS is not set; commands go to the commands topic"
-    ]
+    (error,) = [e.value for e in at.error]  # no broker, and no `make run` up on the data dir
+    assert error.startswith("not sent: KAFKA_BOOTSTRAP_SERVERS is not set and no `make run` is up on")
 
 
 def test_beyond_loopback_without_users_runs_read_only_and_says_so(data_dir: Path) -> None:
