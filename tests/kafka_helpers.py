@@ -9,6 +9,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from app.kafka.clients import partitions_of
+from app.topics import ALERTS
+
 
 async def _consume(bootstrap: str, topic: str, min_count: int, timeout_s: float) -> list[Any]:
     consumer = AIOKafkaConsumer(
@@ -74,3 +77,22 @@ def wait_for_json(
         timeout_s=timeout_s,
         what=what,
     )
+
+
+def committed(bootstrap: str, group: str, topic: str = ALERTS) -> int:
+    """Sum of ``group``'s committed offsets over ``topic`` (0 where none).
+
+    Compared with the number of records produced (end offsets would also count the
+    markers of transactional producers).
+    """
+
+    async def main() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = await partitions_of(bootstrap, [topic])
+            return sum([(await consumer.committed(tp)) or 0 for tp in tps])
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(asyncio.wait_for(main(), 20))

@@ -26,9 +26,9 @@ from app.rules.loader import load_rules
 from app.rules.logic.events import AbsenceLogic, ChangeLogic
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SlidingLogic, TumblingLogic
-from tests.conformance.test_kinds import RULES as KINDS
-from tests.conformance.test_kinds import lines_for_test, tables
-from tests.conformance.test_threshold import RULES as THRESHOLDS
+from tests.conformance.kind_cases import RULES as KINDS
+from tests.conformance.kind_cases import lines_for_test, tables
+from tests.conformance.threshold_cases import RULES as THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKS = [KINDS, THRESHOLDS, ROOT / "rules"]
