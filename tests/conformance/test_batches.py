@@ -21,7 +21,7 @@ import pytest
 
 from app.backtest import BacktestReport, read_events
 from app.events import Event, format_ts
-from app.rules.evaluator import Engine, Output, _Rows, group_and_suffix
+from app.rules.evaluator import Engine, Output, Rows, group_and_suffix
 from app.rules.loader import load_rules
 from app.rules.logic.events import AbsenceLogic, ChangeLogic
 from app.rules.logic.threshold import ThresholdLogic
@@ -214,7 +214,7 @@ def test_a_batch_groups_its_rows_as_one_event_at_a_time(tmp_path: Path, group_by
         {"host": "b", "status": "404"},
         {"host": "b", "status": "404"},
     ]
-    keys, ends = _Rows(rows).groups(rule, group_by)
+    keys, ends = Rows(rows).groups(rule, group_by)
     assert keys == [None if r is None else group_and_suffix(rule, r) for r in rows]
     # where each row's run of one group ends; a skipped row (None) ends the run before it
     assert (
