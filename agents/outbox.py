@@ -62,7 +62,7 @@ class Outbox:
         they go into that partition's transaction."""
         if not records:
             return
-        producer = self._producer(source_partition)
+        producer = self.producer_for(source_partition)
         partitioner = self.partitioner
         partitions: dict[str, list[int]] = {}
         building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
@@ -92,13 +92,13 @@ class Outbox:
             if batches is None:
                 batches = building[(topic, partition)] = []
                 if partition not in producers:
-                    producers[partition] = self._producer(partition)
+                    producers[partition] = self.producer_for(partition)
             self._append(producers[partition], batches, key, value)
         for (topic, partition), batches in building.items():
             for batch in batches:
                 await self._send_batch(producers[partition], batch, topic, partition)
 
-    def _producer(self, source_partition: int) -> Any:
+    def producer_for(self, source_partition: int) -> Any:
         """The aiokafka producer for the outputs of ``source_partition``: Faust's (at least once),
         or that partition's transactional producer (exactly-once)."""
         transactions = getattr(self.app, "transactions", None)

@@ -30,8 +30,9 @@ Status = Literal["pending", "firing", "resolved", "inactive", "no_data"]
 STATUSES: tuple[str, ...] = ("pending", "firing", "resolved", "inactive", "no_data")
 
 
-#: fingerprints by label items, as given (a rule's group raises many transitions)
-_FINGERPRINTS: dict[tuple[tuple[str, Any], ...], str] = {}
+#: fingerprints by label items, as given (a rule's group raises many transitions): at most
+#: ``MAX_FINGERPRINTS`` entries, emptied when full
+FINGERPRINTS: dict[tuple[tuple[str, Any], ...], str] = {}
 MAX_FINGERPRINTS = 100_000
 
 
@@ -41,7 +42,7 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     Remembered by the labels' items in their order (the same set in another order is
     hashed once more, to the same value), up to ``MAX_FINGERPRINTS`` sets at a time."""
     items = tuple(labels.items())
-    found = _FINGERPRINTS.get(items)
+    found = FINGERPRINTS.get(items)
     if found is not None:
         return found
     h = hashlib.blake2b(digest_size=8)
@@ -51,9 +52,9 @@ def fingerprint(labels: Mapping[str, str]) -> str:
         h.update(str(labels[k]).encode())
         h.update(b"\xff")
     fp = h.hexdigest()
-    if len(_FINGERPRINTS) >= MAX_FINGERPRINTS:
-        _FINGERPRINTS.clear()
-    _FINGERPRINTS[items] = fp
+    if len(FINGERPRINTS) >= MAX_FINGERPRINTS:
+        FINGERPRINTS.clear()
+    FINGERPRINTS[items] = fp
     return fp
 
 

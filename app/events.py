@@ -67,7 +67,7 @@ def parse_ts(value: object, field: str = "ts") -> int:
 
 
 #: the text of each day since the epoch seen (at most 36,500 days: a century)
-_DAYS: dict[int, str] = {}
+DAYS: dict[int, str] = {}
 MAX_DAYS = 36_500
 #: "00" to "99" and "000" to "999": the time of day's digits, looked up (an f-string's
 #: ``:02d`` is a call of ``str.format``, which was half of a formatting's cost)
@@ -75,7 +75,7 @@ _TWO = [f"{i:02d}" for i in range(100)]
 _THREE = [f"{i:03d}" for i in range(1000)]
 
 #: formatted times by epoch ms: alert transitions format the same few times over and over
-_FORMATTED: dict[int, str] = {}
+FORMATTED: dict[int, str] = {}
 MAX_FORMATTED = 16_384
 
 
@@ -87,7 +87,7 @@ def format_ts(ts_ms: int) -> str:
     formats two or three times). The results are remembered in a plain dict (up to
     ``MAX_FORMATTED``, then it starts again): from compiled code, a call through
     ``functools.lru_cache`` cost more than the formatting it saved."""
-    found = _FORMATTED.get(ts_ms)
+    found = FORMATTED.get(ts_ms)
     if found is not None:
         return found
     day = ts_ms // 86_400_000
@@ -98,21 +98,21 @@ def format_ts(ts_ms: int) -> str:
     seconds -= hours * 3600
     minutes = seconds // 60
     seconds -= minutes * 60
-    date = _DAYS.get(day)
+    date = DAYS.get(day)
     if date is None:
         date = (_EPOCH + timedelta(days=day)).date().isoformat()
-        if len(_DAYS) >= MAX_DAYS:
-            _DAYS.clear()
-        _DAYS[day] = date
+        if len(DAYS) >= MAX_DAYS:
+            DAYS.clear()
+        DAYS[day] = date
     text = f"{date}T{_TWO[hours]}:{_TWO[minutes]}:{_TWO[seconds]}.{_THREE[ms]}Z"
-    if len(_FORMATTED) >= MAX_FORMATTED:
-        _FORMATTED.clear()
-    _FORMATTED[ts_ms] = text
+    if len(FORMATTED) >= MAX_FORMATTED:
+        FORMATTED.clear()
+    FORMATTED[ts_ms] = text
     return text
 
 
 #: the day number of each canonical date text seen (at most MAX_DAYS)
-_DAY_NUMBERS: dict[str, int] = {}
+DAY_NUMBERS: dict[str, int] = {}
 
 
 def _digits(text: str, begin: int, end: int) -> int:
@@ -130,15 +130,15 @@ def canonical_ms(text: str) -> int:
     outside 1970..2100: :func:`parse_ts` then names the problem. The digits are read in
     place and the date's day remembered, so the common form skips ``parse_ts``'s general
     path on every event decoded."""
-    day = _DAY_NUMBERS.get(text[:10])
+    day = DAY_NUMBERS.get(text[:10])
     if day is None:
         try:
             day = (datetime.fromisoformat(text[:10] + "T00:00:00+00:00") - _EPOCH).days
         except ValueError:
             return -1
-        if len(_DAY_NUMBERS) >= MAX_DAYS:
-            _DAY_NUMBERS.clear()
-        _DAY_NUMBERS[text[:10]] = day
+        if len(DAY_NUMBERS) >= MAX_DAYS:
+            DAY_NUMBERS.clear()
+        DAY_NUMBERS[text[:10]] = day
     hours, minutes, seconds = _digits(text, 11, 13), _digits(text, 14, 16), _digits(text, 17, 19)
     if hours > 23 or minutes > 59 or seconds > 59:
         return -1

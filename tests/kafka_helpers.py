@@ -10,7 +10,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from app.kafka.clients import Target, connection
+from app.kafka.clients import Target, connection, partitions_of
+from app.topics import ALERTS
 
 
 async def _consume(bootstrap: Target, topic: str, min_count: int, timeout_s: float) -> list[Any]:
@@ -97,3 +98,22 @@ def can_write(target: Target, topic: str, value: bytes = b"{}") -> bool:
     """True when ``target``'s principal (plaintext for a bare address) could write ``value`` to
     ``topic``; False when the broker refused the connection, the login or the write."""
     return asyncio.run(_write(target, topic, value))
+
+
+def committed(bootstrap: str, group: str, topic: str = ALERTS) -> int:
+    """Sum of ``group``'s committed offsets over ``topic`` (0 where none).
+
+    Compared with the number of records produced (end offsets would also count the
+    markers of transactional producers).
+    """
+
+    async def main() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = await partitions_of(bootstrap, [topic])
+            return sum([(await consumer.committed(tp)) or 0 for tp in tps])
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(asyncio.wait_for(main(), 20))

@@ -21,9 +21,9 @@ def test_fingerprint_is_the_hash_of_the_sorted_labels_whatever_their_order() -> 
 
 def test_remembered_fingerprints_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(alerts, "MAX_FINGERPRINTS", 10)
-    monkeypatch.setattr(alerts, "_FINGERPRINTS", {})
+    monkeypatch.setattr(alerts, "FINGERPRINTS", {})
     first = [fingerprint({"alertname": "a", "n": str(i)}) for i in range(25)]
-    assert 0 < len(alerts._FINGERPRINTS) <= 10
+    assert 0 < len(alerts.FINGERPRINTS) <= 10
     assert len(set(first)) == 25
     # forgotten or not, each set hashes to the same value again
     assert [fingerprint({"alertname": "a", "n": str(i)}) for i in range(25)] == first

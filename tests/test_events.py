@@ -120,18 +120,18 @@ def test_format_ts_matches_the_calendar() -> None:
 
 def test_remembered_formatted_times_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "MAX_FORMATTED", 10)
-    monkeypatch.setattr(events, "_FORMATTED", {})
+    monkeypatch.setattr(events, "FORMATTED", {})
     monkeypatch.setattr(events, "MAX_DAYS", 3)
-    monkeypatch.setattr(events, "_DAYS", {})
+    monkeypatch.setattr(events, "DAYS", {})
     days = [1_389_063_300_123 + 86_400_000 * i for i in range(7)]
     assert [format_ts(ts)[:10] for ts in days] == [f"2014-01-{7 + i:02d}" for i in range(7)]
-    assert 0 < len(events._DAYS) <= 3
-    monkeypatch.setattr(events, "_DAY_NUMBERS", {})
+    assert 0 < len(events.DAYS) <= 3
+    monkeypatch.setattr(events, "DAY_NUMBERS", {})
     assert [events.canonical_ms(format_ts(ts)) for ts in days] == days
-    assert 0 < len(events._DAY_NUMBERS) <= 3
+    assert 0 < len(events.DAY_NUMBERS) <= 3
     times = [1_389_063_300_123 + 1_000 * i for i in range(25)]
     first = [format_ts(ts) for ts in times]
-    assert 0 < len(events._FORMATTED) <= 10
+    assert 0 < len(events.FORMATTED) <= 10
     assert first[0] == "2014-01-07T02:55:00.123Z" and first[24] == "2014-01-07T02:55:24.123Z"
     assert [format_ts(ts) for ts in times] == first  # forgotten or not, the same text
 

@@ -139,7 +139,7 @@ def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[
     return group, "\x1f" + "\x1f".join(group) if group else ""
 
 
-class _Rows:
+class Rows:
     """A batch's rows as some rules see them: the events' fields, or with registry
     columns joined (None: the event is skipped, its table row missing), with what
     the rules reading them share: each field's values and each grouping's keys."""
@@ -198,14 +198,14 @@ class _Batch:
         self.events, self.clocks = events, clocks
         #: looked-up registry rows, by (table, alias and key): see StreamEvaluator._join_cache
         self.tables = tables
-        self._views: dict[tuple[Any, ...], _Rows] = {(): _Rows([ev.fields for ev in events])}
+        self._views: dict[tuple[Any, ...], Rows] = {(): Rows([ev.fields for ev in events])}
 
-    def rows(self, evaluator: StreamEvaluator, rule: CompiledRule) -> _Rows:
+    def rows(self, evaluator: StreamEvaluator, rule: CompiledRule) -> Rows:
         """The rows ``rule`` reads: shared by every rule with the same enrichment."""
         found = self._views.get(rule.rule.enrich)
         if found is None:
             joins, tables = evaluator.joins(rule), self.tables  # (no enrichment: the view ``()``)
-            found = self._views[rule.rule.enrich] = _Rows(
+            found = self._views[rule.rule.enrich] = Rows(
                 [evaluator.join(joins, ev.fields, tables) for ev in self.events]
             )
         return found

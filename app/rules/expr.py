@@ -125,7 +125,7 @@ def _string_end(text: str, start: int) -> tuple[int, int]:
     return -1, i
 
 
-def _split_strings(text: str) -> list[str]:
+def split_strings(text: str) -> list[str]:
     """``re.split(r"('(?:[^'\\\\]|\\\\.|'')*')", text)``: the text outside string literals at
     even indexes, the literals (quotes included) at odd ones; see :func:`_string_end`."""
     parts: list[str] = []
@@ -139,9 +139,9 @@ def _split_strings(text: str) -> list[str]:
     return parts
 
 
-def _rewrite_durations(text: str) -> str:
+def rewrite_durations(text: str) -> str:
     """Turn ``15m`` into ``INTERVAL '15' MINUTE`` outside string literals."""
-    parts = _split_strings(text)
+    parts = split_strings(text)
     for i in range(0, len(parts), 2):
         parts[i] = _DURATION_TOKEN.sub(
             lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i]
@@ -199,7 +199,7 @@ def parse(text: str) -> exp.Expression:
     if len(text) > MAX_TEXT:
         msg = f"expression is longer than {MAX_TEXT} characters"
         raise ExpressionError(msg)
-    sql = _rewrite_durations(text)
+    sql = rewrite_durations(text)
     try:
         tokens = _SPARK.tokenize(sql)
         if nesting(tokens) > MAX_DEPTH:

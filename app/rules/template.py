@@ -19,7 +19,7 @@ _PLACEHOLDER = re.compile(
 )
 
 
-def _braces(template: str) -> list[str]:
+def braces(template: str) -> list[str]:
     r"""Each ``{{ ... }}`` on one line, leftmost first: what ``re.findall(r"\{\{.*?\}\}")``
     finds, in linear time (that regex scans to the line's end from every ``{{`` left open)."""
     found: list[str] = []
@@ -36,7 +36,7 @@ def _braces(template: str) -> list[str]:
 
 def placeholders(template: str) -> list[str]:
     """The names a template uses. Raises ``ValueError`` on a malformed placeholder."""
-    for raw in _braces(template):
+    for raw in braces(template):
         if not _PLACEHOLDER.fullmatch(raw):
             msg = (
                 f"bad placeholder {raw!r}: expected {{{{ name }}}} with an optional "

@@ -103,7 +103,9 @@ class _BoundedComposer(Composer):
             self.depth -= 1
 
 
-class _PyLoader(_BoundedComposer, Reader, Scanner, Parser, SafeConstructor, Resolver):
+class PyLoader(_BoundedComposer, Reader, Scanner, Parser, SafeConstructor, Resolver):
+    """PyYAML's pure-Python parser, bounded (:data:`LOADER` when PyYAML lacks libyaml)."""
+
     def __init__(self, text: str) -> None:
         Reader.__init__(self, text)
         Scanner.__init__(self)
@@ -113,17 +115,21 @@ class _PyLoader(_BoundedComposer, Reader, Scanner, Parser, SafeConstructor, Reso
         Resolver.__init__(self)
 
 
-_Loader: type[_PyLoader] = _PyLoader
+#: the parser :func:`load_with_positions` uses: libyaml's (:class:`CLoader`) when PyYAML has
+#: it (its wheels do), :class:`PyLoader` otherwise; both answer the same data or problems
+LOADER: type[PyLoader] = PyLoader
 if CParser is not None:
 
-    class _CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):
+    class CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):
+        """libyaml's parser (PyYAML's C extension), bounded."""
+
         def __init__(self, text: str) -> None:
             CParser.__init__(self, text)
             _BoundedComposer.__init__(self)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
-    _Loader = _CLoader  # type: ignore[assignment]
+    LOADER = CLoader  # type: ignore[assignment]
 
 
 def _scalar(node: yaml.ScalarNode, loader: SafeConstructor) -> Any:
@@ -196,7 +202,7 @@ def _text_pos(text: str, at: int) -> tuple[int, int]:
 def load_with_positions(text: str) -> tuple[Any, Positions]:
     """Parse one YAML document. Raises :class:`YamlProblem` with the position."""
     try:
-        loader = _Loader(text)  # the pure-Python reader checks every character here
+        loader = LOADER(text)  # the pure-Python reader checks every character here
     except yaml.YAMLError as exc:
         raise _problem(exc, text) from None
     except UnicodeEncodeError as exc:  # libyaml reads UTF-8: a lone surrogate has none

@@ -136,7 +136,9 @@ def _key(found: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _extension(directory: Path, name: str) -> Path:
+def extension_path(directory: Path, name: str) -> Path:
+    """Where the build in ``directory`` keeps the compiled module ``name``: its package path
+    with this interpreter's extension suffix (``app/rules/expr.cpython-312-x86_64-linux-gnu.so``)."""
     return directory.joinpath(*name.split(".")).with_name(
         name.rsplit(".", 1)[-1] + str(sysconfig.get_config_var("EXT_SUFFIX"))
     )
@@ -164,7 +166,7 @@ def current(root: Path = ROOT) -> tuple[Path | None, str]:
         if not isinstance(have, dict) or {k: v for k, v in have.items() if k != "key"} != want:
             continue
         directory = path.parent
-        if all(_extension(directory, m).is_file() for m in EXTENSIONS):
+        if all(extension_path(directory, m).is_file() for m in EXTENSIONS):
             return directory, f"compiled ({len(MODULES)} modules, build {directory.name})"
     return None, "out of date: the sources changed since the last build (make native)"
 
@@ -173,7 +175,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Loads the compiled modules of one build in place of their ``.py`` files."""
 
     def __init__(self, directory: Path) -> None:
-        self.files = {name: _extension(directory, name) for name in EXTENSIONS}
+        self.files = {name: extension_path(directory, name) for name in EXTENSIONS}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None

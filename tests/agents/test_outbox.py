@@ -20,7 +20,7 @@ from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import CachedPartitioner
 from app.topics import TopicSpec
-from tests.agents.test_table_store import TOPIC, fake_table
+from tests.agents.worker_helpers import TOPIC, fake_table
 
 
 class _App:

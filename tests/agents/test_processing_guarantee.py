@@ -47,8 +47,8 @@ class _FaustProducer:
 def test_the_outbox_sends_a_partitions_outputs_into_its_transaction() -> None:
     faust_producer = _FaustProducer()
     at_least_once = Outbox(SimpleNamespace(producer=faust_producer), CachedPartitioner())  # type: ignore[arg-type]
-    assert at_least_once._producer(0) is faust_producer.aiokafka
-    assert at_least_once._producer(3) is faust_producer.aiokafka
+    assert at_least_once.producer_for(0) is faust_producer.aiokafka
+    assert at_least_once.producer_for(3) is faust_producer.aiokafka
 
     transactions = PartitionTransactions("g", lambda tid: object())
     mine = {0: object(), 1: object()}
@@ -58,9 +58,9 @@ def test_the_outbox_sends_a_partitions_outputs_into_its_transaction() -> None:
         CachedPartitioner(),
     )
     with pytest.raises(RuntimeError, match="no open transaction"):
-        exactly_once._producer(0)  # between a revocation's commit and the next assignment
+        exactly_once.producer_for(0)  # between a revocation's commit and the next assignment
     transactions.open = True
-    assert exactly_once._producer(0) is mine[0] and exactly_once._producer(1) is mine[1]
+    assert exactly_once.producer_for(0) is mine[0] and exactly_once.producer_for(1) is mine[1]
     with pytest.raises(RuntimeError, match="not assigned"):
-        exactly_once._producer(2)
+        exactly_once.producer_for(2)
     assert transactions.transactional_id(1) == "g-eos-1"

@@ -13,18 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agents.state_store import TableStore
-
-
-def fake_table(data: dict[str, Any] | None = None) -> Any:
-    """What TableStore uses of a Faust table: its name, its changelog topic's name and its
-    memory store's dict (``table.data.data``)."""
-    return SimpleNamespace(
-        name="rule-state-sensors",
-        changelog_topic=SimpleNamespace(
-            get_topic_name=lambda: "streamalert-rules-rule-state-sensors-changelog"
-        ),
-        data=SimpleNamespace(data={} if data is None else data),
-    )
+from tests.agents.worker_helpers import TOPIC, fake_table
 
 
 def _too_large(rule: str) -> float:
@@ -32,7 +21,6 @@ def _too_large(rule: str) -> float:
 
 
 KA, KB, KG, KBURST = (orjson.dumps(k) for k in ("r\x1fa", "r\x1fb", "gone\x1fx", "burst\x1fip"))
-TOPIC = "streamalert-rules-rule-state-sensors-changelog"
 
 
 def test_writes_are_read_back_at_once_and_land_in_the_table() -> None:

@@ -19,7 +19,7 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker, free_port
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
-from tests.agents.worker_helpers import nab_lines, role_env
+from tests.agents.worker_helpers import metrics_answer, nab_lines, role_env
 from tests.conftest import own_broker
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, wait_for
@@ -118,7 +118,7 @@ def test_a_worker_stops_within_seconds_once_its_cluster_is_gone(tmp_path: Path) 
             tmp_path / "worker.log",
         ) as proc,
     ):
-        wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
+        wait_for(lambda: metrics_answer(metrics), 90, what="the worker's /metrics")
         time.sleep(2)  # past its start-up: consuming, committing
         broker.stop()
         time.sleep(1)
@@ -160,11 +160,3 @@ def test_future_dated_events_change_no_alert_of_the_worker_and_are_dead_lettered
     by_year = {orjson.loads(d["raw"])["ts"][:4]: d["reason"] for d in dead}
     assert "ahead of the wall clock" in by_year["2099"]
     assert "ahead of its partition's clock 2013-12-" in by_year["2020"]
-
-
-def _metrics_answer(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False

@@ -15,7 +15,7 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
 from app.placement import partition_for
 from app.rules.loader import load_rules
-from tests.agents.test_worker_kinds import PARTITIONS, worker_env
+from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.kafka_helpers import produce, wait_for_json
 from tests.procs import role, stop, wait_for
 

@@ -17,13 +17,13 @@ from app.kafka.broker import KafkaBroker
 from app.rules.loader import load_rules
 from app.tables import Tables
 from ingest.adapters.apache import apache_events
-from tests.conftest import APACHE_LOG, child_env, require_dataset
+from tests.agents.worker_helpers import PARTITIONS, worker_env
+from tests.conftest import APACHE_LOG, require_dataset
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-PARTITIONS = 2
 
 RULES = """rules:
   - id: not-found-scan
@@ -63,15 +63,6 @@ DEVICES = [
     {"device_id": "d2", "site": "lab-3", "max_temp": 50.0},
     {"device_id": "ghost", "site": "lab-9"},
 ]
-
-
-def worker_env(broker: KafkaBroker, tmp_path: Path, rules_dir: Path) -> dict[str, str]:
-    return child_env(
-        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
-        APP_DATA_DIR=str(tmp_path / "data"),
-        APP_PARTITIONS=str(PARTITIONS),
-        APP_RULES_DIR=str(rules_dir),
-    )
 
 
 def by_fingerprint(items: list[tuple[str, str]]) -> dict[str, list[str]]:

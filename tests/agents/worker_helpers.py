@@ -1,11 +1,14 @@
-"""Helpers of the rule-worker tests on the real broker: a role's environment, the real NAB
-series as records, and the group's committed offsets."""
+"""Helpers of the rule-worker tests: a role's environment, the real NAB series as records, the
+group's committed offsets, whether /metrics answers, and a stand-in for a Faust table."""
 
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient
@@ -51,3 +54,41 @@ def committed_offsets(bootstrap: str, group: str = WORKER_GROUP) -> dict[TopicPa
         return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
 
     return asyncio.run(run())
+
+
+#: the worker's rule-state table's changelog topic (of the sensors source)
+TOPIC = "streamalert-rules-rule-state-sensors-changelog"
+
+#: the broker fixture's partition count, which the worker tests run their workers with
+PARTITIONS = 2
+
+
+def fake_table(data: dict[str, Any] | None = None) -> Any:
+    """What TableStore uses of a Faust table: its name, its changelog topic's name and its
+    memory store's dict (``table.data.data``)."""
+    return SimpleNamespace(
+        name="rule-state-sensors",
+        changelog_topic=SimpleNamespace(
+            get_topic_name=lambda: "streamalert-rules-rule-state-sensors-changelog"
+        ),
+        data=SimpleNamespace(data={} if data is None else data),
+    )
+
+
+def worker_env(broker: KafkaBroker, tmp_path: Path, rules_dir: Path) -> dict[str, str]:
+    """The rule worker's environment against ``broker``, with the rules of ``rules_dir``."""
+    return child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+        APP_DATA_DIR=str(tmp_path / "data"),
+        APP_PARTITIONS=str(PARTITIONS),
+        APP_RULES_DIR=str(rules_dir),
+    )
+
+
+def metrics_answer(port: int) -> bool:
+    """Whether a role's /metrics endpoint on ``port`` answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

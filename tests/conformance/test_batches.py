@@ -21,14 +21,14 @@ import pytest
 
 from app.backtest import BacktestReport, read_events
 from app.events import Event, format_ts
-from app.rules.evaluator import Engine, Output, _Rows, group_and_suffix
+from app.rules.evaluator import Engine, Output, Rows, group_and_suffix
 from app.rules.loader import load_rules
 from app.rules.logic.events import AbsenceLogic, ChangeLogic
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SlidingLogic, TumblingLogic
-from tests.conformance.test_kinds import RULES as KINDS
-from tests.conformance.test_kinds import lines_for_test, tables
-from tests.conformance.test_threshold import RULES as THRESHOLDS
+from tests.conformance.kind_cases import RULES as KINDS
+from tests.conformance.kind_cases import lines_for_test, tables
+from tests.conformance.threshold_cases import RULES as THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKS = [KINDS, THRESHOLDS, ROOT / "rules"]
@@ -214,7 +214,7 @@ def test_a_batch_groups_its_rows_as_one_event_at_a_time(tmp_path: Path, group_by
         {"host": "b", "status": "404"},
         {"host": "b", "status": "404"},
     ]
-    keys, ends = _Rows(rows).groups(rule, group_by)
+    keys, ends = Rows(rows).groups(rule, group_by)
     assert keys == [None if r is None else group_and_suffix(rule, r) for r in rows]
     # where each row's run of one group ends; a skipped row (None) ends the run before it
     assert (

@@ -20,8 +20,8 @@ from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
 from tests.console_helpers import PASSWORD, add_user, make_alert, seed
 from tests.dispatch.harness import publish
-from tests.dispatch.test_cli import sync_until
 from tests.kafka_helpers import consume_json
+from tests.storage.helpers import sync_until
 
 APP = PROJECT_ROOT / "dashboard" / "streamlit_app.py"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,10 @@ from aiohttp import web
 from standardwebhooks import Webhook
 
 from app.alerts import Alert
+from app.kafka.broker import KafkaBroker
+from app.roles import dispatch as dispatch_role
+from app.runtime.settings import Settings
+from tests.conftest import make_settings
 from tests.dispatch.helpers import SECRET
 from tests.kafka_helpers import produce
 
@@ -126,3 +131,40 @@ delivery:
 
 def publish(bootstrap: str, topic: str, alerts: list[Alert]) -> None:
     produce(bootstrap, topic, [(a.fingerprint.encode(), a.to_json()) for a in alerts])
+
+
+def run_role(
+    settings: Settings, routes: Path, until: Callable[[], bool], timeout_s: float = 30, **kw: Any
+) -> float:
+    """Run the dispatch role until ``until()`` holds, then stop it; return the stop time in s."""
+
+    async def main() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(dispatch_role.run(settings, stop, routes_file=routes, **kw))
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "condition not reached in time"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        return time.monotonic() - started
+
+    return asyncio.run(asyncio.wait_for(main(), timeout_s + 30))
+
+
+def role_settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
+    """The dispatch role on the test broker, allowed to post to the local receiver."""
+    return make_settings(
+        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
+    )
+
+
+async def until(task: asyncio.Task[None], cond: Callable[[], bool], timeout_s: float = 20) -> None:
+    """Wait for ``cond`` while the role ``task`` runs; fail if it ends or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert not task.done(), task.exception()
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)

@@ -84,3 +84,13 @@ def run_until(d: Dispatcher, clock: FakeClock, seconds: float, step: float = 1.0
             d.tick()
         out += sent(d)
     return out
+
+
+TIMERS = """
+route:
+  receiver: ops
+  group_by: [alertname]
+  group_wait: 30s
+  group_interval: 5m
+  repeat_interval: 4h
+"""

@@ -14,9 +14,8 @@ import pytest
 from app.kafka.broker import KafkaBroker, free_port
 from app.topics import ALERTS
 from tests.conftest import make_settings
-from tests.dispatch.harness import publish
+from tests.dispatch.harness import publish, run_role
 from tests.dispatch.helpers import alert
-from tests.dispatch.test_role import run_role
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -21,9 +21,8 @@ from app.roles import dispatch as dispatch_role
 from app.roles.delivery import OutboxSender
 from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS
-from tests.dispatch.harness import http_receiver, publish, write_routes
+from tests.dispatch.harness import http_receiver, publish, role_settings, until, write_routes
 from tests.dispatch.helpers import SECRET, alert
-from tests.dispatch.test_reload import role_settings, until
 
 BAD_URLS = ["file:///etc/passwd", "gopher://127.0.0.1:70/_x", "http:///no-host"]
 

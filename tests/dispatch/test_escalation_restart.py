@@ -13,9 +13,8 @@ from app.kafka.broker import KafkaBroker
 from app.runtime.settings import DEMO_COMMAND_SECRET
 from app.topics import ALERTS, COMMANDS
 from tests.conftest import make_settings
-from tests.dispatch.harness import SECRET, http_receiver, publish, write_routes
+from tests.dispatch.harness import SECRET, http_receiver, publish, run_role, write_routes
 from tests.dispatch.helpers import alert
-from tests.dispatch.test_role import run_role
 from tests.kafka_helpers import produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

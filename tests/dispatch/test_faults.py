@@ -14,9 +14,8 @@ from app.kafka.broker import KafkaBroker
 from app.runtime.settings import Settings
 from app.topics import ALERTS
 from tests.conftest import child_env, make_settings
-from tests.dispatch.harness import http_receiver, publish, write_routes
+from tests.dispatch.harness import http_receiver, publish, run_role, write_routes
 from tests.dispatch.helpers import alert
-from tests.dispatch.test_role import run_role
 from tests.procs import role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -7,16 +7,7 @@ from pathlib import Path
 
 from app.dispatch.commands import ResolveCommand
 from app.dispatch.dispatcher import Dispatcher
-from tests.dispatch.helpers import FakeClock, alert, ids_in, routes, run_until, sent
-
-TIMERS = """
-route:
-  receiver: ops
-  group_by: [alertname]
-  group_wait: 30s
-  group_interval: 5m
-  repeat_interval: 4h
-"""
+from tests.dispatch.helpers import TIMERS, FakeClock, alert, ids_in, routes, run_until, sent
 
 
 def make(tmp_path: Path, body: str = TIMERS) -> tuple[Dispatcher, FakeClock]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,30 +12,11 @@ from app.dispatch.config import load_routes
 from app.dispatch.reload import RoutesWatcher
 from app.kafka.broker import KafkaBroker
 from app.roles import dispatch as dispatch_role
-from app.runtime.settings import Settings
 from app.topics import ALERTS
-from tests.conftest import make_settings
-from tests.dispatch.harness import http_receiver, publish, write_routes
-from tests.dispatch.helpers import BASE, FakeClock, alert
-from tests.dispatch.test_lifecycle import TIMERS
+from tests.dispatch.harness import http_receiver, publish, role_settings, until, write_routes
+from tests.dispatch.helpers import BASE, TIMERS, FakeClock, alert
 
 BROKEN = "route:\n  receiver: nobody\n  group_wait: soon\n"
-
-
-def role_settings(broker: KafkaBroker, tmp_path: Path) -> Settings:
-    """The dispatch role on the test broker, allowed to post to the local receiver."""
-    return make_settings(
-        tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
-    )
-
-
-async def until(task: asyncio.Task[None], cond: Callable[[], bool], timeout_s: float = 20) -> None:
-    """Wait for ``cond`` while the role ``task`` runs; fail if it ends or ``timeout_s`` passes."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert not task.done(), task.exception()
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 def test_watcher_adopts_a_valid_edit_and_keeps_the_last_good_config_on_errors(tmp_path: Path) -> None:

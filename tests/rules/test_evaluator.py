@@ -3,37 +3,16 @@
 from __future__ import annotations
 
 import csv
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from app.alerts import Alert, alert_id, fingerprint
 from app.events import SENSORS, Event
 from app.rules.evaluator import Engine, run_backtest
-from app.rules.loader import RuleSet, load_rules
+from app.rules.loader import load_rules
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
-
-T0 = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-def rules(tmp_path: Path, body: str) -> RuleSet:
-    f = tmp_path / "r.yaml"
-    f.write_text("rules:\n" + body)
-    return load_rules([f])
-
-
-def sensor(minute: int, temp: float | None, device: str = "d1") -> tuple[str, Event]:
-    ts = (T0 + timedelta(minutes=minute)).isoformat()
-    return "sensors", SENSORS.validate({"device_id": device, "ts": ts, "temperature": temp})
-
-
-HOT = """  - id: hot
-    source: sensors
-    where: temperature > 100
-    group_by: [device_id]
-    severity: critical
-    annotations: {summary: "{{ device_id }} at {{ temperature }}"}
-"""
+from tests.rules.helpers import HOT, rules, sensor
 
 
 def statuses(alerts: list[Alert]) -> list[tuple[str, str, str | None]]:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from app.errors import ExpressionError, RuleConfigError
 from app.events import SCHEMAS
 from app.rules import template, yamlpos
-from app.rules.expr import _split_strings, compile_expr
+from app.rules.expr import compile_expr, split_strings
 from app.rules.functions import FUNCTIONS, like_matcher
 from app.rules.loader import load_rules
 from app.rules.spark_sql import to_spark_sql
@@ -275,7 +275,7 @@ def test_the_loader_survives_yaml_punctuation(rule_file: Path, text: str) -> Non
 @given(text=yaml_soup | rule_texts())
 def test_both_yaml_parsers_answer_data_or_a_located_problem(text: str) -> None:
     # libyaml's parser when PyYAML has it (its wheels do), PyYAML's own otherwise
-    for parser in (yamlpos._CLoader, yamlpos._PyLoader):
+    for parser in (yamlpos.CLoader, yamlpos.PyLoader):
         with _parsing_with(parser):
             try:
                 yamlpos.load_with_positions(text)
@@ -285,11 +285,11 @@ def test_both_yaml_parsers_answer_data_or_a_located_problem(text: str) -> None:
 
 @contextmanager
 def _parsing_with(parser: type) -> Iterator[None]:
-    chosen, yamlpos._Loader = yamlpos._Loader, parser
+    chosen, yamlpos.LOADER = yamlpos.LOADER, parser
     try:
         yield
     finally:
-        yamlpos._Loader = chosen
+        yamlpos.LOADER = chosen
 
 
 @FUZZ
@@ -327,13 +327,13 @@ def test_like_answers_as_the_regex_it_replaced(pattern: str, values: list[str], 
 @settings(FUZZ, max_examples=400)
 @given(text=st.text(st.sampled_from("'\\a\n 5m"), max_size=20))
 def test_string_literals_split_as_the_regex_did(text: str) -> None:
-    assert _split_strings(text) == re.split(r"('(?:[^'\\]|\\.|'')*')", text)
+    assert split_strings(text) == re.split(r"('(?:[^'\\]|\\.|'')*')", text)
 
 
 @settings(FUZZ, max_examples=400)
 @given(text=st.text(st.sampled_from("{} a|\n"), max_size=20))
 def test_template_braces_are_found_as_the_regex_did(text: str) -> None:
-    assert template._braces(text) == re.findall(r"\{\{.*?\}\}", text)
+    assert template.braces(text) == re.findall(r"\{\{.*?\}\}", text)
     try:
         template.placeholders(text)
     except ValueError as exc:

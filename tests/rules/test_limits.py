@@ -16,7 +16,7 @@ from app.errors import ExpressionError, RuleConfigError
 from app.events import LOGS, MAX_STRING_LEN
 from app.rules import loader as loader_module
 from app.rules import template, yamlpos
-from app.rules.expr import MAX_DEPTH, _rewrite_durations, compile_expr
+from app.rules.expr import MAX_DEPTH, compile_expr, rewrite_durations
 from app.rules.functions import MAX_LIKE_RUN, like_runs
 from app.rules.loader import MAX_FILE_BYTES, MAX_PROBLEMS, load_rules
 from tests.rules.like_oracle import old_like_regex
@@ -160,16 +160,16 @@ def test_unclosed_template_braces_take_linear_time(tmp_path: Path) -> None:
     assert template.placeholders(summary) == []
     assert time.monotonic() - started < 2
     for text in ("{{ a }} {{b|upper}}", "{{ a\n}} {{{}}", "{{ {{ x }} }}", "}} {{"):
-        assert template._braces(text) == re.findall(r"\{\{.*?\}\}", text), text
+        assert template.braces(text) == re.findall(r"\{\{.*?\}\}", text), text
 
 
 def test_escaped_quotes_in_an_expression_take_linear_time() -> None:
     text = "'" + "\\'" * 2040  # an unterminated literal: the regex split rescanned it from every quote
     started = time.monotonic()
     for _ in range(50):
-        assert _rewrite_durations(text) == text
+        assert rewrite_durations(text) == text
     assert time.monotonic() - started < 2
-    assert _rewrite_durations("a > 5m and b = '5m' and c = 'it''s 5m'") == (
+    assert rewrite_durations("a > 5m and b = '5m' and c = 'it''s 5m'") == (
         "a > INTERVAL '5' MINUTE and b = '5m' and c = 'it''s 5m'"
     )
 

@@ -10,7 +10,7 @@ from app.alerts import Alert, alert_id
 from app.errors import RuleConfigError
 from app.rules.evaluator import Engine, run_backtest
 from app.rules.loader import load_rules
-from tests.rules.test_evaluator import HOT, rules, sensor
+from tests.rules.helpers import HOT, rules, sensor
 
 
 def seen(alerts: list[Alert]) -> list[tuple[str, str, str, str | None]]:

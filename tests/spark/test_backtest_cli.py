@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from app.cli.main import main
 from app.kafka.broker import KafkaBroker
-from tests.conformance.test_threshold import RULES, crafted
+from tests.conformance.threshold_cases import RULES, crafted
 from tests.kafka_helpers import produce
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -4,30 +4,21 @@ to the worker's, and an idempotent sink."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from itertools import islice
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.backtest import BacktestReport, backtest, read_events
 from app.errors import IngestDecodeError
 from app.events import SENSORS
 from app.kafka.broker import KafkaBroker
-from app.rules.loader import RuleSet, load_rules
 from app.runtime.settings import Settings
-from ingest.adapters.nab import nab_events
-from jobs.compile import plan_rules
-from jobs.engine import EngineOptions, checkpoint_dir, marker_path, start
+from jobs.engine import checkpoint_dir, marker_path
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import OUTPUT_SCHEMA
-from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 from tests.kafka_helpers import consume_json, produce
-from tests.spark.conftest import FORMATS, await_query
+from tests.spark.conftest import FORMATS
+from tests.spark.helpers import both_engines, by_fingerprint, expected, nab_lines, run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -36,46 +27,6 @@ BAD = [
     b'{"device_id": "machine-temp-1", "ts": "2013-12-11T05:00:00Z", "temperature": "hot"}',
     b'{"device_id": "machine-temp-1", "ts": "2013-12-11T05:00:00Z", "colour": "red"}',
 ]
-
-
-RULES = Path(__file__).with_name("rules.yaml")  # machine-overheat and machine-cold, engine: both
-
-
-def both_engines() -> RuleSet:
-    return load_rules([RULES])
-
-
-def nab_lines(n: int) -> list[bytes]:
-    rows = islice(
-        nab_events(str(require_dataset(NAB_MACHINE_TEMP)), device="machine-temp-1", field="temperature"), n
-    )
-    return [orjson.dumps(r) for r in rows]
-
-
-def expected(ruleset: RuleSet, lines: list[bytes]) -> dict[str, list[str]]:
-    """The Faust-engine backtest's alert ids, per fingerprint (the order Kafka keeps)."""
-    report = BacktestReport()
-    with open(os.devnull, "w") as out:
-        return by_fingerprint(
-            a.to_dict() for a in backtest(ruleset, read_events(lines, "nab", report), out, report)
-        )
-
-
-def by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for a in alerts:
-        out.setdefault(a["fingerprint"], []).append(a["alert_id"])
-    return out
-
-
-def run_once(spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trigger: int) -> None:
-    opts = EngineOptions(once=True, max_offsets_per_trigger=per_trigger)
-    query, sink = start(spark, plan_rules(ruleset), settings, opts)
-    try:
-        await_query(query, timeout_s=120)
-        assert query.exception() is None
-    finally:
-        sink.close()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

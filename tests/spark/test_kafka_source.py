@@ -30,7 +30,7 @@ from tests.spark.conftest import (
     produce_txn,
     transaction,
 )
-from tests.spark.test_engine import RULES
+from tests.spark.helpers import RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

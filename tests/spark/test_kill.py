@@ -22,7 +22,7 @@ from tests.conftest import child_env
 from tests.kafka_helpers import consume_json, produce
 from tests.procs import role, wait_for
 from tests.spark.conftest import FORMATS
-from tests.spark.test_engine import RULES, both_engines, by_fingerprint, expected, nab_lines, run_once
+from tests.spark.helpers import RULES, both_engines, by_fingerprint, expected, nab_lines, run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -14,7 +14,7 @@ import pytest
 from app.kafka.broker import KafkaBroker
 from tests.conftest import child_env
 from tests.procs import processes_with_env, role, wait_for
-from tests.spark.test_engine import RULES
+from tests.spark.helpers import RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

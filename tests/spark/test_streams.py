@@ -22,10 +22,10 @@ from app.topics import DEVICES_TABLE
 from jobs.compile import plan_rules
 from jobs.engine import ensure_output_topics
 from jobs.streams import RegistryFollower
-from tests.conformance.test_kinds import DEVICES, RULES, crafted_windows, tables
+from tests.conformance.kind_cases import DEVICES, RULES, crafted_windows, tables
 from tests.conftest import reset_topics
 from tests.kafka_helpers import consume_json, produce
-from tests.spark.test_engine import nab_lines, run_once
+from tests.spark.helpers import nab_lines, run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

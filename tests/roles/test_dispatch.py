@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -15,12 +12,11 @@ from prometheus_client import REGISTRY
 from app.dispatch.base import iso
 from app.dispatch.commands import SilenceCommand, sign_command
 from app.kafka.broker import KafkaBroker
-from app.roles import dispatch as dispatch_role
 from app.runtime.settings import DEMO_COMMAND_SECRET, Settings
 from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 from tests.conftest import make_settings
-from tests.dispatch.harness import http_receiver, publish, write_routes
+from tests.dispatch.harness import http_receiver, publish, run_role, write_routes
 from tests.dispatch.helpers import alert
 from tests.kafka_helpers import consume, consume_json, produce
 
@@ -32,27 +28,6 @@ def cfg(broker: KafkaBroker, tmp_path: Path) -> Settings:
     return make_settings(
         tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_WEBHOOK_ALLOW_PRIVATE="127.0.0.1"
     )
-
-
-def run_role(
-    settings: Settings, routes: Path, until: Callable[[], bool], timeout_s: float = 30, **kw: Any
-) -> float:
-    """Run the dispatch role until ``until()`` holds, then stop it; return the stop time in s."""
-
-    async def main() -> float:
-        stop = asyncio.Event()
-        task = asyncio.create_task(dispatch_role.run(settings, stop, routes_file=routes, **kw))
-        deadline = time.monotonic() + timeout_s
-        while not until():
-            assert not task.done(), task.exception()
-            assert time.monotonic() < deadline, "condition not reached in time"
-            await asyncio.sleep(0.05)
-        started = time.monotonic()
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        return time.monotonic() - started
-
-    return asyncio.run(asyncio.wait_for(main(), timeout_s + 30))
 
 
 def test_alerts_are_routed_signed_silenced_and_logged(

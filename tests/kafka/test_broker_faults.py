@@ -29,7 +29,7 @@ from app.runtime.settings import PROJECT_ROOT
 from app.runtime.supervisor import Role, Supervisor
 from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
-from tests.agents.test_worker import _metrics_answer, role_env
+from tests.agents.worker_helpers import metrics_answer, role_env
 from tests.conftest import NAB_MACHINE_TEMP, make_settings, own_broker, require_dataset
 from tests.procs import role, wait_for
 
@@ -133,7 +133,7 @@ def test_a_broker_killed_mid_replay_loses_and_invents_no_alert(tmp_path: Path) -
             role(["agents", "worker", "-l", "info"], env, tmp_path / "worker.log") as worker,
             role(["app", "store-sync"], role_env(first, tmp_path), tmp_path / "store-sync.log") as sync,
         ):
-            wait_for(lambda: _metrics_answer(metrics), 90, what="the worker's /metrics")
+            wait_for(lambda: metrics_answer(metrics), 90, what="the worker's /metrics")
             with role(
                 replay_args(path, N_EVENTS), role_env(first, tmp_path), tmp_path / "replay.log"
             ) as replay:
@@ -289,7 +289,7 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
                 return (
                     "dispatching alerts/commands" in logs["dispatch"]
                     and "syncing alerts" in logs["store-sync"]
-                    and _metrics_answer(metrics)
+                    and metrics_answer(metrics)
                     and '"published":200' in logs["replay"]
                 )
 

@@ -17,8 +17,7 @@ from app.roles import store_sync
 from app.runtime.settings import PROJECT_ROOT, Settings
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
-from tests.kafka_helpers import produce
-from tests.test_delivery import committed
+from tests.kafka_helpers import committed, produce
 
 
 def episode(status: str, start: str, event: str, device: str = "d1", rule_id: str = "hot") -> Alert:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -13,37 +11,14 @@ import pytest
 
 from app.cli.main import main
 from app.kafka.broker import KafkaBroker
-from app.roles import store_sync
 from app.runtime.settings import PROJECT_ROOT
-from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
 from tests.conftest import child_env
 from tests.dispatch.harness import publish
 from tests.dispatch.helpers import BASE, alert
+from tests.storage.helpers import sync_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-def sync_until(settings_env: dict[str, str], done: str) -> None:
-    """Run store-sync until the store's ``done`` query (a SQL count) is non-zero."""
-    from app.runtime.settings import Settings
-
-    settings = Settings.from_env(settings_env)
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if settings.store_path.exists():
-                with AlertStore(settings.store_path, readonly=True) as ro:
-                    if ro._conn.execute(done).fetchone()[0]:
-                        break
-            await asyncio.sleep(0.1)
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-    asyncio.run(asyncio.wait_for(run(), 40))
 
 
 def test_list_silence_ack_show_and_unsilence(

@@ -12,13 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
 from app.dispatch.messages import OutboxMessage
 from app.kafka.broker import KafkaBroker
-from app.kafka.clients import partitions_of
 from app.notify import RetryPolicy
 from app.roles import dispatch as dispatch_role
 from app.roles import receiver
@@ -29,27 +27,8 @@ from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import write_routes
 from tests.dispatch.helpers import SECRET
-from tests.kafka_helpers import produce
+from tests.kafka_helpers import committed, produce
 from tests.notify.servers import make_alert
-
-
-def committed(bootstrap: str, group: str, topic: str = ALERTS) -> int:
-    """Sum of ``group``'s committed offsets over ``topic`` (0 where none).
-
-    Compared with the number of records produced (end offsets would also count the
-    markers of transactional producers).
-    """
-
-    async def main() -> int:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            tps = await partitions_of(bootstrap, [topic])
-            return sum([(await consumer.committed(tp)) or 0 for tp in tps])
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(asyncio.wait_for(main(), 20))
 
 
 def metric(name: str, **labels: str) -> float:

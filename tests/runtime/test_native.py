@@ -23,7 +23,7 @@ def fake_build(root: Path) -> Path:
     the extension modules go (enough for :func:`native.current`, which never loads them)."""
     directory = root / "build" / "native" / "k"
     for name in native.EXTENSIONS:
-        path = native._extension(directory, name)
+        path = native.extension_path(directory, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     (directory / native.MANIFEST).write_text(json.dumps({**native.manifest(root), "key": "k"}))

@@ -1,0 +1,62 @@
+"""Helpers of the streaming Spark engine tests: the rules both engines run, the real NAB
+series as records, the Faust-engine backtest's alert ids per fingerprint, and one run of
+the engine until its input is drained."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pyspark.sql import SparkSession
+
+from app.backtest import BacktestReport, backtest, read_events
+from app.rules.loader import RuleSet, load_rules
+from app.runtime.settings import Settings
+from ingest.adapters.nab import nab_events
+from jobs.compile import plan_rules
+from jobs.engine import EngineOptions, start
+from tests.conftest import NAB_MACHINE_TEMP, require_dataset
+from tests.spark.conftest import await_query
+
+RULES = Path(__file__).with_name("rules.yaml")  # machine-overheat and machine-cold, engine: both
+
+
+def both_engines() -> RuleSet:
+    return load_rules([RULES])
+
+
+def nab_lines(n: int) -> list[bytes]:
+    rows = islice(
+        nab_events(str(require_dataset(NAB_MACHINE_TEMP)), device="machine-temp-1", field="temperature"), n
+    )
+    return [orjson.dumps(r) for r in rows]
+
+
+def expected(ruleset: RuleSet, lines: list[bytes]) -> dict[str, list[str]]:
+    """The Faust-engine backtest's alert ids, per fingerprint (the order Kafka keeps)."""
+    report = BacktestReport()
+    with open(os.devnull, "w") as out:
+        return by_fingerprint(
+            a.to_dict() for a in backtest(ruleset, read_events(lines, "nab", report), out, report)
+        )
+
+
+def by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for a in alerts:
+        out.setdefault(a["fingerprint"], []).append(a["alert_id"])
+    return out
+
+
+def run_once(spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trigger: int) -> None:
+    opts = EngineOptions(once=True, max_offsets_per_trigger=per_trigger)
+    query, sink = start(spark, plan_rules(ruleset), settings, opts)
+    try:
+        await_query(query, timeout_s=120)
+        assert query.exception() is None
+    finally:
+        sink.close()
