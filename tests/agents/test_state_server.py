@@ -134,9 +134,9 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
 
     log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
     with role(["agents", "worker", "-l", "info"], env(0), log1) as w1:
-        wait_for(lambda: "Worker ready" in log1.read_text(errors="replace"), 60, what="worker 1 ready")
+        wait_for(lambda: "Worker ready" in log1.read_text(errors="replace"), 180, what="worker 1 ready")
         with role(["agents", "worker", "-l", "info"], env(1), log2):
-            wait_for(lambda: "Worker ready" in log2.read_text(errors="replace"), 60, what="worker 2 ready")
+            wait_for(lambda: "Worker ready" in log2.read_text(errors="replace"), 180, what="worker 2 ready")
             produce(
                 broker.bootstrap,
                 "events.sensors",

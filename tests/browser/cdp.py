@@ -200,23 +200,60 @@ class Tab:
         )
         self.wait_for(js, f"an enabled button {label!r}")
 
-    def choose(self, label: str, option: str) -> None:
-        """Pick ``option`` (its visible text starts with it) in the select labelled ``label``."""
+    def _wait_still(self, element_js: str, timeout_s: float = 10.0) -> None:
+        """Until ``element_js``'s position is the same on two looks 50 ms apart (a scroll ended)."""
+        where = f"(() => {{ const r = {element_js}.getBoundingClientRect(); return [r.left, r.top]; }})()"
+        deadline = time.monotonic() + timeout_s
+        last = self.eval(where)
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.eval(where)
+            if now == last:
+                return
+            last = now
+        raise AssertionError(f"{element_js[:80]} kept moving for {timeout_s:.0f} s")
+
+    def choose(self, label: str, option: str, timeout_s: float = 60.0) -> None:
+        """Pick ``option`` (its visible text starts with it) in the select labelled ``label``.
+
+        The select is scrolled into view first and focused without scrolling: focusing an
+        input near the bottom of the window scrolls Streamlit's main container, and a scroll
+        that lands after the dropdown opened closes it (the typed text stays, the options
+        are gone). A dropdown that still closes (a rerun) is opened and typed into again."""
         find = (
             "[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')].find(s => "
             f"s.querySelector('label') && s.querySelector('label').innerText.trim() === {json.dumps(label)})"
         )
-        self.wait_for(f"!!({find})", f"the select {label!r}")
-        self.eval(
-            f"(() => {{ const s = {find}; const i = s.querySelector('input'); i.focus(); i.click(); }})()"
-        )
-        self._run(self.page.call("Input.insertText", text=option))
+        self.wait_for(f"!!({find})", f"the select {label!r}", timeout_s)
         pick = (
             "(() => { const o = [...document.querySelectorAll('[role=\"option\"]')].find("
             f"o => o.innerText.trim().startsWith({json.dumps(option)})); if (o) {{ o.click(); return true; }}"
             " return false; })()"
         )
-        self.wait_for(pick, f"the option {option!r} of {label!r}")
+        what = f"the option {option!r} of {label!r}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.eval(f"{find}.scrollIntoView({{block: 'center'}})")
+            self._wait_still(find)
+            self.eval(
+                f"(() => {{ const i = {find}.querySelector('input'); i.focus({{preventScroll: true}});"
+                " i.click(); i.select(); })()"
+            )
+            self._run(self.page.call("Input.insertText", text=option))
+            try:
+                self.wait_for(pick, what, max(0.5, min(5.0, deadline - time.monotonic())))
+                return
+            except AssertionError:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def png(self, clip: dict[str, float] | None = None) -> bytes:
+        """A PNG of the viewport, or of ``clip`` (x, y, width, height in CSS pixels, scale)."""
+        params: dict[str, Any] = {"format": "png"}
+        if clip is not None:
+            params["clip"] = clip
+        data = self._run(self.page.call("Page.captureScreenshot", **params))
+        return base64.b64decode(data["data"])
 
     def screenshot(self, path: Path, width: int = 1280) -> None:
         """A PNG of the whole page, scaled to ``width`` pixels wide."""

@@ -114,11 +114,10 @@ def _sidebar(tab: Tab, page: str) -> None:
     tab.wait_idle()
 
 
-def _markers(png: Path, box: tuple[float, float, float, float]) -> set[str]:
-    """Which marker colours the map's area (``box``: left, top, right, bottom in the picture's
-    pixels) holds: reddish (critical) and greenish (no alert) pixels, by hue, since the dots
-    are blended and the picture is palette-reduced."""
-    img = np.asarray(Image.open(io.BytesIO(png.read_bytes())).convert("RGB").crop(box)).astype(int)
+def _markers(png: bytes) -> set[str]:
+    """Which marker colours a picture of the map holds: reddish (critical) and greenish (no
+    alert) pixels, by hue, since the dots are blended."""
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
     r, g, b = img[..., 0], img[..., 1], img[..., 2]
     found = set()
     if ((r > 180) & (g < 110) & (b < 110)).any():
@@ -126,6 +125,22 @@ def _markers(png: Path, box: tuple[float, float, float, float]) -> set[str]:
     if ((g > 130) & (r < 120) & (g > b + 10)).any():
         found.add("green")
     return found
+
+
+def _wait_markers(tab: Tab, canvas: str, wanted: set[str], timeout_s: float = 30.0) -> set[str]:
+    """The marker colours on the map's canvas once ``wanted`` are all drawn (deck.gl draws on
+    later frames), or the last colours seen after ``timeout_s``. Each look is a picture of the
+    canvas alone, taken at that moment at full colour (no palette reduction)."""
+    rect = (
+        f"(() => {{ const r = {canvas}.getBoundingClientRect(); return {{x: r.left + window.scrollX,"
+        " y: r.top + window.scrollY, width: r.width, height: r.height, scale: 1}; })()"
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _markers(tab.png(clip=tab.eval(rect)))
+        if wanted <= found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.3)
 
 
 def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
@@ -169,18 +184,13 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         tab.wait_text("Click a device to see its alerts")
         canvas = "document.querySelector('[data-testid=\"stDeckGlJsonChart\"] canvas')"
         tab.wait_for(f"!!{canvas}", "the map's canvas")
-        time.sleep(2)  # deck.gl draws on the next frames
-        shot = _shot(tab, tmp_path, "console-map.png")
-        rect = tab.eval(
-            f"(() => {{ const r = {canvas}.getBoundingClientRect(); return [r.left, r.top + window.scrollY,"
-            " r.right, r.bottom + window.scrollY, document.documentElement.scrollWidth]; })()"
-        )
+        # the markers are drawn: pump-7's critical red and the healthy fan's green
+        markers = _wait_markers(tab, canvas, {"red", "green"})
+        _shot(tab, tmp_path, "console-map.png")
         tab.choose("device", "pump-7")
         tab.wait_text("Alerts of pump-7")
 
-    # the markers are drawn: pump-7's critical red and the healthy fan's green
-    scale = min(1.0, 1100 / rect[4])
-    assert _markers(shot, tuple(v * scale for v in rect[:4])) == {"red", "green"}
+    assert markers == {"red", "green"}
     commands = [parse_command(orjson.dumps(c)) for c in consume_json(broker.bootstrap, COMMANDS, min_count=2)]
     ack = next(c for c in commands if isinstance(c, AckCommand))
     silence = next(c for c in commands if isinstance(c, SilenceCommand))
