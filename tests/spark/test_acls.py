@@ -15,11 +15,12 @@ from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.acls import ROLES, apply_acls
+from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import make_producer
 from app.rules.loader import load_rules
 from app.runtime.settings import Settings
-from app.topics import ALERTS, SENSORS, ensure_topics
+from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
 from jobs.compile import plan_rules
 from jobs.engine import EngineOptions, start
