@@ -89,7 +89,9 @@ def run_backtest(
     tables: Tables | None = None,
     max_skew_ms: int = -1,
 ) -> list[Alert]:
-    """Evaluate the Spark rules of ``ruleset`` over ``raw``; write transitions to ``out``.
+    """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
+    Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
+    Raises :class:`app.errors.RuleConfigError` naming each rule Spark cannot run and why.
 
     ``name`` prefixes problems: ``name:LINE`` when ``lines`` (a file read with
     :func:`file_records`), else ``name record N`` (:func:`topic_records`).
@@ -99,7 +101,7 @@ def run_backtest(
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
-    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0)
+    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
     streams = StreamRunner(

@@ -116,7 +116,11 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     try:
         ruleset = load_rules(args.rules)
-        plan_rules(ruleset)  # refuse what Spark cannot run before starting it
+        # every rule given runs, whatever its engine: says; what Spark cannot run is refused
+        # here, by rule and reason, before a JVM starts (never a silent "0 alert transitions")
+        if not plan_rules(ruleset, every_rule=True).rule_count:
+            print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
+            return 1
     except RuleConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
