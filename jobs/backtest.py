@@ -63,9 +63,15 @@ def topic_records(spark: SparkSession, bootstrap: str, topics: list[str]) -> Dat
         "startingOffsets": "earliest",
         "endingOffsets": "latest",
     }
+    return ordered_records(spark, read_kafka(spark, opts, streaming=False))
+
+
+def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
+    """Kafka-shaped records (``timestamp``, ``topic``, ``partition``, ``offset``, ``value``:
+    a topic range, or the archive's rows) as raw records in the topic backtest's order:
+    record timestamp, then topic, partition, offset; partition 0, offset = position."""
     ordered = (
-        read_kafka(spark, opts, streaming=False)
-        .select("timestamp", "topic", "partition", "offset", "value")
+        records.select("timestamp", "topic", "partition", "offset", "value")
         .orderBy("timestamp", "topic", "partition", "offset")
         .select("topic", "value")
     )
