@@ -37,6 +37,7 @@ def backtest(tmp_path: Path, master: str, events: Path) -> list[str]:
     return out.read_text().splitlines()
 
 
+@pytest.mark.timeout(1900)  # two Spark start-ups, the cluster's ~3 min on this loaded host
 def test_local_cluster_gives_the_alerts_of_local(tmp_path: Path) -> None:
     events = tmp_path / "crafted.jsonl"
     events.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
