@@ -37,6 +37,14 @@ def backtest(tmp_path: Path, master: str, events: Path) -> list[str]:
     return out.read_text().splitlines()
 
 
+def per_fingerprint(lines: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in lines:
+        alert = orjson.loads(line)
+        out.setdefault(alert["fingerprint"], []).append(alert["alert_id"])
+    return out
+
+
 @pytest.mark.timeout(1900)  # two Spark start-ups, the cluster's ~3 min on this loaded host
 def test_local_cluster_gives_the_alerts_of_local(tmp_path: Path) -> None:
     events = tmp_path / "crafted.jsonl"
@@ -44,4 +52,7 @@ def test_local_cluster_gives_the_alerts_of_local(tmp_path: Path) -> None:
     local = backtest(tmp_path, "local[2]", events)
     cluster = backtest(tmp_path, "local-cluster[2,1,1024]", events)
     assert len(local) >= 4
-    assert cluster == local
+    # what the conformance suite asserts: the same lines, and each fingerprint's transitions in
+    # the same order (lines of different streams at one event tie in the output's sort order)
+    assert sorted(cluster) == sorted(local)
+    assert per_fingerprint(cluster) == per_fingerprint(local)
