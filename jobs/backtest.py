@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 import orjson
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from app.alerts import Alert
 from app.backtest import BacktestReport
@@ -37,20 +36,38 @@ from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
 
-_RAW = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("value", BinaryType()),
-    ]
-)
-
 
 def file_records(spark: SparkSession, path: Path) -> DataFrame:
-    """The lines of ``path`` as raw records: partition 0, offset = line index (from 0)."""
-    lines = spark.read.text(str(path)).rdd.zipWithIndex()
-    return spark.createDataFrame(lines.map(lambda li: (None, 0, li[1], li[0][0].encode())), _RAW)
+    """The lines of ``path`` as raw records: partition 0, offset = line index (from 0).
+
+    Numbered in the JVM, no row through Python: a split of the file is one input
+    partition, in file order, and ``monotonically_increasing_id`` is (partition << 33)
+    + the row's place in it, so a line's index is the line count of the partitions
+    before its own (one small job) plus that place."""
+    lines = spark.read.text(str(path)).select(
+        "value", F.spark_partition_id().alias("__p"), F.monotonically_increasing_id().alias("__id")
+    )
+    counts = {r["__p"]: r["count"] for r in lines.groupBy("__p").count().collect()}
+    before, start = 0, F.lit(0).cast("long")
+    for p in sorted(counts):
+        start = F.when(F.col("__p") == p, F.lit(before).cast("long")).otherwise(start)
+        before += counts[p]
+    offset = start + F.col("__id") - F.shiftleft(F.col("__p").cast("long"), 33)
+    raw = lines.select(
+        F.lit(None).cast("string").alias("topic"),
+        F.lit(0).cast("int").alias("partition"),
+        offset.alias("offset"),
+        F.encode("value", "UTF-8").alias("value"),
+    )
+    return _spread(spark, raw)
+
+
+def _spread(spark: SparkSession, raw: DataFrame) -> DataFrame:
+    """Spread the records over every core for the decoder (a file of less than one split is
+    one partition); order does not matter past this point: every stateful step sorts its
+    rows by (partition, offset)."""
+    cores = spark.sparkContext.defaultParallelism
+    return raw.repartition(cores) if raw.rdd.getNumPartitions() < cores else raw
 
 
 def topic_records(
@@ -67,14 +84,21 @@ def topic_records(
         "endingOffsets": "latest",
         **(security or {}),  # the role's TLS/SASL as kafka.* options (KafkaAuth.spark_options)
     }
-    ordered = (
-        read_kafka(spark, opts, streaming=False)
-        .select("timestamp", "topic", "partition", "offset", "value")
-        .orderBy("timestamp", "topic", "partition", "offset")
-        .select("topic", "value")
+    return ordered_records(spark, read_kafka(spark, opts, streaming=False))
+
+
+def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
+    """Kafka-shaped records (``timestamp``, ``topic``, ``partition``, ``offset``, ``value``:
+    a topic range, or the archive's rows) as raw records in the topic backtest's order:
+    record timestamp, then topic, partition, offset; partition 0, offset = position."""
+    position = F.row_number().over(Window.orderBy("timestamp", "topic", "partition", "offset")) - 1
+    raw = records.select(
+        "topic",
+        F.lit(0).cast("int").alias("partition"),
+        position.cast("long").alias("offset"),
+        "value",
     )
-    rows = ordered.rdd.zipWithIndex().map(lambda ri: (ri[0][0], 0, ri[1], ri[0][1]))
-    return spark.createDataFrame(rows, _RAW)
+    return _spread(spark, raw)
 
 
 def run_backtest(
@@ -93,7 +117,9 @@ def run_backtest(
     tables: Tables | None = None,
     max_skew_ms: int = -1,
 ) -> list[Alert]:
-    """Evaluate the Spark rules of ``ruleset`` over ``raw``; write transitions to ``out``.
+    """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
+    Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
+    Raises :class:`app.errors.RuleConfigError` naming each rule Spark cannot run and why.
 
     ``name`` prefixes problems: ``name:LINE`` when ``lines`` (a file read with
     :func:`file_records`), else ``name record N`` (:func:`topic_records`).
@@ -103,7 +129,7 @@ def run_backtest(
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
-    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0)
+    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
     streams = StreamRunner(

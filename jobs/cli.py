@@ -4,7 +4,9 @@
   streaming job (a ``make run`` role); ``python -m jobs`` is the same and is
   what ``spark-submit`` runs.
 - ``python -m app backtest --engine spark --rules R (--input FILE | --topic T ...)``:
-  a batch backtest with the Faust-engine backtest's output.
+  a batch backtest with the Faust-engine backtest's output; ``--archive PATH`` reads the
+  Parquet archive instead (``--from``/``--to`` prune its date partitions).
+- ``python -m app archive [--once] [--path P]``: the archive query (a ``make run`` role).
 
 This module imports pyspark only inside the commands, so registering it costs
 nothing when another command runs.
@@ -56,12 +58,24 @@ def register(sub: Any, backtest: argparse.ArgumentParser) -> None:
     add_spark_arguments(spark)
     spark.set_defaults(func=cmd_spark)
 
+    archive = sub.add_parser("archive", help="archive every event topic to Parquet (jobs/archive.py)")
+    archive.add_argument("--master", default="local[1]", help="Spark master (default local[1]; 'submit')")
+    archive.add_argument("--once", action="store_true", help="archive what is in the topics now, then exit")
+    archive.add_argument("--trigger", default="10 seconds", help="micro-batch interval")
+    archive.add_argument("--path", help="where (default APP_ARCHIVE_PATH, else $APP_DATA_DIR/archive)")
+    archive.set_defaults(func=cmd_archive)
+
     backtest.add_argument("--engine", choices=["faust", "spark"], default="faust", help="which engine runs")
     backtest.add_argument("--master", default="local[*]", help="with --engine spark: the Spark master")
     faust: Command = backtest.get_default("func")
 
     def dispatch(args: argparse.Namespace, settings: Settings) -> int:
-        return cmd_backtest(args, settings) if args.engine == "spark" else faust(args, settings)
+        if args.engine == "spark":
+            return cmd_backtest(args, settings)
+        if getattr(args, "archive", None):
+            print("error: --archive needs --engine spark", file=sys.stderr)
+            return 2
+        return faust(args, settings)
 
     backtest.set_defaults(func=dispatch)
 
@@ -90,6 +104,21 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
         return 1
 
 
+def cmd_archive(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the archive query until SIGINT/SIGTERM (or caught up, with ``--once``)."""
+    from app.runtime.supervisor import stop_on_signals
+    from jobs.archive import ArchiveOptions, run
+
+    stop = stop_on_signals("the archive query")
+    opts = ArchiveOptions(
+        master=None if args.master == "submit" else args.master,
+        once=args.once,
+        trigger=args.trigger,
+        path=args.path,
+    )
+    return run(settings, opts, stop)
+
+
 def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     """``backtest --engine spark``: same arguments and output as the Faust-engine backtest,
     plus ``--topic`` (repeatable) to read a topic range instead of ``--input``."""
@@ -98,13 +127,15 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from app.backtest import BacktestReport, load_tables, parse_statuses
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
-    from jobs.backtest import file_records, run_backtest, topic_records
+    from jobs.archive import archive_records
+    from jobs.backtest import file_records, ordered_records, run_backtest, topic_records
     from jobs.compile import plan_rules
     from jobs.session import build_session
 
     topics = list(getattr(args, "topic", None) or [])
-    if bool(getattr(args, "input", None)) == bool(topics):
-        print("error: give exactly one of --input FILE or --topic TOPIC", file=sys.stderr)
+    archive = getattr(args, "archive", None)
+    if [bool(getattr(args, "input", None)), bool(topics), bool(archive)].count(True) != 1:
+        print("error: give exactly one of --input FILE, --topic TOPIC or --archive PATH", file=sys.stderr)
         return 2
     try:
         tables = load_tables(getattr(args, "table", None) or ())
@@ -121,7 +152,11 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             return 2
     try:
         ruleset = load_rules(args.rules)
-        plan_rules(ruleset)  # refuse what Spark cannot run before starting it
+        # every rule given runs, whatever its engine: says; what Spark cannot run is refused
+        # here, by rule and reason, before a JVM starts (never a silent "0 alert transitions")
+        if not plan_rules(ruleset, every_rule=True).rule_count:
+            print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
+            return 1
     except RuleConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -131,7 +166,10 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        if topics:
+        if archive:
+            records = archive_records(spark, archive, args.time_from, args.time_to)
+            raw, name = ordered_records(spark, records), archive
+        elif topics:
             security = settings.kafka_auth.spark_options()
             raw, name = topic_records(spark, settings.bootstrap_servers, topics, security), ",".join(topics)
         else:
@@ -146,7 +184,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             source=args.source,
             time_from=args.time_from,
             time_to=args.time_to,
-            lines=not topics,
+            lines=not (topics or archive),
             partitions=getattr(args, "partitions", 0) or settings.partitions,
             tables=tables,
             max_skew_ms=settings.max_event_skew_ms,

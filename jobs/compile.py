@@ -94,8 +94,10 @@ def _struct_column(source: str) -> str:
     return f"__{source}"
 
 
-def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True) -> SparkPlan:
-    """The rules that run on Spark (``engine: spark`` or ``both``), translated.
+def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True, every_rule: bool = False) -> SparkPlan:
+    """The rules that run on Spark (``engine: spark`` or ``both``), translated; with
+    ``every_rule`` (a backtest: ``backtest --engine spark`` runs what it is given) every
+    rule of ``ruleset``, whatever its ``engine:`` says.
 
     ``keyed_path=False`` puts every rule on the stream path: the keyed path has no
     partition clock, so it cannot bound event time (APP_MAX_EVENT_SKEW) as the Faust
@@ -105,7 +107,7 @@ def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True) -> SparkPlan:
     problems: list[RuleProblem] = []
     runs: list[CompiledRule] = []
     keyed: set[str] = set()
-    for r in (r for r in ruleset.rules if r.runs_on("spark")):
+    for r in (r for r in ruleset.rules if every_rule or r.runs_on("spark")):
         found = spark_problems(r.rule)
         if found:
             problems.extend(RuleProblem(r.path, r.line, 1, r.id, p) for p in found)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -41,6 +42,18 @@ def python_env() -> None:
     """Point Spark's Python workers at this interpreter (idempotent)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def _executor_path(master: str | None) -> dict[str, str]:
+    """A master whose executors are JVMs of their own (``local-cluster[...]``, ``spark://``)
+    starts their Python workers in its own work folders: they find ``app`` and ``jobs``
+    through ``PYTHONPATH`` (this checkout; a cluster on other hosts needs ``--py-files``
+    or the code installed there). ``local[...]`` and spark-submit need nothing."""
+    if not master or master.startswith("local["):
+        return {}
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"spark.executorEnv.PYTHONPATH": os.pathsep.join(paths)}
 
 
 def build_session(
@@ -83,6 +96,7 @@ def build_session(
         # warn at every micro-batch; nothing of ours: keep it out of the operators' logs
         "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_CONCAT_WARNING}:FutureWarning",
         **({"spark.jars": ",".join(str(j) for j in jars)} if jars else {}),
+        **_executor_path(master),
         **(extra or {}),
     }
     for key, value in conf.items():

@@ -10,7 +10,8 @@ foreachBatch thread, one batch at a time):
    re-runs the last batch when its commit log entry is missing);
 3. otherwise order the rows by (partition, offset, rule order), produce each
    to its topic (alerts keyed by fingerprint, DLQ keyed by source, branch copies
-   keyed by the event key, late copies keyed by rule id), wait for
+   keyed by the event key, late copies keyed by rule id; each with the header
+   ``engine: spark``), wait for
    every acknowledgement, then atomically write ``batch_id`` to the marker.
 
 A crash between 3's produce and its marker re-produces that batch on restart
@@ -50,6 +51,12 @@ ROUTED = Counter(
 )
 SKIPPED = Counter("spark_batches_skipped_total", "Micro-batches already produced before a restart")
 BATCH_SECONDS = Histogram("spark_sink_batch_seconds", "Time to produce one micro-batch's output")
+
+
+#: every record the engine writes says so in a header, not in its body: the alert JSON (and
+#: so its id, fingerprint and bytes) of an ``engine: both`` rule stays the Faust engine's,
+#: and the receivers' dedup on ``alert_id`` keeps whichever copy came first
+ENGINE_HEADER = [("engine", b"spark")]
 
 
 def _order(row: Row) -> tuple[int, int, int]:
@@ -114,7 +121,10 @@ class KafkaSink:
         return producer
 
     async def _send(self, records: list[tuple[str, bytes, bytes]]) -> None:
-        futures = [await self._producer.send(topic, value=value, key=key) for topic, key, value in records]
+        futures = [
+            await self._producer.send(topic, value=value, key=key, headers=ENGINE_HEADER)
+            for topic, key, value in records
+        ]
         await asyncio.gather(*futures)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:

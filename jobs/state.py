@@ -214,12 +214,61 @@ def apply_lifecycle(
         if rows:
             yield _frame(rows)
 
-    order = F.struct("__part", "__offset")
-    first = F.min(F.when(F.col("__holds"), order)).over(Window.partitionBy("__key"))
-    marked = tasks.withColumn("__first", first)
-    keep = (
-        (F.col("__key") == DLQ_KEY) | F.col("__key").startswith(STREAM_PREFIX) | (order >= F.col("__first"))
-    )
-    useful = marked.where(keep).drop("__first")
+    keyed = (F.col("__key") != DLQ_KEY) & ~F.col("__key").startswith(STREAM_PREFIX)
+    useful = tasks.where(~keyed).unionByName(change_points(tasks.where(keyed), plan))
     partitions = tasks.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2"
     return useful.repartition(int(partitions), "__key").mapInPandas(batch, OUTPUT_SCHEMA)
+
+
+def change_points(keyed: DataFrame, plan: SparkPlan) -> DataFrame:
+    """A backtest's keyed-path task rows, less those that cannot change an alert, in the JVM.
+
+    Per state key, in (partition, offset) order (``ThresholdLogic``'s rules, which
+    still run on every row kept):
+
+    1. rows before the key's first TRUE condition: a quiet key stays quiet;
+    2. late rows: from the first TRUE on the key has state, which is never deleted, and
+       an event is late exactly when its time is below the newest time of the key's
+       earlier rows (the running maximum; a late row does not move it); a late row
+       changes nothing (batch output has no late counter);
+    3. of the rest, a run of TRUE conditions matters up to the row that fires it (the
+       first with ``consecutive`` rows and ``for`` elapsed since the run's first row;
+       ``lag``/running counts over the run): after it the alert stays firing and
+       only the evaluator's count moves, which resolving resets. A not-TRUE row
+       matters only right after a TRUE one (it ends the run); after another it
+       leaves a quiet key quiet.
+    """
+    by_key = Window.partitionBy("__key").orderBy("__part", "__offset")
+    before = by_key.rowsBetween(Window.unboundedPreceding, -1)
+    order = F.struct("__part", "__offset")
+    first = F.min(F.when(F.col("__holds"), order)).over(Window.partitionBy("__key"))
+    started = keyed.withColumn("__first", first).where(order >= F.col("__first")).drop("__first")
+    newest = F.max("__ts_ms").over(before)
+    on_time = (
+        started.withColumn("__newest", newest)
+        .where(F.col("__newest").isNull() | (F.col("__ts_ms") >= F.col("__newest")))
+        .drop("__newest")
+    )
+    for_ms, consecutive = F.lit(0).cast("long"), F.lit(1).cast("long")
+    for r in plan.rules:
+        mine = F.col("__idx") == r.idx
+        for_ms = F.when(mine, F.lit(r.rule.rule.for_ms).cast("long")).otherwise(for_ms)
+        consecutive = F.when(mine, F.lit(r.rule.rule.consecutive).cast("long")).otherwise(consecutive)
+    holds = F.coalesce(F.col("__holds"), F.lit(False))
+    runs = on_time.withColumn("__h", holds).withColumn(
+        "__run", F.sum(F.when(F.col("__h"), 0).otherwise(1)).over(by_key)
+    )
+    in_run = Window.partitionBy("__key", "__run", "__h").orderBy("__part", "__offset")
+    fires = (F.row_number().over(in_run) >= consecutive) & (
+        F.col("__ts_ms") - F.min("__ts_ms").over(in_run) >= for_ms
+    )
+    marked = runs.withColumn("__fires", F.col("__h") & fires)
+    fired_before = F.max(F.col("__fires").cast("int")).over(
+        Window.partitionBy("__key", "__run", "__h")
+        .orderBy("__part", "__offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    keep = F.when(F.col("__h"), F.coalesce(fired_before, F.lit(0)) == 0).otherwise(
+        F.coalesce(F.lag("__h").over(by_key), F.lit(False))
+    )
+    return marked.withColumn("__keep", keep).where("__keep").drop("__h", "__run", "__fires", "__keep")

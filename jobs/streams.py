@@ -95,13 +95,23 @@ def evaluator_streams(
 ) -> list[tuple[str, str, tuple[str, ...] | None, list[str]]]:
     """``(name, source, fields, rule ids)`` of the evaluator's streams for ``rules``: the
     very grouping of :class:`app.rules.evaluator.Engine`."""
-    engine = Engine(RuleSet(tuple(rules)), engine="spark")
+    engine = Engine(_Given(tuple(rules)), engine="spark")
     return [
         (s.name, s.source, s.fields, [r.id for r in s.evaluator.rules])
         for streams in engine.streams.values()
         for s in streams
         if s.evaluator.rules
     ]
+
+
+@dataclass(frozen=True)
+class _Given(RuleSet):
+    """The rules given, each of them, whatever its ``engine:`` says: the plan already chose
+    them (``backtest --engine spark`` runs unmarked rules too)."""
+
+    def for_source(self, source: str, engine: str = "spark") -> list[CompiledRule]:
+        del engine
+        return [r for r in self.rules if r.rule.source == source]
 
 
 @dataclass(frozen=True)

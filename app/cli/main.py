@@ -269,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOPIC",
         help="read a source topic from its earliest offset to its end (repeatable)",
     )
+    src.add_argument("--archive", metavar="PATH", help="with --engine spark: the topics' Parquet archive")
     bt.add_argument(
         "--partitions",
         type=int,

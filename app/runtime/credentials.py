@@ -56,6 +56,7 @@ ROLE_PRINCIPALS: dict[str, str | None] = {
     "sim-ticks": "ingest",
     "worker": "worker",
     "spark": "spark",
+    "archive": "spark",  # reads what the Spark engine reads
     "dispatch": "dispatch",
     "store-sync": "store",
     "dashboard": CONSOLE,

@@ -13,6 +13,7 @@ brackets, producers first):
 - [1] ``sim-ticks``: seeded trades -> events.finance
 - [2] ``worker``: the Faust rule worker
 - [2] ``spark``: the Spark engine (rules marked ``engine: spark|both``)
+- [2] ``archive``: every event topic -> Parquet by source and date (``APP_ARCHIVE_PATH``)
 - [3] ``dispatch``: alerts + commands -> routing, grouping, silences, inhibition,
   acks -> durable outbox -> signed webhooks
 - [3] ``store-sync``: alerts -> the SQLite alert store
@@ -227,6 +228,8 @@ def build_roles(
     roles.append(
         Role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds"), stage=2)
     )
+    # every event topic to Parquet (APP_ARCHIVE_PATH, default $APP_DATA_DIR/archive): jobs/archive.py
+    roles.append(Role("archive", _py("app", "archive", "--master", "local[1]"), stage=2))
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join(
@@ -416,7 +419,7 @@ def _print_urls(
 
 
 #: What a data dir holds that remembers broker data (offsets, alert ids, progress).
-STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "mosquitto")
+STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "archive", "mosquitto")
 
 
 def wipe(data_dir: Path) -> None:

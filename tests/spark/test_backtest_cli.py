@@ -47,3 +47,58 @@ def test_file_and_topic_backtests_on_spark_print_the_faust_engines_lines(
     assert per_device(from_topic) == per_device(faust) == per_device(faust_topic)
     assert len(per_device(from_topic)) >= 4
     assert SparkSession.getActiveSession() is not None, "the command must not stop a session it did not start"
+
+
+UNMARKED = """\
+rules:
+  - id: hot
+    source: sensors
+    where: temperature > 100
+    group_by: [device_id]
+  - id: ten-minutes
+    source: sensors
+    group_by: [device_id]
+    window: {type: tumbling, size: 10m}
+    aggregate: {avg_t: avg(temperature)}
+    having: avg_t > 90
+"""
+
+
+def test_backtest_on_spark_runs_rules_that_say_no_engine(spark: SparkSession, tmp_path: Path) -> None:
+    """No ``engine:`` key (so ``faust``): the Spark backtest still runs both rules, with the
+    Faust engine's lines (same rule versions too), never a silent 0 transitions."""
+    rules = tmp_path / "unmarked.yaml"
+    rules.write_text(UNMARKED)
+    path = tmp_path / "crafted.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
+    lines = {}
+    for engine in ("faust", "spark"):
+        out = tmp_path / f"{engine}.jsonl"
+        args = ["--rules", str(rules), "--input", str(path), "--out", str(out), "--engine", engine]
+        assert main(["backtest", *args]) == 0
+        lines[engine] = out.read_text().splitlines()
+    assert {orjson.loads(line)["rule"] for line in lines["faust"]} == {"hot", "ten-minutes"}
+    assert sorted(lines["spark"]) == sorted(lines["faust"])
+
+
+def test_backtest_on_spark_refuses_a_rule_it_cannot_run_by_name_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "registry.yaml"
+    rules.write_text(
+        UNMARKED
+        + """\
+  - id: silent
+    source: sensors
+    group_by: [device_id]
+    absent_for: 30m
+    expect_from: devices
+"""
+    )
+    path = tmp_path / "crafted.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
+    code = main(["backtest", "--rules", str(rules), "--input", str(path), "--engine", "spark"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"{rules}:" in err and "silent: 'expect_from'" in err
+    assert "not supported on the spark engine" in err
