@@ -33,10 +33,8 @@ the thread that opened it.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +44,7 @@ import orjson
 
 from app.alerts import Alert, order_key
 from app.storage.operator_records import OperatorRecords
+from app.storage.sqlite import create_schema, open_reader, open_writer, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -148,32 +147,10 @@ class AlertStore(OperatorRecords):
         self.readonly = readonly
         self._now = now
         if readonly:
-            if not self.path.exists():
-                msg = f"alert store {self.path} does not exist yet"
-                raise FileNotFoundError(msg)
-            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
-            self._conn.execute("PRAGMA query_only=ON")
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA busy_timeout=5000")
-        if not readonly:
-            with self._write():  # executescript would commit outside our transaction
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
-                    self._conn.execute(stmt)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+            self._conn = open_reader(self.path, "alert store")
+            return
+        self._conn = open_writer(self.path)
+        create_schema(self._conn, f"{_SCHEMA};PRAGMA user_version={SCHEMA_VERSION}")
 
     def apply(self, alert: Alert) -> bool:
         """Record one transition; True if its ``alert_id`` was new."""
@@ -203,7 +180,7 @@ class AlertStore(OperatorRecords):
             return 0
         stamp = self._now().isoformat()
         new = 0
-        with self._write():
+        with transaction(self._conn):
             for cmd in cmds:
                 self._command(cmd)
             for ev in events:
