@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
+from app.kafka.errors import broker_errors
 from app.placement import KeyHashes
 from app.runtime.settings import Settings
 
@@ -121,13 +120,11 @@ async def topic_partitions(
     metadata knows only the topics it subscribed to or was assigned.)"""
     client = AIOKafkaClient(**connection(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
-        await asyncio.wait_for(client.bootstrap(), timeout_s)
-        cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
-        found = cluster.topics()
-        return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read topic metadata from {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
+        with broker_errors(f"read topic metadata from {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(client.bootstrap(), timeout_s)
+            cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+            found = cluster.topics()
+            return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
     finally:
         await client.close()
 
@@ -158,10 +155,8 @@ async def high_watermarks(
         return {}
     consumer = AIOKafkaConsumer(**connection(bootstrap), enable_auto_commit=False)
     try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read end offsets from {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
+        with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(consumer.start(), timeout_s)
+            return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     finally:
         await consumer.stop()
