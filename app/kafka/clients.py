@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,3 +161,28 @@ async def high_watermarks(
             return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     finally:
         await consumer.stop()
+
+
+async def assign_kept(
+    consumer: AIOKafkaConsumer, bootstrap: Target, topics: list[str], kept: Mapping[tuple[str, int], int]
+) -> dict[TopicPartition, int]:
+    """Assign ``consumer`` (started) every partition of ``topics`` that exists, each at its
+    ``kept[(topic, partition)]`` offset, or at the beginning without one. A kept offset
+    past the partition's end means the topic was recreated (an embedded broker restarted
+    empty): that partition is read from the beginning, with a warning. Returns the
+    partitions' high watermarks."""
+    tps = await partitions_of(bootstrap, topics)
+    consumer.assign(tps)
+    marks = await high_watermarks(bootstrap, topics)
+    for tp in tps:
+        at = kept.get((tp.topic, tp.partition))
+        end = marks.get(tp, 0)
+        if at is not None and at > end:
+            logger.warning("%s:%d ends at %d, before the kept offset %d: the topic was recreated; "
+                           "reading it from the beginning", tp.topic, tp.partition, end, at)  # fmt: skip
+            at = None
+        if at is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, at)
+    return marks
