@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,10 +89,6 @@ ON CONFLICT (rule_id, fingerprint) DO UPDATE SET
 WHERE (excluded.starts_us, excluded.event_us, excluded.status_rank)
     > (alerts.starts_us, alerts.event_us, alerts.status_rank)
 """
-_CURRENT_COLS = (
-    "rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at, "
-    "alert_id, values_json, event_ts, rule_version, updated_at"
-)
 
 
 @dataclass(frozen=True)
@@ -112,6 +108,13 @@ class CurrentAlert:
     event_ts: str
     rule_version: str
     updated_at: str
+
+
+#: CurrentAlert's fields: the ``alerts`` table's first columns, in order
+_CURRENT = tuple(f.name for f in fields(CurrentAlert))
+#: the fields stored as JSON text (``values`` in the column ``values_json``)
+_AS_JSON = frozenset({"labels", "annotations", "values"})
+_CURRENT_COLS = ", ".join("values_json" if name == "values" else name for name in _CURRENT)
 
 
 @dataclass(frozen=True)
@@ -262,16 +265,17 @@ class AlertStore(OperatorRecords):
 
 def _state(a: Alert, stamp: str) -> tuple[Any, ...]:
     """The ``alerts`` row of ``a`` in column order, without the ordering columns."""
-    labels, annotations, values = _dumps(a.labels), _dumps(a.annotations), _dumps(a.values)
-    return (a.rule_id, a.fingerprint, a.status, a.severity, labels, annotations, a.starts_at,
-            a.ends_at, a.alert_id, values, a.event_ts, a.rule_version, stamp)  # fmt: skip
+    row = []
+    for name in _CURRENT:
+        value = stamp if name == "updated_at" else getattr(a, name)
+        row.append(_dumps(value) if name in _AS_JSON else value)
+    return tuple(row)
 
 
 def _current(row: tuple[Any, ...]) -> CurrentAlert:
-    fields = list(row)
-    for i in (4, 5, 9):  # labels, annotations, values
-        fields[i] = orjson.loads(fields[i])
-    return CurrentAlert(*fields)
+    """The CurrentAlert of a row selected as ``_CURRENT_COLS``."""
+    values = zip(_CURRENT, row, strict=True)
+    return CurrentAlert(*(orjson.loads(value) if name in _AS_JSON else value for name, value in values))
 
 
 def _dumps(value: object) -> str:
