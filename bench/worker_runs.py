@@ -158,7 +158,7 @@ async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> 
 
 async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:
     """The offsets ``group`` has committed (a transactional commit once its transaction commits)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     await admin.start()
     try:
         found = await admin.list_consumer_group_offsets(group)
