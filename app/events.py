@@ -182,49 +182,64 @@ def _show(value: object) -> str:
 
 @dataclass(frozen=True)
 class Schema:
-    """The documented shape of one source's events.
+    """The documented shape of one source's events, or of one registry table's rows.
 
     ``fields`` excludes ``ts`` and the key, which every event has. Unknown
-    fields are rejected so that a rule can only name fields that exist.
+    fields are rejected so that a rule can only name fields that exist. A table's
+    rows (``timed=False``, ``source`` the table's name) are checked the same way but
+    have no ``ts`` (their :class:`Event` has ``ts_ms`` 0 and no ``ts`` in its fields)
+    and no limit on the key's length.
     """
 
     source: str
     key: str
     fields: Mapping[str, FieldType]
     doc: str = ""
+    timed: bool = True
 
     def all_fields(self) -> dict[str, FieldType]:
         """Every field a rule may name, with its type."""
         return {self.key: "string", "ts": "timestamp", **self.fields}
 
     def validate(self, obj: object) -> Event:
-        """Check a decoded JSON value; return the normalised event."""
+        """Check a decoded JSON value; return the normalised event (or row)."""
+        timed = self.timed
         if not isinstance(obj, dict):
-            msg = f"{self.source} event must be a JSON object, got {type(obj).__name__}"
+            msg = (
+                f"{self.source} {'event' if timed else 'row'} must be a JSON object, got {type(obj).__name__}"
+            )
             raise IngestDecodeError(msg)
         key = obj.get(self.key)
         if not isinstance(key, str) or not key:
             msg = f"field '{self.key}' (the key) must be a non-empty string"
             raise IngestDecodeError(msg, self.key)
-        if len(key) > MAX_KEY_LEN:
+        if len(key) > MAX_KEY_LEN and timed:
             msg = f"field '{self.key}' (the key) is longer than {MAX_KEY_LEN} characters"
             raise IngestDecodeError(msg, self.key)
-        if "ts" not in obj:
-            msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
-            raise IngestDecodeError(msg, "ts")
-        ts = obj["ts"]
-        ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
-        if ts_ms < 0:  # another form (or out of range: parse_ts names the problem)
-            ts_ms = parse_ts(ts)
-            ts = format_ts(ts_ms)
-        out: dict[str, Any] = {self.key: key, "ts": ts}
+        ts_ms = 0
+        if timed:
+            if "ts" not in obj:
+                msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
+                raise IngestDecodeError(msg, "ts")
+            ts = obj["ts"]
+            ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
+            if ts_ms < 0:  # another form (or out of range: parse_ts names the problem)
+                ts_ms = parse_ts(ts)
+                ts = format_ts(ts_ms)
+            out: dict[str, Any] = {self.key: key, "ts": ts}
+        else:
+            out = {self.key: key}
         key_field, fields = self.key, self.fields
         for name, value in obj.items():
-            if name == key_field or name == "ts":
+            if name == key_field or (name == "ts" and timed):
                 continue
             ftype = fields.get(name)
             if ftype is None:
-                msg = f"unknown field '{name}' for source {self.source}"
+                msg = (
+                    f"unknown field '{name}' for source {self.source}"
+                    if timed
+                    else f"unknown column '{name}' for table {self.source}"
+                )
                 raise IngestDecodeError(msg, name)
             kind = type(value)
             # the values check_value passes through unchanged, without its call and type chain

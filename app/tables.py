@@ -12,13 +12,13 @@ import csv
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from app.errors import IngestDecodeError
-from app.events import FieldType, Schema, check_value
+from app.events import FieldType, Schema
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
 
@@ -27,30 +27,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TableSchema:
+    """A registry table: its name, compacted topic, key and typed columns."""
+
     name: str
     topic: str
     key: str
     columns: Mapping[str, FieldType]
 
+    @cached_property
+    def _rows(self) -> Schema:
+        return Schema(source=self.name, key=self.key, fields=self.columns, timed=False)
+
     def validate(self, obj: object) -> dict[str, Any]:
-        """A row with its key, typed; unknown columns are rejected (IngestDecodeError)."""
-        if not isinstance(obj, dict):
-            msg = f"{self.name} row must be a JSON object"
-            raise IngestDecodeError(msg)
-        key = obj.get(self.key)
-        if not isinstance(key, str) or not key:
-            msg = f"{self.name} row needs a non-empty string '{self.key}'"
-            raise IngestDecodeError(msg, self.key)
-        row: dict[str, Any] = {self.key: key}
-        for name, value in obj.items():
-            if name == self.key:
-                continue
-            ftype = self.columns.get(name)
-            if ftype is None:
-                msg = f"unknown column '{name}' for table {self.name}"
-                raise IngestDecodeError(msg, name)
-            row[name] = check_value(name, ftype, value)
-        return row
+        """A row with its key, typed; IngestDecodeError for a key that is not a non-empty
+        string, an unknown column or a mistyped value. Checked as an event is
+        (:meth:`Schema.validate <app.events.Schema.validate>`), without ``ts``."""
+        return self._rows.validate(obj).fields
 
 
 DEVICES = TableSchema(

@@ -43,6 +43,7 @@ import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from latency_runs import ECHO_WORKER, log_append_time_alerts  # noqa: E402
 from worker_runs import (  # noqa: E402
+    close_probe,
     cpu_seconds,
     percentiles,
     wait_for_leaders,
@@ -132,11 +133,7 @@ async def paced(
         await producer.flush()
         await asyncio.sleep(1.0)  # the last records' answers
     finally:
-        stop.set()
-        await asyncio.wait({reader}, timeout=2)
-        reader.cancel()
-        await producer.stop()
-        await consumer.stop()
+        await close_probe(stop, reader, producer, consumer)
     return latencies
 
 

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -47,9 +46,8 @@ native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 from latency_runs import probe_rules  # noqa: E402
-from worker_runs import cpu_seconds, worker_process  # noqa: E402
+from worker_runs import close_probe, committed_offsets, cpu_seconds, fill_many, metric, worker_process  # noqa: E402
 
 from app.events import format_ts, parse_ts  # noqa: E402
 from app.kafka.admin import ensure_topics  # noqa: E402
@@ -117,12 +115,7 @@ def worker(env: dict[str, str], log: Path) -> AbstractContextManager[subprocess.
 
 def scrape(port: str, prefix: str) -> float:
     """The sum of a worker's Prometheus samples whose ``name{labels}`` starts with ``prefix``."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            lines = resp.read().decode().splitlines()
-    except OSError:
-        return 0.0
-    return sum(float(x.split()[-1]) for x in lines if x.startswith(prefix))
+    return metric(port, prefix)()
 
 
 def events_counter(port: str) -> float:
@@ -137,23 +130,7 @@ def commits(port: str) -> str:
 
 
 async def committed_total(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    await admin.start()
-    try:
-        found = await admin.list_consumer_group_offsets(GROUP)
-    finally:
-        await admin.close()
-    return sum(m.offset for tp, m in found.items() if tp.topic == topic and m.offset > 0)
-
-
-async def fill(bootstrap: str, items: list[tuple[bytes, bytes, int]]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
-    await p.start()
-    try:
-        futs = [await p.send(SENSORS, v, key=k) for k, v, _ in items]
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
+    return sum(n for tp, n in (await committed_offsets(bootstrap, GROUP)).items() if tp.topic == topic)
 
 
 def throughput(
@@ -162,7 +139,7 @@ def throughput(
     """One run (see the module docstring); its figures as a line."""
     with KafkaBroker(tmp / f"kafka-{guarantee}-{n}") as b:
         asyncio.run(ensure_topics(b.bootstrap, partitions))
-        asyncio.run(fill(b.bootstrap, items))
+        asyncio.run(fill_many(b.bootstrap, [(SENSORS, k, v) for k, v, _ in items]))
         env = worker_env(
             b.bootstrap, tmp / f"data-{guarantee}-{n}", rule_dir(tmp, False), partitions, guarantee
         )
@@ -266,11 +243,7 @@ async def paced_latency(bootstrap: str, background: list[tuple[bytes, bytes, int
         while time.monotonic() < drain and not set(sent) <= set(got):
             await asyncio.sleep(0.05)
     finally:
-        stop.set()
-        await asyncio.wait({reader}, timeout=2)
-        reader.cancel()
-        await producer.stop()
-        await consumer.stop()
+        await close_probe(stop, reader, producer, consumer)
     return [(got[s] - sent[s]) * 1000 if s in got else math.inf for s in sorted(sent)]
 
 

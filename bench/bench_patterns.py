@@ -1,5 +1,6 @@
-"""LIKE's worst cases, before and after: the regex LIKE used to compile to, and the
-run-by-run matcher that replaced it (``app.rules.functions.like_matcher``).
+"""LIKE's worst cases, before and after: the regex LIKE used to compile to (the rule tests'
+oracle, ``tests/rules/like_oracle.py``), and the run-by-run matcher that replaced it
+(``app.rules.functions.like_matcher``).
 
 Run: ``.venv/bin/python bench/bench_patterns.py`` (``--timeout S`` for the old regex,
 10 s by default). Prints, for each pattern and value, the old regex's time (each in its
@@ -14,7 +15,6 @@ the cases stop there.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import time
@@ -30,20 +30,6 @@ from app.events import MAX_STRING_LEN  # noqa: E402
 from app.rules.functions import MAX_LIKE_RUN, like_matcher  # noqa: E402
 
 PASSES = 5
-
-
-def old_like_to_regex(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
-    """LIKE as it was compiled before: ``%`` -> ``.*``, ``_`` -> ``.``, one fullmatch."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
 
 #: (name, pattern, ignore_case, value as (text, repeat, tail)): the ReDoS the issue reported,
@@ -68,8 +54,8 @@ CASES: list[tuple[str, str, bool, tuple[str, int, str]]] = [
 _CHILD = """
 import re, sys, time
 sys.path.insert(0, {root!r})
-from bench.bench_patterns import old_like_to_regex
-rx = old_like_to_regex({pattern!r}, {ignore_case!r})
+from tests.rules.like_oracle import old_like_regex
+rx = re.compile(old_like_regex({pattern!r}), re.DOTALL | (re.IGNORECASE if {ignore_case!r} else 0))
 value = {text!r} * {repeat!r} + {tail!r}
 started = time.perf_counter()
 found = rx.fullmatch(value) is not None

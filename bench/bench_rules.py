@@ -66,7 +66,7 @@ from app.runtime import native  # noqa: E402
 native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
+from aiokafka import AIOKafkaConsumer  # noqa: E402
 from faust_agents import MINIMAL_AGENT, MINIMAL_BASELINE, NOOP_AGENT, plain_agent  # noqa: E402
 from latency_runs import (  # noqa: E402
     ECHO_WORKER,
@@ -84,6 +84,7 @@ from worker_runs import (  # noqa: E402
     bucket_quantile,
     create_topics,
     end_offset,
+    fill_many,
     histogram,
     log_tail,
     metric,
@@ -242,18 +243,6 @@ def bench_fleet(pack: Path, devices: int, n: int) -> None:
 
 async def fill(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes]) -> None:
     await fill_many(bootstrap, [(topic, k, v) for k, v in zip(keys, values, strict=True)])
-
-
-async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> None:
-    """Produce ``(topic, key, value)`` records in order and wait for every ack."""
-    await wait_for_leaders(bootstrap, {topic for topic, _k, _v in records})
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
-    await p.start()
-    try:
-        futs = [await p.send(topic, v, key=k) for topic, k, v in records]
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
 
 
 async def bare_consumer_rate(bootstrap: str, topic: str, expect: int) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from worker_runs import Item, create_topics, percentiles
+from worker_runs import Item, close_probe, create_topics, percentiles
 
 from app.events import format_ts
 from app.placement import partition_for
@@ -220,13 +220,7 @@ async def measure_latency(
         while time.monotonic() < deadline and not set(sent_at) <= set(got):
             await asyncio.sleep(0.05)
     finally:
-        stop.set()
-        await asyncio.wait({reader}, timeout=2)
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            print(f"latency: the alert reader failed: {reader.exception()!r}")
-        reader.cancel()
-        await producer.stop()
-        await consumer.stop()
+        await close_probe(stop, reader, producer, consumer)
     for s in sorted(sent_at):
         append, wall = got.get(s, (math.inf, math.inf))
         res.append_ms.append(append)

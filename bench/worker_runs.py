@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from aiokafka import AIOKafkaClient
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.kafka.clients import end_offsets
@@ -142,6 +142,43 @@ async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, s
         await admin.create_topics([NewTopic(name, n, 1, topic_configs=c) for name, (n, c) in topics.items()])
     finally:
         await admin.close()
+
+
+async def fill_many(bootstrap: str, records: list[tuple[str, bytes, bytes]]) -> None:
+    """Produce ``(topic, key, value)`` records in order and wait for every ack."""
+    await wait_for_leaders(bootstrap, {topic for topic, _k, _v in records})
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024)
+    await p.start()
+    try:
+        futs = [await p.send(topic, v, key=k) for topic, k, v in records]
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    """The offsets ``group`` has committed (a transactional commit once its transaction commits)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        found = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
+
+
+async def close_probe(
+    stop: asyncio.Event, reader: asyncio.Task[None], producer: AIOKafkaProducer, consumer: AIOKafkaConsumer
+) -> None:
+    """End a paced run: stop its reader task (2 s to finish, then cancelled; its failure is
+    printed), then its producer and consumer."""
+    stop.set()
+    await asyncio.wait({reader}, timeout=2)
+    if reader.done() and not reader.cancelled() and reader.exception() is not None:
+        print(f"the reader failed: {reader.exception()!r}")
+    reader.cancel()
+    await producer.stop()
+    await consumer.stop()
 
 
 async def wait_for_leaders(bootstrap: str, topics: Iterable[str], timeout_s: float = 30.0) -> None:

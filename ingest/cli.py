@@ -24,7 +24,6 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Iterator, Sequence
-from pathlib import Path
 from typing import BinaryIO
 
 import orjson
@@ -35,7 +34,7 @@ from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_even
 from ingest.adapters.logfile import log_events
 from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.ohlc import SYMBOLS
-from ingest.cliargs import positive, timestamp_ms, timezone
+from ingest.cliargs import add_progress, add_tz, positive, timestamp_ms
 from ingest.httpd import cli as http_cli
 from ingest.model import Converter, ConvertError
 from ingest.mqtt import cli as mqtt_cli
@@ -92,7 +91,7 @@ def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     log.add_argument("file", help="log file")
     log.add_argument("--format", required=True, choices=list(LOG_FORMATS), help="line format")
     log.add_argument("--host", help="host of every event (required by formats whose lines carry none)")
-    log.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of zone-less times (UTC)")
+    add_tz(log, "zone-less times")
     for sub in (nab, apache, ohlc, log):
         sub.add_argument("--out", metavar="FILE", help="write here instead of stdout")
         sub.set_defaults(run=_convert)
@@ -110,7 +109,7 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     rp.add_argument("--device", help="device_id, with --format nab")
     rp.add_argument("--field", help="sensors field for the value, with --format nab")
     rp.add_argument("--host", help="host, with the log formats whose lines carry none")
-    rp.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of zone-less log times (UTC)")
+    add_tz(rp, "zone-less log times")
     rp.add_argument(
         "--speedup",
         type=positive(float),
@@ -126,11 +125,9 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="skip events before this event time (RFC 3339)",
     )
     rp.add_argument("--live", action="store_true", help="shift event times so the first event is now")
-    rp.add_argument(
-        "--progress",
-        type=Path,
-        metavar="FILE.json",
-        help="resume after the items an earlier run published, and record how far this one gets "
+    add_progress(
+        rp,
+        "resume after the items an earlier run published, and record how far this one gets "
         "(--limit then counts over all runs; a finished replay exits at once)",
     )
     rp.set_defaults(run=_replay)

@@ -1,8 +1,13 @@
-"""argparse ``type`` helpers shared by the ``python -m ingest`` commands.
+"""argparse helpers shared by the ``python -m ingest`` commands.
 
-Each turns one option's text into a typed value or raises
-``argparse.ArgumentTypeError`` with the expected form, so bad usage exits 2
-with a message naming the option before anything starts.
+- The ``type`` helpers (:func:`positive`, :func:`timezone`, :func:`address`,
+  :func:`timestamp_ms`) turn one option's text into a typed value or raise
+  ``argparse.ArgumentTypeError`` with the expected form, so bad usage exits 2 with a
+  message naming the option before anything starts.
+- :func:`add_command` declares one command; :func:`add_tz` and :func:`add_progress`
+  add the options several commands share, with the same type, default and form.
+- :func:`read_secret` reads a secret an option names in a file, at run time
+  (IngestArgError, exit 2, when the file cannot be read).
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ import argparse
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
+from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import IngestDecodeError
 from app.events import parse_ts
+from ingest.model import IngestArgError
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +79,35 @@ def timestamp_ms(text: str) -> int:
 def now_ms() -> int:
     """The wall clock in epoch ms, whole seconds (a readable default start)."""
     return int(datetime.now(tz=UTC).timestamp()) * 1000
+
+
+def add_command(
+    commands: Any, name: str, *, summary: str, description: str, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """The command ``python -m ingest <name>`` (``summary`` in the list of commands,
+    ``description`` in its own ``--help``), which calls ``run(args)``; add its options to it."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=summary, description=description)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_tz(parser: argparse.ArgumentParser, times: str) -> None:
+    """``--tz ZONE`` (default UTC): the zone of ``times``, the input's times that carry none."""
+    parser.add_argument("--tz", type=timezone, default=UTC, help=f"zone of {times} (UTC)")
+
+
+def add_progress(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--progress FILE.json`` (a :class:`~pathlib.Path`, default None); ``what`` is its help."""
+    parser.add_argument("--progress", type=Path, metavar="FILE.json", help=what)
+
+
+def read_secret(path: Path | None, option: str) -> str | None:
+    """The text of the file ``path`` an ``option`` names, stripped; None without one.
+    IngestArgError naming the option when the file cannot be read."""
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        msg = f"{option}: {exc}"
+        raise IngestArgError(msg) from None

@@ -31,7 +31,6 @@ again.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ import orjson
 
 from app.errors import ConfigError
 from app.events import format_ts
+from ingest.statefile import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -126,28 +126,14 @@ class ProgressFile:
             "updated_at": format_ts(time.time_ns() // 1_000_000),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(record) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_json(self.path, record)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
     """The record in ``path``, checked; None when there is no file."""
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
+    data = read_json(path, "the progress file", _START_OVER, ProgressError)
+    if data is None:
         return None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        msg = f"{path}: cannot read the progress file ({exc}); {_START_OVER}"
-        raise ProgressError(msg) from None
     problem = _problem(data)
     if problem:
         msg = f"{path}: not a progress file: {problem}; {_START_OVER}"

@@ -54,6 +54,7 @@ from app.errors import BrokerError, ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, encode, schema_for
 from app.eventtime import WallClockBound
 from app.kafka.clients import make_producer
+from app.kafka.errors import CLIENT_ERRORS
 from app.runtime.settings import Settings
 from ingest.model import ConvertError
 
@@ -115,7 +116,7 @@ class Publisher:
         producer = make_producer(self._settings)
         try:
             await asyncio.wait_for(producer.start(), self._start_timeout_s)
-        except (TimeoutError, KafkaError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             await producer.stop()
             msg = f"cannot start a producer on {self._settings.bootstrap_servers}: {exc!r}"
             if self._settings.enable_idempotence:

@@ -31,12 +31,12 @@ import orjson
 from app.errors import ConfigError
 from app.kafka.wait import quiet_client_logs, wait_for_broker
 from app.runtime.metrics import serve
+from app.runtime.role import STOP_SIGNALS, stop_on_signals
 from app.runtime.settings import Settings, setup_logging
 from ingest.publisher import NO_BOOTSTRAP, Publisher
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 T = TypeVar("T")
 
@@ -105,15 +105,7 @@ def run_adapter(body: Body) -> int:
 
 async def _until_signal(body: Body, settings: Settings, early: list[int]) -> Summary:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        logger.info("received %s, stopping: flushing what was accepted", sig.name)
-        stop.set()
-        loop.remove_signal_handler(sig)
-
-    for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
+    stop_on_signals(stop, "stopping: flushing what was accepted")
     if early:
         stop.set()
     try:
@@ -125,7 +117,7 @@ async def _until_signal(body: Body, settings: Settings, early: list[int]) -> Sum
         return await work
     finally:
         for sig in STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
+            asyncio.get_running_loop().remove_signal_handler(sig)
 
 
 async def take_batch(queue: asyncio.Queue[T], stop: asyncio.Event, limit: int = 1000) -> list[T]:

@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from app.errors import BrokerError
 from app.kafka.clients import Target, bootstrap_of, connection
+from app.kafka.errors import broker_errors
 from app.topics import TOPICS, TopicSpec
 
 logger = logging.getLogger(__name__)
@@ -25,29 +26,30 @@ async def ensure_topics(
     """Create every topic in ``specs`` that does not exist yet; return those created."""
     admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=10_000)
     try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-        existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(
-                name=s.name,
-                num_partitions=s.partitions or partitions,
-                replication_factor=replication_factor,
-                topic_configs=s.config(),
-            )
-            for s in specs
-            if s.name not in existing
-        ]
-        refused: list[str] = []
-        if wanted:
-            try:
-                response = await admin.create_topics(wanted)
-            except TopicAlreadyExistsError:
-                logger.info("topics were created concurrently by another process")
-            else:  # per-topic errors come back in the answer, not as an exception
-                for name, code, *rest in response.topic_errors:
-                    if code not in (0, TopicAlreadyExistsError.errno):
-                        why = f": {rest[0]}" if rest and rest[0] else ""
-                        refused.append(f"{name} ({for_code(code).__name__}{why})")
+        with broker_errors(f"create topics on {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(admin.start(), timeout_s)
+            existing = set(await admin.list_topics())
+            wanted = [
+                NewTopic(
+                    name=s.name,
+                    num_partitions=s.partitions or partitions,
+                    replication_factor=replication_factor,
+                    topic_configs=s.config(),
+                )
+                for s in specs
+                if s.name not in existing
+            ]
+            refused: list[str] = []
+            if wanted:
+                try:
+                    response = await admin.create_topics(wanted)
+                except TopicAlreadyExistsError:
+                    logger.info("topics were created concurrently by another process")
+                else:  # per-topic errors come back in the answer, not as an exception
+                    for name, code, *rest in response.topic_errors:
+                        if code not in (0, TopicAlreadyExistsError.errno):
+                            why = f": {rest[0]}" if rest and rest[0] else ""
+                            refused.append(f"{name} ({for_code(code).__name__}{why})")
         if refused:
             msg = f"the cluster refused to create {', '.join(refused)}"
             raise BrokerError(msg)
@@ -55,8 +57,5 @@ async def ensure_topics(
         if created:
             logger.info("created topics %s", ", ".join(created))
         return created
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot create topics on {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
     finally:
         await admin.close()

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
+from app.kafka.errors import broker_errors
 from app.placement import KeyHashes
 from app.runtime.settings import Settings
 
@@ -121,13 +121,11 @@ async def topic_partitions(
     metadata knows only the topics it subscribed to or was assigned.)"""
     client = AIOKafkaClient(**connection(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
-        await asyncio.wait_for(client.bootstrap(), timeout_s)
-        cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
-        found = cluster.topics()
-        return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read topic metadata from {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
+        with broker_errors(f"read topic metadata from {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(client.bootstrap(), timeout_s)
+            cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+            found = cluster.topics()
+            return {t: sorted(cluster.partitions_for_topic(t) or ()) for t in topics if t in found}
     finally:
         await client.close()
 
@@ -158,10 +156,33 @@ async def high_watermarks(
         return {}
     consumer = AIOKafkaConsumer(**connection(bootstrap), enable_auto_commit=False)
     try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
-    except (TimeoutError, KafkaError, OSError) as exc:
-        msg = f"cannot read end offsets from {bootstrap_of(bootstrap)}: {exc!r}"
-        raise BrokerError(msg) from exc
+        with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(consumer.start(), timeout_s)
+            return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     finally:
         await consumer.stop()
+
+
+async def assign_kept(
+    consumer: AIOKafkaConsumer, bootstrap: Target, topics: list[str], kept: Mapping[tuple[str, int], int]
+) -> dict[TopicPartition, int]:
+    """Assign ``consumer`` (started) every partition of ``topics`` that exists, each at its
+    ``kept[(topic, partition)]`` offset, or at the beginning without one. A kept offset
+    past the partition's end means the topic was recreated (an embedded broker restarted
+    empty): that partition is read from the beginning, with a warning. Returns the
+    partitions' high watermarks."""
+    tps = await partitions_of(bootstrap, topics)
+    consumer.assign(tps)
+    marks = await high_watermarks(bootstrap, topics)
+    for tp in tps:
+        at = kept.get((tp.topic, tp.partition))
+        end = marks.get(tp, 0)
+        if at is not None and at > end:
+            logger.warning("%s:%d ends at %d, before the kept offset %d: the topic was recreated; "
+                           "reading it from the beginning", tp.topic, tp.partition, end, at)  # fmt: skip
+            at = None
+        if at is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, at)
+    return marks

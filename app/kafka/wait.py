@@ -26,10 +26,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaClient
-from aiokafka.errors import KafkaError
 
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Target, bootstrap_of, connection
+from app.kafka.errors import CLIENT_ERRORS
 from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ async def broker_answers(
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         return bool(client.cluster.brokers())
-    except (TimeoutError, KafkaError, OSError):
+    except CLIENT_ERRORS:
         return False
     finally:
         await client.close()

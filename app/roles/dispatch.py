@@ -50,7 +50,7 @@ from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
-from app.kafka.clients import high_watermarks, make_consumer, make_producer, partitions_of
+from app.kafka.clients import assign_kept, high_watermarks, make_consumer, make_producer
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
 from app.notify.receivers import make_notifier
@@ -312,21 +312,8 @@ async def _assign(
     A kept offset past a partition's end means the topic was recreated (an embedded broker
     restarted empty): that partition is read from the beginning, with a warning."""
     await consumer.start()
-    tps = await partitions_of(settings, list(INPUTS))
-    consumer.assign(tps)
     kept = db.offsets()
-    marks = await high_watermarks(settings, list(INPUTS))
-    for tp in tps:
-        at = kept.get((tp.topic, tp.partition))
-        if at is not None and at > marks.get(tp, 0):
-            end = marks.get(tp, 0)
-            logger.warning("%s:%d ends at %d, before the kept offset %d: the topic was recreated; "
-                           "reading it from the beginning", tp.topic, tp.partition, end, at)  # fmt: skip
-            at = None
-        if at is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, at)
+    marks = await assign_kept(consumer, settings, list(INPUTS), kept)
     return {} if kept else {tp: m for tp, m in marks.items() if m}
 
 

@@ -30,7 +30,7 @@ from prometheus_client import Counter
 
 from app.alerts import Alert, order_key
 from app.dispatch.commands import parse_command, verify_command
-from app.kafka.clients import Target, high_watermarks, make_consumer, partitions_of
+from app.kafka.clients import Target, assign_kept, make_consumer
 from app.runtime.settings import Settings
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
@@ -97,20 +97,8 @@ def decode_batch(
 async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: Target) -> None:
     """Assign every partition of :data:`TOPICS` at the store's offset, or the beginning (also
     when the kept offset lies past the partition's end: the topic was recreated)."""
-    tps = await partitions_of(bootstrap, list(TOPICS))
-    consumer.assign(tps)
     kept = store.offsets()
-    marks = await high_watermarks(bootstrap, list(TOPICS))
-    for tp in tps:
-        at = kept.get((tp.topic, tp.partition))
-        if at is not None and at > marks.get(tp, 0):
-            logger.warning("%s:%d was recreated (ends before the kept offset %d); reading it from the start",
-                           tp.topic, tp.partition, at)  # fmt: skip
-            at = None
-        if at is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, at)
+    await assign_kept(consumer, bootstrap, list(TOPICS), kept)
     if not kept:
         logger.info("the store has no offsets: reading the topics from the beginning")
 

@@ -25,6 +25,23 @@ from app.runtime.settings import Settings
 logger = logging.getLogger(__name__)
 
 RoleFn = Callable[..., Awaitable[None]]
+#: the signals that ask a role or an adapter to stop cleanly
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop_on_signals(stop: asyncio.Event, stopping: str = "stopping") -> None:
+    """In the running loop: the first SIGINT or SIGTERM sets ``stop``, logged as ``received
+    <signal>, <stopping>``; a second one of the same is left to the default handler, so a
+    stuck process can still die."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        logger.info("received %s, %s", sig.name, stopping)
+        stop.set()
+        loop.remove_signal_handler(sig)
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
 
 
 def run_role(fn: RoleFn, settings: Settings, *, kafka: bool = True, **options: Any) -> int:
@@ -33,15 +50,7 @@ def run_role(fn: RoleFn, settings: Settings, *, kafka: bool = True, **options: A
 
     async def main() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(sig: signal.Signals) -> None:
-            logger.info("received %s, stopping", sig.name)
-            stop.set()
-            loop.remove_signal_handler(sig)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
+        stop_on_signals(stop)
         metrics.serve(settings.metrics_port)
         if kafka:
             quiet_client_logs()

@@ -33,11 +33,9 @@ the thread that opened it.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ import orjson
 
 from app.alerts import Alert, order_key
 from app.storage.operator_records import OperatorRecords
+from app.storage.sqlite import create_schema, open_reader, open_writer, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +94,6 @@ ON CONFLICT (rule_id, fingerprint) DO UPDATE SET
 WHERE (excluded.starts_us, excluded.event_us, excluded.status_rank)
     > (alerts.starts_us, alerts.event_us, alerts.status_rank)
 """
-_CURRENT_COLS = (
-    "rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at, "
-    "alert_id, values_json, event_ts, rule_version, updated_at"
-)
 
 
 @dataclass(frozen=True)
@@ -118,6 +113,13 @@ class CurrentAlert:
     event_ts: str
     rule_version: str
     updated_at: str
+
+
+#: CurrentAlert's fields: the ``alerts`` table's first columns, in order
+_CURRENT = tuple(f.name for f in fields(CurrentAlert))
+#: the fields stored as JSON text (``values`` in the column ``values_json``)
+_AS_JSON = frozenset({"labels", "annotations", "values"})
+_CURRENT_COLS = ", ".join("values_json" if name == "values" else name for name in _CURRENT)
 
 
 @dataclass(frozen=True)
@@ -153,32 +155,10 @@ class AlertStore(OperatorRecords):
         self.readonly = readonly
         self._now = now
         if readonly:
-            if not self.path.exists():
-                msg = f"alert store {self.path} does not exist yet"
-                raise FileNotFoundError(msg)
-            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
-            self._conn.execute("PRAGMA query_only=ON")
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA busy_timeout=5000")
-        if not readonly:
-            with self._write():  # executescript would commit outside our transaction
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
-                    self._conn.execute(stmt)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+            self._conn = open_reader(self.path, "alert store")
+            return
+        self._conn = open_writer(self.path)
+        create_schema(self._conn, f"{_SCHEMA};PRAGMA user_version={SCHEMA_VERSION}")
 
     def apply(self, alert: Alert) -> bool:
         """Record one transition; True if its ``alert_id`` was new."""
@@ -208,7 +188,7 @@ class AlertStore(OperatorRecords):
             return 0
         stamp = self._now().isoformat()
         new = 0
-        with self._write():
+        with transaction(self._conn):
             for cmd in cmds:
                 self._command(cmd)
             for ev in events:
@@ -290,16 +270,17 @@ class AlertStore(OperatorRecords):
 
 def _state(a: Alert, stamp: str) -> tuple[Any, ...]:
     """The ``alerts`` row of ``a`` in column order, without the ordering columns."""
-    labels, annotations, values = _dumps(a.labels), _dumps(a.annotations), _dumps(a.values)
-    return (a.rule_id, a.fingerprint, a.status, a.severity, labels, annotations, a.starts_at,
-            a.ends_at, a.alert_id, values, a.event_ts, a.rule_version, stamp)  # fmt: skip
+    row = []
+    for name in _CURRENT:
+        value = stamp if name == "updated_at" else getattr(a, name)
+        row.append(_dumps(value) if name in _AS_JSON else value)
+    return tuple(row)
 
 
 def _current(row: tuple[Any, ...]) -> CurrentAlert:
-    fields = list(row)
-    for i in (4, 5, 9):  # labels, annotations, values
-        fields[i] = orjson.loads(fields[i])
-    return CurrentAlert(*fields)
+    """The CurrentAlert of a row selected as ``_CURRENT_COLS``."""
+    values = zip(_CURRENT, row, strict=True)
+    return CurrentAlert(*(orjson.loads(value) if name in _AS_JSON else value for name, value in values))
 
 
 def _dumps(value: object) -> str:

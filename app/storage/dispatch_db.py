@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import sqlite3
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from app.dispatch.messages import OutboxMessage
 from app.errors import ConfigError
+from app.storage.sqlite import create_schema, open_reader, open_writer, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +74,7 @@ class DispatchDB:
         self.path = Path(path)
         self._lock: TextIO | None = None
         if readonly:
-            if not self.path.exists():
-                msg = f"dispatcher state {self.path} does not exist yet"
-                raise FileNotFoundError(msg)
-            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
-            self._conn.execute("PRAGMA busy_timeout=5000")
+            self._conn = open_reader(self.path, "dispatcher state")
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(f"{self.path}.lock", "w")  # held for the object's life
@@ -90,25 +85,10 @@ class DispatchDB:
             msg = f"{self.path} is in use by another dispatcher; run one dispatcher per data dir"
             raise ConfigError(msg) from None
         self.fresh = not self.path.exists()
-        self._conn = sqlite3.connect(self.path, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA busy_timeout=5000")
-        with self._tx():
-            for stmt in filter(str.strip, _SCHEMA.split(";")):
-                self._conn.execute(stmt)
+        self._conn = open_writer(self.path)
+        create_schema(self._conn, _SCHEMA)
         if not self.fresh:
             self.fresh = self._conn.execute("SELECT COUNT(*) FROM offsets").fetchone()[0] == 0
-
-    @contextmanager
-    def _tx(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     def close(self) -> None:
         self._conn.close()
@@ -133,7 +113,7 @@ class DispatchDB:
         publish: Iterable[tuple[str, bytes | None, bytes]] = (),
     ) -> None:
         """One durable transaction: state ``(ns, key, json|None)``, offsets, outbox rows, records."""
-        with self._tx():
+        with transaction(self._conn):
             for ns, key, value in changes:
                 if value is None:
                     self._conn.execute("DELETE FROM state WHERE ns=? AND key=?", (ns, key))
@@ -169,7 +149,7 @@ class DispatchDB:
         publish: Iterable[tuple[str, bytes | None, bytes]] = (),
     ) -> None:
         """Mark a message ``delivered`` or ``dead`` and queue its log event, in one transaction."""
-        with self._tx():
+        with transaction(self._conn):
             self._conn.execute(
                 "UPDATE outbox SET status=?, done_at=?, attempts=attempts+1, last_error=? WHERE msg_id=?",
                 (status, now, error, msg_id),
@@ -177,7 +157,7 @@ class DispatchDB:
             self._conn.executemany("INSERT INTO publish (topic, key, value) VALUES (?,?,?)", list(publish))
 
     def reschedule(self, msg_id: str, next_at: float, error: str) -> None:
-        with self._tx():
+        with transaction(self._conn):
             self._conn.execute(
                 "UPDATE outbox SET attempts=attempts+1, next_at=?, last_error=? WHERE msg_id=?",
                 (next_at, error, msg_id),
@@ -196,7 +176,7 @@ class DispatchDB:
         return dict(self._conn.execute("SELECT status, COUNT(*) FROM outbox GROUP BY status").fetchall())
 
     def prune_delivered(self, before: float) -> int:
-        with self._tx():
+        with transaction(self._conn):
             cur = self._conn.execute("DELETE FROM outbox WHERE status='delivered' AND done_at < ?", (before,))
         return cur.rowcount
 
@@ -206,5 +186,5 @@ class DispatchDB:
         return [(s, t, None if k is None else bytes(k), bytes(v)) for s, t, k, v in rows]
 
     def published(self, up_to_seq: int) -> None:
-        with self._tx():
+        with transaction(self._conn):
             self._conn.execute("DELETE FROM publish WHERE seq <= ?", (up_to_seq,))

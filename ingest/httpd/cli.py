@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app.topics import SOURCE_TOPICS
-from ingest.cliargs import positive
+from ingest.cliargs import add_command, positive, read_secret
 from ingest.httpd.server import HttpOptions, serve_http
 from ingest.model import IngestArgError
 from ingest.runtime import run_adapter
@@ -17,11 +17,17 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
-    p: argparse.ArgumentParser = commands.add_parser("http", help="HTTP endpoint for events and batches")
-    p.description = (
-        "Serve POST /v1/events/{sensors,logs,finance} (application/json: one event; application/x-ndjson: "
-        "a batch) and GET /healthz. 202 only after the broker acknowledged every event; 400 with per-line "
-        "errors, publishing nothing, when any line is invalid. SIGTERM/SIGINT stop it cleanly."
+    p = add_command(
+        commands,
+        "http",
+        summary="HTTP endpoint for events and batches",
+        run=run,
+        description=(
+            "Serve POST /v1/events/{sensors,logs,finance} (application/json: one event; "
+            "application/x-ndjson: a batch) and GET /healthz. 202 only after the broker acknowledged every "
+            "event; 400 with per-line errors, publishing nothing, when any line is invalid. SIGTERM/SIGINT "
+            "stop it cleanly."
+        ),
     )
     p.add_argument("--bind", default="127.0.0.1", help="listen address (127.0.0.1)")
     p.add_argument("--port", type=int, default=8088, help="listen port (8088; 0 picks a free one)")
@@ -40,19 +46,12 @@ def add_parser(commands: Any) -> None:
         help="how long to wait for the broker's acks before answering 503 (30 s)",
     )
     p.add_argument("--token-file", type=Path, help="require 'Authorization: Bearer <token in this file>'")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            msg = f"--token-file: {exc}"
-            raise IngestArgError(msg) from None
-        if not token:
-            msg = f"--token-file {args.token_file} is empty"
-            raise IngestArgError(msg)
+    token = read_secret(args.token_file, "--token-file")
+    if token == "":
+        msg = f"--token-file {args.token_file} is empty"
+        raise IngestArgError(msg)
     opts = HttpOptions(args.bind, args.port, int(args.max_body), args.ack_timeout, token)
     return run_adapter(lambda settings, stop: serve_http(settings, opts, stop, tuple(SOURCE_TOPICS)))

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ingest.cliargs import address, positive
+from ingest.cliargs import add_command, address, positive, read_secret
 from ingest.model import IngestArgError
 from ingest.mqtt.bridge import MqttOptions, bridge
 from ingest.mqtt.mapping import MappingRule, load_mapping_file, parse_map_option
@@ -18,11 +18,16 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
-    p: argparse.ArgumentParser = commands.add_parser("mqtt", help="bridge MQTT sensor topics")
-    p.description = (
-        "Subscribe at QoS 1 with a persistent session and publish each message to events.sensors; "
-        "the MQTT ack is sent only after Kafka acknowledged. Reconnects with backoff. "
-        "SIGTERM/SIGINT stop it cleanly."
+    p = add_command(
+        commands,
+        "mqtt",
+        summary="bridge MQTT sensor topics",
+        run=run,
+        description=(
+            "Subscribe at QoS 1 with a persistent session and publish each message to events.sensors; "
+            "the MQTT ack is sent only after Kafka acknowledged. Reconnects with backoff. "
+            "SIGTERM/SIGINT stop it cleanly."
+        ),
     )
     p.add_argument("--broker", type=address, default=("127.0.0.1", 1883), metavar="HOST:PORT")
     p.add_argument(
@@ -47,7 +52,6 @@ def add_parser(commands: Any) -> None:
         metavar="FILE",
         help="create FILE once the MQTT broker acknowledged the subscriptions (publishers may start then)",
     )
-    p.set_defaults(run=run)
 
 
 def rules_from(args: argparse.Namespace) -> tuple[MappingRule, ...]:
@@ -62,13 +66,7 @@ def rules_from(args: argparse.Namespace) -> tuple[MappingRule, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    password = None
-    if args.password_file is not None:
-        try:
-            password = args.password_file.read_text().strip()
-        except OSError as exc:
-            msg = f"--password-file: {exc}"
-            raise IngestArgError(msg) from None
+    password = read_secret(args.password_file, "--password-file")
     host, port = args.broker
     opts = MqttOptions(
         host,

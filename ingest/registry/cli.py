@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from app.runtime.settings import Settings
+from ingest.cliargs import add_progress
 from ingest.model import IngestArgError
 from ingest.progress import OtherInputError, Progress, ProgressFile
 from ingest.registry.load import TableRecord, load_rows
@@ -46,12 +47,7 @@ def add_parser(commands: Any) -> None:
             "--prune", action="store_true", help="also tombstone keys on the topic but not in FILE"
         )
         t.add_argument("--dry-run", action="store_true", help="print the records, publish nothing")
-        t.add_argument(
-            "--progress",
-            type=Path,
-            metavar="FILE.json",
-            help="skip the load when this file says the same rows were loaded before; record it after",
-        )
+        add_progress(t, "skip the load when this file says the same rows were loaded before; record it after")
         t.set_defaults(run=run)
 
 

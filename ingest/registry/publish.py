@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka.errors import KafkaError
 
 from app.errors import BrokerError
 from app.kafka.clients import make_consumer, partitions_of
+from app.kafka.errors import broker_errors
 from app.runtime.settings import Settings
 from ingest.publisher import Publisher
 from ingest.registry.load import TableRecord
@@ -56,29 +56,27 @@ async def read_table(settings: Settings, topic: str, timeout_s: float = 30.0) ->
     rows: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        tps = await partitions_of(settings, [topic], timeout_s)
-        if not tps:
+        with broker_errors(f"read {topic}"):
+            await asyncio.wait_for(consumer.start(), timeout_s)
+            tps = await partitions_of(settings, [topic], timeout_s)
+            if not tps:
+                return rows
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                if time.monotonic() > deadline:
+                    msg = f"reading {topic} did not reach its end within {timeout_s:.0f} s"
+                    raise BrokerError(msg)
+                batch = await consumer.getmany(*tps, timeout_ms=200)
+                for records in batch.values():
+                    for r in records:
+                        key = r.key.decode() if r.key is not None else ""
+                        if r.value is None:
+                            rows.pop(key, None)
+                        else:
+                            rows[key] = orjson.loads(r.value)
             return rows
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            if time.monotonic() > deadline:
-                msg = f"reading {topic} did not reach its end within {timeout_s:.0f} s"
-                raise BrokerError(msg)
-            batch = await consumer.getmany(*tps, timeout_ms=200)
-            for records in batch.values():
-                for r in records:
-                    key = r.key.decode() if r.key is not None else ""
-                    if r.value is None:
-                        rows.pop(key, None)
-                    else:
-                        rows[key] = orjson.loads(r.value)
-        return rows
-    except (KafkaError, OSError, TimeoutError) as exc:
-        msg = f"cannot read {topic}: {exc!r}"
-        raise BrokerError(msg) from exc
     finally:
         await consumer.stop()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from app.events import parse_ts
 from app.topics import SOURCE_TOPICS
-from ingest.cliargs import now_ms, positive, timestamp_ms
+from ingest.cliargs import add_progress, now_ms, positive, timestamp_ms
 from ingest.model import IngestArgError, Record
 from ingest.progress import ProgressFile
 from ingest.replay import ReplayOptions, replay, source_for_topic
@@ -89,11 +89,9 @@ def add_parser(commands: Any) -> None:
         sub.add_argument("--fast", action="store_true", help="no pacing: publish as fast as possible")
         sub.add_argument("--rate", type=positive(float), metavar="N", help="at most N events per second")
         sub.add_argument("--topic", default=topic, help=f"topic ({topic})")
-        sub.add_argument(
-            "--progress",
-            type=Path,
-            metavar="FILE.json",
-            help="resume after the events an earlier run published (same seed and options; without "
+        add_progress(
+            sub,
+            "resume after the events an earlier run published (same seed and options; without "
             "--start, its start), and record how far this one gets (--count then counts over all runs)",
         )
         sub.set_defaults(run=run)

@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from ingest.cliargs import address, positive, timezone
+from ingest.cliargs import add_command, add_tz, address, positive
 from ingest.model import IngestArgError
 from ingest.runtime import run_adapter
 from ingest.syslogd.server import SyslogOptions, serve_syslog
@@ -15,14 +15,19 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
-    p: argparse.ArgumentParser = commands.add_parser("syslog", help="receive syslog over UDP/TCP")
-    p.description = (
-        "Receive RFC 3164 and RFC 5424 syslog over UDP and/or TCP (octet counting or newline framing) "
-        "and publish to events.logs keyed by host. SIGTERM/SIGINT stop it cleanly."
+    p = add_command(
+        commands,
+        "syslog",
+        summary="receive syslog over UDP/TCP",
+        run=run,
+        description=(
+            "Receive RFC 3164 and RFC 5424 syslog over UDP and/or TCP (octet counting or newline framing) "
+            "and publish to events.logs keyed by host. SIGTERM/SIGINT stop it cleanly."
+        ),
     )
     p.add_argument("--udp", type=address, metavar="HOST:PORT", help="UDP address, e.g. 127.0.0.1:5514")
     p.add_argument("--tcp", type=address, metavar="HOST:PORT", help="TCP address, e.g. 127.0.0.1:5514")
-    p.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of RFC 3164 times (UTC)")
+    add_tz(p, "RFC 3164 times")
     p.add_argument(
         "--max-message",
         type=positive(int),
@@ -30,7 +35,6 @@ def add_parser(commands: Any) -> None:
         metavar="BYTES",
         help="longest message accepted (65536)",
     )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

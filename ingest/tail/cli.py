@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.adapters.logformats import LOG_FORMATS
-from ingest.cliargs import positive, timezone
+from ingest.cliargs import add_command, add_tz, positive
 from ingest.runtime import run_adapter
 from ingest.tail.tailer import TailOptions, tail
 
@@ -16,17 +16,22 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: Any) -> None:
-    p: argparse.ArgumentParser = commands.add_parser("tail", help="follow a log file onto events.logs")
-    p.description = (
-        "Follow FILE (surviving rotation and truncation) and publish each line, stack traces joined, "
-        "to events.logs. The position is saved in --state after the broker acknowledged the lines, so "
-        "a restart neither loses nor repeats a line. SIGTERM/SIGINT stop it cleanly."
+    p = add_command(
+        commands,
+        "tail",
+        summary="follow a log file onto events.logs",
+        run=run,
+        description=(
+            "Follow FILE (surviving rotation and truncation) and publish each line, stack traces joined, "
+            "to events.logs. The position is saved in --state after the broker acknowledged the lines, so "
+            "a restart neither loses nor repeats a line. SIGTERM/SIGINT stop it cleanly."
+        ),
     )
     p.add_argument("file", help="the log file to follow (it may not exist yet)")
     p.add_argument("--format", required=True, choices=list(LOG_FORMATS), help="line format")
     p.add_argument("--state", required=True, type=Path, help="JSON state file of the saved position")
     p.add_argument("--host", help="host of every event (required by formats whose lines carry none)")
-    p.add_argument("--tz", type=timezone, default=timezone("UTC"), help="zone of zone-less times (UTC)")
+    add_tz(p, "zone-less times")
     p.add_argument(
         "--start-at",
         choices=["beginning", "end"],
@@ -41,7 +46,6 @@ def add_parser(commands: Any) -> None:
         metavar="S",
         help="keep reading a rotated file until it was quiet this long (1 s)",
     )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

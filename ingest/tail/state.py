@@ -25,10 +25,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import orjson
-
 from app.errors import ConfigError
 from app.events import format_ts
+from ingest.statefile import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +75,9 @@ def head_matches(fd: int, file: FileId) -> bool:
 
 def load_state(path: Path) -> Position | None:
     """The saved position, or None when there is no state file yet."""
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
+    data = read_json(path, "the tail state", "fix or delete it to start over", TailStateError)
+    if data is None:
         return None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        msg = f"{path}: cannot read the tail state ({exc}); fix or delete it to start over"
-        raise TailStateError(msg) from None
     try:
         if data["version"] != VERSION:
             msg = f"{path}: state version {data['version']!r}, expected {VERSION}"
@@ -98,14 +93,4 @@ def save_state(path: Path, log_path: str, pos: Position, now_ms: int) -> None:
     """Atomically replace ``path`` with ``pos`` (temp file, fsync, rename, fsync dir)."""
     record = {"version": VERSION, "path": log_path, **asdict(pos.file), "offset": pos.offset}
     record["updated_at"] = format_ts(now_ms)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(record) + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_json(path, record)

@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from agents.topics import regroup_topic
@@ -32,6 +31,7 @@ from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
 from app.topics import ALERTS, SENSORS
+from bench.worker_runs import committed_offsets as group_offsets
 from tests.agents.worker_helpers import WORKER_GROUP, committed_offsets, nab_lines, role_env
 from tests.procs import role, wait_for
 
@@ -159,13 +159,7 @@ async def replay_and_kill(bootstrap: str, records: list[tuple[bytes, bytes]], pi
 
 
 async def committed_total(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        found = await admin.list_consumer_group_offsets(WORKER_GROUP)
-    finally:
-        await admin.close()
-    return sum(m.offset for tp, m in found.items() if tp.topic == topic and m.offset > 0)
+    return sum(n for tp, n in (await group_offsets(bootstrap, WORKER_GROUP)).items() if tp.topic == topic)
 
 
 def consumed(bootstrap: str, topics: list[str]) -> bool:

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from app.kafka.broker import KafkaBroker
+from bench.worker_runs import committed_offsets as group_offsets
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
 
@@ -43,17 +43,7 @@ def nab_lines(n: int | None = None, device: str = "machine-temp-1") -> list[byte
 
 def committed_offsets(bootstrap: str, group: str = WORKER_GROUP) -> dict[TopicPartition, int]:
     """The offsets ``group`` has committed (transactional commits once their transaction commits)."""
-
-    async def run() -> dict[TopicPartition, int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-        await admin.start()
-        try:
-            found = await admin.list_consumer_group_offsets(group)
-        finally:
-            await admin.close()
-        return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
-
-    return asyncio.run(run())
+    return asyncio.run(group_offsets(bootstrap, group))
 
 
 #: the worker's rule-state table's changelog topic (of the sensors source)
