@@ -73,6 +73,7 @@ from app.eventtime import REFUSED
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
+from app.rules.statekey import StateKey
 from app.tables import TABLES, Tables
 from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
 
@@ -188,7 +189,7 @@ class TableStore:
                 continue
             blob = encode_state(value)
             if len(blob) + len(raw_key) > self.max_record_bytes:
-                STATE_TOO_LARGE.labels(key.split("\x1f", 1)[0]).inc()
+                STATE_TOO_LARGE.labels(StateKey.rule_of(key)).inc()
                 if key not in self.oversized:
                     self.oversized.add(key)
                     logger.error(

@@ -60,6 +60,7 @@ MODULES = (
     "app.rules.logic.reorder",
     "app.rules.logic.threshold",
     "app.rules.logic.windows",
+    "app.rules.statekey",
 )
 #: the group's shared library is the top-level module ``app_native__mypyc``
 GROUP = "app_native"

@@ -61,7 +61,8 @@ from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, Sequ
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
-from app.rules.timebound import CLOCK_KEY, TimeBound
+from app.rules.statekey import CLOCK_PREFIX, SEPARATOR, StateKey, group_text, is_clock_key
+from app.rules.timebound import TimeBound
 from app.tables import TABLES, Tables
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[
     """A row's group values and the state-key suffix they make: ``rule.id + suffix`` is
     :func:`state_key`, with the suffix shared by every rule of the same ``group_by``."""
     group = group_values(rule, row)
-    return group, "\x1f" + "\x1f".join(group) if group else ""
+    return group, StateKey.suffix(group)
 
 
 class _Rows:
@@ -178,7 +179,7 @@ class _Rows:
                         continue
                     v = row.get(field)
                     text = "" if v is None else v if type(v) is str else str(v)
-                    keys.append(((text,), "\x1f" + text))
+                    keys.append(((text,), SEPARATOR + text))
             else:
                 for row in self.rows:
                     keys.append(None if row is None else group_and_suffix(rule, row))
@@ -256,13 +257,13 @@ class StreamEvaluator:
         """Re-arm timers from persisted state (after a restart or a rule reload), and take
         back each partition's clock and held events (:meth:`TimeBound.save`)."""
         versions = {r.id: r.version for r in self.rules}
-        mine = CLOCK_KEY + self.name + "\x1f"
+        mine = CLOCK_PREFIX + self.name + SEPARATOR
         for key, st in items:
-            if key.startswith(CLOCK_KEY):
+            if is_clock_key(key):
                 if key.startswith(mine):
                     self.bound.restore(st)
                 continue
-            rid = key.split("\x1f", 1)[0]
+            rid = StateKey.rule_of(key)
             if versions.get(rid) == st.get("v") and st.get("due") is not None:
                 self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
 
@@ -636,9 +637,7 @@ class Stream:
     def key_of(self, ev: Event) -> bytes:
         if self.fields is None:
             return ev.key.encode()
-        return "\x1f".join(
-            "" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in self.fields
-        ).encode()
+        return group_text(["" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in self.fields]).encode()
 
 
 def stream_name(source: str, fields: tuple[str, ...] | None) -> str:

@@ -15,12 +15,12 @@ import logging
 
 from app.events import Event, format_ts, span
 from app.rules.logic.base import State, StateStore
+from app.rules.statekey import CLOCK_PREFIX, clock_key
 
 logger = logging.getLogger(__name__)
 
-#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`):
-#: no rule id starts with NUL
-CLOCK_KEY = "\x00clock\x1f"
+#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`)
+CLOCK_KEY = CLOCK_PREFIX
 #: events one partition holds at most while they wait for a second witness (docs/event-time.md)
 MAX_HELD = 256
 #: how far a partition's clock moves on without coming within the skew of a held event (and
@@ -80,7 +80,7 @@ class TimeBound:
                 [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.base, h.since] for h in held
             ]
             record["n"] = self.counts.get(partition, 0)
-        self.store.put(CLOCK_KEY + self.stream + "\x1f" + str(partition), record)
+        self.store.put(clock_key(self.stream, partition), record)
 
     def admit(
         self, events: list[Event], partition: int, now_ms: int, refused: Refused, save: bool

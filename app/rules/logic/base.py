@@ -54,6 +54,7 @@ from typing import Any, Protocol
 from app.alerts import Alert, RuleFacts, Status
 from app.events import Event, format_ts
 from app.rules.loader import CompiledRule
+from app.rules.statekey import StateKey
 from app.rules.template import render
 
 State = dict[str, Any]
@@ -215,7 +216,8 @@ def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def state_key(rule: CompiledRule, group: tuple[str, ...]) -> str:
-    return "\x1f".join((rule.facts.rule_id, *group))
+    """The encoded :class:`~app.rules.statekey.StateKey` of ``rule``'s ``group``."""
+    return StateKey(rule.facts.rule_id, group).encode()
 
 
 def build_alert(
