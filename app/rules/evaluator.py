@@ -48,6 +48,8 @@ from app.kafka import KeyHashes
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import (
+    GATE_ALWAYS,
+    GATE_NONE,
     DictStore,
     Logic,
     State,
@@ -103,11 +105,27 @@ def _kind_logic(rule: CompiledRule) -> Logic | None:
             "sliding": SlidingLogic,
             "session": SessionLogic,
         }
-        return kinds[r.window.type](rule)  # type: ignore[return-value]
-    simple = {"threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic,
-              "new_term": NewTermLogic, "sequence": SequenceLogic}  # fmt: skip
-    cls = simple.get(r.kind)
-    return None if cls is None else cls(rule)  # type: ignore[return-value]
+        return kinds[r.window.type](rule)
+    simple: dict[str, Callable[[CompiledRule], Logic]] = {
+        "threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic, "new_term": NewTermLogic,
+        "sequence": SequenceLogic,
+    }  # fmt: skip
+    make = simple.get(r.kind)
+    return None if make is None else make(rule)
+
+
+class _Runner:
+    """One rule on one partition of a stream, as the evaluator drives it: the rule, its
+    logic (None: a stateless branch), its store view and its timer heap."""
+
+    __slots__ = ("group_by", "heap", "logic", "rule", "rule_id", "view")
+
+    def __init__(
+        self, rule: CompiledRule, logic: Logic | None, view: VersionedStore, heap: list[tuple[int, str]]
+    ) -> None:
+        self.rule, self.logic, self.view, self.heap = rule, logic, view, heap
+        self.group_by: tuple[str, ...] = rule.rule.group_by
+        self.rule_id: str = rule.id
 
 
 @dataclass
@@ -157,7 +175,7 @@ class _Rows:
         self.rows = rows
         self.skipped = sum(r is None for r in rows)
         #: the rows with {} for a skipped one, for column-wise conditions (a skipped row's value is unused)
-        self.dense = rows if not self.skipped else [{} if r is None else r for r in rows]
+        self.dense: list[Any] = rows if not self.skipped else [{} if r is None else r for r in rows]
         #: each field's values, read once for the conditions of every rule (Compiled.over)
         self.columns: Columns = {}
         self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str] | None], list[int]]] = {}
@@ -235,15 +253,10 @@ class StreamEvaluator:
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
         self.by_id = {r.id: r for r in self.rules}
-        # per rule: (rule, logic, takes clock_ms, group_by, id) computed once, not per event
-        self.runners = [
-            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by, r.id)
-            for r in self.rules
-        ]
         self._views: dict[tuple[str, int], VersionedStore] = {}
         #: per enrichment spec list (a rule model's ``enrich``): see :meth:`joins`
         self._joins: dict[Any, list[tuple[str, str, str, bool, dict[str, None]]]] = {}
-        self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
+        self._partition_runs: dict[int, list[_Runner]] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[tuple[int, str], list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
@@ -324,12 +337,18 @@ class StreamEvaluator:
         else:
             self.scheduled.pop(key, None)
 
-    def _runs_of(self, partition: int) -> list[tuple[Any, ...]]:
-        """``runners`` with each rule's store view and timer heap for ``partition`` appended."""
+    def use_logic(self, rule_id: str, logic: Logic) -> None:
+        """Run ``rule_id`` with ``logic`` from now on (a test's reference implementation)."""
+        self.logics[rule_id] = logic
+        self._partition_runs.clear()
+
+    def _runs_of(self, partition: int) -> list[_Runner]:
+        """Each rule with its logic, store view and timer heap on ``partition``."""
         runs = self._partition_runs.get(partition)
         if runs is None:
             runs = self._partition_runs[partition] = [
-                (*r, self._view(r[0], partition), self._heap(partition, r[0].id)) for r in self.runners
+                _Runner(r, self.logics[r.id], self._view(r, partition), self._heap(partition, r.id))
+                for r in self.rules
             ]
         return runs
 
@@ -353,7 +372,7 @@ class StreamEvaluator:
                 continue  # rescheduled or done since
             del self.scheduled[key]
             try:
-                out.alerts += logic.on_clock(view, key, clock)
+                out.alerts += logic.on_timer(view, key, clock)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
             self._after(heap, key, view)
@@ -371,7 +390,7 @@ class StreamEvaluator:
         self._expected[partition] = version
         for rule in self.rules:
             logic = self.logics.get(rule.id)
-            if not isinstance(logic, AbsenceLogic) or rule.rule.expect_from is None:
+            if logic is None or not logic.expects_registry or rule.rule.expect_from is None:
                 continue
             for dev in self.tables.keys(rule.rule.expect_from):
                 if partition_for(dev.encode(), self.partitions) != partition:
@@ -455,8 +474,8 @@ class StreamEvaluator:
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
         for run in self._runs_of(partition):
-            rule, logic, _takes_clock, group_by, _rid, view, heap = run
-            if heap and heap[0][0] <= clock:
+            rule, logic, group_by, view, heap = run.rule, run.logic, run.group_by, run.view, run.heap
+            if heap and heap[0][0] <= clock and logic is not None:
                 self._run_timers(heap, view, clock, rule, logic, out)
             row = self.enrich(rule, fields, tables) if rule.rule.enrich else fields
             if row is None:
@@ -470,21 +489,17 @@ class StreamEvaluator:
                 found = group_and_suffix(rule, row)
                 if row is fields:
                     groups[group_by] = found
-            names: VersionedStore = view  # typed: a native call when compiled
-            self._step(run, partition, found[0], names.key(found[1]), ev, row, clock, out)
+            self._step(run, logic, partition, found[0], view.key(found[1]), ev, row, clock, out)
 
     def _step(
-        self, run: tuple[Any, ...], partition: int, group: tuple[str, ...], key: str, ev: Event,
+        self, run: _Runner, logic: Logic, partition: int, group: tuple[str, ...], key: str, ev: Event,
         row: Mapping[str, Any], clock: int, out: Output,
     ) -> None:  # fmt: skip
         """One event through one rule's ``on_event``, then the timers it made due."""
-        rule, logic, takes_clock, _group_by, rid, view, heap = run
+        rule, rid, view, heap = run.rule, run.rule_id, run.view, run.heap
         view.touched = None
         try:
-            if takes_clock:
-                alerts, late = logic.on_event(view, key, group, ev, row, clock)
-            else:
-                alerts, late = logic.on_event(view, key, group, ev, row)
+            alerts, late = logic.on_event(view, key, group, ev, row, clock)
         except Exception as exc:  # one rule's bug must not stop the others
             self._failed(rule, exc)
             return
@@ -537,10 +552,10 @@ class StreamEvaluator:
         self.stats.alerts += len(out.alerts)
         return out
 
-    def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
+    def _run_rule(self, run: _Runner, batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
-        rule, logic, _takes_clock, group_by, rid, view, heap = run
-        store: VersionedStore = view  # typed: its calls below are native when compiled
+        rule, logic, group_by, rid, view, heap = run.rule, run.logic, run.group_by, run.rule_id, run.view, run.heap
+        store = view
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
@@ -550,15 +565,14 @@ class StreamEvaluator:
                     out.routed += self._route(rule, ev, row)
             return
         keys, ends = rows.groups(rule, group_by)
-        fold_many = getattr(logic, "fold_many", None)
-        scattered = getattr(logic, "fold_scattered", None)
+        fold_many, scattered = logic.folds_runs, logic.folds_scattered
         passes: list[Any] | None = None  # the rule's condition on each row, once needed
         # events the logic would do nothing for (see Logic.where_gate) are skipped on the
         # condition evaluated column-wise: always, or for a group without state
-        gate = getattr(logic, "where_gate", None) if rule.where is not None else None
-        if gate is not None:
-            passes = rule.where.over(rows.dense, rows.columns)
-        always = gate == "always"
+        gate = logic.where_gate if rule.where is not None else GATE_NONE
+        if gate != GATE_NONE:
+            passes = rule.where.over(rows.dense, rows.columns)  # type: ignore[union-attr]
+        always = gate == GATE_ALWAYS
         i, n = 0, len(events)
         scheduled = self.scheduled
         row_list, columns = rows.rows, rows.columns
@@ -578,10 +592,10 @@ class StreamEvaluator:
                 continue
             group, suffix = found
             key = store.key(suffix)  # = state_key(rule, group)
-            if gate is not None and passes[i] is not True and (always or store.get(key) is None):  # type: ignore[index]
+            if gate != GATE_NONE and passes[i] is not True and (always or store.get(key) is None):  # type: ignore[index]
                 i += 1
                 continue
-            if fold_many is not None and ends[i] - i > 1:
+            if fold_many and ends[i] - i > 1:
                 # a run of one group's events before the rule's next timer: the logic may take a
                 # leading part of it in one call (see Logic.fold_many)
                 end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
@@ -590,7 +604,7 @@ class StreamEvaluator:
                         passes = rule.where.over(rows.dense, rows.columns)
                     view.touched = None
                     try:
-                        taken = fold_many(view, key, group, events, row_list, clocks, passes, i, end, columns)
+                        taken = logic.fold_many(view, key, group, events, row_list, clocks, passes, i, end, columns)
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:
@@ -599,20 +613,20 @@ class StreamEvaluator:
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
-            if scattered is not None:
+            if scattered:
                 # events of any groups before the rule's next timer: the logic may take the
                 # leading ones that are its per-event common case (see Logic.fold_scattered)
                 end = n if not heap else bisect.bisect_left(clocks, heap[0][0], i, n)
                 if passes is None and rule.where is not None:
                     passes = rule.where.over(rows.dense, rows.columns)
                 try:
-                    taken = scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
+                    taken = logic.fold_scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
                 except Exception:  # the events then run one by one, which reports it
                     taken = 0
                 if taken:
                     i += taken
                     continue
-            self._step(run, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
+            self._step(run, logic, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
             i += 1
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:

@@ -38,16 +38,29 @@ from app.alerts import Alert
 from app.events import Event
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, scattered_events
+from app.rules.logic.base import (
+    GATE_ALWAYS,
+    LATE,
+    ON_TIME,
+    Logic,
+    OneShot,
+    Result,
+    State,
+    StateStore,
+    build_alert,
+    group_row,
+    scattered_events,
+)
 
 MAX_TERMS = 100_000
 
 
-class AbsenceLogic:
-    where_gate = "always"  # see base: on_event returns first when where is not TRUE
-
+class AbsenceLogic(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
+        self.where_gate = GATE_ALWAYS  # on_event returns first when where is not TRUE
+        self.folds_runs = self.folds_scattered = True
+        self.expects_registry = rule.rule.expect_from is not None
         self.absent_ms = int(rule.rule.absent_for or 0)
         self.lateness = rule.rule.allowed_lateness
 
@@ -65,7 +78,7 @@ class AbsenceLogic:
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st = store.get(key)
         alerts: list[Alert] = []
         if st is not None and st["fire"] is not None and ev.ts_ms >= st["fire"]:
@@ -75,14 +88,14 @@ class AbsenceLogic:
             )
             st["fire"] = None
         if st is not None and ev.ts_ms <= st["last"] and not alerts:
-            return [], False  # an old event: nothing moves
+            return [], ON_TIME  # an old event: nothing moves
         last = max(ev.ts_ms, st["last"]) if st is not None else ev.ts_ms
         fire = st["fire"] if st is not None else None
         # still firing: this event is older than the silence's start (it arrived behind
         # the partition clock); the silence ends with the first event at or after it
         due = None if fire is not None else self._due(last)
         store.put(key, {"g": list(group), "last": last, "fire": fire, "due": due})
-        return alerts, False
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -119,7 +132,7 @@ class AbsenceLogic:
         """From ``begin``, the leading events of ``[begin, end)``, of any groups, that find
         their group known and not silent (see ``Logic.fold_scattered``): each moves the
         group's last time and silence deadline later, as ``on_event`` would. The timer
-        already set stays: :meth:`on_clock` at that time finds the group not silent yet
+        already set stays: :meth:`on_timer` at that time finds the group not silent yet
         and the evaluator re-arms it at the state's ``due``."""
         get, put = store.get, store.put
         for j, key, group in scattered_events(keys, passes, store, rule_id, begin, end):
@@ -131,7 +144,7 @@ class AbsenceLogic:
                 put(key, {"g": list(group), "last": ts, "fire": None, "due": self._due(ts)})
         return end - begin
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None or st["fire"] is not None or clock_ms < self._due(st["last"]):
             return []
@@ -145,9 +158,9 @@ class AbsenceLogic:
         ]
 
 
-class _EventAlert:
+class _EventAlert(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
         self.oneshot = OneShot(rule)
 
     def _state(
@@ -162,7 +175,7 @@ class _EventAlert:
         st["due"] = OneShot.due(st)
         store.put(key, st)
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
@@ -173,10 +186,9 @@ class _EventAlert:
 
 
 class ChangeLogic(_EventAlert):
-    where_gate = "always"
-
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
+        self.where_gate = GATE_ALWAYS
         self.field = str(rule.rule.change)
 
     def on_event(
@@ -184,13 +196,13 @@ class ChangeLogic(_EventAlert):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st, late = self._state(store, key, group, ev)
         if late or st is None:
             return [], late
         value = row.get(self.field)
         if value is None:
-            return [], False
+            return [], ON_TIME
         previous = st.get("val")
         st["last"], st["val"] = ev.ts_ms, value
         alerts: list[Alert] = []
@@ -199,14 +211,13 @@ class ChangeLogic(_EventAlert):
             alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, values)
         if alerts or previous != value:
             self._save(store, key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
 
 class NewTermLogic(_EventAlert):
-    where_gate = "always"
-
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
+        self.where_gate = GATE_ALWAYS
         assert rule.rule.new_term is not None  # noqa: S101
         self.field = rule.rule.new_term.field
         self.horizon = rule.rule.new_term.horizon
@@ -216,11 +227,11 @@ class NewTermLogic(_EventAlert):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st = store.get(key) or {"g": list(group), "last": ev.ts_ms, "fire": None}
         value = row.get(self.field)
         if value is None:
-            return [], False
+            return [], ON_TIME
         term = str(value)
         terms: dict[str, int] = st.setdefault("terms", {})
         first = st.setdefault("first", ev.ts_ms)
@@ -241,7 +252,7 @@ class NewTermLogic(_EventAlert):
                 kept = dict(sorted(kept.items(), key=lambda x: -x[1])[: MAX_TERMS * 9 // 10])
             st["terms"] = kept
         self._save(store, key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
 
 class SequenceLogic(_EventAlert):
@@ -286,11 +297,11 @@ class SequenceLogic(_EventAlert):
                 alerts = self.oneshot.trigger(st, group, row, int(first or ev.ts_ms), ev.ts_ms, values)
                 step, count, first = 0, 0, None
         st.update(step=step, n=count, first=first)
-        # a group's forget timer stays where it is: on_clock moves it on, so an event
+        # a group's forget timer stays where it is: on_timer moves it on, so an event
         # does not push a timer of its own
         st["due"] = self._due(st) or st.get("due") or st["c"] + self.forget_ms
         store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def _waiting(self, st: State) -> bool:
         return self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None
@@ -302,7 +313,7 @@ class SequenceLogic(_EventAlert):
             times.append(st["first"] + self.within)
         return min(times) if times else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []

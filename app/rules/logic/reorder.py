@@ -36,8 +36,7 @@ from typing import Any
 from app.alerts import Alert
 from app.events import Event
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, after
-from app.rules.logic.threshold import ThresholdLogic
+from app.rules.logic.base import LATE, ON_TIME, Logic, Result, State, StateStore, after
 
 
 class _Inner:
@@ -63,16 +62,19 @@ class _Inner:
 MAX_TIMER_RUNS = 10_000
 
 
-class EventTimeOrder:
+class EventTimeOrder(Logic):
     """A rule fed its group's events in event-time order (see the module)."""
 
-    def __init__(self, rule: CompiledRule, make: Callable[[CompiledRule], Any]) -> None:
-        self.rule = rule
+    def __init__(self, rule: CompiledRule, make: Callable[[CompiledRule], Logic | None]) -> None:
+        super().__init__(rule)
         self.lateness = rule.rule.allowed_lateness
         # the wrapped logic lives on the watermark's axis: no lateness of its own
         plain = rule.rule.model_copy(update={"allowed_lateness": 0, "order": "arrival"})
-        self.inner = make(dataclasses.replace(rule, rule=plain))
-        self.takes_clock = not isinstance(self.inner, ThresholdLogic)
+        inner = make(dataclasses.replace(rule, rule=plain))
+        if inner is None:
+            msg = f"rule {rule.id}: order: event_time needs a stateful kind"
+            raise ValueError(msg)
+        self.inner: Logic = inner
 
     def on_event(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
@@ -84,7 +86,7 @@ class EventTimeOrder:
             st = {"g": list(group), "q": [], "s": None, "t": None}
         newest = st["t"]
         if newest is not None and ev.ts_ms < newest:
-            return [], True  # a newer event of the group was evaluated already
+            return [], LATE  # a newer event of the group was evaluated already
         watermark = clock_ms - self.lateness
         if ev.ts_ms <= watermark:  # the watermark passed it: its turn is now
             alerts = self._evaluate(st, key, group, ev.ts_ms, row, watermark)
@@ -93,9 +95,9 @@ class EventTimeOrder:
             queue.insert(after(queue, ev.ts_ms), [ev.ts_ms, dict(row)])
             alerts = []
         self._save(store, key, st, existed)
-        return alerts, False
+        return alerts, ON_TIME
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
@@ -121,7 +123,7 @@ class EventTimeOrder:
             due = None if st["s"] is None else st["s"].get("due")
             if due is None or due > clock:
                 break
-            alerts += self.inner.on_clock(inner, key, clock)
+            alerts += self.inner.on_timer(inner, key, clock)
             if st["s"] is not None and st["s"].get("due") == due:
                 break  # the timer did not move: it would run again forever
         return alerts
@@ -133,10 +135,7 @@ class EventTimeOrder:
         alerts = self._timers(st, key, clock)
         inner = _Inner(st)
         ev = Event("", ts, dict(row))
-        if self.takes_clock:
-            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock_ms=clock)
-        else:
-            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields)
+        found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock)
         st["t"] = ts
         return alerts + found
 

@@ -41,7 +41,20 @@ from app.events import Event
 from app.rules.compile import PctChange
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, after, build_alert, group_row, leading_not_true
+from app.rules.logic.base import (
+    GATE_NO_STATE,
+    GATE_NONE,
+    LATE,
+    ON_TIME,
+    Logic,
+    Result,
+    State,
+    StateStore,
+    after,
+    build_alert,
+    group_row,
+    leading_not_true,
+)
 
 
 def pct_value(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> float | None:
@@ -70,9 +83,10 @@ def remember(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> list[
     return hist
 
 
-class ThresholdLogic:
+class ThresholdLogic(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
+        self.folds_runs = True
         r = rule.rule
         self.for_ms = r.for_ms
         self.consecutive = r.consecutive
@@ -86,7 +100,7 @@ class ThresholdLogic:
         self.where = rule.where.fn
         #: a quiet group (no state) stays quiet on an event where the condition is not TRUE,
         #: unless pct_change history or a no-data deadline must be kept for it
-        self.where_gate = "no_state" if not self.pct and self.no_data is None else None
+        self.where_gate = GATE_NO_STATE if not self.pct and self.no_data is None else GATE_NONE
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
@@ -105,18 +119,19 @@ class ThresholdLogic:
         return {**row, **extra}, hist
 
     def on_event(
-        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any]
-    ) -> Result:
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
         st = store.get(key)
         if st is not None and (ev.ts_ms < st["last"] or ev.ts_ms <= (st.get("nd") or -1)):
-            return [], True
+            return [], LATE
         hist: dict | None = None
         if self.pct:
             row, hist = self._with_pct(st, ev, row)
         holds = self.where(row) is True
         if st is None:
             if not holds and not hist and self.no_data is None:
-                return [], False  # nothing to remember for a quiet key
+                return [], ON_TIME  # nothing to remember for a quiet key
             st = {"n": 0, "since": None, "fire": None, "last": ev.ts_ms, "g": list(group)}
         changed = hist is not None or self.no_data is not None  # the no-data deadline moves with last
         st["last"] = ev.ts_ms
@@ -127,9 +142,9 @@ class ThresholdLogic:
                 st["n"] += 1  # still firing, nothing else changes (the common case)
                 if changed:
                     store.put(key, st)
-                return [], False
+                return [], ON_TIME
         if not holds and st["fire"] is None and not st["n"] and not changed and st.get("nd") is None:
-            return [], False  # quiet and still quiet: nothing to emit, store or re-arm (the common case)
+            return [], ON_TIME  # quiet and still quiet: nothing to emit, store or re-arm (the common case)
         alerts: list[Alert] = []
         if st.get("nd") is not None:  # data is back: the no-data episode ends
             alerts.append(build_alert(self.rule, "inactive", group, row, st["nd"], ev.ts_ms, ev.ts_ms, {}))
@@ -173,7 +188,7 @@ class ThresholdLogic:
         st["due"] = self._due(st)
         if changed:
             store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -286,7 +301,7 @@ class ThresholdLogic:
             alerts.append(build_alert(self.rule, "no_data", group, row, at, None, at, values))
         return alerts
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []

@@ -34,6 +34,10 @@ from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import (
+    GATE_ALWAYS,
+    LATE,
+    ON_TIME,
+    Logic,
     OneShot,
     Result,
     State,
@@ -52,13 +56,12 @@ MAX_LIVE_WINDOWS = 100_000
 _GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
-class _Aggregating:
-    where_gate = "always"  # every kind's on_event returns first when where is not TRUE
-
+class _Aggregating(Logic):
     def __init__(self, rule: CompiledRule) -> None:
         assert rule.parts is not None and rule.parts.having is not None  # noqa: S101
         assert rule.rule.window is not None  # noqa: S101
-        self.rule = rule
+        super().__init__(rule)
+        self.where_gate = GATE_ALWAYS  # every kind's on_event returns first when where is not TRUE
         self.aggs: tuple[AggSpec, ...] = rule.parts.aggs
         self.having = rule.parts.having
         self.where = rule.where.fn if rule.where is not None else None
@@ -139,6 +142,8 @@ class TumblingLogic(_Aggregating):
         self.size = int(self.window.size or 0)
         self.step = self.window.step
         self.tumbling = self.step == self.size
+        self.folds_runs = True
+        self.folds_scattered = self.tumbling
         self.amend = rule.rule.late_policy == "amend"
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
@@ -159,18 +164,18 @@ class TumblingLogic(_Aggregating):
     ) -> Result:  # fmt: skip
         where = self.where
         if where is not None and where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st = store.get(key)
         if st is not None and self.tumbling and "due" in st:  # the common case: fold into an open window
             start = ev.ts_ms - ev.ts_ms % self.step
             if start + self.size + self.lateness <= clock_ms:
-                return [], True  # its only window is closed for good: late
+                return [], LATE  # its only window is closed for good: late
             opened: dict[str, Any] = st["w"]  # typed: a native dict lookup in the compiled build
             w = opened.get(str(start))
             if w is not None and not w["done"]:  # no window opens or fires: the same due
                 w["a"] = self.fold(w["a"], row)
                 store.put(key, st)
-                return [], False
+                return [], ON_TIME
         if st is None:
             st = {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
         alerts: list[Alert] = []
@@ -192,11 +197,11 @@ class TumblingLogic(_Aggregating):
                 if self.active(group, aggs, self._prev(st, start)):
                     alerts += self._fire(st, group, start, aggs, force=True)
         if not added:
-            return [], True
+            return [], LATE
         if reshaped or alerts or "due" not in st:  # otherwise no window opened or fired: same due
             st["due"] = self._due(st)
         store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -378,7 +383,7 @@ class TumblingLogic(_Aggregating):
                 due, found = at, True
         return due if found else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
@@ -449,16 +454,16 @@ class _Buffered(_Aggregating):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if not self.passes(row):
-            return [], False
+            return [], ON_TIME
         st = store.get(key) or self.fresh(group)
         if st["t"] is not None and ev.ts_ms <= st["t"]:
-            return [], True
+            return [], LATE
         # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
         buffered = st["ev"]
         buffered.insert(after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
         st["due"] = self._due(st)
         store.put(key, st)
-        return [], False
+        return [], ON_TIME
 
 
 class SlidingLogic(_Buffered):
@@ -514,7 +519,7 @@ class SlidingLogic(_Buffered):
             window.add(ts, inputs)
         return window
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
@@ -588,7 +593,7 @@ class SessionLogic(_Buffered):
             times.append(d)
         return min(times) if times else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
