@@ -127,7 +127,8 @@ class StreamRouter:
                     else partition_for(ev.key.encode(), self.partitions)
                 )
             else:
-                value = group_text(["" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in fields])
+                values = ev.fields
+                value = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
                 part = partition_for(value.encode(), self.partitions)
             out.append(stream_key(name, part))
         return out

@@ -554,8 +554,9 @@ class StreamEvaluator:
 
     def _run_rule(self, run: _Runner, batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
-        rule, logic, group_by, rid, view, heap = run.rule, run.logic, run.group_by, run.rule_id, run.view, run.heap
-        store = view
+        rule, logic, group_by, rid = run.rule, run.logic, run.group_by, run.rule_id
+        store = view = run.view
+        heap = run.heap
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
@@ -604,7 +605,9 @@ class StreamEvaluator:
                         passes = rule.where.over(rows.dense, rows.columns)
                     view.touched = None
                     try:
-                        taken = logic.fold_many(view, key, group, events, row_list, clocks, passes, i, end, columns)
+                        taken = logic.fold_many(
+                            view, key, group, events, row_list, clocks, passes, i, end, columns
+                        )
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:
@@ -651,7 +654,8 @@ class Stream:
     def key_of(self, ev: Event) -> bytes:
         if self.fields is None:
             return ev.key.encode()
-        return group_text(["" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in self.fields]).encode()
+        fields = ev.fields
+        return group_text(["" if fields.get(f) is None else str(fields.get(f)) for f in self.fields]).encode()
 
 
 def stream_name(source: str, fields: tuple[str, ...] | None) -> str:

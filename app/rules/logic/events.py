@@ -40,7 +40,6 @@ from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import (
     GATE_ALWAYS,
-    LATE,
     ON_TIME,
     Logic,
     OneShot,
