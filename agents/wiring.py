@@ -73,6 +73,7 @@ from app.eventtime import REFUSED
 from app.kafka import CachedPartitioner, make_consumer, partition_counts
 from app.rules.evaluator import LATE_TOPIC, DictStore, Engine, Output, State, Stream, stream_name
 from app.rules.loader import RuleSet, load_rules
+from app.rules.state import partition_of
 from app.rules.statekey import StateKey
 from app.tables import TABLES, Tables
 from app.topics import ALERTS, DLQ, SOURCE_TOPICS, TopicSpec, ensure_topics
@@ -244,7 +245,7 @@ class Runtime:
         if (stream.name, partition) in self.restored:
             return
         self.restored.add((stream.name, partition))
-        stream.evaluator.restore((k, v) for k, v in store.items() if v.get("p") == partition)
+        stream.evaluator.restore((k, v) for k, v in store.items() if partition_of(v) == partition)
 
 
 def _broker_urls(bootstrap: str) -> list[str]:

@@ -52,6 +52,7 @@ MODULES = (
     "app.rules.aggregates",
     "app.rules.evaluator",
     "app.rules.expr",
+    "app.rules.lifecycle",
     "app.rules.functions",
     "app.rules.template",
     "app.rules.timebound",

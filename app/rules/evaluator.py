@@ -63,6 +63,7 @@ from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, Sequ
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
+from app.rules.state import FORMAT, is_current, migrate, partition_of, record_kind, stamp
 from app.rules.statekey import CLOCK_PREFIX, SEPARATOR, StateKey, group_text, is_clock_key
 from app.rules.timebound import TimeBound
 from app.tables import TABLES, Tables
@@ -268,8 +269,13 @@ class StreamEvaluator:
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
         """Re-arm timers from persisted state (after a restart or a rule reload), and take
-        back each partition's clock and held events (:meth:`TimeBound.save`)."""
-        versions = {r.id: r.version for r in self.rules}
+        back each partition's clock and held events (:meth:`TimeBound.save`).
+
+        A state of this stream's rules written in an older format is migrated and written
+        back to the store (:func:`app.rules.state.migrate`); one of a format this build does
+        not know raises :class:`~app.rules.state.StateFormatError`, which says how to
+        delete it."""
+        versions = {r.id: stamp(r.version) for r in self.rules}
         mine = CLOCK_PREFIX + self.name + SEPARATOR
         for key, st in items:
             if is_clock_key(key):
@@ -277,8 +283,25 @@ class StreamEvaluator:
                     self.bound.restore(st)
                 continue
             rid = StateKey.rule_of(key)
-            if versions.get(rid) == st.get("v") and st.get("due") is not None:
-                self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
+            current = versions.get(rid)
+            if current is None:
+                continue
+            if not is_current(st):
+                st = self._migrated(key, st)
+            if current == st.get("version") and st.get("due") is not None:
+                self._schedule(self._heap(partition_of(st), rid), key, int(st["due"]))
+
+    def _migrated(self, key: str, st: State) -> State:
+        """A persisted state of one of this stream's rules in the current format, written back."""
+        rule = self.by_id[StateKey.rule_of(key)]
+        r = rule.rule
+        window = None if r.window is None else r.window.type
+        inner = record_kind(r.kind, window, False)
+        found = migrate(key, st, record_kind(r.kind, window, r.order == "event_time"), inner)
+        if found is not st:
+            self.store.put(key, found)
+            logger.info("rule state %r migrated to format %d", key, FORMAT)
+        return found
 
     def _admit(
         self, events: list[Event], partition: int, now_ms: int, out: Output, save: bool
@@ -328,7 +351,7 @@ class StreamEvaluator:
         """Keep the rule's timer heap in step with the state's ``due`` after the rule ran
         (``view``: the rule's store view, for its version)."""
         st = self.store.get(key)
-        self._rearm(heap, key, st if st is not None and st.get("v") == view.version else None)
+        self._rearm(heap, key, st if st is not None and st.get("version") == view.version else None)
 
     def _rearm(self, heap: list[tuple[int, str]], key: str, st: State | None) -> None:
         due = None if st is None else st.get("due")

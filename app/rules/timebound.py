@@ -15,6 +15,7 @@ import logging
 
 from app.events import Event, format_ts, span
 from app.rules.logic.base import State, StateStore
+from app.rules.state import migrate_clock
 from app.rules.statekey import CLOCK_PREFIX, clock_key
 
 logger = logging.getLogger(__name__)
@@ -56,30 +57,31 @@ class TimeBound:
         self.last_key: dict[int, str] = {}
 
     def restore(self, st: State) -> None:
-        partition, clock = int(st["p"]), int(st["c"])
+        st = migrate_clock(st)
+        partition, clock = int(st["partition"]), int(st["clock"])
         if clock >= 0:
             self.clocks[partition] = max(self.clocks.get(partition, clock), clock)
-        self.last_key[partition] = str(st.get("k", ""))
-        self.counts[partition] = int(st.get("n", 0))
+        self.last_key[partition] = str(st.get("last_key", ""))
+        self.counts[partition] = int(st.get("admitted", 0))
         held = [
             _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(base), int(since))
-            for k, ts, f, alone, mark, base, since in st.get("h", ())
+            for k, ts, f, alone, mark, base, since in st.get("held", ())
         ]
         if held:
             self.held[partition] = held
 
     def save(self, partition: int) -> None:
         """Persist the partition's clock and held events in the store, as a state the rule
-        worker's changelog carries (``p``: its partition): a restart or a rule reload goes
+        worker's changelog carries (``partition``: its partition): a restart or a rule reload goes
         on from them instead of letting the next event start a new clock."""
-        record: State = {"p": partition, "c": self.clocks.get(partition, -1)}
-        record["k"] = self.last_key.get(partition, "")
+        record: State = {"partition": partition, "clock": self.clocks.get(partition, -1)}
+        record["last_key"] = self.last_key.get(partition, "")
         held = self.held.get(partition)
         if held:
-            record["h"] = [
+            record["held"] = [
                 [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.base, h.since] for h in held
             ]
-            record["n"] = self.counts.get(partition, 0)
+            record["admitted"] = self.counts.get(partition, 0)
         self.store.put(clock_key(self.stream, partition), record)
 
     def admit(

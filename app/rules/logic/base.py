@@ -56,6 +56,7 @@ from app.alerts import Alert, RuleFacts, Status
 from app.events import Event, format_ts
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
+from app.rules.state import stamp
 from app.rules.statekey import StateKey
 from app.rules.template import render
 
@@ -77,7 +78,7 @@ class DictStore:
     """An in-memory :class:`StateStore` over ``data`` (a new dict by default).
 
     With ``changed``, it also records each key written or deleted, with the partition
-    its state is stamped with (``p``, see the evaluator's version view): the live
+    its state is stamped with (``partition``, see the evaluator's version view): the live
     worker's store (``agents.wiring.TableStore``) holds its Faust table's dict here and
     turns the changed keys into changelog records at each commit. Compiled with the
     evaluator, it takes the evaluator's reads and writes as native calls.
@@ -95,13 +96,13 @@ class DictStore:
         self.data[key] = value
         changed = self.changed
         if changed is not None:
-            changed[key] = int(value.get("p", 0))
+            changed[key] = int(value.get("partition", 0))
 
     def delete(self, key: str) -> None:
         known = self.data.pop(key, None)
         changed = self.changed
         if known is not None and changed is not None:
-            changed[key] = int(known.get("p", 0))
+            changed[key] = int(known.get("partition", 0))
 
     def items(self) -> list[tuple[str, State]]:
         return list(self.data.items())
@@ -119,7 +120,9 @@ class VersionedStore:
     __slots__ = ("_keys", "base", "dict_base", "partition", "rule_id", "touched", "version")
 
     def __init__(self, base: StateStore, version: str, partition: int, rule_id: str) -> None:
-        self.base, self.version, self.partition, self.rule_id = base, version, partition, rule_id
+        self.base, self.partition, self.rule_id = base, partition, rule_id
+        #: the stamp of the rule's current states (:func:`app.rules.state.stamp`)
+        self.version = stamp(version)
         #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
         #: methods are then native calls, not a Python method lookup and call each
         self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
@@ -147,10 +150,10 @@ class VersionedStore:
     def get(self, key: str) -> State | None:
         dict_base = self.dict_base
         st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
-        return st if st is not None and st.get("v") == self.version else None
+        return st if st is not None and st.get("version") == self.version else None
 
     def put(self, key: str, value: State) -> None:
-        value["v"], value["p"] = self.version, self.partition
+        value["version"], value["partition"] = self.version, self.partition
         dict_base = self.dict_base
         if dict_base is not None:
             dict_base.put(key, value)
@@ -323,43 +326,3 @@ def build_alert(
 def group_row(rule: CompiledRule, group: tuple[str, ...]) -> dict[str, Any]:
     """The group fields as a row, for alerts raised by a timer (no event at hand)."""
     return dict(zip(rule.facts.group_by, group))
-
-
-class OneShot:
-    """Event alerts (change, new term, sequence, session): fire on a trigger,
-    resolve ``resolve_after`` (event time) after the last trigger. A trigger
-    while firing extends it and counts, without a second notification."""
-
-    def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
-        self.resolve_after = rule.rule.resolve_after
-
-    def trigger(
-        self, st: State, group: tuple[str, ...], row: Mapping[str, Any], start_ms: int, at_ms: int,
-        values: Mapping[str, Any],
-    ) -> list[Alert]:  # fmt: skip
-        until = at_ms + self.resolve_after
-        if st.get("fire") is not None:
-            st["until"] = max(st["until"], until)
-            st["count"] = st.get("count", 1) + 1
-            return []
-        st["fire"], st["until"], st["count"] = start_ms, until, 1
-        st["fv"] = dict(values)
-        return [build_alert(self.rule, "firing", group, row, start_ms, None, at_ms, values)]
-
-    def expire(self, st: State, group: tuple[str, ...], clock_ms: int) -> list[Alert]:
-        if st.get("fire") is None or clock_ms < st["until"]:
-            return []
-        started, until = st["fire"], st["until"]
-        values = {**st.get("fv", {}), "count": st.get("count", 1)}
-        st["fire"] = None
-        st.pop("fv", None)
-        return [
-            build_alert(
-                self.rule, "resolved", group, group_row(self.rule, group), started, until, until, values
-            )
-        ]
-
-    @staticmethod
-    def due(st: State) -> int | None:
-        return st["until"] if st.get("fire") is not None else None

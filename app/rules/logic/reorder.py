@@ -48,14 +48,14 @@ class _Inner:
         self.st = st
 
     def get(self, _key: str) -> State | None:
-        inner: State | None = self.st["s"]
+        inner: State | None = self.st["inner"]
         return inner
 
     def put(self, _key: str, value: State) -> None:
-        self.st["s"] = value
+        self.st["inner"] = value
 
     def delete(self, _key: str) -> None:
-        self.st["s"] = None
+        self.st["inner"] = None
 
 
 #: most timer runs of the wrapped logic at one instant (each must move its timer on)
@@ -83,15 +83,15 @@ class EventTimeOrder(Logic):
         st = store.get(key)
         existed = st is not None
         if st is None:
-            st = {"g": list(group), "q": [], "s": None, "t": None}
-        newest = st["t"]
+            st = {"group": list(group), "queue": [], "inner": None, "newest": None}
+        newest = st["newest"]
         if newest is not None and ev.ts_ms < newest:
             return [], LATE  # a newer event of the group was evaluated already
         watermark = clock_ms - self.lateness
         if ev.ts_ms <= watermark:  # the watermark passed it: its turn is now
             alerts = self._evaluate(st, key, group, ev.ts_ms, row, watermark)
         else:
-            queue = st["q"]
+            queue = st["queue"]
             queue.insert(after(queue, ev.ts_ms), [ev.ts_ms, dict(row)])
             alerts = []
         self._save(store, key, st, existed)
@@ -102,15 +102,15 @@ class EventTimeOrder(Logic):
         if st is None:
             return []
         watermark = clock_ms - self.lateness
-        group = tuple(st["g"])
-        queue = st["q"]
+        group = tuple(st["group"])
+        queue = st["queue"]
         alerts: list[Alert] = []
         taken = 0
         while taken < len(queue) and queue[taken][0] <= watermark:
             ts, row = queue[taken]
             taken += 1
             alerts += self._evaluate(st, key, group, ts, row, ts)
-        st["q"] = queue[taken:]
+        st["queue"] = queue[taken:]
         alerts += self._timers(st, key, watermark)
         self._save(store, key, st, existed=True)
         return alerts
@@ -120,11 +120,11 @@ class EventTimeOrder(Logic):
         alerts: list[Alert] = []
         inner = _Inner(st)
         for _ in range(MAX_TIMER_RUNS):
-            due = None if st["s"] is None else st["s"].get("due")
+            due = None if st["inner"] is None else st["inner"].get("due")
             if due is None or due > clock:
                 break
             alerts += self.inner.on_timer(inner, key, clock)
-            if st["s"] is not None and st["s"].get("due") == due:
+            if st["inner"] is not None and st["inner"].get("due") == due:
                 break  # the timer did not move: it would run again forever
         return alerts
 
@@ -136,17 +136,17 @@ class EventTimeOrder(Logic):
         inner = _Inner(st)
         ev = Event("", ts, dict(row))
         found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock)
-        st["t"] = ts
+        st["newest"] = ts
         return alerts + found
 
     def _save(self, store: StateStore, key: str, st: State, existed: bool) -> None:
-        queue = st["q"]
-        if not queue and st["s"] is None:  # nothing waits and the logic keeps nothing: quiet
+        queue = st["queue"]
+        if not queue and st["inner"] is None:  # nothing waits and the logic keeps nothing: quiet
             if existed:
                 store.delete(key)
             return
         times = [queue[0][0]] if queue else []
-        inner_due = None if st["s"] is None else st["s"].get("due")
+        inner_due = None if st["inner"] is None else st["inner"].get("due")
         if inner_due is not None:
             times.append(int(inner_due))
         st["due"] = min(times) + self.lateness if times else None
