@@ -136,7 +136,7 @@ class TableStore:
     land in the dict at once. :meth:`changes`, which the consumer runs before every
     offset commit (``RulesApp.before_commit``, each second), turns each changed key
     into one changelog record, on the partition the
-    evaluator stamped on the state (``p``: the partition of the events that own it,
+    evaluator stamped on the state (``partition``: the partition of the events that own it,
     as Faust would pick), and :class:`Outbox` sends them as record batches. A
     window rule updates its state on every event, so this turns one changelog
     record per rule and event into one per rule and group and commit, and the

@@ -37,9 +37,11 @@ Contract (bytewax's StatefulLogic, adapted):
   alert, not late, no write) for an event whose ``where`` is not TRUE, whatever
   the state; ``GATE_NO_STATE`` when that holds for a group without state. The batch
   path then skips such events on the condition evaluated column-wise.
-* State is a small JSON-able dict per (rule, group) holding at least ``g``
-  (the group values) and, when a timer is pending, ``due``. ``store.put`` is
-  called whenever the state must survive a restart.
+* State is one JSON-able record per (rule, group), a dict whose fields its kind's
+  ``TypedDict`` in :mod:`app.rules.state` declares, with at least ``group`` (the group
+  values) and, when a timer is pending, ``due``. ``store.put`` (keep it, bytewax's
+  RETAIN) is called whenever the state must survive a restart; ``store.delete``
+  (DISCARD) drops it. Pending/firing/resolved follows :mod:`app.rules.lifecycle`.
 
 Every time in an alert comes from event time, never from the wall clock or
 from when a timer happened to run, so ids are identical across engines,

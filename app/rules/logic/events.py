@@ -263,8 +263,9 @@ class NewTermLogic(_EventAlert):
 
 
 class SequenceLogic(_EventAlert):
-    """State: ``step`` (the step under way), ``n`` (its matches so far), ``first``
-    (the first step's first event time), ``last``, ``c`` (the partition clock at the
+    """State (:class:`~app.rules.state.SequenceState`): ``step`` (the step under way),
+    ``step_matches`` (its matches so far), ``first_event`` (the first step's first event
+    time), ``last_event``, ``clock_at_last`` (the partition clock at the
     last event) and the one-shot alert's keys."""
 
     def __init__(self, rule: CompiledRule) -> None:

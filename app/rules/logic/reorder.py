@@ -21,8 +21,9 @@ evaluated for its group, and is late otherwise. The evaluator runs a rule's due
 timers before each event, so every waiting event W has passed is released before a
 newer one is looked at.
 
-State: ``q`` the waiting ``[ts, row]`` pairs in order, ``s`` the logic's own state
-(or None), ``t`` the time of the newest event evaluated, ``due`` when W reaches the
+State (:class:`~app.rules.state.OrderedState`): ``queue`` the waiting ``[ts, row]``
+pairs in order, ``inner`` the logic's own state (or None), ``newest`` the time of the
+newest event evaluated, ``due`` when W reaches the
 first waiting event or the logic's own timer. Both engines run this code (the
 Spark engine on its stream path).
 """
@@ -40,7 +41,7 @@ from app.rules.logic.base import LATE, ON_TIME, Logic, Result, State, StateStore
 
 
 class _Inner:
-    """The wrapped logic's view of its state: ``s`` inside the reordering state."""
+    """The wrapped logic's view of its state: ``inner`` inside the reordering state."""
 
     __slots__ = ("st",)
 

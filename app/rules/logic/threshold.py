@@ -2,9 +2,10 @@
 
 Per group, in event time:
 
-* the condition holds on an event: the streak starts (``since``) or grows;
+* the condition holds on an event: the streak starts (``streak_since``) or grows;
   once it has held for ``consecutive`` events and for ``for`` (event time
-  since the streak began), the alert fires with ``starts_at = since``;
+  since the streak began), the alert fires with ``starts_at = streak_since``
+  (:func:`app.rules.lifecycle.match`);
 * while firing, the alert resolves on the first event where ``clear`` is
   TRUE (hysteresis) or, without ``clear``, where the condition is not TRUE;
   with ``keep_firing_for`` it stays firing that much longer and resolves at

@@ -444,8 +444,8 @@ class TumblingLogic(_Aggregating):
 class _Buffered(_Aggregating):
     """Kinds that buffer events and process them in time order up to the watermark.
 
-    ``ev`` holds ``[ts, aggregate inputs]`` sorted by time; ``t`` is how far
-    they were processed. An event at or before ``t`` is late.
+    ``buffer`` holds ``[ts, aggregate inputs]`` sorted by time; ``through`` is how far
+    they were processed. An event at or before ``through`` is late.
     """
 
     def fresh(self, group: tuple[str, ...]) -> State:
