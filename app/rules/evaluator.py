@@ -532,7 +532,7 @@ class StreamEvaluator:
                 out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
         if alerts:
             out.alerts += alerts
-        touched = view.touched
+        touched: Any = view.touched  # a state, False (deleted) or None (untouched)
         if touched is not None:  # only a write can move the state's timer
             if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
                 self._rearm(heap, key, touched or None)
@@ -635,7 +635,7 @@ class StreamEvaluator:
                         taken = 0
                     if taken:
                         i += taken
-                        touched = view.touched
+                        touched: Any = view.touched
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
