@@ -520,7 +520,7 @@ class StreamEvaluator:
     ) -> None:  # fmt: skip
         """One event through one rule's ``on_event``, then the timers it made due."""
         rule, rid, view, heap = run.rule, run.rule_id, run.view, run.heap
-        view.touched = None
+        view.untouch()
         try:
             alerts, late = logic.on_event(view, key, group, ev, row, clock)
         except Exception as exc:  # one rule's bug must not stop the others
@@ -532,7 +532,7 @@ class StreamEvaluator:
                 out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
         if alerts:
             out.alerts += alerts
-        touched: Any = view.touched  # a state, False (deleted) or None (untouched)
+        touched: Any = view.touched
         if touched is not None:  # only a write can move the state's timer
             if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
                 self._rearm(heap, key, touched or None)
@@ -626,7 +626,7 @@ class StreamEvaluator:
                 if end - i > 1:
                     if passes is None and rule.where is not None:
                         passes = rule.where.over(rows.dense, rows.columns)
-                    view.touched = None
+                    view.untouch()
                     try:
                         taken = logic.fold_many(
                             view, key, group, events, row_list, clocks, passes, i, end, columns

@@ -149,6 +149,12 @@ class VersionedStore:
             found = keys[suffix] = self.rule_id + suffix
         return found
 
+    def untouch(self) -> None:
+        """Forget the last write, before a call whose writes the evaluator then reads
+        from :attr:`touched` (a method, not an assignment at the call site: the compiled
+        caller would take the attribute to stay None)."""
+        self.touched = None
+
     def get(self, key: str) -> State | None:
         dict_base = self.dict_base
         st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
