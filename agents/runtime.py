@@ -17,6 +17,7 @@ from app.errors import RuleConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import DictStore, Engine, Stream
 from app.rules.loader import RuleSet, file_digest, load_rules, rule_files
+from app.rules.state import partition_of
 from app.runtime.settings import Settings
 from app.tables import Tables
 
@@ -65,7 +66,7 @@ class Runtime:
         if (stream.name, partition) in self.restored:
             return
         self.restored.add((stream.name, partition))
-        stream.evaluator.restore((k, v) for k, v in store.items() if v.get("p") == partition)
+        stream.evaluator.restore((k, v) for k, v in store.items() if partition_of(v) == partition)
 
 
 def initial_rules(settings: Settings) -> tuple[RuleSet, dict[str, str] | None]:

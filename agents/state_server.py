@@ -35,7 +35,9 @@ import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agents.state_view import describe
-from app.rules.evaluator import partition_for
+from app.placement import partition_for
+from app.rules.state import stamp
+from app.rules.statekey import SEPARATOR, StateKey, group_text
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class StateServer:
             rule.rule.kind, record, window_ms=(window.size or window.gap) if window is not None else None,
             results=getattr(logic, "results", None), step_names=steps,
         )  # fmt: skip
-        group = key.split("\x1f")[1:]
+        group = list(StateKey.parse(key).group)
         return {
             "rule": rule.id,
             "key": KEY_SEPARATOR.join(group),
@@ -135,18 +137,20 @@ class StateServer:
         }
 
     def local_group(self, loc: Located, group: list[str]) -> dict[str, Any] | None:
-        key = "\x1f".join([loc.rule.id, *group])
+        key = StateKey(loc.rule.id, tuple(group)).encode()
         record = loc.store.live.get(key)
-        if record is None or (isinstance(record, Mapping) and record.get("v") != loc.rule.version):
+        if record is None or (
+            isinstance(record, Mapping) and record.get("version") != stamp(loc.rule.version)
+        ):
             return None
         return self.view(loc, key, record)
 
     def local_groups(self, loc: Located) -> list[dict[str, Any]]:
-        prefix = loc.rule.id + "\x1f"
+        prefix = loc.rule.id + SEPARATOR
         out = []
         for key, record in list(loc.store.live.items()):
             if (key == loc.rule.id or key.startswith(prefix)) and (
-                not isinstance(record, Mapping) or record.get("v") == loc.rule.version
+                not isinstance(record, Mapping) or record.get("version") == stamp(loc.rule.version)
             ):
                 out.append(self.view(loc, key, record))
         return out
@@ -194,7 +198,7 @@ class StateServer:
             return self._json({"error": f"no rule {rule_id!r} is loaded"}, 404)
         if not loc.rule.rule.group_by:
             group = []
-        partition = partition_for("\x1f".join(group).encode(), self.rt.settings.partitions)
+        partition = partition_for(group_text(group).encode(), self.rt.settings.partitions)
         try:
             if why := self.busy():
                 raise Unavailable(why)

@@ -15,6 +15,7 @@ from faust.types import TableT
 
 from agents.metrics import STATE_TOO_LARGE
 from app.rules.evaluator import DictStore, State
+from app.rules.statekey import StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class TableStore:
     land in the dict at once. :meth:`changes`, which the consumer runs before every
     offset commit (``RulesApp.before_commit``, each second), turns each changed key
     into one changelog record, on the partition the
-    evaluator stamped on the state (``p``: the partition of the events that own it,
+    evaluator stamped on the state (``partition``: the partition of the events that own it,
     as Faust would pick), and :class:`Outbox` sends them as record batches. A
     window rule updates its state on every event, so this turns one changelog
     record per rule and event into one per rule and group and commit, and the
@@ -93,7 +94,7 @@ class TableStore:
                 continue
             blob = encode_state(value)
             if len(blob) + len(raw_key) > self.max_record_bytes:
-                STATE_TOO_LARGE.labels(key.split("\x1f", 1)[0]).inc()
+                STATE_TOO_LARGE.labels(StateKey.rule_of(key)).inc()
                 if key not in self.oversized:
                     self.oversized.add(key)
                     logger.error(

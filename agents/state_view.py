@@ -78,34 +78,40 @@ def describe(
     """The JSON form of one group's state for a rule of ``kind`` (see the module docstring).
     ``results`` turns a window's accumulators into its aggregates' values."""
     st = _fields(record)
-    fire = st.get("fire")
-    out: dict[str, Any] = {"kind": kind, "partition": st.get("p")}
+
+    def get(name: str, old: str) -> Any:
+        """A field by its name (state format 2, app.rules.state), or its format-1 name."""
+        return st[name] if name in st else st.get(old)
+
+    fire = get("firing_since", "fire")
+    out: dict[str, Any] = {"kind": kind, "partition": get("partition", "p")}
     if kind == "threshold":
-        n = int(st.get("n") or 0)
+        n = int(get("streak", "n") or 0)
+        no_data = get("no_data_since", "nd")
         status = (
-            "firing"
-            if fire is not None
-            else "no_data"
-            if st.get("nd") is not None
-            else "pending"
-            if n
-            else "ok"
+            "firing" if fire is not None else "no_data" if no_data is not None else "pending" if n else "ok"
         )
         out |= {
             "status": status,
-            "condition": {"matches": n, "since": iso(st.get("since")), "firing_since": iso(fire)},
-            "last_event": iso(st.get("last")),
-            "keep_firing_until": iso(st.get("kf")),
-            "no_data_since": iso(st.get("nd")),
+            "condition": {
+                "matches": n,
+                "since": iso(get("streak_since", "since")),
+                "firing_since": iso(fire),
+            },
+            "last_event": iso(get("last_event", "last")),
+            "keep_firing_until": iso(get("keep_firing_until", "kf")),
+            "no_data_since": iso(no_data),
             "due": iso(st.get("due")),
         }
     elif kind == "window":
         windows = []
-        opened = [(k, w) for k, w in _fields(st.get("w") or {}).items() if str(k).lstrip("-").isdigit()]
+        found = get("windows", "w") or {}
+        opened = [(k, w) for k, w in _fields(found).items() if str(k).lstrip("-").isdigit()]
         for start, w in sorted(opened, key=lambda kv: int(kv[0])):
             wf = _fields(w)
+            accumulators = wf["accumulators"] if "accumulators" in wf else wf.get("a")
             try:
-                aggs = dict(results(wf.get("a"))) if results is not None else {}
+                aggs = dict(results(accumulators)) if results is not None else {}
             except Exception:  # an accumulator this build cannot read: say so, keep the rest
                 logger.debug("window aggregates of %s unreadable", start, exc_info=True)
                 aggs = {}
@@ -114,7 +120,7 @@ def describe(
                 "start": iso(begin),
                 "end": iso(begin + window_ms) if window_ms else None,
                 "aggregates": _plain(aggs),
-                "closed": bool(wf.get("done")),
+                "closed": bool(wf["evaluated"] if "evaluated" in wf else wf.get("done")),
             })  # fmt: skip
         out |= {
             "status": "firing" if fire is not None else "ok",
@@ -124,26 +130,26 @@ def describe(
     elif kind == "absence":
         out |= {
             "status": "firing" if fire is not None else "ok",
-            "last_seen": iso(st.get("last")),
+            "last_seen": iso(get("last_event", "last")),
             "due": iso(st.get("due")),
             "firing_since": iso(fire),
         }
     elif kind == "sequence":
         step = int(st.get("step") or 0)
+        first = get("first_event", "first")
         out |= {
-            "status": "firing"
-            if fire is not None
-            else "in_progress"
-            if st.get("first") is not None
-            else "ok",
+            "status": "firing" if fire is not None else "in_progress" if first is not None else "ok",
             "step": step,
             "step_name": step_names[step] if step < len(step_names) else None,
-            "matches_in_step": int(st.get("n") or 0),
-            "first_at": iso(st.get("first")),
-            "last_event": iso(st.get("last")),
+            "matches_in_step": int(get("step_matches", "n") or 0),
+            "first_at": iso(first),
+            "last_event": iso(get("last_event", "last")),
             "due": iso(st.get("due")),
         }
     else:
-        out |= {"status": "firing" if fire is not None else "ok", "last_event": iso(st.get("last")),
-                "due": iso(st.get("due"))}  # fmt: skip
+        out |= {
+            "status": "firing" if fire is not None else "ok",
+            "last_event": iso(get("last_event", "last")),
+            "due": iso(st.get("due")),
+        }
     return out

@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.spark_sql import SparkExpr, keyed_problems, spark_problems, to_spark_sql
+from app.rules.statekey import SEPARATOR, StateKey
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
 from jobs.streams import StreamSpec, evaluator_streams
@@ -46,7 +47,7 @@ from jobs.streams import StreamSpec, evaluator_streams
 logger = logging.getLogger(__name__)
 
 DLQ_KEY = "\x00dlq"  # no rule id starts with NUL
-KEY_SEPARATOR = "\x1f"
+KEY_SEPARATOR = SEPARATOR
 TASK_TYPE = "struct<idx:int,key:string,holds:boolean,conds:array<boolean>>"
 
 
@@ -190,7 +191,7 @@ def _key(rule: SparkRule) -> Column:
 
 def rule_of_key(key: str) -> str:
     """The rule id at the head of a state key made by :func:`_key`."""
-    return key.split(KEY_SEPARATOR, 1)[0]
+    return StateKey.rule_of(key)
 
 
 def _task(rule: SparkRule) -> Column:

@@ -40,6 +40,7 @@ from app.events import Event
 from app.rules.evaluator import State, ThresholdLogic, group_values, state_key
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
+from app.rules.state import migrate, stamp
 from app.topics import ALERTS, DLQ
 from jobs.compile import DLQ_KEY, SparkPlan, rule_of_key
 from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key
@@ -74,15 +75,16 @@ def with_native_condition(rule: CompiledRule) -> CompiledRule:
 class _OneKeyStore:
     """The evaluator's StateStore over the single key of one group, version-stamped."""
 
-    def __init__(self, value: State | None, version: str) -> None:
-        self.version = version
-        self.value = value if value is not None and value.get("v") == version else None
+    def __init__(self, value: State | None, version: str, key: str = "") -> None:
+        self.version = stamp(version)
+        value = None if value is None else migrate(key, value, "threshold")  # (the current format: as is)
+        self.value = value if value is not None and value.get("version") == self.version else None
 
     def get(self, _key: str) -> State | None:
         return self.value
 
     def put(self, _key: str, value: State) -> None:
-        value["v"] = self.version
+        value["version"] = self.version
         self.value = value
 
     def delete(self, _key: str) -> None:
@@ -113,7 +115,7 @@ class GroupRunner:
             return self.streams.run_key(key, rows, state)
         idx, rule = self.rules[rule_of_key(key)]
         logic = ThresholdLogic(rule)
-        store = _OneKeyStore(state, rule.version)
+        store = _OneKeyStore(state, rule.version, key)
         out: Rows = []
         late = 0
         for fields_json, holds, ts_ms, part, offset, _source, _dlq, _conds in rows:

@@ -50,6 +50,7 @@ from app.rules.evaluator import LATE_TOPIC, Engine, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
+from app.rules.statekey import SEPARATOR, group_text
 from app.tables import Tables
 from app.topics import ALERTS, DLQ
 from jobs.placement import placed, unplaced
@@ -57,7 +58,7 @@ from jobs.placement import placed, unplaced
 logger = logging.getLogger(__name__)
 
 STREAM_PREFIX = "\x00s"  # no rule id starts with NUL; DLQ_KEY is "\x00dlq"
-_SEP = "\x1f"
+_SEP = SEPARATOR
 #: output rows of the stream path sort after the keyed rules' at the same event
 IDX_BASE = 1_000_000
 Rows = list[tuple[Any, ...]]
@@ -137,7 +138,8 @@ class StreamRouter:
                     else partition_for(ev.key.encode(), self.partitions)
                 )
             else:
-                value = _SEP.join("" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in fields)
+                values = ev.fields
+                value = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
                 part = partition_for(value.encode(), self.partitions)
             out.append(stream_key(name, part))
         return out

@@ -48,6 +48,8 @@ from app.placement import partition_for
 from app.rules.expr import Columns
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import (
+    GATE_ALWAYS,
+    GATE_NONE,
     DictStore,
     Logic,
     State,
@@ -61,7 +63,9 @@ from app.rules.logic.events import AbsenceLogic, ChangeLogic, NewTermLogic, Sequ
 from app.rules.logic.reorder import EventTimeOrder
 from app.rules.logic.threshold import ThresholdLogic
 from app.rules.logic.windows import SessionLogic, SlidingLogic, TumblingLogic
-from app.rules.timebound import CLOCK_KEY, TimeBound
+from app.rules.state import FORMAT, is_current, migrate, partition_of, record_kind, stamp
+from app.rules.statekey import CLOCK_PREFIX, SEPARATOR, StateKey, group_text, is_clock_key
+from app.rules.timebound import TimeBound
 from app.tables import TABLES, Tables
 
 logger = logging.getLogger(__name__)
@@ -96,11 +100,27 @@ def _kind_logic(rule: CompiledRule) -> Logic | None:
             "sliding": SlidingLogic,
             "session": SessionLogic,
         }
-        return kinds[r.window.type](rule)  # type: ignore[return-value]
-    simple = {"threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic,
-              "new_term": NewTermLogic, "sequence": SequenceLogic}  # fmt: skip
-    cls = simple.get(r.kind)
-    return None if cls is None else cls(rule)  # type: ignore[return-value]
+        return kinds[r.window.type](rule)
+    simple: dict[str, Callable[[CompiledRule], Logic]] = {
+        "threshold": ThresholdLogic, "absence": AbsenceLogic, "change": ChangeLogic, "new_term": NewTermLogic,
+        "sequence": SequenceLogic,
+    }  # fmt: skip
+    make = simple.get(r.kind)
+    return None if make is None else make(rule)
+
+
+class _Runner:
+    """One rule on one partition of a stream, as the evaluator drives it: the rule, its
+    logic (None: a stateless branch), its store view and its timer heap."""
+
+    __slots__ = ("group_by", "heap", "logic", "rule", "rule_id", "view")
+
+    def __init__(
+        self, rule: CompiledRule, logic: Logic | None, view: VersionedStore, heap: list[tuple[int, str]]
+    ) -> None:
+        self.rule, self.logic, self.view, self.heap = rule, logic, view, heap
+        self.group_by: tuple[str, ...] = rule.rule.group_by
+        self.rule_id: str = rule.id
 
 
 @dataclass
@@ -136,7 +156,7 @@ def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[
     """A row's group values and the state-key suffix they make: ``rule.id + suffix`` is
     :func:`state_key`, with the suffix shared by every rule of the same ``group_by``."""
     group = group_values(rule, row)
-    return group, "\x1f" + "\x1f".join(group) if group else ""
+    return group, StateKey.suffix(group)
 
 
 class Rows:
@@ -150,7 +170,7 @@ class Rows:
         self.rows = rows
         self.skipped = sum(r is None for r in rows)
         #: the rows with {} for a skipped one, for column-wise conditions (a skipped row's value is unused)
-        self.dense = rows if not self.skipped else [{} if r is None else r for r in rows]
+        self.dense: list[Any] = rows if not self.skipped else [{} if r is None else r for r in rows]
         #: each field's values, read once for the conditions of every rule (Compiled.over)
         self.columns: Columns = {}
         self._groups: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], str] | None], list[int]]] = {}
@@ -172,7 +192,7 @@ class Rows:
                         continue
                     v = row.get(field)
                     text = "" if v is None else v if type(v) is str else str(v)
-                    keys.append(((text,), "\x1f" + text))
+                    keys.append(((text,), SEPARATOR + text))
             else:
                 for row in self.rows:
                     keys.append(None if row is None else group_and_suffix(rule, row))
@@ -228,15 +248,10 @@ class StreamEvaluator:
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
         self.by_id = {r.id: r for r in self.rules}
-        # per rule: (rule, logic, takes clock_ms, group_by, id) computed once, not per event
-        self.runners = [
-            (r, self.logics[r.id], not isinstance(self.logics[r.id], ThresholdLogic), r.rule.group_by, r.id)
-            for r in self.rules
-        ]
         self._views: dict[tuple[str, int], VersionedStore] = {}
         #: per enrichment spec list (a rule model's ``enrich``): see :meth:`joins`
         self._joins: dict[Any, list[tuple[str, str, str, bool, dict[str, None]]]] = {}
-        self._partition_runs: dict[int, list[tuple[Any, ...]]] = {}
+        self._partition_runs: dict[int, list[_Runner]] = {}
         self.clocks: dict[int, int] = {}
         self.timers: dict[tuple[int, str], list[tuple[int, str]]] = {}
         self.scheduled: dict[str, int] = {}
@@ -248,17 +263,39 @@ class StreamEvaluator:
 
     def restore(self, items: Iterable[tuple[str, State]]) -> None:
         """Re-arm timers from persisted state (after a restart or a rule reload), and take
-        back each partition's clock and held events (:meth:`TimeBound.save`)."""
-        versions = {r.id: r.version for r in self.rules}
-        mine = CLOCK_KEY + self.name + "\x1f"
+        back each partition's clock and held events (:meth:`TimeBound.save`).
+
+        A state of this stream's rules written in an older format is migrated and written
+        back to the store (:func:`app.rules.state.migrate`); one of a format this build does
+        not know raises :class:`~app.rules.state.StateFormatError`, which says how to
+        delete it."""
+        versions = {r.id: stamp(r.version) for r in self.rules}
+        mine = CLOCK_PREFIX + self.name + SEPARATOR
         for key, st in items:
-            if key.startswith(CLOCK_KEY):
+            if is_clock_key(key):
                 if key.startswith(mine):
                     self.bound.restore(st)
                 continue
-            rid = key.split("\x1f", 1)[0]
-            if versions.get(rid) == st.get("v") and st.get("due") is not None:
-                self._schedule(self._heap(int(st.get("p", 0)), rid), key, int(st["due"]))
+            rid = StateKey.rule_of(key)
+            current = versions.get(rid)
+            if current is None:
+                continue
+            if not is_current(st):
+                st = self._migrated(key, st)
+            if current == st.get("version") and st.get("due") is not None:
+                self._schedule(self._heap(partition_of(st), rid), key, int(st["due"]))
+
+    def _migrated(self, key: str, st: State) -> State:
+        """A persisted state of one of this stream's rules in the current format, written back."""
+        rule = self.by_id[StateKey.rule_of(key)]
+        r = rule.rule
+        window = None if r.window is None else r.window.type
+        inner = record_kind(r.kind, window, False)
+        found = migrate(key, st, record_kind(r.kind, window, r.order == "event_time"), inner)
+        if found is not st:
+            self.store.put(key, found)
+            logger.info("rule state %r migrated to format %d", key, FORMAT)
+        return found
 
     def _admit(
         self, events: list[Event], partition: int, now_ms: int, out: Output, save: bool
@@ -308,7 +345,7 @@ class StreamEvaluator:
         """Keep the rule's timer heap in step with the state's ``due`` after the rule ran
         (``view``: the rule's store view, for its version)."""
         st = self.store.get(key)
-        self._rearm(heap, key, st if st is not None and st.get("v") == view.version else None)
+        self._rearm(heap, key, st if st is not None and st.get("version") == view.version else None)
 
     def _rearm(self, heap: list[tuple[int, str]], key: str, st: State | None) -> None:
         due = None if st is None else st.get("due")
@@ -317,12 +354,18 @@ class StreamEvaluator:
         else:
             self.scheduled.pop(key, None)
 
-    def _runs_of(self, partition: int) -> list[tuple[Any, ...]]:
-        """``runners`` with each rule's store view and timer heap for ``partition`` appended."""
+    def use_logic(self, rule_id: str, logic: Logic) -> None:
+        """Run ``rule_id`` with ``logic`` from now on (a test's reference implementation)."""
+        self.logics[rule_id] = logic
+        self._partition_runs.clear()
+
+    def _runs_of(self, partition: int) -> list[_Runner]:
+        """Each rule with its logic, store view and timer heap on ``partition``."""
         runs = self._partition_runs.get(partition)
         if runs is None:
             runs = self._partition_runs[partition] = [
-                (*r, self._view(r[0], partition), self._heap(partition, r[0].id)) for r in self.runners
+                _Runner(r, self.logics[r.id], self._view(r, partition), self._heap(partition, r.id))
+                for r in self.rules
             ]
         return runs
 
@@ -346,7 +389,7 @@ class StreamEvaluator:
                 continue  # rescheduled or done since
             del self.scheduled[key]
             try:
-                out.alerts += logic.on_clock(view, key, clock)
+                out.alerts += logic.on_timer(view, key, clock)
             except Exception as exc:  # one rule's bug must not stop the others
                 self._failed(rule, exc)
             self._after(heap, key, view)
@@ -364,7 +407,7 @@ class StreamEvaluator:
         self._expected[partition] = version
         for rule in self.rules:
             logic = self.logics.get(rule.id)
-            if not isinstance(logic, AbsenceLogic) or rule.rule.expect_from is None:
+            if logic is None or not logic.expects_registry or rule.rule.expect_from is None:
                 continue
             for dev in self.tables.keys(rule.rule.expect_from):
                 if partition_for(dev.encode(), self.partitions) != partition:
@@ -448,8 +491,8 @@ class StreamEvaluator:
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields
         for run in self._runs_of(partition):
-            rule, logic, _takes_clock, group_by, _rid, view, heap = run
-            if heap and heap[0][0] <= clock:
+            rule, logic, group_by, view, heap = run.rule, run.logic, run.group_by, run.view, run.heap
+            if heap and heap[0][0] <= clock and logic is not None:
                 self._run_timers(heap, view, clock, rule, logic, out)
             row = self.enrich(rule, fields, tables) if rule.rule.enrich else fields
             if row is None:
@@ -463,21 +506,17 @@ class StreamEvaluator:
                 found = group_and_suffix(rule, row)
                 if row is fields:
                     groups[group_by] = found
-            names: VersionedStore = view  # typed: a native call when compiled
-            self._step(run, partition, found[0], names.key(found[1]), ev, row, clock, out)
+            self._step(run, logic, partition, found[0], view.key(found[1]), ev, row, clock, out)
 
     def _step(
-        self, run: tuple[Any, ...], partition: int, group: tuple[str, ...], key: str, ev: Event,
+        self, run: _Runner, logic: Logic, partition: int, group: tuple[str, ...], key: str, ev: Event,
         row: Mapping[str, Any], clock: int, out: Output,
     ) -> None:  # fmt: skip
         """One event through one rule's ``on_event``, then the timers it made due."""
-        rule, logic, takes_clock, _group_by, rid, view, heap = run
-        view.touched = None
+        rule, rid, view, heap = run.rule, run.rule_id, run.view, run.heap
+        view.untouch()
         try:
-            if takes_clock:
-                alerts, late = logic.on_event(view, key, group, ev, row, clock)
-            else:
-                alerts, late = logic.on_event(view, key, group, ev, row)
+            alerts, late = logic.on_event(view, key, group, ev, row, clock)
         except Exception as exc:  # one rule's bug must not stop the others
             self._failed(rule, exc)
             return
@@ -487,7 +526,7 @@ class StreamEvaluator:
                 out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
         if alerts:
             out.alerts += alerts
-        touched = view.touched
+        touched: Any = view.touched
         if touched is not None:  # only a write can move the state's timer
             if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
                 self._rearm(heap, key, touched or None)
@@ -530,10 +569,11 @@ class StreamEvaluator:
         self.stats.alerts += len(out.alerts)
         return out
 
-    def _run_rule(self, run: tuple[Any, ...], batch: _Batch, partition: int, out: Output) -> None:
+    def _run_rule(self, run: _Runner, batch: _Batch, partition: int, out: Output) -> None:
         """One rule over a batch: its timers, then each event, in order."""
-        rule, logic, _takes_clock, group_by, rid, view, heap = run
-        store: VersionedStore = view  # typed: its calls below are native when compiled
+        rule, logic, group_by, rid = run.rule, run.logic, run.group_by, run.rule_id
+        store = view = run.view
+        heap = run.heap
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
         self.stats.skipped_no_table_row += rows.skipped
@@ -543,15 +583,14 @@ class StreamEvaluator:
                     out.routed += self._route(rule, ev, row)
             return
         keys, ends = rows.groups(rule, group_by)
-        fold_many = getattr(logic, "fold_many", None)
-        scattered = getattr(logic, "fold_scattered", None)
+        fold_many, scattered = logic.folds_runs, logic.folds_scattered
         passes: list[Any] | None = None  # the rule's condition on each row, once needed
         # events the logic would do nothing for (see Logic.where_gate) are skipped on the
         # condition evaluated column-wise: always, or for a group without state
-        gate = getattr(logic, "where_gate", None) if rule.where is not None else None
-        if gate is not None:
-            passes = rule.where.over(rows.dense, rows.columns)
-        always = gate == "always"
+        gate = logic.where_gate if rule.where is not None else GATE_NONE
+        if gate != GATE_NONE:
+            passes = rule.where.over(rows.dense, rows.columns)  # type: ignore[union-attr]
+        always = gate == GATE_ALWAYS
         i, n = 0, len(events)
         scheduled = self.scheduled
         row_list, columns = rows.rows, rows.columns
@@ -571,41 +610,43 @@ class StreamEvaluator:
                 continue
             group, suffix = found
             key = store.key(suffix)  # = state_key(rule, group)
-            if gate is not None and passes[i] is not True and (always or store.get(key) is None):  # type: ignore[index]
+            if gate != GATE_NONE and passes[i] is not True and (always or store.get(key) is None):  # type: ignore[index]
                 i += 1
                 continue
-            if fold_many is not None and ends[i] - i > 1:
+            if fold_many and ends[i] - i > 1:
                 # a run of one group's events before the rule's next timer: the logic may take a
                 # leading part of it in one call (see Logic.fold_many)
                 end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
                 if end - i > 1:
                     if passes is None and rule.where is not None:
                         passes = rule.where.over(rows.dense, rows.columns)
-                    view.touched = None
+                    view.untouch()
                     try:
-                        taken = fold_many(view, key, group, events, row_list, clocks, passes, i, end, columns)
+                        taken = logic.fold_many(
+                            view, key, group, events, row_list, clocks, passes, i, end, columns
+                        )
                     except Exception:  # the events then run one by one, which reports it
                         taken = 0
                     if taken:
                         i += taken
-                        touched = view.touched
+                        touched: Any = view.touched
                         if touched is not None:
                             self._rearm(heap, key, touched or None)
                         continue
-            if scattered is not None:
+            if scattered:
                 # events of any groups before the rule's next timer: the logic may take the
                 # leading ones that are its per-event common case (see Logic.fold_scattered)
                 end = n if not heap else bisect.bisect_left(clocks, heap[0][0], i, n)
                 if passes is None and rule.where is not None:
                     passes = rule.where.over(rows.dense, rows.columns)
                 try:
-                    taken = scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
+                    taken = logic.fold_scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
                 except Exception:  # the events then run one by one, which reports it
                     taken = 0
                 if taken:
                     i += taken
                     continue
-            self._step(run, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
+            self._step(run, logic, partition, group, key, events[i], row_list[i], clock, out)  # type: ignore[arg-type]
             i += 1
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
@@ -630,9 +671,8 @@ class Stream:
     def key_of(self, ev: Event) -> bytes:
         if self.fields is None:
             return ev.key.encode()
-        return "\x1f".join(
-            "" if ev.fields.get(f) is None else str(ev.fields.get(f)) for f in self.fields
-        ).encode()
+        fields = ev.fields
+        return group_text(["" if fields.get(f) is None else str(fields.get(f)) for f in self.fields]).encode()
 
 
 def stream_name(source: str, fields: tuple[str, ...] | None) -> str:

@@ -15,12 +15,13 @@ import logging
 
 from app.events import Event, format_ts, span
 from app.rules.logic.base import State, StateStore
+from app.rules.state import migrate_clock
+from app.rules.statekey import CLOCK_PREFIX, clock_key
 
 logger = logging.getLogger(__name__)
 
-#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`):
-#: no rule id starts with NUL
-CLOCK_KEY = "\x00clock\x1f"
+#: The state key prefix of a stream partition's clock record (see :meth:`StreamEvaluator.restore`)
+CLOCK_KEY = CLOCK_PREFIX
 #: events one partition holds at most while they wait for a second witness (docs/event-time.md)
 MAX_HELD = 256
 #: how far a partition's clock moves on without coming within the skew of a held event (and
@@ -56,31 +57,32 @@ class TimeBound:
         self.last_key: dict[int, str] = {}
 
     def restore(self, st: State) -> None:
-        partition, clock = int(st["p"]), int(st["c"])
+        st = migrate_clock(st)
+        partition, clock = int(st["partition"]), int(st["clock"])
         if clock >= 0:
             self.clocks[partition] = max(self.clocks.get(partition, clock), clock)
-        self.last_key[partition] = str(st.get("k", ""))
-        self.counts[partition] = int(st.get("n", 0))
+        self.last_key[partition] = str(st.get("last_key", ""))
+        self.counts[partition] = int(st.get("admitted", 0))
         held = [
             _Held(Event(str(k), int(ts), dict(f)), bool(alone), int(mark), int(base), int(since))
-            for k, ts, f, alone, mark, base, since in st.get("h", ())
+            for k, ts, f, alone, mark, base, since in st.get("held", ())
         ]
         if held:
             self.held[partition] = held
 
     def save(self, partition: int) -> None:
         """Persist the partition's clock and held events in the store, as a state the rule
-        worker's changelog carries (``p``: its partition): a restart or a rule reload goes
+        worker's changelog carries (``partition``: its partition): a restart or a rule reload goes
         on from them instead of letting the next event start a new clock."""
-        record: State = {"p": partition, "c": self.clocks.get(partition, -1)}
-        record["k"] = self.last_key.get(partition, "")
+        record: State = {"partition": partition, "clock": self.clocks.get(partition, -1)}
+        record["last_key"] = self.last_key.get(partition, "")
         held = self.held.get(partition)
         if held:
-            record["h"] = [
+            record["held"] = [
                 [h.event.key, h.event.ts_ms, h.event.fields, h.alone, h.mark, h.base, h.since] for h in held
             ]
-            record["n"] = self.counts.get(partition, 0)
-        self.store.put(CLOCK_KEY + self.stream + "\x1f" + str(partition), record)
+            record["admitted"] = self.counts.get(partition, 0)
+        self.store.put(clock_key(self.stream, partition), record)
 
     def admit(
         self, events: list[Event], partition: int, now_ms: int, refused: Refused, save: bool

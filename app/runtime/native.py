@@ -53,6 +53,7 @@ MODULES = (
     "app.rules.aggregates",
     "app.rules.evaluator",
     "app.rules.expr",
+    "app.rules.lifecycle",
     "app.rules.functions",
     "app.rules.template",
     "app.rules.timebound",
@@ -61,6 +62,7 @@ MODULES = (
     "app.rules.logic.reorder",
     "app.rules.logic.threshold",
     "app.rules.logic.windows",
+    "app.rules.statekey",
 )
 #: the group's shared library is the top-level module ``app_native__mypyc``
 GROUP = "app_native"

@@ -10,7 +10,7 @@ from agents.state_store import encode_state
 
 
 def test_a_state_round_trips_through_the_tables_json_codec() -> None:
-    state = {"g": ["6.6.6.6"], "ev": [[1_700_000_000_000, [None, 2.5, "/x"]]], "t": None, "w": {"60000": {}}}
+    state = {"group": ["6.6.6.6"], "buffer": [[1_700_000_000_000, [None, 2.5, "/x"]]], "through": None}
     blob = encode_state(state)
     assert codecs.loads("json", blob) == state
 

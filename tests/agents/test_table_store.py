@@ -24,35 +24,35 @@ KA, KB, KG, KBURST = (orjson.dumps(k) for k in ("r\x1fa", "r\x1fb", "gone\x1fx",
 
 
 def test_writes_are_read_back_at_once_and_land_in_the_table() -> None:
-    data: dict[str, Any] = {"old\x1fa": {"p": 1, "n": 1}}
+    data: dict[str, Any] = {"old\x1fa": {"partition": 1, "n": 1}}
     store = TableStore(fake_table(data), 10_000)
-    assert store.store.get("old\x1fa") == {"p": 1, "n": 1}  # state recovered from the changelog
-    store.store.put("r\x1fb", {"p": 2, "n": 5})
-    assert store.store.get("r\x1fb") == {"p": 2, "n": 5}
-    assert data["r\x1fb"] == {"p": 2, "n": 5}  # what a restore after a reload reads
+    assert store.store.get("old\x1fa") == {"partition": 1, "n": 1}  # state recovered from the changelog
+    store.store.put("r\x1fb", {"partition": 2, "n": 5})
+    assert store.store.get("r\x1fb") == {"partition": 2, "n": 5}
+    assert data["r\x1fb"] == {"partition": 2, "n": 5}  # what a restore after a reload reads
     store.store.delete("old\x1fa")
     assert store.store.get("old\x1fa") is None
     assert "old\x1fa" not in data
     store.store.delete("never\x1fseen")  # nothing to delete: no record
-    assert sorted(store.items()) == [("r\x1fb", {"p": 2, "n": 5})]
+    assert sorted(store.items()) == [("r\x1fb", {"partition": 2, "n": 5})]
 
 
 def test_each_changed_key_is_one_record_per_commit_with_its_latest_state() -> None:
-    store = TableStore(fake_table({"gone\x1fx": {"p": 0, "n": 9}}), 10_000)
-    state = {"p": 3, "n": 1}
+    store = TableStore(fake_table({"gone\x1fx": {"partition": 0, "n": 9}}), 10_000)
+    state = {"partition": 3, "n": 1}
     store.store.put("r\x1fa", state)
     state["n"] = 2  # a state mutated in place, then written again: its latest value goes out
     store.store.put("r\x1fa", state)
-    store.store.put("r\x1fb", {"p": 1, "n": 7})
+    store.store.put("r\x1fb", {"partition": 1, "n": 7})
     store.store.delete("gone\x1fx")
     changes = list(store.changes())
     assert [(t, p, k, None if v is None else orjson.loads(v)) for t, p, k, v in changes] == [
-        (TOPIC, 3, KA, {"p": 3, "n": 2}),
-        (TOPIC, 1, KB, {"p": 1, "n": 7}),
+        (TOPIC, 3, KA, {"partition": 3, "n": 2}),
+        (TOPIC, 1, KB, {"partition": 1, "n": 7}),
         (TOPIC, 0, KG, None),  # a tombstone on the partition of the deleted state
     ]
     assert list(store.changes()) == []  # nothing changed since
-    store.store.put("r\x1fa", {"p": 3, "n": 3})
+    store.store.put("r\x1fa", {"partition": 3, "n": 3})
     store.store.delete("r\x1fa")  # written and deleted between two commits: only the tombstone
     assert list(store.changes()) == [(TOPIC, 3, KA, None)]
 
@@ -61,7 +61,7 @@ def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = TableStore(fake_table(), 200)
-    big = {"p": 1, "buf": ["x" * 40] * 10}
+    big = {"partition": 1, "buf": ["x" * 40] * 10}
     before = _too_large("burst")
     store.store.put("burst\x1fip", big)
     assert list(store.changes()) == [(TOPIC, 1, KBURST, None)]
@@ -70,9 +70,9 @@ def test_a_state_too_large_for_a_record_stays_in_memory_behind_a_tombstone(
     assert store.store.get("burst\x1fip") is big  # evaluation goes on from memory
     assert _too_large("burst") == before + 2
     assert sum("over the 200 a changelog record may have" in r.message for r in caplog.records) == 1
-    store.store.put("burst\x1fip", {"p": 1, "buf": []})
+    store.store.put("burst\x1fip", {"partition": 1, "buf": []})
     ((_, _, _, blob),) = list(store.changes())
-    assert blob is not None and orjson.loads(blob) == {"p": 1, "buf": []}
+    assert blob is not None and orjson.loads(blob) == {"partition": 1, "buf": []}
     assert "fits a changelog record again" in caplog.text
 
 
@@ -90,7 +90,7 @@ def test_changelog_keys_read_back_through_the_tables_own_key_codec() -> None:
     table = app.Table("rule-state-sensors", default=None, key_type=str, partitions=2)
     store = TableStore(table, 10_000)
     key = 'hot-machine\x1fcapteur-é-东京\x1f"quoted"'
-    store.store.put(key, {"p": 1})
+    store.store.put(key, {"partition": 1})
     ((topic, _, raw_key, _),) = list(store.changes())
     assert topic == table.changelog_topic.get_topic_name()
     assert app.serializers.loads_key(str, raw_key, serializer=table.key_serializer) == key

@@ -102,12 +102,12 @@ def specs_of(tmp_path: Path) -> tuple[AggSpec, ...]:
 class _Refolding(SlidingLogic):
     """The reference: every window folded from the buffer, as before the incremental window."""
 
-    def on_clock(self, store: Any, key: str, clock_ms: int) -> list[Any]:
+    def on_timer(self, store: Any, key: str, clock_ms: int) -> list[Any]:
         self._live.clear()
         real = aggregates.SlidingAggregates.capped
         aggregates.SlidingAggregates.capped = lambda self: True  # type: ignore[method-assign]
         try:
-            return super().on_clock(store, key, clock_ms)
+            return super().on_timer(store, key, clock_ms)
         finally:
             aggregates.SlidingAggregates.capped = real  # type: ignore[method-assign]
 
@@ -149,8 +149,7 @@ def test_incremental_sliding_window_gives_the_refolded_alerts(tmp_path: Path, se
 
     def run(logic_cls: type[SlidingLogic]) -> tuple[list[bytes], int]:
         ev = StreamEvaluator("logs.client_ip", [rule], DictStore())
-        ev.logics[rule.id] = logic_cls(rule)
-        ev.runners = [(rule, ev.logics[rule.id], True, rule.rule.group_by, rule.id)]
+        ev.use_logic(rule.id, logic_cls(rule))
         out = []
         for i in range(0, len(events), batch):
             chunk = events[i : i + batch]

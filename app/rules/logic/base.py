@@ -3,16 +3,17 @@ contract the evaluator drives.
 
 Contract (bytewax's StatefulLogic, adapted):
 
-* ``on_event(store, key, group, ev, row) -> (alerts, late)`` runs for each
-  event of the rule's stream, in arrival order. ``late`` is True when the
-  event was too old to apply; the evaluator counts it and applies the rule's
+* ``on_event(store, key, group, ev, row, clock_ms) -> (alerts, LATE | ON_TIME)`` runs
+  for each event of the rule's stream, in arrival order, at the partition clock
+  ``clock_ms``. ``LATE`` when the event was too old to apply; the evaluator counts it and applies the rule's
   late policy.
-* ``on_clock(store, key, clock_ms) -> alerts`` runs when the partition's
+* ``on_timer(store, key, clock_ms) -> alerts`` runs when the partition's
   event-time clock (the newest event time seen on it) has reached the state's
   ``due`` time. It closes windows, fires absences and ends event alerts.
+* ``notify_at(state) -> due`` is when the state's timer is due (``due``).
 * ``fold_many(store, key, group, events, rows, clocks, passes, begin, end, columns)
   -> taken``
-  is optional: given a run ``[begin, end)`` of one group's consecutive events of
+  is optional (``folds_runs``): given a run ``[begin, end)`` of one group's consecutive events of
   the batch before the rule's next timer (``events``, ``rows``: the batch's
   events and their rows; ``clocks``: the partition clock at each; ``passes``:
   the rule's ``where`` on each, evaluated column-wise, or None; all lists, which
@@ -25,20 +26,22 @@ Contract (bytewax's StatefulLogic, adapted):
   ``on_event``; the result must be exactly what ``on_event`` gives one event at
   a time.
 * ``fold_scattered(store, rule_id, keys, events, rows, clocks, passes, begin,
-  end) -> taken`` is optional: the same for a stretch of a batch whose events
+  end) -> taken`` is optional (``folds_scattered``): the same for a stretch of a batch whose events
   belong to any groups (``keys``: each event's group and state-key suffix, None
   for an event without its registry row), before the rule's next timer: it
   takes the leading events that are each the kind's per-event common case, as
   ``on_event`` would apply them one by one. They must leave every timer where
-  it is, or move it later only if ``on_clock`` at the old time then does
+  it is, or move it later only if ``on_timer`` at the old time then does
   nothing (the evaluator re-arms the timer at the state's ``due`` after it).
-* ``where_gate`` is optional: ``"always"`` when ``on_event`` does nothing (no
+* ``where_gate`` (``GATE_NONE`` by default): ``GATE_ALWAYS`` when ``on_event`` does nothing (no
   alert, not late, no write) for an event whose ``where`` is not TRUE, whatever
-  the state; ``"no_state"`` when that holds for a group without state. The batch
+  the state; ``GATE_NO_STATE`` when that holds for a group without state. The batch
   path then skips such events on the condition evaluated column-wise.
-* State is a small JSON-able dict per (rule, group) holding at least ``g``
-  (the group values) and, when a timer is pending, ``due``. ``store.put`` is
-  called whenever the state must survive a restart.
+* State is one JSON-able record per (rule, group), a dict whose fields its kind's
+  ``TypedDict`` in :mod:`app.rules.state` declares, with at least ``group`` (the group
+  values) and, when a timer is pending, ``due``. ``store.put`` (keep it, bytewax's
+  RETAIN) is called whenever the state must survive a restart; ``store.delete``
+  (DISCARD) drops it. Pending/firing/resolved follows :mod:`app.rules.lifecycle`.
 
 Every time in an alert comes from event time, never from the wall clock or
 from when a timer happened to run, so ids are identical across engines,
@@ -49,11 +52,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from app.alerts import Alert, RuleFacts, Status
 from app.events import Event, format_ts
+from app.rules.expr import Columns
 from app.rules.loader import CompiledRule
+from app.rules.state import stamp
+from app.rules.statekey import StateKey
 from app.rules.template import render
 
 State = dict[str, Any]
@@ -74,7 +80,7 @@ class DictStore:
     """An in-memory :class:`StateStore` over ``data`` (a new dict by default).
 
     With ``changed``, it also records each key written or deleted, with the partition
-    its state is stamped with (``p``, see the evaluator's version view): the live
+    its state is stamped with (``partition``, see the evaluator's version view): the live
     worker's store (``agents.wiring.TableStore``) holds its Faust table's dict here and
     turns the changed keys into changelog records at each commit. Compiled with the
     evaluator, it takes the evaluator's reads and writes as native calls.
@@ -92,13 +98,13 @@ class DictStore:
         self.data[key] = value
         changed = self.changed
         if changed is not None:
-            changed[key] = int(value.get("p", 0))
+            changed[key] = int(value.get("partition", 0))
 
     def delete(self, key: str) -> None:
         known = self.data.pop(key, None)
         changed = self.changed
         if known is not None and changed is not None:
-            changed[key] = int(known.get("p", 0))
+            changed[key] = int(known.get("partition", 0))
 
     def items(self) -> list[tuple[str, State]]:
         return list(self.data.items())
@@ -116,7 +122,9 @@ class VersionedStore:
     __slots__ = ("_keys", "base", "dict_base", "partition", "rule_id", "touched", "version")
 
     def __init__(self, base: StateStore, version: str, partition: int, rule_id: str) -> None:
-        self.base, self.version, self.partition, self.rule_id = base, version, partition, rule_id
+        self.base, self.partition, self.rule_id = base, partition, rule_id
+        #: the stamp of the rule's current states (:func:`app.rules.state.stamp`)
+        self.version = stamp(version)
         #: ``base`` when it is the compiled DictStore (the worker's and backtests' store): its
         #: methods are then native calls, not a Python method lookup and call each
         self.dict_base: DictStore | None = base if isinstance(base, DictStore) else None
@@ -141,13 +149,19 @@ class VersionedStore:
             found = keys[suffix] = self.rule_id + suffix
         return found
 
+    def untouch(self) -> None:
+        """Forget the last write, before a call whose writes the evaluator then reads
+        from :attr:`touched` (a method, not an assignment at the call site: the compiled
+        caller would take the attribute to stay None)."""
+        self.touched = None
+
     def get(self, key: str) -> State | None:
         dict_base = self.dict_base
         st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
-        return st if st is not None and st.get("v") == self.version else None
+        return st if st is not None and st.get("version") == self.version else None
 
     def put(self, key: str, value: State) -> None:
-        value["v"], value["p"] = self.version, self.partition
+        value["version"], value["partition"] = self.version, self.partition
         dict_base = self.dict_base
         if dict_base is not None:
             dict_base.put(key, value)
@@ -164,14 +178,79 @@ class VersionedStore:
         self.touched = False
 
 
-class Logic(Protocol):
-    rule: CompiledRule
+#: :attr:`Logic.where_gate`: every event goes to ``on_event``
+GATE_NONE: Final = 0
+#: :attr:`Logic.where_gate`: ``on_event`` does nothing (no alert, not late, no write) for an
+#: event whose ``where`` is not TRUE, whatever the state
+GATE_ALWAYS: Final = 1
+#: :attr:`Logic.where_gate`: the same, for a group without state
+GATE_NO_STATE: Final = 2
+
+#: the second item of :data:`Result`: the event was applied (or had nothing to change)
+ON_TIME: Final = False
+#: the second item of :data:`Result`: the event was too old to apply (counted, and sent to
+#: the rule's late policy)
+LATE: Final = True
+
+
+class Logic:
+    """The contract every rule kind implements, with one signature per member (see the
+    module). The evaluator calls only these members; a kind states its optional
+    capabilities in the typed flags set by its constructor, never by what it happens to
+    define. Compiled, every call from the evaluator is a native virtual call.
+
+    A new stateful piece (a kind, or a per-group helper such as a baseline) subclasses
+    this, keeps its per-group state in one record (see :mod:`app.rules.state`), and uses
+    :mod:`app.rules.lifecycle` for pending/firing/resolved."""
+
+    def __init__(self, rule: CompiledRule) -> None:
+        self.rule = rule
+        #: GATE_NONE, GATE_ALWAYS or GATE_NO_STATE: which events whose ``where`` is not TRUE
+        #: the batch path may skip without calling ``on_event``
+        self.where_gate: int = GATE_NONE
+        #: :meth:`fold_many` may take runs of one group's events
+        self.folds_runs: bool = False
+        #: :meth:`fold_scattered` may take stretches of any groups' events
+        self.folds_scattered: bool = False
+        #: :meth:`expect` starts a wait for registry keys never seen (``expect_from``)
+        self.expects_registry: bool = False
 
     def on_event(
-        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any]
-    ) -> Result: ...
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
+        """One event of ``group`` at partition clock ``clock_ms``: the alerts it raises and
+        :data:`LATE` or :data:`ON_TIME`."""
+        raise NotImplementedError
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]: ...
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+        """The state's timer (``notify_at``) was reached by the partition clock ``clock_ms``."""
+        raise NotImplementedError
+
+    def notify_at(self, st: State) -> int | None:
+        """When the state's timer is due (event time, ms), None without one."""
+        due = st.get("due")
+        return None if due is None else int(due)
+
+    def fold_many(
+        self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
+        rows: list[Any], clocks: list[int], passes: list[Any] | None,
+        begin: int, end: int, columns: Columns,
+    ) -> int:  # fmt: skip
+        """See the module; called only when :attr:`folds_runs`. Returns how many it took."""
+        return 0
+
+    def fold_scattered(
+        self, store: StateStore, rule_id: str, keys: list[tuple[tuple[str, ...], str] | None],
+        events: list[Event], rows: list[Any], clocks: list[int],
+        passes: list[Any] | None, begin: int, end: int,
+    ) -> int:  # fmt: skip
+        """See the module; called only when :attr:`folds_scattered`. Returns how many it took."""
+        return 0
+
+    def expect(self, store: StateStore, key: str, group: tuple[str, ...], since_ms: int) -> None:
+        """Start waiting for a registry key never seen; called only when :attr:`expects_registry`."""
+        return
 
 
 def after(entries: list[list[Any]], ts: int) -> int:
@@ -215,7 +294,8 @@ def group_values(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def state_key(rule: CompiledRule, group: tuple[str, ...]) -> str:
-    return "\x1f".join((rule.facts.rule_id, *group))
+    """The encoded :class:`~app.rules.statekey.StateKey` of ``rule``'s ``group``."""
+    return StateKey(rule.facts.rule_id, group).encode()
 
 
 def build_alert(
@@ -254,43 +334,3 @@ def build_alert(
 def group_row(rule: CompiledRule, group: tuple[str, ...]) -> dict[str, Any]:
     """The group fields as a row, for alerts raised by a timer (no event at hand)."""
     return dict(zip(rule.facts.group_by, group))
-
-
-class OneShot:
-    """Event alerts (change, new term, sequence, session): fire on a trigger,
-    resolve ``resolve_after`` (event time) after the last trigger. A trigger
-    while firing extends it and counts, without a second notification."""
-
-    def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
-        self.resolve_after = rule.rule.resolve_after
-
-    def trigger(
-        self, st: State, group: tuple[str, ...], row: Mapping[str, Any], start_ms: int, at_ms: int,
-        values: Mapping[str, Any],
-    ) -> list[Alert]:  # fmt: skip
-        until = at_ms + self.resolve_after
-        if st.get("fire") is not None:
-            st["until"] = max(st["until"], until)
-            st["count"] = st.get("count", 1) + 1
-            return []
-        st["fire"], st["until"], st["count"] = start_ms, until, 1
-        st["fv"] = dict(values)
-        return [build_alert(self.rule, "firing", group, row, start_ms, None, at_ms, values)]
-
-    def expire(self, st: State, group: tuple[str, ...], clock_ms: int) -> list[Alert]:
-        if st.get("fire") is None or clock_ms < st["until"]:
-            return []
-        started, until = st["fire"], st["until"]
-        values = {**st.get("fv", {}), "count": st.get("count", 1)}
-        st["fire"] = None
-        st.pop("fv", None)
-        return [
-            build_alert(
-                self.rule, "resolved", group, group_row(self.rule, group), started, until, until, values
-            )
-        ]
-
-    @staticmethod
-    def due(st: State) -> int | None:
-        return st["until"] if st.get("fire") is not None else None

@@ -37,24 +37,44 @@ from typing import Any
 from app.alerts import Alert
 from app.events import Event
 from app.rules.expr import Columns
+from app.rules.lifecycle import OneShot
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import OneShot, Result, State, StateStore, build_alert, group_row, scattered_events
+from app.rules.logic.base import (
+    GATE_ALWAYS,
+    ON_TIME,
+    Logic,
+    Result,
+    State,
+    StateStore,
+    build_alert,
+    group_row,
+    scattered_events,
+)
 
 MAX_TERMS = 100_000
 
 
-class AbsenceLogic:
-    where_gate = "always"  # see base: on_event returns first when where is not TRUE
-
+class AbsenceLogic(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
+        self.where_gate = GATE_ALWAYS  # on_event returns first when where is not TRUE
+        self.folds_runs = self.folds_scattered = True
+        self.expects_registry = rule.rule.expect_from is not None
         self.absent_ms = int(rule.rule.absent_for or 0)
         self.lateness = rule.rule.allowed_lateness
 
     def expect(self, store: StateStore, key: str, group: tuple[str, ...], since_ms: int) -> None:
         """Start waiting for a key known from the registry but never seen."""
         if store.get(key) is None:
-            store.put(key, {"g": list(group), "last": since_ms, "fire": None, "due": self._due(since_ms)})
+            store.put(
+                key,
+                {
+                    "group": list(group),
+                    "last_event": since_ms,
+                    "firing_since": None,
+                    "due": self._due(since_ms),
+                },
+            )
 
     def _due(self, last: int) -> int:
         """Silence must last longer than ``absent_for``: an event exactly at the deadline is on time."""
@@ -65,24 +85,24 @@ class AbsenceLogic:
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st = store.get(key)
         alerts: list[Alert] = []
-        if st is not None and st["fire"] is not None and ev.ts_ms >= st["fire"]:
-            values = {"silent_since": st["last"]}
+        if st is not None and st["firing_since"] is not None and ev.ts_ms >= st["firing_since"]:
+            values = {"silent_since": st["last_event"]}
             alerts.append(
-                build_alert(self.rule, "resolved", group, row, st["fire"], ev.ts_ms, ev.ts_ms, values)
+                build_alert(self.rule, "resolved", group, row, st["firing_since"], ev.ts_ms, ev.ts_ms, values)
             )
-            st["fire"] = None
-        if st is not None and ev.ts_ms <= st["last"] and not alerts:
-            return [], False  # an old event: nothing moves
-        last = max(ev.ts_ms, st["last"]) if st is not None else ev.ts_ms
-        fire = st["fire"] if st is not None else None
+            st["firing_since"] = None
+        if st is not None and ev.ts_ms <= st["last_event"] and not alerts:
+            return [], ON_TIME  # an old event: nothing moves
+        last = max(ev.ts_ms, st["last_event"]) if st is not None else ev.ts_ms
+        fire = st["firing_since"] if st is not None else None
         # still firing: this event is older than the silence's start (it arrived behind
         # the partition clock); the silence ends with the first event at or after it
         due = None if fire is not None else self._due(last)
-        store.put(key, {"g": list(group), "last": last, "fire": fire, "due": due})
-        return alerts, False
+        store.put(key, {"group": list(group), "last_event": last, "firing_since": fire, "due": due})
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -94,9 +114,9 @@ class AbsenceLogic:
         It stops before the event whose clock reaches the silence deadline, where the
         timer must run first."""
         st = store.get(key)
-        if st is not None and st["fire"] is not None:
+        if st is not None and st["firing_since"] is not None:
             return 0  # silent: the first event resolves it, one by one
-        last = None if st is None else st["last"]
+        last = None if st is None else st["last_event"]
         due = None if last is None else self._due(last)
         j = begin
         while j < end:
@@ -107,8 +127,8 @@ class AbsenceLogic:
                 last = ts
                 due = self._due(last)
             j += 1
-        if last is not None and (st is None or last != st["last"]):
-            store.put(key, {"g": list(group), "last": last, "fire": None, "due": due})
+        if last is not None and (st is None or last != st["last_event"]):
+            store.put(key, {"group": list(group), "last_event": last, "firing_since": None, "due": due})
         return j - begin
 
     def fold_scattered(
@@ -119,64 +139,63 @@ class AbsenceLogic:
         """From ``begin``, the leading events of ``[begin, end)``, of any groups, that find
         their group known and not silent (see ``Logic.fold_scattered``): each moves the
         group's last time and silence deadline later, as ``on_event`` would. The timer
-        already set stays: :meth:`on_clock` at that time finds the group not silent yet
+        already set stays: :meth:`on_timer` at that time finds the group not silent yet
         and the evaluator re-arms it at the state's ``due``."""
         get, put = store.get, store.put
         for j, key, group in scattered_events(keys, passes, store, rule_id, begin, end):
             st = get(key)
-            if st is None or st["fire"] is not None:
+            if st is None or st["firing_since"] is not None:
                 return j - begin  # a new group (a timer to set) or a silent one (to resolve): on_event
             ts = events[j].ts_ms
-            if ts > st["last"]:
-                put(key, {"g": list(group), "last": ts, "fire": None, "due": self._due(ts)})
+            if ts > st["last_event"]:
+                put(key, {"group": list(group), "last_event": ts, "firing_since": None, "due": self._due(ts)})
         return end - begin
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
-        if st is None or st["fire"] is not None or clock_ms < self._due(st["last"]):
+        if st is None or st["firing_since"] is not None or clock_ms < self._due(st["last_event"]):
             return []
-        group = tuple(st["g"])
-        start = st["last"] + self.absent_ms
-        st["fire"], st["due"] = start, None
+        group = tuple(st["group"])
+        start = st["last_event"] + self.absent_ms
+        st["firing_since"], st["due"] = start, None
         store.put(key, st)
-        values = {"silent_since": st["last"]}
+        values = {"silent_since": st["last_event"]}
         return [
             build_alert(self.rule, "firing", group, group_row(self.rule, group), start, None, start, values)
         ]
 
 
-class _EventAlert:
+class _EventAlert(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
         self.oneshot = OneShot(rule)
 
     def _state(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event
     ) -> tuple[State | None, bool]:
         st = store.get(key)
-        if st is not None and ev.ts_ms < st["last"]:
+        if st is not None and ev.ts_ms < st["last_event"]:
             return st, True
-        return st or {"g": list(group), "last": ev.ts_ms, "fire": None}, False
+        return st or {"group": list(group), "last_event": ev.ts_ms, "firing_since": None}, False
 
     def _save(self, store: StateStore, key: str, st: State) -> None:
         st["due"] = OneShot.due(st)
         store.put(key, st)
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        alerts = self.oneshot.expire(st, tuple(st["g"]), clock_ms)
+        alerts = self.oneshot.expire(st, tuple(st["group"]), clock_ms)
         if alerts:
             self._save(store, key, st)
         return alerts
 
 
 class ChangeLogic(_EventAlert):
-    where_gate = "always"
-
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
+        self.where_gate = GATE_ALWAYS
         self.field = str(rule.rule.change)
 
     def on_event(
@@ -184,29 +203,28 @@ class ChangeLogic(_EventAlert):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st, late = self._state(store, key, group, ev)
         if late or st is None:
             return [], late
         value = row.get(self.field)
         if value is None:
-            return [], False
-        previous = st.get("val")
-        st["last"], st["val"] = ev.ts_ms, value
+            return [], ON_TIME
+        previous = st.get("previous_value")
+        st["last_event"], st["previous_value"] = ev.ts_ms, value
         alerts: list[Alert] = []
         if previous is not None and previous != value:
             values = {self.field: value, "previous": previous}
             alerts = self.oneshot.trigger(st, group, row, ev.ts_ms, ev.ts_ms, values)
         if alerts or previous != value:
             self._save(store, key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
 
 class NewTermLogic(_EventAlert):
-    where_gate = "always"
-
     def __init__(self, rule: CompiledRule) -> None:
         super().__init__(rule)
+        self.where_gate = GATE_ALWAYS
         assert rule.rule.new_term is not None  # noqa: S101
         self.field = rule.rule.new_term.field
         self.horizon = rule.rule.new_term.horizon
@@ -216,16 +234,16 @@ class NewTermLogic(_EventAlert):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if self.rule.where is not None and self.rule.where(row) is not True:
-            return [], False
-        st = store.get(key) or {"g": list(group), "last": ev.ts_ms, "fire": None}
+            return [], ON_TIME
+        st = store.get(key) or {"group": list(group), "last_event": ev.ts_ms, "firing_since": None}
         value = row.get(self.field)
         if value is None:
-            return [], False
+            return [], ON_TIME
         term = str(value)
         terms: dict[str, int] = st.setdefault("terms", {})
-        first = st.setdefault("first", ev.ts_ms)
+        first = st.setdefault("first_event", ev.ts_ms)
         seen = terms.get(term)
-        st["last"] = max(st["last"], ev.ts_ms)
+        st["last_event"] = max(st["last_event"], ev.ts_ms)
         alerts: list[Alert] = []
         learning = ev.ts_ms < first + self.horizon
         if not learning and (seen is None or ev.ts_ms - seen > self.horizon):
@@ -241,12 +259,13 @@ class NewTermLogic(_EventAlert):
                 kept = dict(sorted(kept.items(), key=lambda x: -x[1])[: MAX_TERMS * 9 // 10])
             st["terms"] = kept
         self._save(store, key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
 
 class SequenceLogic(_EventAlert):
-    """State: ``step`` (the step under way), ``n`` (its matches so far), ``first``
-    (the first step's first event time), ``last``, ``c`` (the partition clock at the
+    """State (:class:`~app.rules.state.SequenceState`): ``step`` (the step under way),
+    ``step_matches`` (its matches so far), ``first_event`` (the first step's first event
+    time), ``last_event``, ``clock_at_last`` (the partition clock at the
     last event) and the one-shot alert's keys."""
 
     def __init__(self, rule: CompiledRule) -> None:
@@ -266,8 +285,8 @@ class SequenceLogic(_EventAlert):
         st, late = self._state(store, key, group, ev)
         if late or st is None:
             return [], late
-        st["last"], st["c"] = ev.ts_ms, max(clock_ms, ev.ts_ms)
-        step, count, first = st.get("step", 0), st.get("n", 0), st.get("first")
+        st["last_event"], st["clock_at_last"] = ev.ts_ms, max(clock_ms, ev.ts_ms)
+        step, count, first = st.get("step", 0), st.get("step_matches", 0), st.get("first_event")
         if first is not None and ev.ts_ms - first > self.within:
             step, count, first = 0, 0, None  # too slow: start over
         alerts: list[Alert] = []
@@ -285,40 +304,40 @@ class SequenceLogic(_EventAlert):
                 values = {"steps": ",".join(s.name for s in self.steps), "first_at": first}
                 alerts = self.oneshot.trigger(st, group, row, int(first or ev.ts_ms), ev.ts_ms, values)
                 step, count, first = 0, 0, None
-        st.update(step=step, n=count, first=first)
-        # a group's forget timer stays where it is: on_clock moves it on, so an event
+        st.update(step=step, step_matches=count, first_event=first)
+        # a group's forget timer stays where it is: on_timer moves it on, so an event
         # does not push a timer of its own
-        st["due"] = self._due(st) or st.get("due") or st["c"] + self.forget_ms
+        st["due"] = self._due(st) or st.get("due") or st["clock_at_last"] + self.forget_ms
         store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def _waiting(self, st: State) -> bool:
-        return self.negative and st.get("step") == len(self.steps) - 1 and st.get("first") is not None
+        return self.negative and st.get("step") == len(self.steps) - 1 and st.get("first_event") is not None
 
     def _due(self, st: State) -> int | None:
         """The resolution of a firing alert or the deadline of an absent step, the sooner."""
         times = [d] if (d := OneShot.due(st)) is not None else []
         if self._waiting(st):
-            times.append(st["first"] + self.within)
+            times.append(st["first_event"] + self.within)
         return min(times) if times else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        group = tuple(st["g"])
+        group = tuple(st["group"])
         alerts = self.oneshot.expire(st, group, clock_ms)
         if self._waiting(st):
-            deadline = st["first"] + self.within
+            deadline = st["first_event"] + self.within
             if clock_ms >= deadline:
-                values = {"missing": self.steps[-1].name, "first_at": st["first"]}
+                values = {"missing": self.steps[-1].name, "first_at": st["first_event"]}
                 row = group_row(self.rule, group)
-                alerts += self.oneshot.trigger(st, group, row, st["first"], deadline, values)
-                st.update(step=0, n=0, first=None)
+                alerts += self.oneshot.trigger(st, group, row, st["first_event"], deadline, values)
+                st.update(step=0, step_matches=0, first_event=None)
         due = self._due(st)
         if due is None:  # neither firing nor waiting: forget the group once nothing on time can match
-            seen = st.get("c")
-            due = int(st["last"] if seen is None else seen) + self.forget_ms
+            seen = st.get("clock_at_last")
+            due = int(st["last_event"] if seen is None else seen) + self.forget_ms
             if clock_ms >= due:
                 store.delete(key)
                 return alerts

@@ -21,8 +21,9 @@ evaluated for its group, and is late otherwise. The evaluator runs a rule's due
 timers before each event, so every waiting event W has passed is released before a
 newer one is looked at.
 
-State: ``q`` the waiting ``[ts, row]`` pairs in order, ``s`` the logic's own state
-(or None), ``t`` the time of the newest event evaluated, ``due`` when W reaches the
+State (:class:`~app.rules.state.OrderedState`): ``queue`` the waiting ``[ts, row]``
+pairs in order, ``inner`` the logic's own state (or None), ``newest`` the time of the
+newest event evaluated, ``due`` when W reaches the
 first waiting event or the logic's own timer. Both engines run this code (the
 Spark engine on its stream path).
 """
@@ -36,12 +37,11 @@ from typing import Any
 from app.alerts import Alert
 from app.events import Event
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, after
-from app.rules.logic.threshold import ThresholdLogic
+from app.rules.logic.base import LATE, ON_TIME, Logic, Result, State, StateStore, after
 
 
 class _Inner:
-    """The wrapped logic's view of its state: ``s`` inside the reordering state."""
+    """The wrapped logic's view of its state: ``inner`` inside the reordering state."""
 
     __slots__ = ("st",)
 
@@ -49,30 +49,33 @@ class _Inner:
         self.st = st
 
     def get(self, _key: str) -> State | None:
-        inner: State | None = self.st["s"]
+        inner: State | None = self.st["inner"]
         return inner
 
     def put(self, _key: str, value: State) -> None:
-        self.st["s"] = value
+        self.st["inner"] = value
 
     def delete(self, _key: str) -> None:
-        self.st["s"] = None
+        self.st["inner"] = None
 
 
 #: most timer runs of the wrapped logic at one instant (each must move its timer on)
 MAX_TIMER_RUNS = 10_000
 
 
-class EventTimeOrder:
+class EventTimeOrder(Logic):
     """A rule fed its group's events in event-time order (see the module)."""
 
-    def __init__(self, rule: CompiledRule, make: Callable[[CompiledRule], Any]) -> None:
-        self.rule = rule
+    def __init__(self, rule: CompiledRule, make: Callable[[CompiledRule], Logic | None]) -> None:
+        super().__init__(rule)
         self.lateness = rule.rule.allowed_lateness
         # the wrapped logic lives on the watermark's axis: no lateness of its own
         plain = rule.rule.model_copy(update={"allowed_lateness": 0, "order": "arrival"})
-        self.inner = make(dataclasses.replace(rule, rule=plain))
-        self.takes_clock = not isinstance(self.inner, ThresholdLogic)
+        inner = make(dataclasses.replace(rule, rule=plain))
+        if inner is None:
+            msg = f"rule {rule.id}: order: event_time needs a stateful kind"
+            raise ValueError(msg)
+        self.inner: Logic = inner
 
     def on_event(
         self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
@@ -81,34 +84,34 @@ class EventTimeOrder:
         st = store.get(key)
         existed = st is not None
         if st is None:
-            st = {"g": list(group), "q": [], "s": None, "t": None}
-        newest = st["t"]
+            st = {"group": list(group), "queue": [], "inner": None, "newest": None}
+        newest = st["newest"]
         if newest is not None and ev.ts_ms < newest:
-            return [], True  # a newer event of the group was evaluated already
+            return [], LATE  # a newer event of the group was evaluated already
         watermark = clock_ms - self.lateness
         if ev.ts_ms <= watermark:  # the watermark passed it: its turn is now
             alerts = self._evaluate(st, key, group, ev.ts_ms, row, watermark)
         else:
-            queue = st["q"]
+            queue = st["queue"]
             queue.insert(after(queue, ev.ts_ms), [ev.ts_ms, dict(row)])
             alerts = []
         self._save(store, key, st, existed)
-        return alerts, False
+        return alerts, ON_TIME
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
         watermark = clock_ms - self.lateness
-        group = tuple(st["g"])
-        queue = st["q"]
+        group = tuple(st["group"])
+        queue = st["queue"]
         alerts: list[Alert] = []
         taken = 0
         while taken < len(queue) and queue[taken][0] <= watermark:
             ts, row = queue[taken]
             taken += 1
             alerts += self._evaluate(st, key, group, ts, row, ts)
-        st["q"] = queue[taken:]
+        st["queue"] = queue[taken:]
         alerts += self._timers(st, key, watermark)
         self._save(store, key, st, existed=True)
         return alerts
@@ -118,11 +121,11 @@ class EventTimeOrder:
         alerts: list[Alert] = []
         inner = _Inner(st)
         for _ in range(MAX_TIMER_RUNS):
-            due = None if st["s"] is None else st["s"].get("due")
+            due = None if st["inner"] is None else st["inner"].get("due")
             if due is None or due > clock:
                 break
-            alerts += self.inner.on_clock(inner, key, clock)
-            if st["s"] is not None and st["s"].get("due") == due:
+            alerts += self.inner.on_timer(inner, key, clock)
+            if st["inner"] is not None and st["inner"].get("due") == due:
                 break  # the timer did not move: it would run again forever
         return alerts
 
@@ -133,21 +136,18 @@ class EventTimeOrder:
         alerts = self._timers(st, key, clock)
         inner = _Inner(st)
         ev = Event("", ts, dict(row))
-        if self.takes_clock:
-            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock_ms=clock)
-        else:
-            found, _late = self.inner.on_event(inner, key, group, ev, ev.fields)
-        st["t"] = ts
+        found, _late = self.inner.on_event(inner, key, group, ev, ev.fields, clock)
+        st["newest"] = ts
         return alerts + found
 
     def _save(self, store: StateStore, key: str, st: State, existed: bool) -> None:
-        queue = st["q"]
-        if not queue and st["s"] is None:  # nothing waits and the logic keeps nothing: quiet
+        queue = st["queue"]
+        if not queue and st["inner"] is None:  # nothing waits and the logic keeps nothing: quiet
             if existed:
                 store.delete(key)
             return
         times = [queue[0][0]] if queue else []
-        inner_due = None if st["s"] is None else st["s"].get("due")
+        inner_due = None if st["inner"] is None else st["inner"].get("due")
         if inner_due is not None:
             times.append(int(inner_due))
         st["due"] = min(times) + self.lateness if times else None

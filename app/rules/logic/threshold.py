@@ -2,9 +2,10 @@
 
 Per group, in event time:
 
-* the condition holds on an event: the streak starts (``since``) or grows;
+* the condition holds on an event: the streak starts (``streak_since``) or grows;
   once it has held for ``consecutive`` events and for ``for`` (event time
-  since the streak began), the alert fires with ``starts_at = since``;
+  since the streak began), the alert fires with ``starts_at = streak_since``
+  (:func:`app.rules.lifecycle.match`);
 * while firing, the alert resolves on the first event where ``clear`` is
   TRUE (hysteresis) or, without ``clear``, where the condition is not TRUE;
   with ``keep_firing_for`` it stays firing that much longer and resolves at
@@ -41,8 +42,22 @@ from app.events import Event
 from app.rules import baselines
 from app.rules.compile import PctChange
 from app.rules.expr import Columns
+from app.rules.lifecycle import FIRES, PENDS, match, reset, started
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import Result, State, StateStore, after, build_alert, group_row, leading_not_true
+from app.rules.logic.base import (
+    GATE_NO_STATE,
+    GATE_NONE,
+    LATE,
+    ON_TIME,
+    Logic,
+    Result,
+    State,
+    StateStore,
+    after,
+    build_alert,
+    group_row,
+    leading_not_true,
+)
 
 
 def pct_value(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> float | None:
@@ -71,16 +86,17 @@ def remember(hist: list[list[Any]], pc: PctChange, ts: int, value: Any) -> list[
     return hist
 
 
-class ThresholdLogic:
+class ThresholdLogic(Logic):
     def __init__(self, rule: CompiledRule) -> None:
-        self.rule = rule
+        super().__init__(rule)
+        self.folds_runs = True
         r = rule.rule
         self.for_ms = r.for_ms
         self.consecutive = r.consecutive
         self.keep_ms = r.keep_firing_for
         self.clear = rule.parts.clear if rule.parts else None
         self.pct = rule.parts.pct_changes if rule.parts else ()
-        #: baseline calls (app.rules.baselines): their state lives beside pct_change's, in "h"
+        #: baseline calls (app.rules.baselines): their state lives beside pct_change's, in "pct_history"
         self.baselines = rule.parts.baselines if rule.parts else ()
         self.columns = sorted((rule.where.columns | rule.where.synthetic) if rule.where else ())
         self.no_data = r.no_data if r.no_data is not None and r.no_data.state != "keep" else None
@@ -89,12 +105,14 @@ class ThresholdLogic:
         self.where = rule.where.fn
         #: a quiet group (no state) stays quiet on an event where the condition is not TRUE,
         #: unless pct_change history or a no-data deadline must be kept for it
-        self.where_gate = "no_state" if not self.pct and not self.baselines and self.no_data is None else None
+        self.where_gate = (
+            GATE_NO_STATE if not self.pct and not self.baselines and self.no_data is None else GATE_NONE
+        )
 
     def _with_pct(
         self, st: State | None, ev: Event, row: Mapping[str, Any]
     ) -> tuple[Mapping[str, Any], dict]:
-        hist = st.get("h", {}) if st else {}  # updated in place: the event is stored either way
+        hist = st.get("pct_history", {}) if st else {}  # updated in place: the event is stored either way
         if not self.pct and not self.baselines:
             return row, hist
         extra = {}
@@ -110,75 +128,95 @@ class ThresholdLogic:
         return {**row, **extra}, hist
 
     def on_event(
-        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any]
-    ) -> Result:
+        self, store: StateStore, key: str, group: tuple[str, ...], ev: Event, row: Mapping[str, Any],
+        clock_ms: int = 0,
+    ) -> Result:  # fmt: skip
         st = store.get(key)
-        if st is not None and (ev.ts_ms < st["last"] or ev.ts_ms <= (st.get("nd") or -1)):
-            return [], True
+        if st is not None and (ev.ts_ms < st["last_event"] or ev.ts_ms <= (st.get("no_data_since") or -1)):
+            return [], LATE
         hist: dict | None = None
         if self.pct or self.baselines:
             row, hist = self._with_pct(st, ev, row)
         holds = self.where(row) is True
         if st is None:
             if not holds and not hist and self.no_data is None:
-                return [], False  # nothing to remember for a quiet key
-            st = {"n": 0, "since": None, "fire": None, "last": ev.ts_ms, "g": list(group)}
+                return [], ON_TIME  # nothing to remember for a quiet key
+            st = {
+                "streak": 0,
+                "streak_since": None,
+                "firing_since": None,
+                "last_event": ev.ts_ms,
+                "group": list(group),
+            }
         changed = hist is not None or self.no_data is not None  # the no-data deadline moves with last
-        st["last"] = ev.ts_ms
+        st["last_event"] = ev.ts_ms
         if hist is not None:
-            st["h"] = hist
-        if holds and self.no_data is None and st["fire"] is not None and st.get("kf") is None:
+            st["pct_history"] = hist
+        if (
+            holds
+            and self.no_data is None
+            and st["firing_since"] is not None
+            and st.get("keep_firing_until") is None
+        ):
             if self.clear is None or self.clear(row) is not True:
-                st["n"] += 1  # still firing, nothing else changes (the common case)
+                st["streak"] += 1  # still firing, nothing else changes (the common case)
                 if changed:
                     store.put(key, st)
-                return [], False
-        if not holds and st["fire"] is None and not st["n"] and not changed and st.get("nd") is None:
-            return [], False  # quiet and still quiet: nothing to emit, store or re-arm (the common case)
+                return [], ON_TIME
+        if (
+            not holds
+            and st["firing_since"] is None
+            and not st["streak"]
+            and not changed
+            and st.get("no_data_since") is None
+        ):
+            return [], ON_TIME  # quiet and still quiet: nothing to emit, store or re-arm (the common case)
         alerts: list[Alert] = []
-        if st.get("nd") is not None:  # data is back: the no-data episode ends
-            alerts.append(build_alert(self.rule, "inactive", group, row, st["nd"], ev.ts_ms, ev.ts_ms, {}))
-            st["nd"] = None
-        if st["fire"] is not None and st.get("kf") is not None and ev.ts_ms >= st["kf"]:
+        if st.get("no_data_since") is not None:  # data is back: the no-data episode ends
+            alerts.append(
+                build_alert(self.rule, "inactive", group, row, st["no_data_since"], ev.ts_ms, ev.ts_ms, {})
+            )
+            st["no_data_since"] = None
+        if (
+            st["firing_since"] is not None
+            and st.get("keep_firing_until") is not None
+            and ev.ts_ms >= st["keep_firing_until"]
+        ):
             # kept firing long enough: it ended at kf, before this event
-            alerts.append(self._resolve(st, group, row, st["kf"], self._values(row)))
+            alerts.append(self._resolve(st, group, row, st["keep_firing_until"], self._values(row)))
             changed = True
-        if st["fire"] is not None:
+        if st["firing_since"] is not None:
             cleared = (self.clear(row) is True) if self.clear is not None else not holds
-            if st.get("kf") is not None:
+            if st.get("keep_firing_until") is not None:
                 if holds:  # the condition came back before kf: keep firing
-                    st["kf"], changed = None, True
+                    st["keep_firing_until"], changed = None, True
             elif not cleared:
                 pass
             elif self.keep_ms:
-                st["kf"], changed = ev.ts_ms + self.keep_ms, True
+                st["keep_firing_until"], changed = ev.ts_ms + self.keep_ms, True
             else:
                 alerts.append(self._resolve(st, group, row, ev.ts_ms, self._values(row)))
                 changed = True
-            if holds and st["fire"] is not None:
-                st["n"] += 1
+            if holds and st["firing_since"] is not None:
+                st["streak"] += 1
         elif holds:
-            if st["n"] == 0:
-                st["since"] = ev.ts_ms
-            st["n"] += 1
-            changed = changed or st["n"] <= self.consecutive
-            if st["n"] >= self.consecutive and ev.ts_ms - st["since"] >= self.for_ms:
-                st["fire"] = st["since"]
+            found = match(st, ev.ts_ms, ev.ts_ms, self.consecutive, self.for_ms)
+            changed = changed or st["streak"] <= self.consecutive or found == FIRES
+            if found == FIRES:
                 values = self._values(row)
                 alerts.append(
-                    build_alert(self.rule, "firing", group, row, st["since"], None, ev.ts_ms, values)
+                    build_alert(self.rule, "firing", group, row, st["streak_since"], None, ev.ts_ms, values)
                 )
-                changed = True
-            elif st["n"] == 1:
+            elif found == PENDS:
                 values = self._values(row)
                 alerts.append(build_alert(self.rule, "pending", group, row, ev.ts_ms, None, ev.ts_ms, values))
-        elif st["n"]:
+        elif st["streak"]:
             alerts.append(self._end_pending(st, group, row, ev.ts_ms, self._values(row)))
             changed = True
         st["due"] = self._due(st)
         if changed:
             store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -198,8 +236,10 @@ class ThresholdLogic:
         if st is None:  # a quiet group with no state: it stays so while the condition does not hold
             return leading_not_true(passes, begin, end)
         j = begin
-        last = st["last"]
-        if st["fire"] is not None and st.get("kf") is None:  # firing: stays firing while it holds
+        last = st["last_event"]
+        if (
+            st["firing_since"] is not None and st.get("keep_firing_until") is None
+        ):  # firing: stays firing while it holds
             while j < end:
                 ts = events[j].ts_ms
                 if ts < last or ts < 0 or passes[j] is not True:
@@ -208,16 +248,20 @@ class ThresholdLogic:
                     break
                 last = ts
                 j += 1
-            st["n"] += j - begin
-        elif st["fire"] is None and not st["n"] and st.get("nd") is None:  # quiet, with state
+            st["streak"] += j - begin
+        elif (
+            st["firing_since"] is None and not st["streak"] and st.get("no_data_since") is None
+        ):  # quiet, with state
             while j < end:
                 ts = events[j].ts_ms
                 if ts < last or ts < 0 or passes[j] is True:
                     break
                 last = ts
                 j += 1
-        elif st["fire"] is None and st.get("nd") is None:  # pending: stays so until ready or broken
-            n, since, write = st["n"], st["since"], False
+        elif (
+            st["firing_since"] is None and st.get("no_data_since") is None
+        ):  # pending: stays so until ready or broken
+            n, since, write = st["streak"], st["streak_since"], False
             while j < end:
                 ts = events[j].ts_ms
                 if ts < last or ts < 0 or passes[j] is not True:
@@ -228,11 +272,11 @@ class ThresholdLogic:
                 write = write or n <= self.consecutive  # as on_event: the streak's count is kept
                 last = ts
                 j += 1
-            st["n"] = n
+            st["streak"] = n
             if write:
-                st["last"] = last
+                st["last_event"] = last
                 store.put(key, st)
-        st["last"] = last
+        st["last_event"] = last
         return j - begin
 
     def _values(self, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,61 +288,66 @@ class ThresholdLogic:
     def _resolve(
         self, st: State, group: tuple[str, ...], row: Mapping[str, Any], at: int, values: dict
     ) -> Alert:
-        started = st["fire"]
-        st["fire"], st["kf"], st["n"], st["since"] = None, None, 0, None
-        return build_alert(self.rule, "resolved", group, row, started, at, at, values)
+        began = started(st)
+        reset(st)
+        st["keep_firing_until"] = None
+        return build_alert(self.rule, "resolved", group, row, began, at, at, values)
 
     def _end_pending(
         self, st: State, group: tuple[str, ...], row: Mapping[str, Any], at: int, values: Mapping[str, Any]
     ) -> Alert:
         """The streak broke before firing: its pending episode ends, never notified."""
-        started = st["since"]
-        st["n"], st["since"] = 0, None
-        return build_alert(self.rule, "inactive", group, row, started, at, at, values)
+        began = started(st)
+        reset(st)
+        return build_alert(self.rule, "inactive", group, row, began, at, at, values)
 
     def _no_data_due(self, st: State) -> int | None:
         """When the partition clock declares the group silent (None: nothing would change)."""
         nd = self.no_data
-        if nd is None or st.get("nd") is not None:
+        if nd is None or st.get("no_data_since") is not None:
             return None
-        firing = st["fire"] is not None
-        if nd.state == "ok" and not firing and not st["n"]:
+        firing = st["firing_since"] is not None
+        if nd.state == "ok" and not firing and not st["streak"]:
             return None
         if nd.state != "ok" and firing:
             return None
-        return int(st["last"]) + nd.after + self.lateness + 1
+        return int(st["last_event"]) + nd.after + self.lateness + 1
 
     def _due(self, st: State) -> int | None:
-        kf = st.get("kf") if st["fire"] is not None else None
+        kf = st.get("keep_firing_until") if st["firing_since"] is not None else None
         nd = self._no_data_due(st)
         return nd if kf is None else kf if nd is None else min(kf, nd)
 
     def _go_no_data(self, st: State, group: tuple[str, ...]) -> list[Alert]:
         assert self.no_data is not None  # noqa: S101 - only scheduled with a no_data option
-        at = int(st["last"]) + self.no_data.after
+        at = int(st["last_event"]) + self.no_data.after
         row = group_row(self.rule, group)
-        values = {"no_data": True, "silent_since": st["last"]}
+        values = {"no_data": True, "silent_since": st["last_event"]}
         state = self.no_data.state
         if state == "alerting":
-            start = st["since"] if st["n"] else at
-            st["fire"], st["kf"] = start, None
+            start = st["streak_since"] if st["streak"] else at
+            st["firing_since"], st["keep_firing_until"] = start, None
             return [build_alert(self.rule, "firing", group, row, start, None, at, values)]
-        if state == "ok" and st["fire"] is not None:
+        if state == "ok" and st["firing_since"] is not None:
             return [self._resolve(st, group, row, at, values)]
-        alerts = [self._end_pending(st, group, row, at, values)] if st["n"] else []
+        alerts = [self._end_pending(st, group, row, at, values)] if st["streak"] else []
         if state == "no_data":
-            st["nd"] = at
+            st["no_data_since"] = at
             alerts.append(build_alert(self.rule, "no_data", group, row, at, None, at, values))
         return alerts
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        group = tuple(st["g"])
+        group = tuple(st["group"])
         alerts: list[Alert] = []
-        if st["fire"] is not None and st.get("kf") is not None and clock_ms >= st["kf"]:
-            alerts.append(self._resolve(st, group, group_row(self.rule, group), st["kf"], {}))
+        if (
+            st["firing_since"] is not None
+            and st.get("keep_firing_until") is not None
+            and clock_ms >= st["keep_firing_until"]
+        ):
+            alerts.append(self._resolve(st, group, group_row(self.rule, group), st["keep_firing_until"], {}))
         due = self._no_data_due(st)
         if due is not None and clock_ms >= due:
             alerts += self._go_no_data(st, group)

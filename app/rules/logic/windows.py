@@ -16,7 +16,7 @@ The watermark of a rule is the partition clock minus ``allowed_lateness``.
   it, so arrival order within the lateness does not matter.
 * **Session**: events closer than ``gap`` form a session; when the watermark
   passes its last event + gap it is evaluated, and a match raises an event
-  alert (see :class:`~app.rules.logic.base.OneShot`).
+  alert (see :class:`~app.rules.lifecycle.OneShot`).
 
 Events older than the watermark for every window they belong to are late.
 """
@@ -28,14 +28,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from app.alerts import Alert, Status
+from app.alerts import Alert
 from app.events import Event
 from app.rules import baselines
 from app.rules.aggregates import ADDERS, MANY_ADDERS, AggSpec, SlidingAggregates
 from app.rules.expr import Columns
+from app.rules.lifecycle import FIRES, NOTHING, PENDS, OneShot, ending, in_episode, match, reset, started
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import (
-    OneShot,
+    GATE_ALWAYS,
+    LATE,
+    ON_TIME,
+    Logic,
     Result,
     State,
     StateStore,
@@ -53,13 +57,12 @@ MAX_LIVE_WINDOWS = 100_000
 _GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
-class _Aggregating:
-    where_gate = "always"  # every kind's on_event returns first when where is not TRUE
-
+class _Aggregating(Logic):
     def __init__(self, rule: CompiledRule) -> None:
         assert rule.parts is not None and rule.parts.having is not None  # noqa: S101
         assert rule.rule.window is not None  # noqa: S101
-        self.rule = rule
+        super().__init__(rule)
+        self.where_gate = GATE_ALWAYS  # every kind's on_event returns first when where is not TRUE
         self.aggs: tuple[AggSpec, ...] = rule.parts.aggs
         self.having = rule.parts.having
         self.where = rule.where.fn if rule.where is not None else None
@@ -76,7 +79,7 @@ class _Aggregating:
         #: the results of an empty window (``prev(x)`` when the previous window had no event);
         #: shared, read only
         self._empty_results = self.results(self.empty())
-        #: baseline calls of ``having`` (tumbling and hopping only): state in "b", learnt at
+        #: baseline calls of ``having`` (tumbling and hopping only): state in "baselines", learnt at
         #: each window evaluated in order (see _evaluate); elsewhere their columns read NULL
         self._baselines = rule.parts.having_baselines
 
@@ -148,6 +151,8 @@ class TumblingLogic(_Aggregating):
         self.size = int(self.window.size or 0)
         self.step = self.window.step
         self.tumbling = self.step == self.size
+        self.folds_runs = True
+        self.folds_scattered = self.tumbling
         self.amend = rule.rule.late_policy == "amend"
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
@@ -168,44 +173,51 @@ class TumblingLogic(_Aggregating):
     ) -> Result:  # fmt: skip
         where = self.where
         if where is not None and where(row) is not True:
-            return [], False
+            return [], ON_TIME
         st = store.get(key)
         if st is not None and self.tumbling and "due" in st:  # the common case: fold into an open window
             start = ev.ts_ms - ev.ts_ms % self.step
             if start + self.size + self.lateness <= clock_ms:
-                return [], True  # its only window is closed for good: late
-            opened: dict[str, Any] = st["w"]  # typed: a native dict lookup in the compiled build
+                return [], LATE  # its only window is closed for good: late
+            opened: dict[str, Any] = st["windows"]  # typed: a native dict lookup in the compiled build
             w = opened.get(str(start))
-            if w is not None and not w["done"]:  # no window opens or fires: the same due
-                w["a"] = self.fold(w["a"], row)
+            if w is not None and not w["evaluated"]:  # no window opens or fires: the same due
+                w["accumulators"] = self.fold(w["accumulators"], row)
                 store.put(key, st)
-                return [], False
+                return [], ON_TIME
         if st is None:
-            st = {"g": list(group), "w": {}, "fire": None, "n": 0, "since": None, "la": None}
+            st = {
+                "group": list(group),
+                "windows": {},
+                "firing_since": None,
+                "streak": 0,
+                "streak_since": None,
+                "last_active": None,
+            }
         alerts: list[Alert] = []
         added = reshaped = False
-        windows: dict[str, Any] = st["w"]
+        windows: dict[str, Any] = st["windows"]
         for start in self._starts(ev.ts_ms):
             end = start + self.size
             if end + self.lateness <= clock_ms:
                 continue  # closed for good
             w = windows.get(str(start))
             if w is None:
-                w = {"a": self.empty(), "done": self.amend and end <= clock_ms}
+                w = {"accumulators": self.empty(), "evaluated": self.amend and end <= clock_ms}
                 windows[str(start)] = w
                 reshaped = True
-            w["a"] = self.fold(w["a"], row)
+            w["accumulators"] = self.fold(w["accumulators"], row)
             added = True
-            if w["done"] and st["fire"] is None:  # amend: a late event may raise the alert
-                aggs = self.results(w["a"])
+            if w["evaluated"] and st["firing_since"] is None:  # amend: a late event may raise the alert
+                aggs = self.results(w["accumulators"])
                 if self.active(group, aggs, self._prev(st, start)):
                     alerts += self._fire(st, group, start, aggs, force=True)
         if not added:
-            return [], True
+            return [], LATE
         if reshaped or alerts or "due" not in st:  # otherwise no window opened or fired: same due
             st["due"] = self._due(st)
         store.put(key, st)
-        return alerts, False
+        return alerts, ON_TIME
 
     def fold_many(
         self, store: StateStore, key: str, group: tuple[str, ...], events: list[Event],
@@ -231,15 +243,15 @@ class TumblingLogic(_Aggregating):
         start = first - first % step
         if start + self.size + self.lateness <= clocks[end - 1]:
             return 0  # late at some point of the run: one by one
-        windows: dict[str, Any] = st["w"]
+        windows: dict[str, Any] = st["windows"]
         w = windows.get(str(start))
         due = None  # the state's timer, when this run opens its window
         if w is None:  # the run opens its window, as on_event would for its first event
             if self.amend:
                 return 0
-            w = windows[str(start)] = {"a": self.empty(), "done": False}
+            w = windows[str(start)] = {"accumulators": self.empty(), "evaluated": False}
             due = self._due(st)
-        elif w["done"]:
+        elif w["evaluated"]:
             return 0
         stop = start + step
         j = begin
@@ -256,7 +268,7 @@ class TumblingLogic(_Aggregating):
         if due is not None:
             st["due"] = due
         if keep is None or keep:
-            w["a"] = self.fold_range(w["a"], rows, columns, keep, begin, j)
+            w["accumulators"] = self.fold_range(w["accumulators"], rows, columns, keep, begin, j)
             store.put(key, st)
         elif due is not None:
             store.put(key, st)
@@ -299,14 +311,14 @@ class TumblingLogic(_Aggregating):
                 return j - begin  # late (not expected: its window closed at a timer before end): on_event
             if start != last_start:
                 last_start, last_name = start, str(start)
-            opened: dict[str, Any] = st["w"]
+            opened: dict[str, Any] = st["windows"]
             w = opened.get(last_name)
-            if w is None or w["done"]:
+            if w is None or w["evaluated"]:
                 return j - begin
             row = rows[j]
             accs: list[Any] = []
             try:
-                before: list[Any] = w["a"]
+                before: list[Any] = w["accumulators"]
                 for i in range(n):
                     fn, add = folds[i]
                     name = fields[i]
@@ -317,7 +329,7 @@ class TumblingLogic(_Aggregating):
                     accs.append(add(before[i], value))
             except Exception:  # on_event takes this event and reports the error
                 return j - begin
-            w["a"] = accs
+            w["accumulators"] = accs
             if view is not None:
                 view.put(key, st)
             else:
@@ -328,7 +340,7 @@ class TumblingLogic(_Aggregating):
         """The results of the window before ``start`` (read only), when ``having`` reads them."""
         if not self._prev_names:
             return None
-        prev = st.get("prev")
+        prev = st.get("previous_window")
         if prev is not None and prev[0] == start - self.step:
             found: Mapping[str, Any] = prev[1]
             return found
@@ -338,91 +350,85 @@ class TumblingLogic(_Aggregating):
         self, st: State, group: tuple[str, ...], start: int, aggs: dict, force: bool = False
     ) -> list[Alert]:
         end = start + self.size
-        st["n"] += 1
-        if st["since"] is None:
-            st["since"] = start
-        st["la"] = start
-        ready = st["n"] >= self.consecutive and end - st["since"] >= self.for_ms
-        if st["fire"] is not None:
+        st["last_active"] = start
+        found = match(st, start, end, self.consecutive, self.for_ms, force)
+        if found == NOTHING:
             return []
         values = {**aggs, "window_start": start, "window_end": end}
         row = group_row(self.rule, group)
-        if ready or force:
-            st["fire"] = st["since"]
-            return [build_alert(self.rule, "firing", group, row, st["since"], None, end, values)]
-        if st["n"] == 1:  # a streak that does not fire at once (for/consecutive): pending
-            return [build_alert(self.rule, "pending", group, row, start, None, end, values)]
-        return []
+        if found == FIRES:
+            return [build_alert(self.rule, "firing", group, row, st["streak_since"], None, end, values)]
+        return [build_alert(self.rule, "pending", group, row, start, None, end, values)]
 
     def _evaluate(self, st: State, group: tuple[str, ...], start: int, accs: list[Any]) -> list[Alert]:
         aggs = self.results(accs)
         alerts: list[Alert] = []
         extra = None
         if self._baselines:  # the window's start is the baseline's time
-            extra = baselines.advance(self._baselines, st.setdefault("b", {}), start, aggs)
+            extra = baselines.advance(self._baselines, st.setdefault("baselines", {}), start, aggs)
         if self.active(group, aggs, self._prev(st, start), extra):
             alerts = self._fire(st, group, start, aggs)
-        elif st["fire"] is not None or st["n"]:
+        elif (status := ending(st)) is not None:
             # firing: resolved; pending (the streak broke before it fired): inactive, never notified
-            status: Status = "resolved" if st["fire"] is not None else "inactive"
-            started = st["fire"] if st["fire"] is not None else st["since"]
             values = {**aggs, "window_start": start, "window_end": start + self.size}
             row = group_row(self.rule, group)
-            ended = st["la"] + self.size
-            alerts = [build_alert(self.rule, status, group, row, started, ended, start + self.size, values)]
-            st["fire"], st["n"], st["since"] = None, 0, None
-        st["prev"] = [start, aggs]
+            ended = st["last_active"] + self.size
+            alerts = [
+                build_alert(self.rule, status, group, row, started(st), ended, start + self.size, values)
+            ]
+            reset(st)
+        st["previous_window"] = [start, aggs]
         return alerts
 
     def _due(self, st: State) -> int | None:
         """The earliest of: each open window's first evaluation, each amended window's end of
         lateness, and the next window's evaluation while the group fires or pends."""
-        windows: dict[str, Any] = st["w"]
+        windows: dict[str, Any] = st["windows"]
         due, found = 0, False
         for s, w in windows.items():
             start = int(s)
-            at = start + self.size + self.lateness if w["done"] else self._eval_at(start)
+            at = start + self.size + self.lateness if w["evaluated"] else self._eval_at(start)
             if not found or at < due:
                 due, found = at, True
-        if (st["fire"] is not None or st["n"]) and st["la"] is not None:  # firing or pending
-            at = self._eval_at(st["la"] + self.step)
+        if in_episode(st) and st["last_active"] is not None:
+            at = self._eval_at(st["last_active"] + self.step)
             if not found or at < due:
                 due, found = at, True
         return due if found else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        group = tuple(st["g"])
+        group = tuple(st["group"])
         alerts: list[Alert] = []
-        windows: dict[str, Any] = st["w"]
+        windows: dict[str, Any] = st["windows"]
         ready: list[tuple[int, str, dict[str, Any]]] = []  # (start, its name, window); starts are unique
         gone: list[str] = []
         for s, w in windows.items():
             start = int(s)
-            if not w["done"]:
+            if not w["evaluated"]:
                 if self._eval_at(start) <= clock_ms:
                     ready.append((start, s, w))
             elif start + self.size + self.lateness <= clock_ms:
                 gone.append(s)
         ready.sort()
         for start, s, w in ready:
-            if st["fire"] is not None or st["n"]:
+            if in_episode(st):
                 alerts += self._empty_until(st, group, start, clock_ms)
-            alerts += self._evaluate(st, group, start, w["a"])
+            alerts += self._evaluate(st, group, start, w["accumulators"])
             if self.amend:
-                w["done"] = True
+                w["evaluated"] = True
                 if start + self.size + self.lateness <= clock_ms:
                     gone.append(s)
             else:
                 del windows[s]
-        if st["fire"] is not None or st["n"]:
+        if in_episode(st):
             alerts += self._empty_until(st, group, None, clock_ms)
         for s in gone:
             del windows[s]
         st["due"] = self._due(st)
-        if not windows and st["fire"] is None and not st["n"] and not st.get("b"):
+        if not windows and not in_episode(st) and not st.get("baselines"):
             store.delete(key)
         else:
             store.put(key, st)
@@ -434,10 +440,14 @@ class TumblingLogic(_Aggregating):
         """Evaluate the empty windows after the last active one while the group fires or pends."""
         alerts: list[Alert] = []
         for _ in range(MAX_EMPTY_STEPS):
-            if (st["fire"] is None and not st["n"]) or st["la"] is None:
+            if not in_episode(st) or st["last_active"] is None:
                 break
-            nxt = st["la"] + self.step
-            if (before is not None and nxt >= before) or self._eval_at(nxt) > clock_ms or str(nxt) in st["w"]:
+            nxt = st["last_active"] + self.step
+            if (
+                (before is not None and nxt >= before)
+                or self._eval_at(nxt) > clock_ms
+                or str(nxt) in st["windows"]
+            ):
                 break
             alerts += self._evaluate(st, group, nxt, self.empty())
         return alerts
@@ -446,8 +456,8 @@ class TumblingLogic(_Aggregating):
 class _Buffered(_Aggregating):
     """Kinds that buffer events and process them in time order up to the watermark.
 
-    ``ev`` holds ``[ts, aggregate inputs]`` sorted by time; ``t`` is how far
-    they were processed. An event at or before ``t`` is late.
+    ``buffer`` holds ``[ts, aggregate inputs]`` sorted by time; ``through`` is how far
+    they were processed. An event at or before ``through`` is late.
     """
 
     def fresh(self, group: tuple[str, ...]) -> State:
@@ -461,16 +471,16 @@ class _Buffered(_Aggregating):
         clock_ms: int = 0,
     ) -> Result:  # fmt: skip
         if not self.passes(row):
-            return [], False
+            return [], ON_TIME
         st = store.get(key) or self.fresh(group)
-        if st["t"] is not None and ev.ts_ms <= st["t"]:
-            return [], True
+        if st["through"] is not None and ev.ts_ms <= st["through"]:
+            return [], LATE
         # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
-        buffered = st["ev"]
+        buffered = st["buffer"]
         buffered.insert(after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
         st["due"] = self._due(st)
         store.put(key, st)
-        return [], False
+        return [], ON_TIME
 
 
 class SlidingLogic(_Buffered):
@@ -493,12 +503,19 @@ class SlidingLogic(_Buffered):
         self._live: dict[str, tuple[int, int, SlidingAggregates]] = {}
 
     def fresh(self, group: tuple[str, ...]) -> State:
-        return {"g": list(group), "ev": [], "t": None, "fire": None, "n": 0, "since": None}
+        return {
+            "group": list(group),
+            "buffer": [],
+            "through": None,
+            "firing_since": None,
+            "streak": 0,
+            "streak_since": None,
+        }
 
     def _due(self, st: State) -> int | None:
         """The first change point after ``t`` (an event time, or one leaving the window), + lateness."""
-        ev = st["ev"]
-        t = st["t"] if st["t"] is not None else -(2**62)
+        ev = st["buffer"]
+        t = st["through"] if st["through"] is not None else -(2**62)
         points = []
         if (i := after(ev, t)) < len(ev):
             points.append(ev[i][0])
@@ -509,7 +526,7 @@ class SlidingLogic(_Buffered):
     def _window(self, st: State, p: int) -> list[Any]:
         """The window ending at ``p`` folded from scratch (a percentile over more than MAX_VALUES)."""
         accs = self.empty()
-        for ts, inputs in st["ev"]:
+        for ts, inputs in st["buffer"]:
             if p - self.size < ts <= p:
                 accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs)]
         return accs
@@ -517,23 +534,23 @@ class SlidingLogic(_Buffered):
     def _at_t(self, key: str, st: State, t: int) -> SlidingAggregates:
         """The window ending at ``t``: every buffered event at or before ``t`` (older ones were dropped)."""
         live = self._live.pop(key, None)
-        if live is not None and live[0] == st.get("gen") and live[1] == t:
+        if live is not None and live[0] == st.get("generation") and live[1] == t:
             return live[2]
         window = SlidingAggregates(self.aggs)
-        for ts, inputs in st["ev"]:
+        for ts, inputs in st["buffer"]:
             if ts > t:
                 break
             window.add(ts, inputs)
         return window
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        group = tuple(st["g"])
+        group = tuple(st["group"])
         wm = clock_ms - self.lateness
-        t = st["t"] if st["t"] is not None else -(2**62)
-        ev = st["ev"]
+        t = st["through"] if st["through"] is not None else -(2**62)
+        ev = st["buffer"]
         window = self._at_t(key, st, t)
         lo, hi = 0, after(ev, t)
         # change points in (t, wm]: event times, and times an event leaves the window
@@ -552,28 +569,26 @@ class SlidingLogic(_Buffered):
                 lo += 1
             aggs = self.results(self._window(st, p)) if window.capped() else window.results(self.aggs)
             if self.active(group, aggs, None):
-                st["n"] += 1
-                if st["since"] is None:
-                    st["since"] = p
-                if st["fire"] is None and st["n"] >= self.consecutive and p - st["since"] >= self.for_ms:
-                    st["fire"] = st["since"]
-                    alerts.append(build_alert(self.rule, "firing", group, row, st["since"], None, p, aggs))
-                elif st["fire"] is None and st["n"] == 1:  # for/consecutive not met yet: pending
+                found = match(st, p, p, self.consecutive, self.for_ms)
+                if found == FIRES:
+                    alerts.append(
+                        build_alert(self.rule, "firing", group, row, st["streak_since"], None, p, aggs)
+                    )
+                elif found == PENDS:  # for/consecutive not met yet: pending
                     alerts.append(build_alert(self.rule, "pending", group, row, p, None, p, aggs))
             else:
-                if st["fire"] is not None:
-                    alerts.append(build_alert(self.rule, "resolved", group, row, st["fire"], p, p, aggs))
-                elif st["n"]:  # the streak broke before it fired
-                    alerts.append(build_alert(self.rule, "inactive", group, row, st["since"], p, p, aggs))
-                st["fire"], st["n"], st["since"] = None, 0, None
+                status = ending(st)
+                if status is not None:  # resolved, or the streak broke before it fired: inactive
+                    alerts.append(build_alert(self.rule, status, group, row, started(st), p, p, aggs))
+                reset(st)
         # no change point lies between the last one and the new t: the window is as of t
-        st["t"] = t = max(t, wm)
+        st["through"] = t = max(t, wm)
         del ev[:lo]
         st["due"] = self._due(st)
-        if not ev and st["fire"] is None and not st["n"]:
+        if not ev and not in_episode(st):
             store.delete(key)
             return alerts
-        st["gen"] = gen = next(_GENERATIONS)
+        st["generation"] = gen = next(_GENERATIONS)
         if len(self._live) >= MAX_LIVE_WINDOWS:
             self._live.clear()  # groups moved away or gone quiet: rebuilt from their buffers if they return
         self._live[key] = (gen, t, window)
@@ -590,26 +605,26 @@ class SessionLogic(_Buffered):
         self.oneshot = OneShot(rule)
 
     def fresh(self, group: tuple[str, ...]) -> State:
-        return {"g": list(group), "ev": [], "t": None, "s": None, "fire": None}
+        return {"group": list(group), "buffer": [], "through": None, "session": None, "firing_since": None}
 
     def _due(self, st: State) -> int | None:
-        times = [st["ev"][0][0] + self.lateness] if st["ev"] else []
-        if st["s"] is not None:
-            times.append(st["s"][1] + self.gap + self.lateness)
+        times = [st["buffer"][0][0] + self.lateness] if st["buffer"] else []
+        if st["session"] is not None:
+            times.append(st["session"][1] + self.gap + self.lateness)
         if (d := OneShot.due(st)) is not None:
             times.append(d)
         return min(times) if times else None
 
-    def on_clock(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
+    def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:
             return []
-        group = tuple(st["g"])
+        group = tuple(st["group"])
         wm = clock_ms - self.lateness
         alerts = self.oneshot.expire(st, group, clock_ms)
-        while st["ev"] and st["ev"][0][0] <= wm:
-            ts, inputs = st["ev"].pop(0)
-            s = st["s"]
+        while st["buffer"] and st["buffer"][0][0] <= wm:
+            ts, inputs = st["buffer"].pop(0)
+            s = st["session"]
             if s is not None and ts - s[1] > self.gap:
                 alerts += self._close(st, group)
                 s = None
@@ -617,21 +632,21 @@ class SessionLogic(_Buffered):
                 s = [ts, ts, self.empty()]
             s[1] = max(s[1], ts)
             s[2] = [a.add_value(acc, v) for a, acc, v in zip(self.aggs, s[2], inputs)]
-            st["s"] = s
-            st["t"] = ts
-        if st["s"] is not None and wm >= st["s"][1] + self.gap:
+            st["session"] = s
+            st["through"] = ts
+        if st["session"] is not None and wm >= st["session"][1] + self.gap:
             alerts += self._close(st, group)
         alerts += self.oneshot.expire(st, group, clock_ms)
         st["due"] = self._due(st)
-        if not st["ev"] and st["s"] is None and st["fire"] is None:
+        if not st["buffer"] and st["session"] is None and st["firing_since"] is None:
             store.delete(key)
         else:
             store.put(key, st)
         return alerts
 
     def _close(self, st: State, group: tuple[str, ...]) -> list[Alert]:
-        start, last, accs = st["s"]
-        st["s"] = None
+        start, last, accs = st["session"]
+        st["session"] = None
         aggs = self.results(accs)
         if not self.active(group, aggs, None):
             return []
