@@ -21,6 +21,12 @@ WATCHLISTS_TABLE = "tables.watchlists"
 #: Event source name -> its topic.
 SOURCE_TOPICS: dict[str, str] = {"sensors": SENSORS, "logs": LOGS, "finance": FINANCE}
 
+#: The system's own topics, which no rule may branch events to (the engines write only
+#: alerts and dead letters there, never a rule's copies), and the prefixes of such topics
+#: (registry tables, notification topics of Kafka receivers, Kafka's internal topics).
+SYSTEM_TOPICS: tuple[str, ...] = (ALERTS, COMMANDS, NOTIFICATIONS, DLQ)
+SYSTEM_TOPIC_PREFIXES: tuple[str, ...] = ("tables.", f"{ALERTS}.", "__")
+
 
 @dataclass(frozen=True)
 class TopicSpec:

@@ -45,7 +45,7 @@ from aiokafka.protocol.types import (
 
 from app.errors import BrokerError
 from app.kafka.clients import Target, bootstrap_of, connection
-from app.topics import ALERTS, COMMANDS, DLQ, NOTIFICATIONS
+from app.topics import ALERTS, COMMANDS, DLQ, NOTIFICATIONS, SYSTEM_TOPIC_PREFIXES, SYSTEM_TOPICS
 
 logger = logging.getLogger(__name__)
 
@@ -124,10 +124,6 @@ ROLE_ACLS: dict[str, tuple[Grant, ...]] = {
 
 #: The engines, which copy events to the topics their rules' ``branch:`` arms name.
 ENGINES = ("worker", "spark")
-#: Topics no rule may branch to: the system's own, which the engines must not write to
-#: (or only as they already may: ``alerts`` and ``dlq.events``).
-_NOT_BRANCH_TARGETS = (ALERTS, COMMANDS, NOTIFICATIONS, DLQ)
-_NOT_BRANCH_PREFIXES = ("tables.", f"{ALERTS}.", "__")
 
 
 def branch_grants(topics: Iterable[str]) -> dict[str, tuple[Grant, ...]]:
@@ -137,7 +133,7 @@ def branch_grants(topics: Iterable[str]) -> dict[str, tuple[Grant, ...]]:
     notifications."""
     wanted: list[Grant] = []
     for topic in sorted(set(topics)):
-        if topic in _NOT_BRANCH_TARGETS or topic.startswith(_NOT_BRANCH_PREFIXES):
+        if topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES):  # the loader refuses them too
             logger.warning("no ACL for branch topic %r: it is one of the system's own topics", topic)
             continue
         if not topic.startswith("events."):  # events.* is granted already

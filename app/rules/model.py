@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from app.rules.durations import parse_duration
+from app.topics import SYSTEM_TOPIC_PREFIXES, SYSTEM_TOPICS
 
 Severity = Literal["critical", "warning", "info"]
 Engine = Literal["faust", "spark", "both"]
@@ -114,6 +115,9 @@ class BranchArm(_Frozen):
     def _kafka_topic(cls, value: str | None) -> str | None:
         if value in (".", ".."):
             msg = f"{value!r} is not a Kafka topic name"
+            raise ValueError(msg)
+        if value is not None and (value in SYSTEM_TOPICS or value.startswith(SYSTEM_TOPIC_PREFIXES)):
+            msg = f"{value!r} is one of the system's own topics; a rule may branch events to any other topic"
             raise ValueError(msg)
         return value
 

@@ -140,6 +140,16 @@ def test_a_branch_to_a_name_kafka_refuses_is_a_problem(tmp_path: Path) -> None:
     assert problems_in(tmp_path, text) == [want]
 
 
+@pytest.mark.parametrize("topic", ["alerts", "commands", "notifications", "dlq.events", "tables.devices",
+                                   "alerts.oncall", "__consumer_offsets"])  # fmt: skip
+def test_a_branch_to_one_of_the_systems_own_topics_is_a_problem(tmp_path: Path, topic: str) -> None:
+    text = f'rules:\n  - id: b\n    source: logs\n    branch:\n      - {{when: status = 1, to: "{topic}"}}\n'
+    (got,) = problems_in(tmp_path, text)
+    assert (
+        got.startswith(f"{tmp_path / 'r.yaml'}:5:") and f"{topic!r} is one of the system's own topics" in got
+    )
+
+
 def test_too_many_values_are_a_problem(tmp_path: Path) -> None:
     got = problems_in(tmp_path, "rules: [" + "0," * yamlpos.MAX_NODES + "0]\n")
     assert len(got) == 1 and f"more than {yamlpos.MAX_NODES} values in one file (the limit)" in got[0], got
