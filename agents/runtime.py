@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from agents.metrics import RELOADS, RULES
@@ -60,6 +61,22 @@ class Runtime:
 
     def stream(self, source: str, name: str) -> Stream | None:
         return next((s for s in self.engine.streams.get(source, ()) if s.name == name), None)
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Drop everything memory holds of ``partitions`` (their states, unwritten changes,
+        clocks, held events and timers): they moved to another worker, or are about to be
+        restored from the changelogs. A stream's first batch of such a partition later
+        re-arms its timers from the restored states (:meth:`ensure_restored`)."""
+        numbers = set(partitions)
+        if not numbers:
+            return
+        dropped = sum(store.forget(numbers) for store in self.stores.values())
+        for streams in self.engine.streams.values():
+            for s in streams:
+                for p in numbers:
+                    s.evaluator.forget(p)
+        self.restored = {(name, p) for name, p in self.restored if p not in numbers}
+        logger.info("partitions %s: %d states dropped from memory", sorted(numbers), dropped)
 
     def ensure_restored(self, stream: Stream, store: TableStore, partition: int) -> None:
         """Re-arm the timers of a partition's persisted state, once per partition and rule set."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from json.encoder import (
     encode_basestring_ascii as json_string,  # a str key as JSON, without orjson's allocation
 )
@@ -15,6 +15,7 @@ from faust.types import TableT
 
 from agents.metrics import STATE_TOO_LARGE
 from app.rules.evaluator import DictStore, State
+from app.rules.state import partition_of
 from app.rules.statekey import StateKey
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,28 @@ class TableStore:
 
     def items(self) -> list[tuple[str, State]]:
         return list(self.live.items())
+
+    def forget(self, partitions: Collection[int]) -> int:
+        """Drop the states of ``partitions`` from memory, and their changes not yet written,
+        without writing anything to the changelog; return how many states were dropped.
+
+        For partitions that moved to another worker: the changelog is theirs now, and a
+        change of ours written after the move would land behind the new owner's own and
+        win at its next restore. And for partitions about to be restored from the
+        changelog (read again to the last commit, then the input after it): a state
+        kept in memory would carry the effect of events that are read again."""
+        if not partitions:
+            return 0
+        wanted = set(partitions)
+        pending = self.store.changed
+        if pending:
+            for key in [k for k, p in pending.items() if p in wanted]:
+                del pending[key]
+        gone = [k for k, v in self.live.items() if partition_of(v) in wanted]
+        for key in gone:
+            del self.live[key]
+            self.oversized.discard(key)
+        return len(gone)
 
     def changes(self) -> Iterator[tuple[str, int, bytes, bytes | None]]:
         """The changelog records of the keys changed since the last call, as

@@ -97,8 +97,18 @@ class WorkerConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+#: Longest wait, at a rebalance, for the batch under evaluation before the commit that hands
+#: the partitions over (a batch of ``APP_WORKER_BATCH`` events takes milliseconds; the group
+#: waits up to the rebalance timeout, 10 s, for this worker to rejoin)
+REVOKE_DRAIN_S = 5.0
+
+
 class BatchConsumer(Consumer):
     _held: frozenset[TP] = frozenset()
+    #: the partition numbers of the batch-agent topics assigned at the last rebalance
+    _owned: frozenset[int] | set[int] = frozenset()
+    #: whether the last revocation committed everything processed (memory = changelog = offsets)
+    _clean_revoke: bool = False
     _fetches_in_flight: int = 0
     _no_fetch_in_flight: asyncio.Event | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
@@ -207,21 +217,89 @@ class BatchConsumer(Consumer):
         return done if done is not None else super()._new_offset(tp)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        """Under exactly-once, commit what was processed first: the worker is still the owner
-        (a zombie's commit fails, fenced), and the in-memory state stays that of the offsets
-        committed, whoever owns the partitions next."""
-        transactions = self._transactions()
-        if transactions is not None and transactions.open:
-            with contextlib.suppress(Exception):  # logged, and the worker crashed: see the commit
-                await self._commit_transactions(begin=False)
+        """Commit what was processed before the partitions go (aiokafka's eager protocol
+        revokes every partition at each rebalance, those the worker keeps included).
+
+        No batch starts from here on, the one under way is waited for (at most
+        :data:`REVOKE_DRAIN_S`), then the changed states are written and the offsets
+        committed (exactly-once: the partitions' transactions are committed), while this
+        worker still owns the partitions. So the changelog, the committed offsets and the
+        memory all say the same: the next owner restores exactly what was processed and
+        reads on after it, and a partition this worker keeps is not read again on top of
+        a state that already counts it. Faust itself commits nothing here (at least once),
+        which, on a rebalance, counted the last second's events twice in a kept
+        partition's windows, and let the leaving owner write states behind the new
+        owner's. When this commit does not happen, :meth:`on_partitions_assigned` restores
+        every partition from the changelogs instead."""
+        self.stop_flow()  # Faust does so too, after this: no new batch begins meanwhile
+        try:
+            await asyncio.wait_for(self._idle_event().wait(), REVOKE_DRAIN_S)
+        except TimeoutError:
+            logger.warning("a batch still ran %.0f s into the rebalance: every partition will be "
+                           "restored from the changelogs", REVOKE_DRAIN_S)  # fmt: skip
+        else:
+            self._clean_revoke = await self._commit_before_revoke()
         for tp in revoked:
             self._batch_acked.pop(tp, None)
         await super().on_partitions_revoked(revoked)
 
+    async def _commit_before_revoke(self) -> bool:
+        """Write the changed states and commit the offsets of the handled batches; whether
+        that succeeded (the rebalance then needs no restore of the partitions kept)."""
+        transactions = self._transactions()
+        if transactions is not None:
+            if not transactions.open:
+                return False
+            with contextlib.suppress(Exception):  # logged, and the worker crashed: see the commit
+                await self._commit_transactions(begin=False)
+                return transactions.failed is None
+            return False
+        await self.maybe_wait_for_commit_to_finish()  # the commit loop's, if one is under way
+        assignment = self.assignment()
+        committed = self._committed_offset
+        offsets = {
+            tp: offset
+            for tp, offset in self._batch_acked.items()
+            if tp in assignment and offset > (committed.get(tp) or -1)
+        }
+        try:
+            await self._write_states()  # even with no offset to commit: a timer may have changed states
+            done = await self._commit(offsets) if offsets else True
+        except Exception as exc:
+            logger.warning("the commit before a rebalance failed (%r): every partition will be "
+                           "restored from the changelogs", exc)  # fmt: skip
+            return False
+        if not done:
+            logger.warning("the commit before a rebalance did not happen: every partition will be "
+                           "restored from the changelogs")  # fmt: skip
+            return False
+        self._committed_offset.update(offsets)
+        return True
+
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         """Under exactly-once, start the assigned partitions' transactional producers (which
         fences their previous owners and ends their open transactions) before Faust reads
-        their changelogs and committed offsets."""
+        their changelogs and committed offsets.
+
+        Before Faust restores the tables, memory drops what it holds of the partitions that
+        left and of those that came (their states, unwritten changes, clocks, held events,
+        timers: ``RulesApp.on_partitions_moved``): a partition this worker owned before and
+        gets back is restored from the changelog, not resumed from what memory kept of it.
+        After a rebalance whose commit did not happen (:meth:`on_partitions_revoked`), the
+        partitions kept are restored too, from the changelog's start."""
+        numbers = self._batch_numbers(assigned)
+        moved = (self._owned ^ numbers) if self._clean_revoke else (self._owned | numbers)
+        self._owned, self._clean_revoke = numbers, False
+        for tp in [tp for tp in self._read_offset if tp.topic in self._batch_topics()]:
+            self._read_offset.pop(tp, None)  # set by a batch that outlived the revoke
+        self._batch_acked.clear()
+        if moved:
+            restart = getattr(self.app, "restore_from_start", None)
+            if restart is not None:
+                restart(moved & numbers)
+            forget = getattr(self.app, "on_partitions_moved", None)
+            if forget is not None:
+                forget(moved)
         transactions = self._transactions()
         if transactions is not None:
             try:
@@ -234,6 +312,22 @@ class BatchConsumer(Consumer):
                 await self.app.crash(exc)
                 return
         await super().on_partitions_assigned(assigned, generation_id)
+
+    def _batch_topics(self) -> Collection[str]:
+        handlers: Mapping[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
+        return handlers.keys()
+
+    def _batch_numbers(self, assigned: Collection[TP]) -> set[int]:
+        """The partition numbers of the batch-agent topics in ``assigned`` (Faust's assignor
+        gives a worker partition *p* of every such topic, and of their tables' changelogs)."""
+        topics = self._batch_topics()
+        return {tp.partition for tp in assigned if tp.topic in topics}
+
+    async def _write_states(self) -> None:
+        for hook in getattr(self.app, "before_commit", ()):
+            done = hook()
+            if inspect.isawaitable(done):
+                await done
 
     def _eos_partitions(self, assigned: set[TP]) -> set[int]:
         """The partition numbers of the batch-agent topics in ``assigned``; an error unless each
@@ -468,6 +562,9 @@ class RulesApp(faust.App):
     kafka_auth: KafkaAuth = KafkaAuth()
     #: exactly-once (``APP_PROCESSING_GUARANTEE``): the partitions' transactions; None at least once
     transactions: PartitionTransactions | None = None
+    #: called at each rebalance, before the tables are restored, with the partition numbers
+    #: that left this worker or came to it (memory drops what it holds of them)
+    on_partitions_moved: Callable[[set[int]], None] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("TableManager", WorkerTableManager)
@@ -478,6 +575,13 @@ class RulesApp(faust.App):
         await super().on_start()
         for task in self.early_tasks:
             self.add_future(task())  # cancelled when the app stops, as Faust's tasks are
+
+    def restore_from_start(self, partitions: Collection[int]) -> None:
+        """Have the coming table recovery read the changelogs of ``partitions`` from their
+        start, kept partitions included (Faust reads a kept one from where it last stopped)."""
+        recovery = cast("WorkerTableManager", self.tables).recovery
+        for tp in [tp for tp in recovery.active_offsets if tp.partition in partitions]:
+            del recovery.active_offsets[tp]
 
     def enable_transactions(self) -> PartitionTransactions:
         """Exactly-once from now on (before the worker starts): see :mod:`agents.transactions`."""

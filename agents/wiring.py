@@ -247,6 +247,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     app.batch_size = settings.worker_batch
     rt = Runtime(settings, ruleset, Tables(), stores)
     rt.rejected = rejected  # a bad set at start is not parsed again until a file changes
+    app.on_partitions_moved = rt.forget
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
         _register_source(app, rt, outbox, source, topic_name)

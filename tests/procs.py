@@ -32,8 +32,18 @@ def role(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess
         )
     try:
         yield proc
+    except BaseException:
+        stop(proc)
+        print_tail(log)  # pytest shows it with the failure: what the role was doing
+        raise
     finally:
         stop(proc)
+
+
+def print_tail(log: Path, lines: int = 60) -> None:
+    """Print the last ``lines`` lines of a role's log, under its name."""
+    text = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]
+    print(f"----- last {lines} lines of {log.name} -----", *text[-lines:], sep="\n")
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:

@@ -23,7 +23,12 @@ async def ensure_topics(
     specs: tuple[TopicSpec, ...] = TOPICS,
     timeout_s: float = 30.0,
 ) -> list[str]:
-    """Create every topic in ``specs`` that does not exist yet; return those created."""
+    """Create every topic in ``specs`` that does not exist yet; return those created, once the
+    cluster's metadata lists them.
+
+    A create is answered by the controller before every broker's metadata has the new topics,
+    so a client that lists, describes or deletes them right after could miss them (a test's
+    reset that deleted "every topic" then left the previous ones standing)."""
     admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=10_000)
     try:
         with broker_errors(f"create topics on {bootstrap_of(bootstrap)}"):
@@ -50,12 +55,23 @@ async def ensure_topics(
                         if code not in (0, TopicAlreadyExistsError.errno):
                             why = f": {rest[0]}" if rest and rest[0] else ""
                             refused.append(f"{name} ({for_code(code).__name__}{why})")
-        if refused:
-            msg = f"the cluster refused to create {', '.join(refused)}"
-            raise BrokerError(msg)
-        created = [t.name for t in wanted]
+            if refused:
+                msg = f"the cluster refused to create {', '.join(refused)}"
+                raise BrokerError(msg)
+            created = [t.name for t in wanted]
+            await _listed(admin, created, timeout_s)
         if created:
             logger.info("created topics %s", ", ".join(created))
         return created
     finally:
         await admin.close()
+
+
+async def _listed(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Wait until the cluster's metadata lists every topic in ``names``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while missing := set(names) - set(await admin.list_topics()):
+        if asyncio.get_running_loop().time() > deadline:
+            msg = f"topics created but not listed within {timeout_s:.0f} s: {', '.join(sorted(missing))}"
+            raise BrokerError(msg)
+        await asyncio.sleep(0.05)

@@ -311,6 +311,20 @@ class StreamEvaluator:
         """The partitions with events held for their time."""
         return self.bound.held_partitions()
 
+    def forget(self, partition: int) -> None:
+        """Drop what memory holds of ``partition`` beside the store: its clock and held
+        events, its timers, its registry expectations. The rule worker calls it when the
+        partition moves to another worker, or before its state is restored again from the
+        changelog (then :meth:`restore` re-arms the timers from the restored states)."""
+        self.bound.forget(partition)
+        self._expected.pop(partition, None)
+        for rule_id in self.by_id:
+            heap = self.timers.get((partition, rule_id))
+            if heap:  # emptied in place: the partition's runners hold this list
+                for _, key in heap:
+                    self.scheduled.pop(key, None)
+                heap.clear()
+
     def release(self, partition: int, now_ms: int, quiet_ms: int) -> Output:
         """The live worker's end of a gap: evaluate what :meth:`TimeBound.release` lets go."""
         events = self.bound.release(partition, now_ms, quiet_ms)

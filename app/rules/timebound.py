@@ -233,6 +233,14 @@ class TimeBound:
         """The partitions with events held for their time."""
         return sorted(self.held)
 
+    def forget(self, partition: int) -> None:
+        """Drop what memory holds of ``partition`` (its clock and held events): another worker
+        owns it now, or its persisted record is about to be restored (:meth:`restore`)."""
+        self.clocks.pop(partition, None)
+        self.held.pop(partition, None)
+        self.counts.pop(partition, None)
+        self.last_key.pop(partition, None)
+
     def release(self, partition: int, now_ms: int, quiet_ms: int) -> list[Event]:
         """The live worker's end of a gap: when no event came to ``partition`` for
         ``quiet_ms`` of wall time since its first held event came (``now_ms``: the wall

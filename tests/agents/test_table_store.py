@@ -94,3 +94,22 @@ def test_changelog_keys_read_back_through_the_tables_own_key_codec() -> None:
     ((topic, _, raw_key, _),) = list(store.changes())
     assert topic == table.changelog_topic.get_topic_name()
     assert app.serializers.loads_key(str, raw_key, serializer=table.key_serializer) == key
+
+
+def test_forgetting_partitions_drops_their_states_and_unwritten_changes_without_a_record() -> None:
+    """A rebalance: the partitions that left (or are restored again) lose their states in
+    memory, and nothing of theirs reaches the changelog afterwards, not even a tombstone."""
+    data: dict[str, Any] = {
+        "r\x1fa": {"partition": 0, "n": 1},
+        "r\x1fb": {"partition": 1, "n": 2},
+        "\x00clock\x1fsensors\x1f1": {"partition": 1, "clock": 5},
+    }
+    store = TableStore(fake_table(data), 10_000)
+    store.store.put("r\x1fa", {"partition": 0, "n": 3})
+    store.store.put("r\x1fb", {"partition": 1, "n": 4})
+    store.store.delete("\x00clock\x1fsensors\x1f1")
+    assert store.forget({1}) == 1
+    assert data == {"r\x1fa": {"partition": 0, "n": 3}}
+    changes = [(t, p, k) for t, p, k, _ in store.changes()]
+    assert changes == [(TOPIC, 0, KA)]  # partition 1's write and tombstone are dropped
+    assert store.forget(set()) == 0 and store.forget({0}) == 1 and data == {}

@@ -4,6 +4,7 @@ event confirms it; held and refused events are reported, never lost silently."""
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
 from datetime import UTC, datetime, timedelta
@@ -248,3 +249,36 @@ def test_the_live_worker_takes_a_held_event_on_a_quiet_partition_as_a_new_start(
     busy.process_batch([ev(0, "a"), ev(1, "b"), future("a", "2024-01-02T00:00:00Z"), ev(2, "b")], 0, wall)
     assert busy.release(0, wall + 60_000, 3_000).alerts == []  # the partition went on without it
     assert busy.held_partitions() == [0]
+
+
+def test_a_partition_forgotten_and_restored_goes_on_from_the_restored_state_alone(tmp_path: Path) -> None:
+    """What the rule worker does at a rebalance: the partition's state is read again from the
+    changelog (the last commit) and the events after it are read again; nothing memory kept
+    of those events (the clock, a held event, a timer) may count them a second time."""
+    committed = [ev(0, "a"), ev(1, "b")]
+    after_commit = [ev(60, "a", 101), ev(2, "b")]  # the first is held: 59 min ahead of the clock
+    then = [ev(61, "b"), ev(95, "b")]  # confirms the held event; the absence of "a" comes due
+
+    live_store = DictStore()
+    live = evaluator(tmp_path, live_store)
+    live.process_batch(committed, 0)
+    snapshot = copy.deepcopy(live_store.data)  # the changelog at the commit
+    assert not live.process_batch(after_commit, 0).alerts and live.held_partitions() == [0]
+    live.process_batch([ev(0, "z")], 1)  # another partition, kept as it is
+
+    live.forget(0)
+    live_store.data.update(copy.deepcopy(snapshot))  # the restore overwrites the partition's states
+    live.restore(live_store.items())
+    replayed = [live.process_batch(after_commit, 0), live.process_batch(then, 0)]
+
+    fresh_store = DictStore(copy.deepcopy(snapshot))
+    fresh = evaluator(tmp_path, fresh_store)  # a worker that never saw the events after the commit
+    fresh.restore(fresh_store.items())
+    expected = [fresh.process_batch(after_commit, 0), fresh.process_batch(then, 0)]
+
+    ids = [sorted(a.alert_id for a in o.alerts) for o in expected]
+    assert ids[1], "the held event and the absence alert"
+    assert [sorted(a.alert_id for a in o.alerts) for o in replayed] == ids
+    assert live.clocks[0] == fresh.clocks[0] and live.held_partitions() == fresh.held_partitions()
+    assert {k: v for k, v in live_store.data.items() if v.get("partition") == 0} == fresh_store.data
+    assert live.clocks[1] == ev(0).ts_ms  # partition 1 untouched
