@@ -1,7 +1,8 @@
 """Interactive queries on the real broker: two rule workers in one group on 4-partition topics
 serve the live rule state; any key asked through either worker gives the same answer, which
-is the state a backtest of the same events ends with; after one worker is killed (SIGTERM),
-the other answers for its keys once it has restored them."""
+is the state a backtest of the same events ends with; after one worker is killed (SIGTERM, and
+kill -9, where the group notices only at the session timeout), the other answers for its keys
+once it has restored them, with the backtest's states."""
 
 from __future__ import annotations
 
@@ -94,8 +95,9 @@ def expected_states(lines: list[bytes], rules_dir: Path) -> dict[tuple[str, str]
     return out
 
 
+@pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_killed_ones(
-    broker: KafkaBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path, kill: signal.Signals
 ) -> None:
     asyncio.run(reset_topics(broker.bootstrap, partitions=PARTITIONS))
     rules_dir = tmp_path / "rules"
@@ -178,9 +180,10 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
             code, cold, _ = get(f"{urls[0]}/state/rules/hot/groups/dev-1")
             assert code == 404 and cold["error"] == "no state for this group"
 
-            # worker 1 is killed (SIGTERM, kill's default: it leaves the group); worker 2 takes its
-            # partitions and restores their state from the changelogs
-            os.killpg(w1.pid, signal.SIGTERM)
+            # worker 1 is killed (SIGTERM: it leaves the group; kill -9: the group waits for its
+            # session timeout); worker 2 takes its partitions and restores their state from the
+            # changelogs
+            os.killpg(w1.pid, kill)
             w1.wait(30)
             busy = []
 
