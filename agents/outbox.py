@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import faust
 import orjson
@@ -177,16 +177,26 @@ class Outbox:
         return records
 
 
+class CommitHooks(NamedTuple):
+    """What runs before every offset commit: ``snapshot`` under the commit gate, with the
+    offsets taken (``RulesApp.commit_snapshot``), then ``delivery`` with the handlers
+    running again (``RulesApp.commit_delivery``)."""
+
+    snapshot: tuple[Callable[[], object], ...]
+    delivery: tuple[Callable[[], object], ...]
+
+
 def commit_hooks(
     outbox: Outbox,
     stores: Iterable[TableStore],
     flush: Callable[[], Awaitable[None]],
     *,
     exactly_once: bool = False,
-) -> tuple[Callable[[], object], ...]:
-    """What runs before every offset commit (``RulesApp.before_commit``), in order: fail if
-    an output was lost; write the changed states; flush the producer (``flush``) and fail
-    if any output or state record handed to it was not delivered. Faust then commits.
+) -> CommitHooks:
+    """What runs before every offset commit, in order: fail if an output was lost; hand the
+    changed states to the producer (the snapshot, under the gate); flush the producer
+    (``flush``) and fail if any output or state record handed to it was not delivered.
+    The consumer then commits.
 
     ``exactly_once``: no flush. The states go into the partitions' transactions, and the
     commit that follows flushes each transactional producer and fails when a record of
@@ -201,6 +211,4 @@ def commit_hooks(
         await flush()
         outbox.check()
 
-    if exactly_once:
-        return (outbox.check, write_state)
-    return (outbox.check, write_state, delivered)
+    return CommitHooks((outbox.check, write_state), () if exactly_once else (delivered,))

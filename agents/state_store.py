@@ -39,7 +39,7 @@ class TableStore:
     through :attr:`store`, a compiled ``DictStore`` over that dict (its calls from the
     compiled evaluator are native), which records each key written or deleted. Writes
     land in the dict at once. :meth:`changes`, which the consumer runs before every
-    offset commit (``RulesApp.before_commit``, each second), turns each changed key
+    offset commit (``RulesApp.commit_snapshot``, each second), turns each changed key
     into one changelog record, on the partition the
     evaluator stamped on the state (``partition``: the partition of the events that own it,
     as Faust would pick), and :class:`Outbox` sends them as record batches. A

@@ -19,15 +19,18 @@ from the same broker. A topic registered with :meth:`RulesApp.batch_agent`
 skips it: the consumer hands each fetched partition batch (aiokafka
 ``ConsumerRecord`` objects, in offset order, at most ``batch_size`` at a time)
 to the topic's handler, on the fetcher task, and counts the batch as processed
-when the handler returns. Offsets are then committed by Faust's own commit
-loop (``_new_offset``), with its flush of the producer and, before it, the
-``before_commit`` hooks (the rule worker's: write the changed states, flush,
-check every delivery), so delivery stays at least once. Every other topic
-(table changelogs in recovery, other agents) takes Faust's path unchanged.
+when the handler returns. Offsets are then committed by Faust's commit loop
+(``_new_offset``). The handlers and each commit take turns on a lock (the gate):
+under it a commit takes the offsets and hands the changed states to the producer
+(``commit_snapshot``: the rule worker's write the changed states); then, handlers
+running again, it flushes and checks every delivery (``commit_delivery``) and
+commits the offsets. So delivery stays at least once, and the changelog holds the
+states of exactly the batches the offsets cover. Every other topic (table
+changelogs in recovery, other agents) takes Faust's path unchanged.
 
 **Exactly-once** (``RulesApp.transactions``, :mod:`agents.transactions`). Not
-Faust's own mode, whose transaction errors are logged and passed over. Here the
-handlers and each commit take turns on a lock (the gate), so one commit's
+Faust's own mode, whose transaction errors are logged and passed over. The
+gate is held for the whole commit, so one commit's
 state, outputs and offsets cover the same batches; a commit writes the changed
 states into the partitions' transactions and commits each with its offsets;
 partitions are committed before they are revoked, and the producers of newly
@@ -58,6 +61,7 @@ from typing import Any, cast
 import aiokafka
 import faust
 from aiokafka.structs import TopicPartition
+from faust.exceptions import ProducerSendError
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
@@ -113,9 +117,11 @@ class BatchConsumer(Consumer):
     _no_fetch_in_flight: asyncio.Event | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
     _batch_acked: dict[TP, int]
-    #: exactly-once only: held by a handler call (with its offset bookkeeping) and by a commit,
-    #: so a commit's state, outputs and offsets cover the same batches
-    _eos_gate: asyncio.Lock | None = None
+    #: held by a handler call (with its offset bookkeeping), by a commit while it takes the
+    #: offsets and the changed states, and by the worker's timers that change states
+    #: (:meth:`RulesApp.exclusive`): so a commit's states, outputs and offsets cover the same
+    #: batches, and a crash replays exactly what the committed states do not count
+    _commit_gate: asyncio.Lock | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -126,11 +132,11 @@ class BatchConsumer(Consumer):
         return found
 
     @property
-    def _gate(self) -> asyncio.Lock | None:
-        """The exactly-once gate; None at least once (the handlers then run without it)."""
-        if self._eos_gate is None and self._transactions() is not None:
-            self._eos_gate = asyncio.Lock()
-        return self._eos_gate
+    def gate(self) -> asyncio.Lock:
+        """The lock the batch handlers and the commits take turns on (see ``_commit_gate``)."""
+        if self._commit_gate is None:
+            self._commit_gate = asyncio.Lock()
+        return self._commit_gate
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return WorkerConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -177,7 +183,7 @@ class BatchConsumer(Consumer):
         generation = self.app.consumer_generation_id
         size = max(1, int(getattr(self.app, "batch_size", 500)))
         monitor = self.app.monitor
-        gate, transactions = self._gate, self._transactions()
+        gate, transactions = self.gate, self._transactions()
         for tp, batch in records.items():
             handler = handlers.get(tp.topic)
             if handler is None:
@@ -192,15 +198,11 @@ class BatchConsumer(Consumer):
                 if active is not None and tp not in active and tp not in self._buffered_partitions:
                     break
                 chunk = batch[start : start + size]
-                if gate is None:
+                async with gate:
+                    if transactions is not None and (not transactions.open or self.should_stop):
+                        return rest
                     await handler(tp, chunk)
                     self._batch_done(tp, chunk[-1].offset + 1)
-                else:
-                    async with gate:
-                        if transactions is None or not transactions.open or self.should_stop:
-                            return rest
-                        await handler(tp, chunk)
-                        self._batch_done(tp, chunk[-1].offset + 1)
                 if monitor is not None:
                     monitor.stream_inbound_time[tp] = time.monotonic()  # Faust's "stream idle" check
                 await asyncio.sleep(0)  # let timers (the commit each second) and other tasks run
@@ -257,13 +259,16 @@ class BatchConsumer(Consumer):
         await self.maybe_wait_for_commit_to_finish()  # the commit loop's, if one is under way
         assignment = self.assignment()
         committed = self._committed_offset
-        offsets = {
-            tp: offset
-            for tp, offset in self._batch_acked.items()
-            if tp in assignment and offset > (committed.get(tp) or -1)
-        }
         try:
-            await self._write_states()  # even with no offset to commit: a timer may have changed states
+            async with self.gate:
+                offsets = {
+                    tp: offset
+                    for tp, offset in self._batch_acked.items()
+                    if tp in assignment and offset > (committed.get(tp) or -1)
+                }
+                # even with no offset to commit: a timer may have changed states
+                await self._run_hooks("commit_snapshot")
+            await self._run_hooks("commit_delivery")
             done = await self._commit(offsets) if offsets else True
         except Exception as exc:
             logger.warning("the commit before a rebalance failed (%r): every partition will be "
@@ -323,8 +328,9 @@ class BatchConsumer(Consumer):
         topics = self._batch_topics()
         return {tp.partition for tp in assigned if tp.topic in topics}
 
-    async def _write_states(self) -> None:
-        for hook in getattr(self.app, "before_commit", ()):
+    async def _run_hooks(self, name: str) -> None:
+        """Run the app's commit hooks ``name`` (``commit_snapshot`` or ``commit_delivery``), in order."""
+        for hook in getattr(self.app, name, ()):
             done = hook()
             if inspect.isawaitable(done):
                 await done
@@ -346,19 +352,40 @@ class BatchConsumer(Consumer):
         return numbers
 
     async def _commit_tps(self, tps: Any, start_new_transaction: bool) -> bool:
-        if self._transactions() is None:
-            return bool(await super()._commit_tps(tps, start_new_transaction))
-        return await self._commit_transactions(begin=start_new_transaction)
+        """One commit. Exactly-once: :meth:`_commit_transactions`. At least once: under the
+        gate (no handler or state-changing timer in the middle), take the offsets after the
+        handled batches and hand the changed states to the producer (``commit_snapshot``);
+        then, handlers running again, flush and check every delivery (``commit_delivery``)
+        and commit the offsets. So the changelog holds the states of exactly the batches the
+        offsets cover: a crash reads the rest again on top of states that do not count it.
+        (Faust takes the offsets, then awaits, then writes the states: a batch handled in
+        that await was in the states but not in the offsets, and counted twice after a crash.)"""
+        if self._transactions() is not None:
+            return await self._commit_transactions(begin=start_new_transaction)
+        async with self.gate:
+            # every partition with handled batches, taken under the gate: ``tps`` was listed
+            # before it, and a partition whose first batch ended meanwhile is in the states
+            offsets = self._filter_committable_offsets(list(self._filter_tps_with_pending_acks(None)))
+            if not offsets:
+                return False
+            await self._run_hooks("commit_snapshot")
+        try:
+            await self._handle_attached(offsets)  # Faust's attached messages (the worker has none)
+        except ProducerSendError as exc:
+            await self.crash(exc)
+            return False
+        await self._run_hooks("commit_delivery")
+        return bool(await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction))
 
     async def _commit_transactions(self, *, begin: bool) -> bool:
         """One exactly-once commit: under the gate (no handler running), take the offsets
-        after the handled batches, run the ``before_commit`` hooks (the changed states go to
+        after the handled batches, run the ``commit_snapshot`` hooks (the changed states go to
         the transactions), then commit every partition's transaction with its offsets.
 
         A failure stops the worker: nothing after it is committed, and the restarted worker
         resumes from the last commit (its producers abort the failed transactions)."""
-        transactions, gate = self._transactions(), self._gate
-        if transactions is None or gate is None:
+        transactions, gate = self._transactions(), self.gate
+        if transactions is None:
             return False
         async with gate:
             if not transactions.open or transactions.failed is not None:
@@ -372,10 +399,7 @@ class BatchConsumer(Consumer):
                 if tp in assignment and (committed is None or offset > committed):
                     offsets[tp] = offset
             try:
-                for hook in getattr(self.app, "before_commit", ()):
-                    done = hook()
-                    if inspect.isawaitable(done):
-                        await done
+                await self._run_hooks("commit_snapshot")
                 await transactions.commit(offsets, begin=begin)
             except Exception as exc:
                 transactions.failed = transactions.failed or exc
@@ -407,14 +431,6 @@ class BatchConsumer(Consumer):
         self._held = self._held | streams
         await self._idle_event().wait()
         await super().perform_seek()
-
-    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        """At least once: write the rule state first, so the changelog always covers the offsets committed."""
-        for hook in getattr(self.app, "before_commit", ()):
-            done = hook()
-            if inspect.isawaitable(done):
-                await done
-        return await super()._commit_offsets(offsets, start_new_transaction)
 
     def release_held(self) -> None:
         """Resume what :meth:`perform_seek` paused (still assigned partitions only)."""
@@ -541,7 +557,9 @@ class WorkerTransport(Transport):
 class RulesApp(faust.App):
     """The rule worker's Faust app: standard, except the consumer transport above.
 
-    ``before_commit``: callables run before every offset commit (the state stores' flush).
+    ``commit_snapshot``: callables run under the gate before every offset commit (the state
+    stores' changes handed to the producer); ``commit_delivery``: then, outside it (the flush
+    and the check of every delivery; none exactly once, the transactions do it).
     ``batch_handlers``: per topic, the handler of a :meth:`batch_agent`.
     ``early_tasks``: coroutine functions started with the app, before table recovery.
     Faust starts its own tasks (``@app.task``) only once recovery is complete, and
@@ -550,7 +568,8 @@ class RulesApp(faust.App):
     waits for what such a task provides (the registry tables) would wait forever.
     """
 
-    before_commit: tuple[Callable[[], object], ...] = ()  # each may return an awaitable
+    commit_snapshot: tuple[Callable[[], object], ...] = ()  # each may return an awaitable
+    commit_delivery: tuple[Callable[[], object], ...] = ()
     early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
     #: the idempotent producer (``APP_KAFKA_IDEMPOTENCE``)
     idempotence: bool = True
@@ -575,6 +594,11 @@ class RulesApp(faust.App):
         await super().on_start()
         for task in self.early_tasks:
             self.add_future(task())  # cancelled when the app stops, as Faust's tasks are
+
+    def exclusive(self) -> asyncio.Lock:
+        """The commit gate, for a timer that changes rule states and hands their outputs to
+        the producer: held across both, a commit never takes the states without the outputs."""
+        return cast("BatchConsumer", self.consumer).gate
 
     def restore_from_start(self, partitions: Collection[int]) -> None:
         """Have the coming table recovery read the changelogs of ``partitions`` from their

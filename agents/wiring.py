@@ -240,7 +240,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     app.kafka_auth = settings.kafka_auth
     if settings.exactly_once:
         app.enable_transactions()
-    app.before_commit = commit_hooks(
+    app.commit_snapshot, app.commit_delivery = commit_hooks(
         outbox, stores.values(), app.producer.flush, exactly_once=settings.exactly_once
     )
     app.idempotence = settings.enable_idempotence
@@ -261,8 +261,9 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
 
     @app.timer(1.0)
     async def _release_quiet() -> None:
-        assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
-        await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
+        async with app.exclusive():  # the states it changes and the alerts they raise, together
+            assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+            await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
 
     # early: the batch handlers wait for the tables, and may run before recovery completes
     app.early_tasks = (partial(follow_tables, settings, rt),)

@@ -309,7 +309,7 @@ def test_the_commit_waits_for_the_states_and_fails_on_a_record_lost_in_the_flush
                     fut.set_exception(ConnectionError(outcome))
             await asyncio.sleep(0)
 
-        check, write_state, delivered = commit_hooks(box, [store], flush)
+        (check, write_state), (delivered,) = commit_hooks(box, [store], flush)
         results = []
         for outcome in ("ok", "broker gone"):
             store.store.put(f"r\x1f{outcome}", {"partition": 1, "n": 1})

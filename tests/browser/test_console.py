@@ -11,10 +11,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +21,10 @@ import pytest
 from PIL import Image
 
 from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
-from app.kafka.broker import KafkaBroker, free_port
-from app.runtime.settings import PROJECT_ROOT
+from app.kafka.broker import KafkaBroker
 from app.topics import COMMANDS
-from tests.browser.cdp import Tab, browser, chromium_path, stop_group
+from tests.browser.cdp import Tab, browser, chromium_path
+from tests.browser.console_server import go_to, run_console
 from tests.console_helpers import PASSWORD, add_user, seed
 from tests.kafka_helpers import consume_json
 
@@ -46,14 +43,6 @@ REGISTRY = (
 )
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def console(tmp_path: Path, broker: KafkaBroker) -> Iterator[str]:
     """A Streamlit console on loopback over a seeded store; its URL."""
@@ -62,33 +51,8 @@ def console(tmp_path: Path, broker: KafkaBroker) -> Iterator[str]:
     seed(data / "alerts.sqlite3")
     add_user(data)
     (data / "fleet-devices.csv").write_text(REGISTRY)
-    port = free_port()
-    env = {
-        **os.environ,
-        "APP_DATA_DIR": str(data),
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "PYTHONPATH": str(PROJECT_ROOT),
-    }
-    env.pop("APP_STATE_URLS", None)
-    log = (tmp_path / "streamlit.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while not _healthy(f"{url}/_stcore/health"):
-            assert proc.poll() is None, (tmp_path / "streamlit.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "streamlit did not become healthy in 60 s"
-            time.sleep(0.3)
+    with run_console(tmp_path, data, broker.bootstrap) as url:
         yield url
-    finally:
-        stop_group(proc)
-        log.close()
 
 
 def _shot(tab: Tab, tmp_path: Path, name: str) -> Path:
@@ -102,16 +66,6 @@ def _shot(tab: Tab, tmp_path: Path, name: str) -> Path:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(keep) / name)
     return path
-
-
-def _sidebar(tab: Tab, page: str) -> None:
-    tab.wait_for(
-        "(() => { const l = [...document.querySelectorAll('[data-testid=\"stSidebar\"] label')]"
-        f".find(l => l.innerText.trim() === {orjson.dumps(page).decode()});"
-        " if (l) { l.click(); return true; } return false; })()",
-        f"the sidebar's {page}",
-    )
-    tab.wait_idle()
 
 
 def _markers(png: bytes) -> set[str]:
@@ -158,7 +112,7 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         tab.click_button("Sign in")
         tab.wait_text("signed in as ann")
 
-        _sidebar(tab, "Alerts")
+        go_to(tab, "Alerts")
         tab.wait_text("alert(s) match")
         tab.type_into("filter", 'severity="critical", device_id=~"pump-.*"')
         tab.wait_text("1 alert(s) match")
@@ -173,14 +127,14 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         tab.wait_text("ack sent by ann")
         _shot(tab, tmp_path, "console-alert-detail.png")
 
-        _sidebar(tab, "Silences")
+        go_to(tab, "Silences")
         tab.type_into("matchers", 'device_id=~"pump-.*"')
         tab.wait_text("would mute 2 current alert(s)")
         _shot(tab, tmp_path, "console-silence.png")
         tab.click_button("Create silence")
         tab.wait_text("silence sent by ann")
 
-        _sidebar(tab, "Map")
+        go_to(tab, "Map")
         tab.wait_text("Click a device to see its alerts")
         canvas = "document.querySelector('[data-testid=\"stDeckGlJsonChart\"] canvas')"
         tab.wait_for(f"!!{canvas}", "the map's canvas")
