@@ -208,12 +208,19 @@ def _styled(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def engine_text(engine: str) -> str:
+    """An alert's engine(s) as shown: ``faust``, ``spark``, ``faust, spark`` (both produced it),
+    or ``unknown`` (recorded before the store kept engines)."""
+    return ", ".join(engine.split(",")) if engine else "unknown"
+
+
 def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[dict[str, Any]]:
     return [
         {
             "severity": a.severity,
             "status": a.status,
             "rule": a.rule_id,
+            "engine": engine_text(a.engine),
             "labels": _labels(a.labels),
             "started": a.starts_at,
             "summary": a.annotations.get("summary", ""),
@@ -303,7 +310,8 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
     st.divider()
     st.subheader(f"{a.rule_id}: {a.annotations.get('summary', _labels(a.labels))}")
     st.caption(f"status **{a.status}**, severity **{a.severity}**, since {a.starts_at}, rule version "
-               f"{a.rule_version}, fingerprint {a.fingerprint}")  # fmt: skip
+               f"{a.rule_version}, engine **{engine_text(a.engine)}**, "
+               f"fingerprint {a.fingerprint}")  # fmt: skip
     left, right = st.columns(2)
     with left:
         st.markdown("**Labels**")
@@ -320,10 +328,11 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
         st.markdown("**Triggering values**")
         st.json(a.values, expanded=True)
     transitions = q.transitions(a.rule_id, a.fingerprint)
+    engines = q.engines_of(t.alert_id for t in transitions)
     st.markdown("**Transitions**")
     timeline = pd.DataFrame(
-        [{"event time": t.event_ts, "status": t.status, "starts": t.starts_at, "alert_id": t.alert_id}
-         for t in transitions]
+        [{"event time": t.event_ts, "status": t.status, "starts": t.starts_at,
+          "engine": engine_text(engines.get(t.alert_id, "")), "alert_id": t.alert_id} for t in transitions]
     )  # fmt: skip
     if not timeline.empty:
         tl = timeline.assign(t=pd.to_datetime(timeline["event time"], utc=True, format="ISO8601"))

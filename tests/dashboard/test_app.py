@@ -80,6 +80,10 @@ def test_alerts_filter_group_and_detail(data_dir: Path) -> None:
     seed(data_dir / "alerts.sqlite3")
     at = run_page("alerts")
     assert at.dataframe[0].value.shape[0] == 3  # pump-7, pump-9, vehicle-01 (fan-1 is resolved)
+    shown = at.dataframe[0].value
+    engines = dict(zip(shown["labels"].str.split(",").str[0], shown["engine"], strict=True))
+    assert engines == {"device_id=pump-7": "faust", "device_id=pump-9": "faust",
+                       "device_id=vehicle-01": "spark"}  # fmt: skip
     at.text_input(key="filter").input('severity="critical", device_id=~"pump-.*"').run()
     (table,) = [d.value for d in at.dataframe]
     assert list(table["labels"]) == ["device_id=pump-7, team=plant-ops"]
@@ -106,6 +110,11 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
     assert at.json[0].value == '{"temperature": 104.0}'
     assert any("threshold > 100" in c.value for c in at.caption)
+    assert any("engine **faust**" in c.value for c in at.caption)
+    assert list(timeline["engine"]) == ["faust", "faust"]
+    vehicle = alerts[5]
+    at = run_page("alerts", alert=f"{vehicle.rule_id}/{vehicle.fingerprint}")
+    assert any("engine **spark**" in c.value for c in at.caption)
 
 
 def test_actions_need_a_signed_in_user_and_record_them(
