@@ -571,6 +571,10 @@ def rules_page(settings: Settings) -> None:
             st.dataframe(answer.body.get("groups", []), hide_index=True)
 
 
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def rule_row(r: RuleRow, by_status: dict[str, int], transitions: int, stats: dict[str, Any],
              cat: Catalog) -> dict[str, Any]:  # fmt: skip
     fired = stats.get("alerts", {}).get(r.id)
@@ -582,7 +586,8 @@ def rule_row(r: RuleRow, by_status: dict[str, int], transitions: int, stats: dic
         "version": r.version,
         "kind": r.kind,
         "source": r.source,
-        "events evaluated (source)": stats.get("events", {}).get(r.source),
+        "events evaluated": _count(stats.get("rule_events", {}).get(r.id)),
+        "events matched": _count(stats.get("rule_matched", {}).get(r.id)),
         "alerts fired": int(fired) if fired is not None else transitions,
         "firing now": by_status.get("firing", 0),
         "pending": by_status.get("pending", 0),

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from app.console.health import write_roles_file
 from app.dispatch.commands import AckCommand, SilenceCommand, UnsilenceCommand, parse_command
-from app.kafka.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker, free_port
 from app.runtime.settings import PROJECT_ROOT
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
@@ -155,10 +157,23 @@ def test_rules_and_map_pages(data_dir: Path, tmp_path: Path, monkeypatch: pytest
         "device_id,kind,lat,lon,depot_lat,depot_lon,geofence_km\n"
         "pump-7,thermometer,48.1,11.5,,,\nvehicle-01,vehicle,,,48.15,11.6,5\n"
     )
-    at = run_page("rules")
+    port = free_port()
+    reg = CollectorRegistry()
+    Counter("worker_rule_events_total", "x", ["rule"], registry=reg).labels("machine-overheat").inc(120)
+    Counter("worker_rule_matched_total", "x", ["rule"], registry=reg).labels("machine-overheat").inc(7)
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        write_roles_file(data_dir, [{"name": "worker", "metrics": f"http://127.0.0.1:{port}/metrics"}])
+        at = run_page("rules")
+    finally:
+        server.shutdown()
+        thread.join(5)
     rules = at.dataframe[0].value.set_index("rule")
     assert rules.loc["machine-overheat", "file:line"].endswith("rules/iot.yaml:4")
     assert rules.loc["machine-overheat", "firing now"] == 2  # pump-7, pump-9
+    overheat = rules.loc["machine-overheat"]
+    assert (overheat["events evaluated"], overheat["events matched"]) == (120, 7)
+    assert rules["events evaluated"].isna().sum() == len(rules) - 1  # the rules the worker did not report
     at = run_page("map")
     devices = at.dataframe[0].value.set_index("device_id")
     assert devices.loc["pump-7", "state"] == "critical"
