@@ -22,7 +22,7 @@ from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
 from tests.console_helpers import PASSWORD, add_user, make_alert, seed
 from tests.dispatch.harness import publish
-from tests.kafka_helpers import consume_json
+from tests.kafka_helpers import consume_json, produce
 from tests.storage.helpers import sync_until
 
 APP = PROJECT_ROOT / "dashboard" / "streamlit_app.py"
@@ -242,3 +242,23 @@ def test_ack_silence_and_expire_publish_signed_commands_by_the_signed_in_user(
     assert (unsilence.silence_id, unsilence.by) == (silence.silence_id, "ann")
     with AlertStore(data_dir / "alerts.sqlite3", readonly=True) as store:
         assert [(a["by"], a["comment"]) for a in store.acks()] == [("ann", "on it")]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_alert_detail_charts_the_groups_raw_readings_from_the_source_topic(
+    data_dir: Path, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+    alerts = seed(data_dir / "alerts.sqlite3")
+    pump = alerts[1]  # firing since 10:00: the chart reads from 09:00 (an hour before) to now
+    readings = [
+        (device.encode(), orjson.dumps({"device_id": device, "ts": f"2024-05-01T{h:02d}:{m:02d}:00Z",
+                                        "temperature": 90.0 + m / 10}))
+        for h in (8, 9, 10) for m in range(0, 60, 5) for device in ("pump-7", "pump-9")
+    ]  # fmt: skip
+    produce(broker.bootstrap, "events.sensors", readings)
+    at = run_page("alerts", alert=f"{pump.rule_id}/{pump.fingerprint}")
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("24 reading(s) of temperature for device_id=pump-7") for c in captions), captions
+    assert any("line: the raw readings, markers: the values the transitions carried" in c for c in captions)
