@@ -41,13 +41,14 @@ _CHUNK = 500
 #: records a probe reads at most looking for the group's next record
 _PROBE_RECORDS = 2_000
 #: records a probe takes per poll (the group's next record is usually close)
-_PROBE_CHUNK = 50
+PROBE_CHUNK = 50
 
 
 class _Budget:
     """The read's bounds: records read and the deadline."""
 
     def __init__(self, max_records: int, budget_s: float) -> None:
+        self.max_records = max_records
         self.left = max_records
         self.deadline = time.monotonic() + budget_s
         self.hit = ""
@@ -58,6 +59,11 @@ class _Budget:
         elif time.monotonic() >= self.deadline:
             self.hit = "time"
         return bool(self.hit)
+
+    @property
+    def read(self) -> int:
+        """Records read so far."""
+        return self.max_records - self.left
 
     def seconds(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -80,10 +86,10 @@ async def _next_of_group(
     consumer.seek(tp, at)
     scanned = 0
     while at < end and scanned < _PROBE_RECORDS and not budget.spent():
-        records = await _poll(consumer, tp, budget, _PROBE_CHUNK)
+        if await consumer.position(tp) >= end:  # (a poll at the end would wait for records)
+            return None
+        records = await _poll(consumer, tp, budget, PROBE_CHUNK)
         if not records:
-            if await consumer.position(tp) >= end:
-                return None
             continue
         for rec in records:
             if rec.offset >= end:
@@ -151,17 +157,16 @@ async def _read(target: Target, plan: ReadingsPlan, collect: Collector, budget: 
             if start == begin and begin > 0 and first_ts is not None and first_ts > plan.start_ms:
                 report.retained_from_ms = first_ts
             consumer.seek(tp, start)
-            while not budget.spent():
+            while not budget.spent() and await consumer.position(tp) < end:
                 records = await _poll(consumer, tp, budget, _CHUNK)
                 wanted = [r for r in records if r.offset < end]
                 if not all(collect.offer(r.key, r.value) for r in wanted) or len(wanted) < len(records):
-                    break
-                if not records and await consumer.position(tp) >= end:
                     break
             if budget.hit:
                 break
     finally:
         await consumer.stop()
+    report.records = budget.read
     report.bound = budget.hit
     return report
 
