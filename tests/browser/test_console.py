@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +28,10 @@ from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
 from app.kafka.broker import KafkaBroker, free_port
 from app.runtime.settings import PROJECT_ROOT
 from app.topics import COMMANDS
+from tests.agents.worker_helpers import nab_lines
 from tests.browser.cdp import Tab, browser, chromium_path, stop_group
 from tests.console_helpers import PASSWORD, add_user, seed
-from tests.kafka_helpers import consume_json
+from tests.kafka_helpers import consume_json, produce
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,6 +48,18 @@ REGISTRY = (
 )
 
 
+def pump_readings() -> list[tuple[bytes, bytes]]:
+    """pump-7's readings for the input chart: the real NAB series' first overheat (rows 2376 to
+    2399), every 5 minutes from 2024-05-01T08:15 to 10:10 (the seeded alert fired at 10:00)."""
+    start = datetime(2024, 5, 1, 8, 15, tzinfo=UTC)
+    rows = [orjson.loads(v) for v in nab_lines(2400)[2376:]]
+    return [
+        (b"pump-7", orjson.dumps({**row, "device_id": "pump-7",
+                                  "ts": (start + timedelta(minutes=5 * i)).isoformat()}))
+        for i, row in enumerate(rows)
+    ]  # fmt: skip
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -60,6 +74,7 @@ def console(tmp_path: Path, broker: KafkaBroker) -> Iterator[str]:
     data = tmp_path / "data"
     data.mkdir()
     seed(data / "alerts.sqlite3")
+    produce(broker.bootstrap, "events.sensors", pump_readings())
     add_user(data)
     (data / "fleet-devices.csv").write_text(REGISTRY)
     port = free_port()
@@ -167,6 +182,7 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         tab.wait_text("Input: temperature")
         charts = "document.querySelectorAll('.vega-embed').length >= 2"
         tab.wait_for(charts, "the transitions and input charts")
+        tab.wait_text("reading(s) of temperature for device_id=pump-7")  # the raw line, from the topic
         tab.wait_text("wh-123")  # the notification's webhook id
         tab.type_into("ack comment", "on it", enter=False)
         tab.click_button("Ack")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import streamlit as st
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from streamlit import config
 from streamlit.testing.v1 import AppTest
@@ -250,6 +251,7 @@ def test_alert_detail_charts_the_groups_raw_readings_from_the_source_topic(
     data_dir: Path, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+    st.cache_data.clear()  # the readings are cached 30 s per alert: another test may have read this one
     alerts = seed(data_dir / "alerts.sqlite3")
     pump = alerts[1]  # firing since 10:00: the chart reads from 09:00 (an hour before) to now
     readings = [
