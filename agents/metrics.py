@@ -5,6 +5,17 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 EVENTS = Counter("worker_events_total", "Events consumed by the rule worker", ["source"])
+RULE_EVENTS = Counter(
+    "worker_rule_events_total",
+    "Events a rule evaluated: its source's valid events that reached it (not held or refused for "
+    "their time, not skipped for a missing registry row), before its where",
+    ["rule"],
+)
+RULE_MATCHED = Counter(
+    "worker_rule_matched_total",
+    "Events a rule evaluated whose where was TRUE (all of them without where)",
+    ["rule"],
+)
 DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
 ALERTS_OUT = Counter("worker_alerts_total", "Alert transitions produced", ["rule", "status"])
 LATE = Counter("worker_late_events_total", "Events a stateful rule could not use (late)", ["source"])

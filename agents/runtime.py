@@ -11,7 +11,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from agents.metrics import RELOADS, RULES
+from agents.metrics import RELOADS, RULE_EVENTS, RULE_MATCHED, RULES
 from agents.state_store import TableStore
 from agents.topics import extra_topics
 from app.errors import RuleConfigError
@@ -43,6 +43,16 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.engine = self.build(self.ruleset)
+        self._declare_counts()
+
+    def _declare_counts(self) -> None:
+        """Show every rule this worker runs in the per-rule counters, at 0 until it evaluates an
+        event (a rule the worker does not run, ``engine: spark``, has no series)."""
+        for streams in self.engine.streams.values():
+            for s in streams:
+                for r in s.evaluator.rules:
+                    RULE_EVENTS.labels(r.id)
+                    RULE_MATCHED.labels(r.id)
 
     def build(self, ruleset: RuleSet) -> Engine:
         def store_of(stream: str) -> DictStore:
@@ -55,9 +65,24 @@ class Runtime:
         )  # fmt: skip
 
     def swap(self, ruleset: RuleSet) -> None:
+        self.count_rules()  # the outgoing engine's last counts
         self.ruleset, self.engine = ruleset, self.build(ruleset)
+        self._declare_counts()
         self.restored.clear()
         RULES.set(len(ruleset.rules))
+
+    def count_rules(self) -> dict[str, tuple[int, int]]:
+        """Add the events each rule evaluated and matched since the last call to
+        ``worker_rule_events_total`` and ``worker_rule_matched_total`` (the engine counts them
+        per batch and rule; this runs once a second and before a reload, on the event loop
+        that runs the batches). Returns what it added."""
+        counts = self.engine.take_rule_counts()
+        for rule_id, (seen, matched) in counts.items():
+            if seen:
+                RULE_EVENTS.labels(rule_id).inc(seen)
+            if matched:
+                RULE_MATCHED.labels(rule_id).inc(matched)
+        return counts
 
     def stream(self, source: str, name: str) -> Stream | None:
         return next((s for s in self.engine.streams.get(source, ()) if s.name == name), None)

@@ -260,6 +260,10 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         logger.info("%d rules; evaluator hot path: %s", len(rt.ruleset.rules), native.status())
 
     @app.timer(1.0)
+    async def _count_rules() -> None:
+        rt.count_rules()
+
+    @app.timer(1.0)
     async def _release_quiet() -> None:
         async with app.exclusive():  # the states it changes and the alerts they raise, together
             assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}

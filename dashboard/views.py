@@ -208,12 +208,19 @@ def _styled(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def engine_text(engine: str) -> str:
+    """An alert's engine(s) as shown: ``faust``, ``spark``, ``faust, spark`` (both produced it),
+    or ``unknown`` (recorded before the store kept engines)."""
+    return ", ".join(engine.split(",")) if engine else "unknown"
+
+
 def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[dict[str, Any]]:
     return [
         {
             "severity": a.severity,
             "status": a.status,
             "rule": a.rule_id,
+            "engine": engine_text(a.engine),
             "labels": _labels(a.labels),
             "started": a.starts_at,
             "summary": a.annotations.get("summary", ""),
@@ -303,7 +310,8 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
     st.divider()
     st.subheader(f"{a.rule_id}: {a.annotations.get('summary', _labels(a.labels))}")
     st.caption(f"status **{a.status}**, severity **{a.severity}**, since {a.starts_at}, rule version "
-               f"{a.rule_version}, fingerprint {a.fingerprint}")  # fmt: skip
+               f"{a.rule_version}, engine **{engine_text(a.engine)}**, "
+               f"fingerprint {a.fingerprint}")  # fmt: skip
     left, right = st.columns(2)
     with left:
         st.markdown("**Labels**")
@@ -320,10 +328,11 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
         st.markdown("**Triggering values**")
         st.json(a.values, expanded=True)
     transitions = q.transitions(a.rule_id, a.fingerprint)
+    engines = q.engines_of(t.alert_id for t in transitions)
     st.markdown("**Transitions**")
     timeline = pd.DataFrame(
-        [{"event time": t.event_ts, "status": t.status, "starts": t.starts_at, "alert_id": t.alert_id}
-         for t in transitions]
+        [{"event time": t.event_ts, "status": t.status, "starts": t.starts_at,
+          "engine": engine_text(engines.get(t.alert_id, "")), "alert_id": t.alert_id} for t in transitions]
     )  # fmt: skip
     if not timeline.empty:
         tl = timeline.assign(t=pd.to_datetime(timeline["event time"], utc=True, format="ISO8601"))
@@ -370,12 +379,47 @@ def catalog(settings: Settings) -> Catalog:
     return _catalog(str(settings.rules_dir), files_key(settings.rules_dir))
 
 
-def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> None:
-    """The rule's input field for this key around the alert, with the threshold (a rule) or the
-    window (a band) drawn: the values each transition carried, and the recent readings the
-    worker holds for the group when its interactive query answers."""
-    rule = catalog(settings).get(a.rule_id)
-    field = rule.field if rule else None
+@st.cache_data(ttl=30, show_spinner="reading the source topic...")
+def _raw_readings(_target: Settings, _plan: Any, key: tuple[Any, ...]) -> tuple[list[dict[str, Any]], str]:
+    """The group's readings and the sentence about them, read at most every 30 s per alert
+    window (``key``: the target's address and principal, and the plan's fields)."""
+    from app.console.readings import describe
+    from app.console.source_reader import read_readings
+
+    collect, report = read_readings(_target, _plan)
+    return collect.points(), describe(_plan, report, len(collect.readings))
+
+
+def raw_readings(
+    settings: Settings, a: CurrentAlert, rule: RuleRow | None
+) -> tuple[list[dict[str, Any]], str]:
+    """The rule's input field for the alert's group, read from its source topic around the
+    alert (bounded: :mod:`app.console.source_reader`), and what the read met."""
+    from dataclasses import astuple
+
+    from app.console.readings import plan_readings
+    from app.runtime.credentials import operator_settings
+
+    if rule is None:
+        return [], "raw readings not available: the rule is not loaded"
+    now_ms = int(time.time() // 30 * 30_000)  # one read per 30 s while the alert is active
+    plan = plan_readings(
+        source=rule.source, group_by=rule.group_by, field=rule.field, window_ms=rule.window_ms,
+        labels=a.labels, starts_at=a.starts_at, ends_at=a.ends_at, now_ms=now_ms,
+    )  # fmt: skip
+    if isinstance(plan, str):
+        return [], f"raw readings not available: {plan}"
+    try:
+        target = operator_settings(settings)
+    except ConfigError as exc:
+        return [], f"raw readings not available: {exc}"
+    key = (target.bootstrap_servers, target.kafka_auth.username, *astuple(plan))
+    return _raw_readings(target, plan, key)
+
+
+def transition_points(transitions: list[Any], field: str | None) -> list[dict[str, Any]]:
+    """The numeric values of ``field`` (all numeric values without one) each transition
+    carried, as chart rows."""
     points = []
     for t in transitions:
         for name, value in t.values.items():
@@ -385,20 +429,43 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
                 and (field is None or name == field or name.endswith(f"_{field}") or field.endswith(name))
             ):
                 points.append({"time": t.event_ts, "field": name, "value": float(value), "status": t.status})
+    return points
+
+
+def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> None:
+    """The rule's input field for this key around the alert: the raw readings of the group
+    from the rule's source topic as a line, the values each transition carried as markers on
+    it, and the threshold (a dashed rule) or the window (a band) drawn."""
+    rule = catalog(settings).get(a.rule_id)
+    field = rule.field if rule else None
+    points = transition_points(transitions, field)
+    readings, read_note = raw_readings(settings, a, rule)
     st.markdown(f"**Input: {field or 'triggering values'}** around the alert")
-    if not points:
+    if not points and not readings:
         st.caption("no numeric value recorded with this alert's transitions")
+        st.caption(read_note)
         return
-    frame = pd.DataFrame(points)
-    frame["time"] = pd.to_datetime(frame["time"], utc=True, format="ISO8601")
-    base = alt.Chart(frame)
-    layers = [
-        base.mark_line(point=True).encode(
-            x=alt.X("time:T", title="event time"),
-            y=alt.Y("value:Q", title=field or "value", scale=alt.Scale(zero=False)),
-            color="field:N", tooltip=["time", "field", "value", "status"],
-        )
-    ]  # fmt: skip
+    y = alt.Y("value:Q", title=field or "value", scale=alt.Scale(zero=False))
+    layers = []
+    if readings:
+        raw = pd.DataFrame(readings)
+        raw["time"] = pd.to_datetime(raw["time"], utc=True, format="ISO8601")
+        layers.append(
+            alt.Chart(raw).mark_line(color="#64748b", strokeWidth=1.5)
+            .encode(x=alt.X("time:T", title="event time"), y=y, tooltip=["time", "value"])
+        )  # fmt: skip
+    if points:
+        frame = pd.DataFrame(points)
+        frame["time"] = pd.to_datetime(frame["time"], utc=True, format="ISO8601")
+        layers.append(
+            alt.Chart(frame).mark_point(size=90, filled=True)
+            .encode(
+                x=alt.X("time:T", title="event time"), y=y,
+                color=alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS),
+                                                            range=list(STATUS_COLOURS.values()))),
+                shape="field:N", tooltip=["time", "field", "value", "status"],
+            )
+        )  # fmt: skip
     if rule is not None and rule.threshold is not None:
         layers.append(
             alt.Chart(pd.DataFrame({"threshold": [rule.threshold]}))
@@ -409,13 +476,16 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
         start = pd.to_datetime(a.starts_at, utc=True, format="ISO8601")
         band = pd.DataFrame({"from": [start - timedelta(milliseconds=rule.window_ms)], "to": [start]})
         layers.append(alt.Chart(band).mark_rect(opacity=0.15, color="#f59e0b").encode(x="from:T", x2="to:T"))
-    st.altair_chart(alt.layer(*layers).properties(height=220), width="stretch")
+    st.altair_chart(alt.layer(*layers).properties(height=240), width="stretch")
     what = f"threshold {rule.op} {rule.threshold:g}" if rule and rule.threshold is not None else ""
     if rule and rule.window_ms:
         what = f"window {rule.window_ms / 1000:g} s before the alert started"
+    where = rule.where if rule and rule.where else ""
     st.caption(
-        f"rule {a.rule_id} ({rule.kind if rule else '?'}): {rule.where if rule and rule.where else ''} {what}"
+        f"rule {a.rule_id} ({rule.kind if rule else '?'}): {where} {what}; "
+        "line: the raw readings, markers: the values the transitions carried"
     )
+    st.caption(read_note)
 
 
 def live_state(settings: Settings, a: CurrentAlert) -> None:
@@ -562,6 +632,10 @@ def rules_page(settings: Settings) -> None:
             st.dataframe(answer.body.get("groups", []), hide_index=True)
 
 
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def rule_row(r: RuleRow, by_status: dict[str, int], transitions: int, stats: dict[str, Any],
              cat: Catalog) -> dict[str, Any]:  # fmt: skip
     fired = stats.get("alerts", {}).get(r.id)
@@ -573,7 +647,8 @@ def rule_row(r: RuleRow, by_status: dict[str, int], transitions: int, stats: dic
         "version": r.version,
         "kind": r.kind,
         "source": r.source,
-        "events evaluated (source)": stats.get("events", {}).get(r.source),
+        "events evaluated": _count(stats.get("rule_events", {}).get(r.id)),
+        "events matched": _count(stats.get("rule_matched", {}).get(r.id)),
         "alerts fired": int(fired) if fired is not None else transitions,
         "firing now": by_status.get("firing", 0),
         "pending": by_status.get("pending", 0),

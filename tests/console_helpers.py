@@ -37,7 +37,8 @@ def make_alert(
 
 def seed(path: Path) -> list[Alert]:
     """pump-7 (critical, pending then firing), pump-9 (warning), fan-1 (fired, resolved),
-    vehicle-01 (geofence, firing at a position); a dead notification for pump-7."""
+    vehicle-01 (geofence, firing at a position, from the Spark engine; the others from Faust);
+    a dead notification for pump-7."""
     alerts = [
         make_alert("pump-7", "pending", values={"temperature": 101.0}, event_ts="2024-05-01T09:50:00Z"),
         make_alert("pump-7", "firing", values={"temperature": 104.0}),
@@ -49,7 +50,7 @@ def seed(path: Path) -> list[Alert]:
     ]  # fmt: skip
     firing_pump7 = alerts[1]
     with AlertStore(path) as store:
-        store.apply_many(alerts)
+        store.apply_batch(alerts, engines=["faust"] * 5 + ["spark"])
         store.apply_batch(
             notifications=[{"event": "dead", "msg_id": "wh-123", "receiver": "ops", "group_key": "g",
                             "at": 1.0, "alert_ids": [firing_pump7.alert_id], "attempts": 2,

@@ -51,15 +51,24 @@ def consume_json(bootstrap: str, topic: str, **kw: Any) -> list[dict[str, Any]]:
     return [orjson.loads(r.value) for r in consume(bootstrap, topic, **kw)]
 
 
-def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]]) -> None:
-    """Produce (key, value) pairs and wait for every ack."""
+def produce(
+    bootstrap: str,
+    topic: str,
+    items: list[tuple[bytes | None, bytes]],
+    headers: list[list[tuple[str, bytes]] | None] | None = None,
+) -> None:
+    """Produce (key, value) pairs, each with its ``headers`` when given, and wait for every ack."""
     from aiokafka import AIOKafkaProducer
+
+    each = headers if headers is not None else [None] * len(items)
 
     async def run() -> None:
         p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
         await p.start()
         try:
-            futs = [await p.send(topic, value=v, key=k) for k, v in items]
+            futs = [
+                await p.send(topic, value=v, key=k, headers=h) for (k, v), h in zip(items, each, strict=True)
+            ]
             await asyncio.gather(*futs)
         finally:
             await p.stop()

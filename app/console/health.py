@@ -248,8 +248,9 @@ def scrape(url: str, prefix: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 def worker_stats(data_dir: Path) -> dict[str, Any]:
-    """From the worker's /metrics: alerts per rule, events per source, reloads per outcome;
-    {} when the worker is not running (or not under ``python -m app run``)."""
+    """From the worker's /metrics: alerts per rule, events per source, events each rule
+    evaluated (``rule_events``) and matched (``rule_matched``), reloads per outcome; {} when
+    the worker is not running (or not under ``python -m app run``)."""
     role = next((r for r in read_roles(data_dir) if r["name"] == "worker"), None)
     if role is None:
         return {}
@@ -259,11 +260,16 @@ def worker_stats(data_dir: Path) -> dict[str, Any]:
     alerts: dict[str, float] = {}
     events: dict[str, float] = {}
     reloads: dict[str, float] = {}
+    per_rule: dict[str, dict[str, float]] = {"worker_rule_events_total": {}, "worker_rule_matched_total": {}}
     for name, labels, value in samples:
         if name == "worker_alerts_total":
             alerts[labels["rule"]] = alerts.get(labels["rule"], 0) + value
         elif name == "worker_events_total":
             events[labels["source"]] = value
+        elif name in per_rule:
+            per_rule[name][labels["rule"]] = value
         elif name == "worker_rule_reloads_total":
             reloads[labels["outcome"]] = value
-    return {"alerts": alerts, "events": events, "reloads": reloads}
+    return {"alerts": alerts, "events": events, "reloads": reloads,
+            "rule_events": per_rule["worker_rule_events_total"],
+            "rule_matched": per_rule["worker_rule_matched_total"]}  # fmt: skip

@@ -25,14 +25,10 @@ import orjson
 
 from app.alerts import Alert
 from app.dispatch.matchers import Matcher, matches_all, parse_matcher
-from app.storage.alert_store import CurrentAlert
+from app.storage.alert_store import CurrentAlert, current_columns
 
 logger = logging.getLogger(__name__)
 
-_COLS = (
-    "rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at, "
-    "alert_id, values_json, event_ts, rule_version, updated_at"
-)
 #: severities in the order the console shows them (others after, by name)
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
 ACTIVE = ("firing", "pending", "no_data")
@@ -99,6 +95,8 @@ class ConsoleQueries:
         self._conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
         self._conn.execute("PRAGMA query_only=ON")
         self._conn.execute("PRAGMA busy_timeout=5000")
+        #: a CurrentAlert's columns (a store not yet migrated to schema 3 reads "" as the engine)
+        self._cols = current_columns(self._conn)
 
     def close(self) -> None:
         self._conn.close()
@@ -187,7 +185,7 @@ class ConsoleQueries:
         if not shown:
             return AlertPage([], len(ids))
         rows = self._conn.execute(
-            f"SELECT {_COLS} FROM alerts WHERE rowid IN ({','.join('?' * len(shown))}) "  # noqa: S608
+            f"SELECT {self._cols} FROM alerts WHERE rowid IN ({','.join('?' * len(shown))}) "  # noqa: S608
             "ORDER BY starts_us DESC",
             shown,
         ).fetchall()
@@ -195,7 +193,7 @@ class ConsoleQueries:
 
     def alert(self, rule_id: str, fingerprint: str) -> CurrentAlert | None:
         row = self._conn.execute(
-            f"SELECT {_COLS} FROM alerts WHERE rule_id = ? AND fingerprint = ?",  # noqa: S608
+            f"SELECT {self._cols} FROM alerts WHERE rule_id = ? AND fingerprint = ?",  # noqa: S608
             (rule_id, fingerprint),
         ).fetchone()
         return None if row is None else _current(row)
@@ -208,6 +206,19 @@ class ConsoleQueries:
             (rule_id, fingerprint, limit),
         ).fetchall()
         return [Alert.from_json(r[0]) for r in reversed(rows)]
+
+    def engines_of(self, alert_ids: Iterable[str]) -> dict[str, str]:
+        """The engine(s) that produced each of ``alert_ids`` ("" for a transition recorded
+        before the store kept engines); {} on a store not yet migrated."""
+        ids = list(alert_ids)[:500]
+        if not ids or "AS engine" in self._cols:
+            return {}
+        rows = self._conn.execute(
+            "SELECT alert_id, engine FROM transitions "  # noqa: S608 - placeholders only
+            f"WHERE alert_id IN ({','.join('?' * len(ids))})",
+            ids,
+        ).fetchall()
+        return dict(rows)
 
     def notifications_for(self, alert_ids: Iterable[str], limit: int = 50) -> list[dict[str, Any]]:
         """Notifications that carried any of ``alert_ids``: receiver, status, webhook id (the

@@ -4,7 +4,8 @@ Lifecycle: :func:`run` opens the store at ``settings.store_path`` (creating
 it), assigns itself every partition of the three topics and starts each at
 the offset kept in the store, or at the beginning when the store has none
 (first start, or the file was lost: the store is then rebuilt from the
-topics). Per poll of up to ``max_batch`` records it applies every usable
+topics). Each alert is recorded with its engine, from the record's ``engine`` header
+(:func:`engine_of`). Per poll of up to ``max_batch`` records it applies every usable
 alert, command and notification event *and the new offsets* in one durable
 SQLite transaction, so a crash at any point resumes exactly where the kept
 data ends. Offsets are also committed to Kafka (group ``alert-store``, best
@@ -21,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -32,7 +36,7 @@ from app.alerts import Alert, order_key
 from app.dispatch.commands import parse_command, verify_command
 from app.kafka.clients import Target, assign_kept, make_consumer
 from app.runtime.settings import Settings
-from app.storage.alert_store import AlertStore
+from app.storage.alert_store import DEFAULT_ENGINE, AlertStore
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 
 logger = logging.getLogger(__name__)
@@ -55,14 +59,37 @@ for _result in ("new", "duplicate"):
 Polled = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
-def decode_batch(
-    polled: Polled, secret: str
-) -> tuple[list[Alert], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(alerts, commands, notification events) of a poll, in offset order per partition;
-    logs and counts the records that are not usable."""
-    alerts: list[Alert] = []
-    commands: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+#: an ``engine`` header's value the store records as is (anything else: "unknown")
+_ENGINE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def engine_of(headers: Sequence[tuple[str, bytes]] | None) -> str:
+    """The engine an alert record names in its ``engine`` header (the Spark engine writes
+    ``spark``); ``faust`` without one, as the Faust worker writes none. A value that is not a
+    short lower-case name is recorded as ``unknown``."""
+    for key, value in headers or ():
+        if key == "engine":
+            name = (value or b"").decode("utf-8", "replace")
+            return name if _ENGINE_NAME.fullmatch(name) else "unknown"
+    return DEFAULT_ENGINE
+
+
+@dataclass
+class Decoded:
+    """A poll's usable records, in offset order per partition: alerts with the engine of
+    each, commands and notification events."""
+
+    alerts: list[Alert] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def decode_batch(polled: Polled, secret: str) -> Decoded:
+    """The usable records of a poll (:class:`Decoded`); logs and counts the records that are
+    not usable."""
+    out = Decoded()
+    alerts, engines, commands, events = out.alerts, out.engines, out.commands, out.events
     for tp, records in polled.items():
         for rec in records:
             try:
@@ -70,6 +97,7 @@ def decode_batch(
                     alert = Alert.from_json(rec.value or b"")
                     order_key(alert)
                     alerts.append(alert)
+                    engines.append(engine_of(rec.headers))
                 elif tp.topic == COMMANDS:
                     cmd = parse_command(rec.value or b"")
                     if not verify_command(cmd, secret):
@@ -91,7 +119,7 @@ def decode_batch(
             except (ValueError, TypeError, KeyError) as exc:
                 INVALID.inc()
                 logger.error("skipping unusable record at %s:%d@%d: %s", *tp, rec.offset, exc)
-    return alerts, commands, events
+    return out
 
 
 async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: Target) -> None:
@@ -115,13 +143,13 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)
             if not polled:
                 continue
-            alerts, commands, events = decode_batch(polled, settings.command_secret.get_secret_value())
+            got = decode_batch(polled, settings.command_secret.get_secret_value())
             offsets = {(tp.topic, tp.partition): recs[-1].offset + 1 for tp, recs in polled.items()}
-            new = store.apply_batch(alerts, commands, events, offsets)
+            new = store.apply_batch(got.alerts, got.commands, got.events, offsets, engines=got.engines)
             APPLIED.labels("new").inc(new)
-            APPLIED.labels("duplicate").inc(len(alerts) - new)
-            OPERATOR.labels(COMMANDS).inc(len(commands))
-            OPERATOR.labels(NOTIFICATIONS).inc(len(events))
+            APPLIED.labels("duplicate").inc(len(got.alerts) - new)
+            OPERATOR.labels(COMMANDS).inc(len(got.commands))
+            OPERATOR.labels(NOTIFICATIONS).inc(len(got.events))
             with contextlib.suppress(KafkaError):
                 await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in polled.items()})
     finally:

@@ -150,6 +150,14 @@ class EvalStats:
     #: events refused as too far ahead of their partition's clock (or of the wall clock)
     refused: int = 0
     per_rule_errors: dict[str, str] = field(default_factory=dict)
+    #: per rule, the events it evaluated on the batch path (:meth:`StreamEvaluator.process_batch`):
+    #: its source's events that reached it, after decoding, the event-time bound and the
+    #: registry join (an event skipped for a missing table row is not counted), before its
+    #: ``where``; counted once per batch and rule, drained by :meth:`Engine.take_rule_counts`
+    rule_events: dict[str, int] = field(default_factory=dict)
+    #: per rule, those of :attr:`rule_events` whose ``where`` was TRUE (every one for a rule
+    #: without ``where``)
+    rule_matched: dict[str, int] = field(default_factory=dict)
 
 
 def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
@@ -590,20 +598,36 @@ class StreamEvaluator:
         heap = run.heap
         events, clocks = batch.events, batch.clocks
         rows = batch.rows(self, rule)
-        self.stats.skipped_no_table_row += rows.skipped
+        stats = self.stats
+        stats.skipped_no_table_row += rows.skipped
+        seen = len(events) - rows.skipped
+        stats.rule_events[rid] = stats.rule_events.get(rid, 0) + seen
         if logic is None:
-            for ev, row in zip(events, rows.rows):
-                if row is not None:
-                    out.routed += self._route(rule, ev, row)
+            if rule.where is None:
+                stats.rule_matched[rid] = stats.rule_matched.get(rid, 0) + seen
+                for ev, row in zip(events, rows.rows):
+                    if row is not None:
+                        out.routed += self._arms(rule, ev, row)
+                return
+            took = rule.where.over(rows.dense, rows.columns)
+            matched = 0
+            for ev, row, ok in zip(events, rows.rows, took):
+                if row is not None and ok is True:
+                    matched += 1
+                    out.routed += self._arms(rule, ev, row)
+            stats.rule_matched[rid] = stats.rule_matched.get(rid, 0) + matched
             return
         keys, ends = rows.groups(rule, group_by)
         fold_many, scattered = logic.folds_runs, logic.folds_scattered
-        passes: list[Any] | None = None  # the rule's condition on each row, once needed
+        passes: list[Any] | None = None  # the rule's condition on each row (None: no where)
         # events the logic would do nothing for (see Logic.where_gate) are skipped on the
         # condition evaluated column-wise: always, or for a group without state
         gate = logic.where_gate if rule.where is not None else GATE_NONE
-        if gate != GATE_NONE:
-            passes = rule.where.over(rows.dense, rows.columns)  # type: ignore[union-attr]
+        if rule.where is not None:  # also counted: the events whose condition is TRUE
+            passes = rule.where.over(rows.dense, rows.columns)
+            stats.rule_matched[rid] = stats.rule_matched.get(rid, 0) + _count_true(passes, rows)
+        else:
+            stats.rule_matched[rid] = stats.rule_matched.get(rid, 0) + seen
         always = gate == GATE_ALWAYS
         i, n = 0, len(events)
         scheduled = self.scheduled
@@ -632,8 +656,6 @@ class StreamEvaluator:
                 # leading part of it in one call (see Logic.fold_many)
                 end = ends[i] if not heap else bisect.bisect_left(clocks, heap[0][0], i, ends[i])
                 if end - i > 1:
-                    if passes is None and rule.where is not None:
-                        passes = rule.where.over(rows.dense, rows.columns)
                     view.untouch()
                     try:
                         taken = logic.fold_many(
@@ -651,8 +673,6 @@ class StreamEvaluator:
                 # events of any groups before the rule's next timer: the logic may take the
                 # leading ones that are its per-event common case (see Logic.fold_scattered)
                 end = n if not heap else bisect.bisect_left(clocks, heap[0][0], i, n)
-                if passes is None and rule.where is not None:
-                    passes = rule.where.over(rows.dense, rows.columns)
                 try:
                     taken = logic.fold_scattered(view, rid, keys, events, row_list, clocks, passes, i, end)
                 except Exception:  # the events then run one by one, which reports it
@@ -664,13 +684,35 @@ class StreamEvaluator:
             i += 1
 
     def _route(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
-        assert rule.parts is not None  # noqa: S101
+        """A branch rule's copy of ``ev``: to its first arm whose condition holds, when its
+        ``where`` is TRUE."""
         if rule.where is not None and rule.where(row) is not True:
             return []
+        return self._arms(rule, ev, row)
+
+    def _arms(self, rule: CompiledRule, ev: Event, row: Mapping[str, Any]) -> list[tuple[str, bytes, bytes]]:
+        """A branch rule's copy of ``ev`` (its ``where`` already TRUE): to its first arm
+        whose condition holds, or nowhere."""
+        assert rule.parts is not None  # noqa: S101
         for cond, topic in rule.parts.arms:
             if cond is None or cond(row) is True:
                 return [(topic, ev.key.encode(), orjson.dumps(ev.fields))]
         return []
+
+
+def _count_true(passes: list[Any], rows: Rows) -> int:
+    """How many of a batch's rows ``rows`` (skipped ones left out) have a condition
+    ``passes`` that is TRUE (``is True``, as the rules test it)."""
+    n = 0
+    if not rows.skipped:
+        for ok in passes:
+            if ok is True:
+                n += 1
+        return n
+    for row, ok in zip(rows.rows, passes):
+        if ok is True and row is not None:
+            n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -747,6 +789,20 @@ class Engine:
         by_name = {s.name: s for streams in self.streams.values() for s in streams}
         for (name, p), evs in parts.items():
             out.extend(by_name[name].evaluator.process_batch(evs, p))
+        return out
+
+    def take_rule_counts(self) -> dict[str, tuple[int, int]]:
+        """Per rule, ``(events evaluated, events whose where was TRUE)`` on the batch path since
+        the last call (see :attr:`EvalStats.rule_events`), summed over the rule's stream;
+        the counts start again from zero."""
+        out: dict[str, tuple[int, int]] = {}
+        for streams in self.streams.values():
+            for s in streams:
+                st = s.evaluator.stats
+                for rid, n in st.rule_events.items():
+                    seen, matched = out.get(rid, (0, 0))
+                    out[rid] = (seen + n, matched + st.rule_matched.get(rid, 0))
+                st.rule_events, st.rule_matched = {}, {}
         return out
 
     @property

@@ -23,6 +23,13 @@ list). ``offsets`` holds the next offset per topic partition, written in
 the same transaction as the rows, so store-sync resumes exactly and a lost
 store is rebuilt by replaying the topics from the beginning.
 
+Engines: each transition row and each current alert has ``engine``, the engine that produced
+it as the record's ``engine`` header says (``spark``; a record without the header is the Faust
+worker's, ``faust``). A rule of ``engine: both`` produces each transition twice with one
+``alert_id``: the second copy adds its engine, so the row says ``faust,spark`` (names sorted,
+comma-separated). Rows recorded before the store kept engines (schema 2) say ``""`` (unknown).
+Opening a schema-2 file as the writer adds the column (:func:`migrate`).
+
 Concurrency: WAL mode; one writer process and any number of readers in
 other processes (``readonly=True``). Writes run in ``BEGIN IMMEDIATE``
 transactions with ``synchronous=FULL``, so once :meth:`AlertStore.apply_many`
@@ -33,8 +40,9 @@ the thread that opened it.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,12 +56,16 @@ from app.storage.sqlite import create_schema, open_reader, open_writer, transact
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: the engine of an alert record without an ``engine`` header: the Faust worker writes none
+DEFAULT_ENGINE = "faust"
+#: what a schema-2 row (recorded before engines were kept) says: unknown
+UNKNOWN_ENGINE = ""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS transitions (
     alert_id TEXT PRIMARY KEY, rule_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
     status TEXT NOT NULL, severity TEXT NOT NULL, event_us INTEGER NOT NULL,
-    recorded_at TEXT NOT NULL, alert TEXT NOT NULL);
+    recorded_at TEXT NOT NULL, alert TEXT NOT NULL, engine TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS transitions_by_time ON transitions (event_us);
 CREATE INDEX IF NOT EXISTS transitions_by_rule ON transitions (rule_id, event_us);
 CREATE INDEX IF NOT EXISTS transitions_by_alert ON transitions (rule_id, fingerprint, event_us);
@@ -64,7 +76,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     starts_at TEXT NOT NULL, ends_at TEXT, alert_id TEXT NOT NULL, values_json TEXT NOT NULL,
     event_ts TEXT NOT NULL, rule_version TEXT NOT NULL, updated_at TEXT NOT NULL,
     starts_us INTEGER NOT NULL, event_us INTEGER NOT NULL, status_rank INTEGER NOT NULL,
-    PRIMARY KEY (rule_id, fingerprint));
+    engine TEXT NOT NULL DEFAULT '', PRIMARY KEY (rule_id, fingerprint));
 CREATE INDEX IF NOT EXISTS alerts_by_status ON alerts (status, starts_us);
 CREATE INDEX IF NOT EXISTS alerts_by_rule ON alerts (rule_id, status);
 CREATE INDEX IF NOT EXISTS alerts_by_severity ON alerts (status, severity);
@@ -84,12 +96,14 @@ CREATE TABLE IF NOT EXISTS offsets (topic TEXT NOT NULL, partition INTEGER NOT N
 """
 
 _UPSERT = """
-INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+INSERT INTO alerts (rule_id, fingerprint, status, severity, labels, annotations, starts_at, ends_at,
+    alert_id, values_json, event_ts, rule_version, updated_at, engine, starts_us, event_us, status_rank)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 ON CONFLICT (rule_id, fingerprint) DO UPDATE SET
     status=excluded.status, severity=excluded.severity, labels=excluded.labels,
     annotations=excluded.annotations, starts_at=excluded.starts_at, ends_at=excluded.ends_at,
     alert_id=excluded.alert_id, values_json=excluded.values_json, event_ts=excluded.event_ts,
-    rule_version=excluded.rule_version, updated_at=excluded.updated_at,
+    rule_version=excluded.rule_version, updated_at=excluded.updated_at, engine=excluded.engine,
     starts_us=excluded.starts_us, event_us=excluded.event_us, status_rank=excluded.status_rank
 WHERE (excluded.starts_us, excluded.event_us, excluded.status_rank)
     > (alerts.starts_us, alerts.event_us, alerts.status_rank)
@@ -113,6 +127,8 @@ class CurrentAlert:
     event_ts: str
     rule_version: str
     updated_at: str
+    #: the engine(s) that produced the current transition (see the module docstring)
+    engine: str = UNKNOWN_ENGINE
 
 
 #: CurrentAlert's fields: the ``alerts`` table's first columns, in order
@@ -156,9 +172,12 @@ class AlertStore(OperatorRecords):
         self._now = now
         if readonly:
             self._conn = open_reader(self.path, "alert store")
+            self._cols = current_columns(self._conn)
             return
         self._conn = open_writer(self.path)
-        create_schema(self._conn, f"{_SCHEMA};PRAGMA user_version={SCHEMA_VERSION}")
+        create_schema(self._conn, _SCHEMA)
+        migrate(self._conn)
+        self._cols = _CURRENT_COLS
 
     def apply(self, alert: Alert) -> bool:
         """Record one transition; True if its ``alert_id`` was new."""
@@ -178,11 +197,21 @@ class AlertStore(OperatorRecords):
         commands: Iterable[dict[str, Any]] = (),
         notifications: Iterable[dict[str, Any]] = (),
         offsets: dict[tuple[str, int], int] | None = None,
+        engines: Sequence[str] | None = None,
     ) -> int:
         """Record transitions, validated commands, notification events and the consumed
         offsets in one durable transaction; return how many transitions were new.
-        Raises ValueError (writing nothing) for an alert with a bad status or time."""
-        batch = [(a, order_key(a)) for a in alerts]
+        ``engines``: the engine of each alert, in order (None: all :data:`DEFAULT_ENGINE`);
+        a known transition from another engine adds that engine to its row.
+        Raises ValueError (writing nothing) for an alert with a bad status or time, or
+        ``engines`` of another length than ``alerts``."""
+        listed = list(alerts)
+        if engines is None:
+            engines = [DEFAULT_ENGINE] * len(listed)
+        if len(engines) != len(listed):
+            msg = f"{len(engines)} engines for {len(listed)} alerts"
+            raise ValueError(msg)
+        batch = [(a, order_key(a), e) for a, e in zip(listed, engines, strict=True)]
         cmds, events = list(commands), list(notifications)
         if not (batch or cmds or events or offsets):
             return 0
@@ -195,17 +224,48 @@ class AlertStore(OperatorRecords):
                 self._notification(ev)
             for (topic, part), nxt in (offsets or {}).items():
                 self._conn.execute("INSERT OR REPLACE INTO offsets VALUES (?,?,?)", (topic, part, nxt))
-            for alert, (starts_us, event_us, rank) in batch:
+            for alert, (starts_us, event_us, rank), engine in batch:
                 row = (alert.alert_id, alert.rule_id, alert.fingerprint, alert.status, alert.severity)
                 cur = self._conn.execute(
-                    "INSERT OR IGNORE INTO transitions VALUES (?,?,?,?,?,?,?,?)",
-                    (*row, event_us, stamp, alert.to_json().decode()),
+                    "INSERT OR IGNORE INTO transitions VALUES (?,?,?,?,?,?,?,?,?)",
+                    (*row, event_us, stamp, alert.to_json().decode(), engine),
                 )
                 if cur.rowcount == 0:
+                    self._add_engine(alert, engine)
                     continue
                 new += 1
-                self._conn.execute(_UPSERT, (*_state(alert, stamp), starts_us, event_us, rank))
+                self._conn.execute(_UPSERT, (*_state(alert, stamp), engine, starts_us, event_us, rank))
         return new
+
+    def _add_engine(self, alert: Alert, engine: str) -> None:
+        """A known transition produced again by ``engine``: add it to the row's engines (and to
+        the current alert's, when this transition is its current state)."""
+        (known,) = self._conn.execute(
+            "SELECT engine FROM transitions WHERE alert_id = ?", (alert.alert_id,)
+        ).fetchone()
+        merged = merge_engines(known, engine)
+        if merged == known:
+            return
+        self._conn.execute("UPDATE transitions SET engine = ? WHERE alert_id = ?", (merged, alert.alert_id))
+        self._conn.execute(
+            "UPDATE alerts SET engine = ? WHERE rule_id = ? AND fingerprint = ? AND alert_id = ?",
+            (merged, alert.rule_id, alert.fingerprint, alert.alert_id),
+        )
+
+    def engines_of(self, alert_ids: Iterable[str]) -> dict[str, str]:
+        """The engine(s) of each of ``alert_ids`` that is recorded."""
+        ids = list(alert_ids)
+        out: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            out.update(
+                self._conn.execute(
+                    "SELECT alert_id, engine FROM transitions "  # noqa: S608 - placeholders only
+                    f"WHERE alert_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+            )
+        return out
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to consume per (topic, partition), as kept with the data."""
@@ -216,7 +276,7 @@ class AlertStore(OperatorRecords):
         transition history holds that alert id)."""
         like = ident.replace("%", "").replace("_", "") + "%"
         rows = self._conn.execute(
-            f"SELECT {_CURRENT_COLS} FROM alerts WHERE fingerprint LIKE ? OR alert_id LIKE ? "  # noqa: S608
+            f"SELECT {self._cols} FROM alerts WHERE fingerprint LIKE ? OR alert_id LIKE ? "  # noqa: S608
             "OR fingerprint IN (SELECT fingerprint FROM transitions WHERE alert_id LIKE ?) LIMIT 20",
             (like, like, like),
         ).fetchall()
@@ -234,7 +294,7 @@ class AlertStore(OperatorRecords):
         """Current alerts, most recently started first; only ``status`` if given."""
         where, args = ("WHERE status = ?", [status]) if status else ("", [])
         rows = self._conn.execute(
-            f"SELECT {_CURRENT_COLS} FROM alerts {where} ORDER BY starts_us DESC LIMIT ?",  # noqa: S608
+            f"SELECT {self._cols} FROM alerts {where} ORDER BY starts_us DESC LIMIT ?",  # noqa: S608
             [*args, limit],
         ).fetchall()
         return [_current(r) for r in rows]
@@ -268,10 +328,43 @@ class AlertStore(OperatorRecords):
         self.close()
 
 
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a store written by an older version to :data:`SCHEMA_VERSION`, in one transaction:
+    schema 2 -> 3 adds ``engine`` (default ``""``, unknown) to ``transitions`` and ``alerts``.
+    A file of a newer schema than this build knows is refused with a ValueError."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        msg = f"the alert store has schema {version}; this version reads up to {SCHEMA_VERSION}"
+        raise ValueError(msg)
+    with transaction(conn):
+        for table in ("transitions", "alerts"):
+            columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if "engine" not in columns:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN engine TEXT NOT NULL DEFAULT ''")
+                logger.info("alert store: %s has an engine column now (older rows: unknown)", table)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def current_columns(conn: sqlite3.Connection) -> str:
+    """What to select for a :class:`CurrentAlert`: a reader of a schema-2 file (not yet
+    migrated by its writer) reads ``""`` (unknown) as the engine."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(alerts)")}
+    return _CURRENT_COLS if "engine" in columns else _CURRENT_COLS.replace("engine", "'' AS engine")
+
+
+def merge_engines(known: str, engine: str) -> str:
+    """``known`` (comma-separated engine names, "" unknown) with ``engine`` added, sorted."""
+    names = {n for n in known.split(",") if n} | ({engine} if engine else set())
+    return ",".join(sorted(names))
+
+
 def _state(a: Alert, stamp: str) -> tuple[Any, ...]:
-    """The ``alerts`` row of ``a`` in column order, without the ordering columns."""
+    """The ``alerts`` row of ``a`` in column order up to ``updated_at``: without the engine
+    and the ordering columns."""
     row = []
     for name in _CURRENT:
+        if name == "engine":
+            continue
         value = stamp if name == "updated_at" else getattr(a, name)
         row.append(_dumps(value) if name in _AS_JSON else value)
     return tuple(row)

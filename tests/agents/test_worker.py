@@ -38,6 +38,21 @@ def receiver_stats(port: int) -> dict[str, Any] | None:
         return None
 
 
+def rule_counts(port: int, rule: str) -> tuple[int, int]:
+    """(``worker_rule_events_total``, ``worker_rule_matched_total``) of ``rule`` on the worker's
+    /metrics ((-1, -1) while it does not answer)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return -1, -1
+    found = {s.name: int(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+             if s.labels.get("rule") == rule and s.name.startswith("worker_rule_")}  # fmt: skip
+    return found.get("worker_rule_events_total", -1), found.get("worker_rule_matched_total", -1)
+
+
 def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: KafkaBroker, tmp_path: Path) -> None:
     lines = nab_lines(N_EVENTS)
     bad = [
@@ -54,7 +69,7 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: KafkaBroker, tmp_path
         expected = backtest(ruleset, read_events(lines, "nab", report), out, report)
     assert len(expected) >= 4, "the first 3000 NAB rows hold several overheat episodes"
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = role_env(
         broker,
         tmp_path,
@@ -64,7 +79,11 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: KafkaBroker, tmp_path
     )
     with (
         role(["app", "receiver"], env, tmp_path / "receiver.log"),
-        role(["agents", "worker", "--loglevel", "info"], env, tmp_path / "worker.log"),
+        role(
+            ["agents", "worker", "--loglevel", "info"],
+            {**env, "APP_METRICS_PORT": str(metrics_port)},
+            tmp_path / "worker.log",
+        ),  # fmt: skip
         role(["app", "dispatch"], env, tmp_path / "dispatch.log"),
     ):
         alerts = wait_for_json(
@@ -99,6 +118,15 @@ def test_nab_events_flow_to_alerts_webhook_and_dlq(broker: KafkaBroker, tmp_path
         assert stats["bad_signature"] == 0
         received = {a["alert_id"] for a in stats["recent"]}
         assert received <= {a.alert_id for a in expected if a.status != "pending"}
+
+        # per rule, the events it evaluated (every valid one) and those its where matched
+        hot = sum(1 for v in lines if orjson.loads(v)["temperature"] > 100)
+        counted = wait_for(
+            lambda: (c := rule_counts(metrics_port, "machine-overheat"))[0] == N_EVENTS and c,
+            timeout_s=30,
+            what="the worker's per-rule counters",
+        )
+        assert counted == (N_EVENTS, hot) and 0 < hot < N_EVENTS
 
     dlq = consume_json(broker.bootstrap, "dlq.events", min_count=2, timeout_s=10)
     assert len(dlq) == 2

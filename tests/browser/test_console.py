@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,11 @@ from PIL import Image
 from app.dispatch.commands import AckCommand, SilenceCommand, parse_command
 from app.kafka.broker import KafkaBroker
 from app.topics import COMMANDS
+from tests.agents.worker_helpers import nab_lines
 from tests.browser.cdp import Tab, browser, chromium_path
 from tests.browser.console_server import go_to, run_console
 from tests.console_helpers import PASSWORD, add_user, seed
-from tests.kafka_helpers import consume_json
+from tests.kafka_helpers import consume_json, produce
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,12 +45,25 @@ REGISTRY = (
 )
 
 
+def pump_readings() -> list[tuple[bytes, bytes]]:
+    """pump-7's readings for the input chart: the real NAB series' first overheat (rows 2376 to
+    2399), every 5 minutes from 2024-05-01T08:15 to 10:10 (the seeded alert fired at 10:00)."""
+    start = datetime(2024, 5, 1, 8, 15, tzinfo=UTC)
+    rows = [orjson.loads(v) for v in nab_lines(2400)[2376:]]
+    return [
+        (b"pump-7", orjson.dumps({**row, "device_id": "pump-7",
+                                  "ts": (start + timedelta(minutes=5 * i)).isoformat()}))
+        for i, row in enumerate(rows)
+    ]  # fmt: skip
+
+
 @pytest.fixture
 def console(tmp_path: Path, broker: KafkaBroker) -> Iterator[str]:
     """A Streamlit console on loopback over a seeded store; its URL."""
     data = tmp_path / "data"
     data.mkdir()
     seed(data / "alerts.sqlite3")
+    produce(broker.bootstrap, "events.sensors", pump_readings())
     add_user(data)
     (data / "fleet-devices.csv").write_text(REGISTRY)
     with run_console(tmp_path, data, broker.bootstrap) as url:
@@ -121,6 +136,7 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         tab.wait_text("Input: temperature")
         charts = "document.querySelectorAll('.vega-embed').length >= 2"
         tab.wait_for(charts, "the transitions and input charts")
+        tab.wait_text("reading(s) of temperature for device_id=pump-7")  # the raw line, from the topic
         tab.wait_text("wh-123")  # the notification's webhook id
         tab.type_into("ack comment", "on it", enter=False)
         tab.click_button("Ack")

@@ -6,7 +6,15 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from app.console.health import HealthSample, probe_roles, rates, spark_lag, take_sample, write_roles_file
+from app.console.health import (
+    HealthSample,
+    probe_roles,
+    rates,
+    spark_lag,
+    take_sample,
+    worker_stats,
+    write_roles_file,
+)
 from app.kafka.broker import free_port
 
 
@@ -42,3 +50,25 @@ def test_spark_lag_from_the_latest_offsets_file(tmp_path: Path) -> None:
     (offsets / "2").write_text('v1\n{"batchWatermarkMs":0}\n{"events.sensors":{"0":10,"1":7}}\n')
     assert spark_lag(tmp_path, {("events.sensors", 0): 12, ("events.sensors", 1): 7}) == 2
     assert spark_lag(tmp_path / "none", {}) is None
+
+
+def test_worker_stats_read_each_rules_evaluated_and_matched_events(tmp_path: Path) -> None:
+    port = free_port()
+    reg = CollectorRegistry()
+    Counter("worker_events_total", "x", ["source"], registry=reg).labels("sensors").inc(10)
+    seen = Counter("worker_rule_events_total", "x", ["rule"], registry=reg)
+    matched = Counter("worker_rule_matched_total", "x", ["rule"], registry=reg)
+    seen.labels("hot").inc(10)
+    matched.labels("hot").inc(4)
+    seen.labels("quiet")  # declared, nothing evaluated yet
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        write_roles_file(tmp_path, [{"name": "worker", "metrics": f"http://127.0.0.1:{port}/metrics"}])
+        stats = worker_stats(tmp_path)
+    finally:
+        server.shutdown()
+        thread.join(5)
+    assert stats["rule_events"] == {"hot": 10.0, "quiet": 0.0}
+    assert stats["rule_matched"] == {"hot": 4.0}
+    assert stats["events"] == {"sensors": 10.0}
+    assert worker_stats(tmp_path) == {}  # the worker is gone

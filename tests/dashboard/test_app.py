@@ -10,17 +10,20 @@ from pathlib import Path
 
 import orjson
 import pytest
+import streamlit as st
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from app.console.health import write_roles_file
 from app.dispatch.commands import AckCommand, SilenceCommand, UnsilenceCommand, parse_command
-from app.kafka.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker, free_port
 from app.runtime.settings import PROJECT_ROOT
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
 from tests.console_helpers import PASSWORD, add_user, make_alert, seed
 from tests.dispatch.harness import publish
-from tests.kafka_helpers import consume_json
+from tests.kafka_helpers import consume_json, produce
 from tests.storage.helpers import sync_until
 
 APP = PROJECT_ROOT / "dashboard" / "streamlit_app.py"
@@ -80,6 +83,10 @@ def test_alerts_filter_group_and_detail(data_dir: Path) -> None:
     seed(data_dir / "alerts.sqlite3")
     at = run_page("alerts")
     assert at.dataframe[0].value.shape[0] == 3  # pump-7, pump-9, vehicle-01 (fan-1 is resolved)
+    shown = at.dataframe[0].value
+    engines = dict(zip(shown["labels"].str.split(",").str[0], shown["engine"], strict=True))
+    assert engines == {"device_id=pump-7": "faust", "device_id=pump-9": "faust",
+                       "device_id=vehicle-01": "spark"}  # fmt: skip
     at.text_input(key="filter").input('severity="critical", device_id=~"pump-.*"').run()
     (table,) = [d.value for d in at.dataframe]
     assert list(table["labels"]) == ["device_id=pump-7, team=plant-ops"]
@@ -106,6 +113,11 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
     assert at.json[0].value == '{"temperature": 104.0}'
     assert any("threshold > 100" in c.value for c in at.caption)
+    assert any("engine **faust**" in c.value for c in at.caption)
+    assert list(timeline["engine"]) == ["faust", "faust"]
+    vehicle = alerts[5]
+    at = run_page("alerts", alert=f"{vehicle.rule_id}/{vehicle.fingerprint}")
+    assert any("engine **spark**" in c.value for c in at.caption)
 
 
 def test_actions_need_a_signed_in_user_and_record_them(
@@ -146,10 +158,23 @@ def test_rules_and_map_pages(data_dir: Path, tmp_path: Path, monkeypatch: pytest
         "device_id,kind,lat,lon,depot_lat,depot_lon,geofence_km\n"
         "pump-7,thermometer,48.1,11.5,,,\nvehicle-01,vehicle,,,48.15,11.6,5\n"
     )
-    at = run_page("rules")
+    port = free_port()
+    reg = CollectorRegistry()
+    Counter("worker_rule_events_total", "x", ["rule"], registry=reg).labels("machine-overheat").inc(120)
+    Counter("worker_rule_matched_total", "x", ["rule"], registry=reg).labels("machine-overheat").inc(7)
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        write_roles_file(data_dir, [{"name": "worker", "metrics": f"http://127.0.0.1:{port}/metrics"}])
+        at = run_page("rules")
+    finally:
+        server.shutdown()
+        thread.join(5)
     rules = at.dataframe[0].value.set_index("rule")
     assert rules.loc["machine-overheat", "file:line"].endswith("rules/iot.yaml:4")
     assert rules.loc["machine-overheat", "firing now"] == 2  # pump-7, pump-9
+    overheat = rules.loc["machine-overheat"]
+    assert (overheat["events evaluated"], overheat["events matched"]) == (120, 7)
+    assert rules["events evaluated"].isna().sum() == len(rules) - 1  # the rules the worker did not report
     at = run_page("map")
     devices = at.dataframe[0].value.set_index("device_id")
     assert devices.loc["pump-7", "state"] == "critical"
@@ -218,3 +243,24 @@ def test_ack_silence_and_expire_publish_signed_commands_by_the_signed_in_user(
     assert (unsilence.silence_id, unsilence.by) == (silence.silence_id, "ann")
     with AlertStore(data_dir / "alerts.sqlite3", readonly=True) as store:
         assert [(a["by"], a["comment"]) for a in store.acks()] == [("ann", "on it")]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_alert_detail_charts_the_groups_raw_readings_from_the_source_topic(
+    data_dir: Path, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+    st.cache_data.clear()  # the readings are cached 30 s per alert: another test may have read this one
+    alerts = seed(data_dir / "alerts.sqlite3")
+    pump = alerts[1]  # firing since 10:00: the chart reads from 09:00 (an hour before) to now
+    readings = [
+        (device.encode(), orjson.dumps({"device_id": device, "ts": f"2024-05-01T{h:02d}:{m:02d}:00Z",
+                                        "temperature": 90.0 + m / 10}))
+        for h in (8, 9, 10) for m in range(0, 60, 5) for device in ("pump-7", "pump-9")
+    ]  # fmt: skip
+    produce(broker.bootstrap, "events.sensors", readings)
+    at = run_page("alerts", alert=f"{pump.rule_id}/{pump.fingerprint}")
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("24 reading(s) of temperature for device_id=pump-7") for c in captions), captions
+    assert any("line: the raw readings, markers: the values the transitions carried" in c for c in captions)

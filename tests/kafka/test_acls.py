@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from app.console.readings import ReadingsPlan, plan_readings
+from app.console.source_reader import read_readings
 from app.errors import BrokerError
 from app.kafka.acls import (
     ALL,
@@ -87,6 +89,18 @@ def test_each_role_writes_only_what_its_acls_allow_and_strangers_nothing(tmp_pat
         }  # fmt: skip
         seen = {(r, t): can_write(role[r], t) for r, t in allowed}
         assert seen == allowed
+        # the console reads an alert's readings from the event topics for its chart; the store may not
+        reading = b'{"device_id": "k", "ts": "2024-05-01T10:00:00Z", "temperature": 101.5}'
+        assert can_write(role["ingest"], SENSORS, reading)
+        plan = plan_readings(source="sensors", group_by=("device_id",), field="temperature", window_ms=None,
+                             labels={"device_id": "k"}, starts_at="2024-05-01T10:30:00Z",
+                             ends_at="2024-05-01T11:00:00Z", now_ms=0)  # fmt: skip
+        assert isinstance(plan, ReadingsPlan)
+        collect, report = read_readings(role["console"], plan)
+        assert ([r.value for r in collect.readings], report.error) == ([101.5], "")
+        collect, report = read_readings(role["store"], plan)  # the store has no grant on events.*
+        assert (collect.readings, report.error) == ([], "the topic events.sensors does not exist, or the "
+                                                    "console's principal may not read it")  # fmt: skip
         assert asyncio.run(end_offsets(admin, [ALERTS, COMMANDS])) == {ALERTS: 2, COMMANDS: 1}
         with pytest.raises(BrokerError):  # no credentials: no connection at all
             asyncio.run(end_offsets(broker.bootstrap, [ALERTS], timeout_s=5))

@@ -11,6 +11,7 @@ from app.alerts import Alert, alert_id, fingerprint
 from app.events import SENSORS, Event
 from app.rules.evaluator import Engine, run_backtest
 from app.rules.loader import load_rules
+from app.tables import Tables
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 from tests.rules.helpers import HOT, rules, sensor
 
@@ -152,3 +153,46 @@ def test_a_views_state_keys_are_the_rules_keys_remembered(tmp_path: Path) -> Non
     for i in range(base.MAX_STATE_KEYS + 5):  # past the memo's bound it starts again
         assert view.key(f"\x1fd{i}") == f"{rule.id}\x1fd{i}"
     assert view.key(suffix) == first
+
+
+def test_each_rule_counts_the_events_it_evaluated_and_those_its_where_matched(tmp_path: Path) -> None:
+    """Counted per rule on the batch path: events skipped for a missing registry row are not
+    evaluated, a rule without ``where`` matches every event it evaluates, a branch counts its
+    ``where``, and taking the counts starts them again from zero."""
+    body = (
+        HOT
+        + """  - id: any-reading
+    source: sensors
+    group_by: [device_id]
+    absent_for: 30m
+    severity: info
+  - id: joined
+    source: sensors
+    enrich: [{table: devices, on: device_id, as: device}]
+    where: temperature > device.max_temp
+    group_by: [device_id]
+    severity: warning
+  - id: copy-hot
+    source: sensors
+    where: temperature > 50
+    branch:
+      - {when: temperature > 100, to: sensors.very-hot}
+      - {otherwise: sensors.hot}
+"""
+    )
+    tables = Tables()
+    tables.load_rows("devices", [{"device_id": "d1", "site": "lab", "max_temp": 95.0}])
+    eng = Engine(rules(tmp_path, body), tables=tables)
+    temps = [90, 101, 102, 40, 99]
+    events = [sensor(m, t) for m, t in enumerate(temps)] + [sensor(9, 120, device="d2")]  # d2: no row
+    eng.process_batch(events[:3])
+    eng.process_batch(events[3:])
+    assert eng.take_rule_counts() == {
+        "hot": (6, 3),  # 101, 102, 120
+        "any-reading": (6, 6),
+        "joined": (5, 3),  # d2 skipped; d1 above its 95: 101, 102, 99
+        "copy-hot": (6, 5),
+    }
+    assert eng.take_rule_counts() == {}
+    eng.process_batch([sensor(20, 130)])
+    assert eng.take_rule_counts()["hot"] == (1, 1)

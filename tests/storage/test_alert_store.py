@@ -199,3 +199,102 @@ def test_a_lost_store_is_rebuilt_from_the_topics(broker: KafkaBroker, settings: 
         assert len(ro.history(limit=100)) == len(alerts)
         assert ro.counts().by_status == {"firing": 4, "resolved": 1}
         assert sum(ro.offsets().values()) == len(alerts)
+
+
+def test_each_transition_keeps_its_engine_and_a_copy_from_the_other_engine_adds_it(tmp_path: Path) -> None:
+    faust, spark, both = (
+        episode("firing", T0, T0, "d1"),
+        episode("firing", T0, T0, "d2"),
+        episode("firing", T1, T1, "d3"),
+    )
+    with AlertStore(tmp_path / "a.db") as store:
+        assert store.apply_batch([faust, spark, both], engines=["faust", "spark", "spark"]) == 3
+        assert store.apply_batch([both, both], engines=["faust", "spark"]) == 0  # the other engine's copy
+        engines = {a.labels["device_id"]: a.engine for a in store.current()}
+        assert engines == {"d1": "faust", "d2": "spark", "d3": "faust,spark"}
+        assert store.engines_of([both.alert_id, faust.alert_id]) == {both.alert_id: "faust,spark",
+                                                                      faust.alert_id: "faust"}  # fmt: skip
+        store.apply(episode("resolved", T0, T1, "d1"))  # no engine given: the Faust worker's
+        assert next(a for a in store.current() if a.labels["device_id"] == "d1").engine == "faust"
+        with pytest.raises(ValueError, match="1 engines for 2 alerts"):
+            store.apply_batch([faust, spark], engines=["spark"])
+
+
+def write_schema_2_store(path: Path, alerts: list[Alert]) -> None:
+    """A store file as schema 2 wrote it (no engine column), holding ``alerts``."""
+    with AlertStore(path) as store:
+        store.apply_many(alerts)
+    conn = sqlite3.connect(path)
+    try:
+        for table in ("transitions", "alerts"):  # SQLite >= 3.35 drops a column
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN engine")
+        conn.execute("PRAGMA user_version=2")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_a_schema_2_store_is_read_then_upgraded_in_place_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = episode("firing", T0, T0, "d1")
+    write_schema_2_store(path, [old])
+    with AlertStore(path, readonly=True) as ro:  # a reader before the writer upgraded it
+        assert [(a.fingerprint, a.engine) for a in ro.current()] == [(old.fingerprint, "")]
+    with AlertStore(path) as store:  # the writer (store-sync) opens it: the column is added
+        store.apply_batch([episode("firing", T1, T1, "d2")], engines=["spark"])
+        store.apply_batch([old], engines=["spark"])  # an old row seen again gains the engine
+        engines = {a.labels["device_id"]: a.engine for a in store.current()}
+    assert engines == {"d1": "spark", "d2": "spark"}
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("SELECT COUNT(*) FROM transitions").fetchone()[0] == 2
+    finally:
+        conn.close()
+    with AlertStore(path) as store:  # opening an upgraded file again changes nothing
+        assert len(store.history()) == 2
+
+
+def test_a_store_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    AlertStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version=9")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ValueError, match="schema 9"):
+        AlertStore(path)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_store_sync_records_the_engine_header_of_each_alert(broker: KafkaBroker, settings: Settings) -> None:
+    faust, spark, both = (
+        episode("firing", T0, T0, "d1"),
+        episode("firing", T0, T0, "d2"),
+        episode("firing", T1, T1, "d3"),
+    )
+    sent = [faust, spark, both, both, episode("firing", T2, T2, "d4")]
+    headers = [None, [("engine", b"spark")], [("engine", b"spark")], None, [("engine", b"<b>x</b>")]]
+    produce(broker.bootstrap, ALERTS, [(a.fingerprint.encode(), a.to_json()) for a in sent], headers)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not task.done():
+            if settings.store_path.exists():
+                with AlertStore(settings.store_path, readonly=True) as ro:
+                    if (
+                        ro.engines_of([both.alert_id]).get(both.alert_id) == "faust,spark"
+                        and len(ro.current()) == 4
+                    ):
+                        break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    with AlertStore(settings.store_path, readonly=True) as ro:
+        engines = {a.labels["device_id"]: a.engine for a in ro.current()}
+    assert engines == {"d1": "faust", "d2": "spark", "d3": "faust,spark", "d4": "unknown"}
