@@ -100,8 +100,10 @@ def _send(settings: Settings, user: str | None, build: Callable[[str], Command])
 
 
 @st.cache_resource
-def _sampler(data_dir: str, bootstrap: str) -> health.HealthSampler:
-    return health.HealthSampler(lambda: health.take_sample(Path(data_dir), bootstrap), interval_s=5.0)
+def _sampler(data_dir: str, bootstrap: str, user: str, _target: Settings) -> health.HealthSampler:
+    """One sampler per data dir, cluster and principal (``_target``: the settings, with the
+    console's credentials as ``make run`` gives them; unhashed, the three before key it)."""
+    return health.HealthSampler(lambda: health.take_sample(Path(data_dir), _target), interval_s=5.0)
 
 
 def overview_data(path: Path, now: datetime) -> dict[str, Any] | None:
@@ -158,14 +160,15 @@ def overview(settings: Settings) -> None:
 
 def pipeline_health(settings: Settings, newest_alert_event: str | None) -> None:
     st.subheader("Pipeline health")
-    prev, cur = _sampler(str(settings.data_dir), settings.bootstrap_servers).latest()
+    prev, cur = _sampler(
+        str(settings.data_dir), settings.bootstrap_servers, settings.kafka_auth.username, settings
+    ).latest()
     if cur is None:
         st.caption("sampling the pipeline (every 5 s)...")
         return
     if cur.roles:
         st.dataframe(
-            [{"role": r.name, "state": "up" if r.up else ("done/down" if r.one_shot else "DOWN"),
-              "metrics": r.metrics_url} for r in cur.roles],
+            [{"role": r.name, "state": r.label, "metrics": r.metrics_url or "(none)"} for r in cur.roles],
             hide_index=True,
         )  # fmt: skip
     else:
@@ -187,7 +190,9 @@ def pipeline_health(settings: Settings, newest_alert_event: str | None) -> None:
     with b:
         st.markdown("**consumer lag (records)**")
         st.dataframe(
-            [{"consumer": k, "lag": "n/a" if v is None else v} for k, v in cur.lag.items()], hide_index=True
+            # one type per column (Arrow refuses ints mixed with "n/a")
+            [{"consumer": k, "lag": "n/a" if v is None else f"{v:,}"} for k, v in cur.lag.items()],
+            hide_index=True,
         )
     with c:
         st.metric("DLQ records/s", f"{rate.get(DLQ, 0.0):.2f}", help=f"total {cur.ends.get(DLQ, 0)}")

@@ -5,7 +5,10 @@ A :class:`HealthSampler` thread takes a :class:`HealthSample` every ``interval_s
 the latest two; a console refresh only reads them (no I/O on the refresh path). A sample:
 
 - **roles**: ``APP_DATA_DIR/roles.json`` (written by ``python -m app run``: each role's name
-  and ``/metrics`` URL); a role is *up* when its ``/metrics`` answers within 0.5 s;
+  and ``/metrics`` URL) and ``roles-state.json`` (the supervisor's view of each process:
+  running, waiting, restarting, done, failed); a running role is *up* when its
+  ``/metrics`` answers within 0.5 s (or it serves none, as mosquitto), *starting* until
+  then; without the supervisor's file, *up* is the ``/metrics`` answer alone;
 - **topics** (with ``KAFKA_BOOTSTRAP_SERVERS``): each source topic's, the DLQ's and the
   alerts topic's end offsets (ListOffsets, no records read); rates are the difference
   between two samples;
@@ -29,23 +32,41 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from app.kafka.clients import Target
 
 logger = logging.getLogger(__name__)
 
 ROLES_FILE = "roles.json"
+#: the supervisor's process state of each role (:meth:`app.runtime.supervisor.Supervisor.states`)
+ROLE_STATES_FILE = "roles-state.json"
 GROUPS = {"worker": "streamalert-rules", "dispatcher": "dispatcher", "store-sync": "alert-store"}
 PROBE_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
 class RoleState:
+    """One role as the console shows it: ``up`` (working), and ``status``: ``up``,
+    ``starting`` (running, its /metrics not answering yet), ``waiting`` (not started: it
+    waits for another role), ``done`` (a one-shot role finished), ``restarting (N crashes)``,
+    ``failed`` (given up after crashes), ``stopped``, or ``DOWN`` (no supervisor's view and
+    no /metrics answer)."""
+
     name: str
     up: bool
-    metrics_url: str
+    metrics_url: str | None
     one_shot: bool = False
+    status: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.status:
+            return self.status
+        return "up" if self.up else ("done/down" if self.one_shot else "DOWN")
 
 
 @dataclass(frozen=True)
@@ -78,7 +99,39 @@ def read_roles(data_dir: Path) -> list[dict[str, Any]]:
     return roles
 
 
-def _probe(url: str) -> bool:
+def read_role_states(data_dir: Path) -> dict[str, dict[str, Any]]:
+    """The supervisor's process state per role name ({} without the file)."""
+    try:
+        states: list[dict[str, Any]] = orjson.loads((data_dir / ROLE_STATES_FILE).read_bytes())["roles"]
+        return {str(s["name"]): s for s in states}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def role_status(process: dict[str, Any] | None, answers: bool | None) -> tuple[bool, str]:
+    """``(up, status)`` of a role from the supervisor's ``process`` state (None: unknown) and
+    whether its /metrics answered (None: it serves none)."""
+    if process is None:
+        return bool(answers), ""
+    state = str(process.get("state", ""))
+    crashes = int(process.get("crashes") or 0)
+    if state == "running":
+        if answers is None or answers:
+            return True, "up" if not crashes else f"up ({crashes} recent crash{'es' if crashes > 1 else ''})"
+        return False, "starting"
+    if state == "restarting":
+        return (
+            False,
+            f"restarting ({crashes} crash{'es' if crashes > 1 else ''}, exit {process.get('exit_code')})",
+        )
+    if state == "failed":
+        return False, f"failed (exit {process.get('exit_code')}, gave up)"
+    return state == "done", state or "unknown"
+
+
+def _probe(url: str | None) -> bool | None:
+    if url is None:
+        return None
     try:
         with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as resp:  # noqa: S310 - our loopback URL
             return bool(resp.status == 200)
@@ -90,12 +143,14 @@ def probe_roles(data_dir: Path) -> tuple[RoleState, ...]:
     roles = read_roles(data_dir)
     if not roles:
         return ()
+    processes = read_role_states(data_dir)
     with ThreadPoolExecutor(max_workers=min(8, len(roles))) as pool:
-        ups = list(pool.map(lambda r: _probe(r["metrics"]), roles))
-    return tuple(
-        RoleState(r["name"], up, r["metrics"], bool(r.get("one_shot")))
-        for r, up in zip(roles, ups, strict=True)
-    )
+        answers = list(pool.map(lambda r: _probe(r.get("metrics")), roles))
+    out = []
+    for r, answer in zip(roles, answers, strict=True):
+        up, status = role_status(processes.get(r["name"]) if processes else None, answer)
+        out.append(RoleState(r["name"], up, r.get("metrics"), bool(r.get("one_shot")), status))
+    return tuple(out)
 
 
 def spark_lag(data_dir: Path, ends: dict[tuple[str, int], int]) -> int | None:
@@ -122,15 +177,15 @@ def spark_lag(data_dir: Path, ends: dict[tuple[str, int], int]) -> int | None:
     return lag
 
 
-async def _kafka(bootstrap: str, topics: list[str], sources: list[str], timeout_s: float) -> dict[str, Any]:
+async def _kafka(target: Target, topics: list[str], sources: list[str], timeout_s: float) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient
 
     from app.kafka.clients import connection, partitions_of
 
-    tps = await partitions_of(bootstrap, topics, timeout_s)
-    consumer = AIOKafkaConsumer(**connection(bootstrap), enable_auto_commit=False)
-    admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=int(timeout_s * 1000))
+    tps = await partitions_of(target, topics, timeout_s)
+    consumer = AIOKafkaConsumer(**connection(target), enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(**connection(target), request_timeout_ms=int(timeout_s * 1000))
     await asyncio.wait_for(consumer.start(), timeout_s)
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
@@ -166,17 +221,20 @@ async def _kafka(bootstrap: str, topics: list[str], sources: list[str], timeout_
         await admin.close()
 
 
-def take_sample(data_dir: Path, bootstrap: str, timeout_s: float = 3.0) -> HealthSample:
-    """One reading of every source (see the module docstring); never raises."""
+def take_sample(data_dir: Path, target: Target, timeout_s: float = 3.0) -> HealthSample:
+    """One reading of every source (see the module docstring); never raises. ``target``: the
+    cluster, with the console's credentials when it has them (``Settings`` or an ``Endpoint``;
+    a bare ``host:port`` connects without)."""
+    from app.kafka.clients import bootstrap_of
     from app.topics import ALERTS, DLQ, SOURCE_TOPICS
 
     roles = probe_roles(data_dir)
-    if not bootstrap:
+    if not bootstrap_of(target):
         return HealthSample(time.time(), roles, error="KAFKA_BOOTSTRAP_SERVERS is not set")
     sources = list(SOURCE_TOPICS.values())
     try:
         got = asyncio.run(
-            asyncio.wait_for(_kafka(bootstrap, [*sources, DLQ, ALERTS], sources, timeout_s), timeout_s * 3)
+            asyncio.wait_for(_kafka(target, [*sources, DLQ, ALERTS], sources, timeout_s), timeout_s * 3)
         )
     except Exception as exc:  # the broker is down or slow: say so on the page
         return HealthSample(time.time(), roles, error=f"Kafka unreachable: {exc!r}")

@@ -28,7 +28,7 @@ def prepare(data_dir: Path, roles: list[Any]) -> list[str]:
     for r in roles:
         entry: dict[str, Any] = {
             "name": r.name,
-            "metrics": f"http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics",
+            "metrics": f"http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics" if r.metrics else None,
             "one_shot": bool(r.one_shot),
         }
         if r.name == "worker":

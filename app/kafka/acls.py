@@ -117,7 +117,10 @@ ROLE_ACLS: dict[str, tuple[Grant, ...]] = {
         Grant(TOPIC, COMMANDS, (WRITE, DESCRIBE)),
         Grant(TOPIC, ALERTS, (READ, DESCRIBE)),
         Grant(TOPIC, "tables.", (READ, DESCRIBE), prefixed=True),
-        _EVENTS_READ,  # `backtest --topic` (no group: it assigns partitions)
+        _EVENTS_READ,  # `backtest --topic` and the input chart (no group: it assigns partitions)
+        # the Overview's pipeline health: the DLQ's end offsets, the consumer groups' lag
+        Grant(TOPIC, DLQ, (DESCRIBE,)),
+        *(Grant(GROUP, g, (DESCRIBE,)) for g in ("streamalert-rules", "dispatcher", "alert-store")),
     ),
 }
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import orjson
+
 from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Role:
     requires_file: Path | None = None  # not started before this file exists (written by another role)
     stage: int = 1  # stop order: lower stages stop first
     url: str | None = None
+    metrics: bool = True  # serves /metrics on APP_METRICS_PORT (mosquitto does not)
     proc: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     next_start: float = 0.0
@@ -82,12 +85,55 @@ def _pump(stream: IO[bytes], prefix: str, log_file: IO[bytes]) -> None:
 class Supervisor:
     """Owns the broker and the role processes. Not thread-safe; drive it from one thread."""
 
-    def __init__(self, settings: Settings, roles: list[Role], log_dir: Path, quiet: bool = False) -> None:
+    def __init__(
+        self, settings: Settings, roles: list[Role], log_dir: Path, quiet: bool = False,
+        state_file: Path | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.roles = roles
         self.log_dir = log_dir
         self.quiet = quiet
         self._stopping = False
+        #: where :meth:`poll` keeps each role's process state for the console (None: nowhere)
+        self.state_file = state_file
+        self._written: list[dict[str, object]] | None = None
+
+    def states(self) -> list[dict[str, object]]:
+        """Each role's process state: ``running``, ``waiting`` (for a file another role writes),
+        ``restarting`` (after a crash, backing off), ``done`` (a one-shot role finished),
+        ``failed`` (crashed too often, given up) or ``stopped``; with its pid, exit code and
+        recent crashes."""
+        out: list[dict[str, object]] = []
+        for r in self.roles:
+            if r.done:
+                state = "done" if r.exit_code == 0 and r.one_shot else "failed"
+            elif self._stopping:
+                state = "stopped"
+            elif r.proc is not None:
+                state = "running"
+            else:
+                state = "restarting" if r.restarts else "waiting"
+            out.append({
+                "name": r.name, "state": state, "pid": r.proc.pid if r.proc is not None else None,
+                "exit_code": r.exit_code, "crashes": len(r.restarts),
+            })  # fmt: skip
+        return out
+
+    def write_states(self) -> None:
+        """Write :meth:`states` to ``state_file`` when they changed (atomically)."""
+        if self.state_file is None:
+            return
+        states = self.states()
+        if states == self._written:
+            return
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        try:
+            tmp.write_bytes(orjson.dumps({"roles": states}))
+            tmp.replace(self.state_file)
+        except OSError as exc:  # the console's view only: never the supervisor's end
+            logger.warning("cannot write %s: %r", self.state_file, exc)
+            return
+        self._written = states
 
     def _spawn(self, role: Role) -> None:
         env = dict(os.environ)
@@ -115,9 +161,16 @@ class Supervisor:
         for role in self.roles:
             if role.requires_file is None or role.requires_file.exists():
                 self._spawn(role)
+        self.write_states()
 
     def poll(self) -> None:
-        """Reap exited children and restart the ones that failed."""
+        """Reap exited children and restart the ones that failed; write the states."""
+        try:
+            self._poll()
+        finally:
+            self.write_states()
+
+    def _poll(self) -> None:
         now = time.monotonic()
         for role in self.roles:
             if role.done or self._stopping:
@@ -177,6 +230,7 @@ class Supervisor:
             self.stop_stage(stage)
             if between_stages:
                 between_stages(stage)
+        self.write_states()
 
 
 def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:

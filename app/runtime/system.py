@@ -51,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from app.console.health import ROLE_STATES_FILE
 from app.console.launch import prepare as prepare_console
 from app.errors import ConfigError
 from app.kafka.acls import apply_acls, branch_grants, rule_branch_topics
@@ -347,7 +348,7 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
     bridge += ["--ready-file", str(ready)]
     return [
         *roles,
-        Role("mosquitto", [str(MOSQUITTO), "-c", str(conf)], stage=4, url=f"mqtt://{broker}"),
+        Role("mosquitto", [str(MOSQUITTO), "-c", str(conf)], stage=4, url=f"mqtt://{broker}", metrics=False),
         Role("mqtt-bridge", _py(*bridge), stage=2),
         Role("sim-fleet", _py(*sim, "--mqtt", broker), stage=1, requires_file=ready),
     ]
@@ -488,7 +489,8 @@ def run(settings: Settings, opts: RunOptions) -> int:
             )
             client_env = write_client_env(settings.data_dir, bootstrap, console, secret)
         console_lines = prepare_console(settings.data_dir, roles)
-        sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet)
+        sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet,
+                         state_file=settings.data_dir / ROLE_STATES_FILE)  # fmt: skip
         sup.start()
         _print_urls(bootstrap, roles, broker, console_lines, client_env)
         deadline = None if opts.duration_s is None else started + opts.duration_s

@@ -58,54 +58,26 @@ class Page:
         return str(res.get("result", {}).get("value", ""))
 
 
-async def _visit(url: str, wait_for: str, timeout_s: float, shot: Path | None, port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
-        targets = json.loads(resp.read())
-    ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
-    async with websockets.connect(ws_url, max_size=50_000_000) as ws:
-        page = Page(ws)
-        await page.call("Page.enable")
-        await page.call("Page.navigate", url=url)
-        deadline = time.monotonic() + timeout_s
-        text = ""
-        while time.monotonic() < deadline:
-            text = await page.text()
-            if wait_for in text:
-                break
-            await asyncio.sleep(0.5)
-        if shot is not None:
-            await asyncio.sleep(1.0)  # let the last rerun paint
-            data = await page.call("Page.captureScreenshot", format="png")
-            shot.write_bytes(base64.b64decode(data["data"]))
-        return text
-
-
 def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | None = None) -> str:
-    """Open ``url`` in headless Chromium, wait until ``wait_for`` is in the page text
-    (or ``timeout_s``), optionally save a PNG, and return the page text."""
-    exe = chromium_path()
-    if exe is None:
-        msg = "chromium is not installed"
-        raise RuntimeError(msg)
-    port = free_port()
-    # the profile goes even if a Chromium helper wrote to it after the group was gone
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-        proc = subprocess.Popen(
-            [exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}", "--remote-debugging-address=127.0.0.1",
-             f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.2)
-            return asyncio.run(_visit(url, wait_for, timeout_s, screenshot, port))
-        finally:
-            stop_group(proc)
+    """Open ``url`` in headless Chromium (:func:`browser`), wait until ``wait_for`` is in the
+    page's text content (or ``timeout_s``), optionally save a PNG, and return that text. The
+    text content, not the rendered text: a data grid draws its cells on a canvas and keeps
+    them in the DOM for screen readers only."""
+
+    def content() -> str:
+        return str(tab.eval("document.body ? document.body.textContent : ''"))
+
+    with browser() as tab:
+        tab.open(url)
+        deadline = time.monotonic() + timeout_s
+        text = content()
+        while wait_for not in text and time.monotonic() < deadline:
+            time.sleep(0.5)
+            text = content()
+        if screenshot is not None:
+            time.sleep(1.0)  # let the last rerun paint
+            screenshot.write_bytes(tab.png())
+        return text
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:

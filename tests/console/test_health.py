@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from app.console.health import (
+    ROLE_STATES_FILE,
     HealthSample,
     probe_roles,
     rates,
@@ -29,7 +31,7 @@ def test_roles_are_up_when_their_metrics_answer(tmp_path: Path) -> None:
             {"name": "dispatch", "metrics": f"http://127.0.0.1:{dead}/metrics"},
         ])  # fmt: skip
         assert [(r.name, r.up) for r in probe_roles(tmp_path)] == [("worker", True), ("dispatch", False)]
-        sample = take_sample(tmp_path, bootstrap="")
+        sample = take_sample(tmp_path, "")
         assert sample.error == "KAFKA_BOOTSTRAP_SERVERS is not set" and len(sample.roles) == 2
     finally:
         server.shutdown()
@@ -72,3 +74,37 @@ def test_worker_stats_read_each_rules_evaluated_and_matched_events(tmp_path: Pat
     assert stats["rule_matched"] == {"hot": 4.0}
     assert stats["events"] == {"sensors": 10.0}
     assert worker_stats(tmp_path) == {}  # the worker is gone
+
+
+def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Path) -> None:
+    """With the supervisor's process states: a running role whose /metrics does not answer is
+    starting, not down; one that serves no /metrics (mosquitto) is up while it runs; a crash
+    and a finished one-shot role say so."""
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=CollectorRegistry())
+    try:
+        write_roles_file(tmp_path, [
+            {"name": "worker", "metrics": f"http://127.0.0.1:{port}/metrics"},
+            {"name": "spark", "metrics": f"http://127.0.0.1:{free_port()}/metrics"},
+            {"name": "mosquitto", "metrics": None},
+            {"name": "dispatch", "metrics": f"http://127.0.0.1:{free_port()}/metrics"},
+            {"name": "replay", "metrics": f"http://127.0.0.1:{free_port()}/metrics", "one_shot": True},
+        ])  # fmt: skip
+        (tmp_path / ROLE_STATES_FILE).write_bytes(orjson.dumps({"roles": [
+            {"name": "worker", "state": "running", "crashes": 0},
+            {"name": "spark", "state": "running", "crashes": 0},
+            {"name": "mosquitto", "state": "running", "crashes": 0},
+            {"name": "dispatch", "state": "restarting", "crashes": 2, "exit_code": 1},
+            {"name": "replay", "state": "done", "crashes": 0, "exit_code": 0},
+        ]}))  # fmt: skip
+        got = [(r.name, r.up, r.label) for r in probe_roles(tmp_path)]
+    finally:
+        server.shutdown()
+        thread.join(5)
+    assert got == [
+        ("worker", True, "up"),
+        ("spark", False, "starting"),
+        ("mosquitto", True, "up"),
+        ("dispatch", False, "restarting (2 crashes, exit 1)"),
+        ("replay", True, "done"),
+    ]

@@ -7,7 +7,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 
+from app.console.health import take_sample
 from app.console.readings import ReadingsPlan, plan_readings
 from app.console.source_reader import read_readings
 from app.errors import BrokerError
@@ -24,9 +27,9 @@ from app.kafka.acls import (
 )
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
-from app.kafka.clients import end_offsets
+from app.kafka.clients import connection, end_offsets
 from app.runtime.settings import PROJECT_ROOT, Settings
-from app.topics import ALERTS, COMMANDS, NOTIFICATIONS, SENSORS, TopicSpec
+from app.topics import ALERTS, COMMANDS, DLQ, NOTIFICATIONS, SENSORS, TopicSpec
 from tests.conftest import make_settings
 from tests.kafka_helpers import can_write
 
@@ -63,6 +66,18 @@ def test_branch_topics_are_granted_to_the_engines_but_never_a_system_topic() -> 
 
 def test_the_branch_topics_of_the_shipped_rules_are_found() -> None:
     assert {"finance.high_amount", "finance.low_amount"} <= set(rule_branch_topics(PROJECT_ROOT / "rules"))
+
+
+async def commit_as(settings: Settings, group: str, topic: str, offset: int) -> None:
+    """Commit ``offset`` on ``topic``'s partition 0 for ``group``, as ``settings``' principal."""
+    consumer = AIOKafkaConsumer(**connection(settings), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.commit({tp: offset})
+    finally:
+        await consumer.stop()
 
 
 def as_role(tmp_path: Path, bootstrap: str, user: str, password: str) -> Settings:
@@ -102,6 +117,13 @@ def test_each_role_writes_only_what_its_acls_allow_and_strangers_nothing(tmp_pat
         assert (collect.readings, report.error) == ([], "the topic events.sensors does not exist, or the "
                                                     "console's principal may not read it")  # fmt: skip
         assert asyncio.run(end_offsets(admin, [ALERTS, COMMANDS])) == {ALERTS: 2, COMMANDS: 1}
+        # the Overview's pipeline health, as the console: topic ends (the DLQ's too) and the lag of
+        # a group that committed (the store read one alert of two)
+        asyncio.run(commit_as(role["store"], "alert-store", ALERTS, 1))
+        sample = take_sample(tmp_path, role["console"])
+        assert sample.error == "" and DLQ in sample.ends, sample.error
+        assert sample.lag["store-sync"] == 1
+        assert take_sample(tmp_path, broker.bootstrap).error.startswith("Kafka unreachable")  # no credentials
         with pytest.raises(BrokerError):  # no credentials: no connection at all
             asyncio.run(end_offsets(broker.bootstrap, [ALERTS], timeout_s=5))
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from app.runtime.supervisor import Role, Supervisor
@@ -97,3 +98,39 @@ def test_stop_terminates_children_and_grandchildren_in_stage_order(tmp_path: Pat
     assert time.monotonic() - started < 10
     assert order.read_text().split() == ["first", "second"]
     assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")
+
+
+def test_the_state_file_says_what_each_role_is_doing(tmp_path: Path) -> None:
+    """What the console's pipeline health reads: running, waiting for a file, restarting after
+    a crash, done, and stopped at the end; written when it changes."""
+    state_file = tmp_path / "roles-state.json"
+    roles = [
+        Role("server", py("import time; time.sleep(60)")),
+        Role("crasher", py("raise SystemExit(3)")),
+        Role("once", py("pass"), one_shot=True),
+        Role("later", py("import time; time.sleep(60)"), requires_file=tmp_path / "ready"),
+    ]
+    sup = Supervisor(make_settings(tmp_path), roles, tmp_path / "logs", quiet=True, state_file=state_file)
+    sup.start()
+
+    def states() -> dict[str, str]:
+        return {r["name"]: r["state"] for r in orjson.loads(state_file.read_bytes())["roles"]}
+
+    try:
+
+        def settled() -> dict[str, str] | None:
+            sup.poll()
+            got = states()
+            return got if got["crasher"] == "restarting" and got["once"] == "done" else None
+
+        got = wait_for(settled, timeout_s=20, interval_s=0.1, what="the crash and the one-shot's end")
+        assert got == {"server": "running", "crasher": "restarting", "once": "done", "later": "waiting"}
+        crasher = next(r for r in orjson.loads(state_file.read_bytes())["roles"] if r["name"] == "crasher")
+        assert crasher["exit_code"] == 3 and crasher["crashes"] >= 1
+        (tmp_path / "ready").touch()
+        wait_for(
+            lambda: (sup.poll(), states()["later"] == "running")[1], timeout_s=10, what="the waiting role"
+        )
+    finally:
+        sup.stop()
+    assert set(states().values()) <= {"stopped", "done"}
