@@ -118,8 +118,7 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
     with browser() as tab:
         tab.open(f"{console}/?page=overview")
         tab.wait_text("Latest firing")
-        tab.wait_text("Pipeline health")
-        _shot(tab, tmp_path, "console-overview.png")
+        tab.wait_text("consumer lag")  # the pipeline's first sample, from the broker
 
         # acting needs a user: the buttons are disabled until one signs in
         tab.type_into("user", "ann", enter=False)
@@ -159,6 +158,10 @@ def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
         _shot(tab, tmp_path, "console-map.png")
         tab.choose("device", "pump-7")
         tab.wait_text("Alerts of pump-7")
+
+        go_to(tab, "Overview")  # its picture last: the sidebar is settled by now
+        tab.wait_text("consumer lag")
+        _shot(tab, tmp_path, "console-overview.png")
 
     assert markers == {"red", "green"}
     commands = [parse_command(orjson.dumps(c)) for c in consume_json(broker.bootstrap, COMMANDS, min_count=2)]
