@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,3 +94,12 @@ def processes_with_env(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``url`` answers 200 (a role's health or metrics endpoint)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False

@@ -26,6 +26,7 @@ import orjson
 from app.alerts import Alert
 from app.dispatch.matchers import Matcher, matches_all, parse_matcher
 from app.storage.alert_store import CurrentAlert, current_columns
+from app.storage.sqlite import select_in
 
 logger = logging.getLogger(__name__)
 
@@ -246,18 +247,11 @@ class ConsoleQueries:
     def acked(self, fingerprints: Iterable[str]) -> set[tuple[str, str]]:
         """``(fingerprint, starts_at)`` pairs acked among ``fingerprints`` (starts_at "" = every
         episode)."""
-        fps = list(fingerprints)
-        out: set[tuple[str, str]] = set()
-        for i in range(0, len(fps), 500):
-            chunk = fps[i : i + 500]
-            out.update(
-                self._conn.execute(
-                    "SELECT fingerprint, starts_at FROM acks "  # noqa: S608 - placeholders only
-                    f"WHERE fingerprint IN ({','.join('?' * len(chunk))})",
-                    chunk,
-                ).fetchall()
+        return set(
+            select_in(
+                self._conn, "SELECT fingerprint, starts_at FROM acks WHERE fingerprint IN", fingerprints
             )
-        return out
+        )
 
     # -- rules ----------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ import orjson
 
 from app.alerts import Alert, order_key
 from app.storage.operator_records import OperatorRecords
-from app.storage.sqlite import create_schema, open_reader, open_writer, transaction
+from app.storage.sqlite import create_schema, open_reader, open_writer, select_in, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -254,18 +254,9 @@ class AlertStore(OperatorRecords):
 
     def engines_of(self, alert_ids: Iterable[str]) -> dict[str, str]:
         """The engine(s) of each of ``alert_ids`` that is recorded."""
-        ids = list(alert_ids)
-        out: dict[str, str] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            out.update(
-                self._conn.execute(
-                    "SELECT alert_id, engine FROM transitions "  # noqa: S608 - placeholders only
-                    f"WHERE alert_id IN ({','.join('?' * len(chunk))})",
-                    chunk,
-                ).fetchall()
-            )
-        return out
+        return dict(
+            select_in(self._conn, "SELECT alert_id, engine FROM transitions WHERE alert_id IN", alert_ids)
+        )
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to consume per (topic, partition), as kept with the data."""

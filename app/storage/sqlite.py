@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -69,3 +70,18 @@ def create_schema(conn: sqlite3.Connection, schema: str) -> None:
     with transaction(conn):
         for stmt in filter(str.strip, schema.split(";")):
             conn.execute(stmt)
+
+
+#: values per ``IN (...)`` list: well under SQLite's limit of bound parameters
+IN_CHUNK = 500
+
+
+def select_in(conn: sqlite3.Connection, sql: str, values: Iterable[Any]) -> list[Any]:
+    """The rows of ``sql`` (a SELECT ending in ``IN``, to which the placeholders are added)
+    for every value of ``values``, queried a chunk of :data:`IN_CHUNK` values at a time."""
+    items = list(values)
+    rows: list[Any] = []
+    for i in range(0, len(items), IN_CHUNK):
+        chunk = items[i : i + IN_CHUNK]
+        rows += conn.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk).fetchall()
+    return rows

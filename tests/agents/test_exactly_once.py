@@ -25,6 +25,7 @@ from aiokafka.structs import TopicPartition
 
 from agents.topics import regroup_topic
 from agents.transport import committed_ends
+from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
 from app.placement import partition_for
@@ -66,6 +67,21 @@ def rules_dir(tmp_path: Path) -> Path:
         shutil.copy(pack, rules / pack.name)
     (rules / "regrouped.yaml").write_text(REGROUPED_RULE)
     return rules
+
+
+def replay_and_backtest(tmp_path: Path) -> tuple[list[tuple[bytes, bytes]], Path, list[Alert]]:
+    """The replay (the whole real series of both machines, ~22,700 readings each, reporting
+    together, as ``(key, value)`` records), the rules directory, and the alerts a backtest of
+    that replay raises."""
+    series = {d: nab_lines(None, device=d) for d in DEVICES}
+    pairs = zip(*series.values(), strict=True)
+    records = [(d.encode(), v) for pair in pairs for d, v in zip(DEVICES, pair, strict=True)]
+    rules = rules_dir(tmp_path)
+    report = BacktestReport()
+    with (tmp_path / "expected.jsonl").open("w") as out:
+        expected = backtest(load_rules([rules]), read_events([v for _, v in records], "nab", report), out,
+                            report, partitions=PARTITIONS)  # fmt: skip
+    return records, rules, expected
 
 
 async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[TopicPartition, int]:
@@ -177,14 +193,7 @@ def consumed(bootstrap: str, topics: list[str]) -> bool:
 def test_a_kill_9_mid_replay_leaves_every_alert_committed_once(broker: KafkaBroker, tmp_path: Path) -> None:
     assert {partition_for(d.encode(), PARTITIONS) for d in DEVICES} == set(range(PARTITIONS))
     assert {partition_for(f"{d}\x1f".encode(), PARTITIONS) for d in DEVICES} == set(range(PARTITIONS))
-    series = {d: nab_lines(None, device=d) for d in DEVICES}  # the whole series, ~22,700 readings each
-    pairs = zip(*series.values(), strict=True)  # the two machines report together
-    records = [(d.encode(), v) for pair in pairs for d, v in zip(DEVICES, pair, strict=True)]
-    rules = rules_dir(tmp_path)
-    report = BacktestReport()
-    with (tmp_path / "expected.jsonl").open("w") as out:
-        expected = backtest(load_rules([rules]), read_events([v for _, v in records], "nab", report), out,
-                            report, partitions=PARTITIONS)  # fmt: skip
+    records, rules, expected = replay_and_backtest(tmp_path)
     assert len(expected) > 500 and len({a.alert_id for a in expected}) == len(expected)
 
     env = role_env(broker, tmp_path, APP_RULES_DIR=str(rules), APP_PROCESSING_GUARANTEE="exactly_once")
@@ -221,14 +230,7 @@ def test_at_least_once_a_kill_9_mid_replay_sends_only_the_backtests_alerts(
     every alert sent is one of the backtest's, byte for byte (some twice: receivers dedup by
     id), and none is missing. The regrouped rule is left out: at least once, its events may
     reach the regroup topic twice, which exactly-once alone prevents."""
-    series = {d: nab_lines(None, device=d) for d in DEVICES}
-    pairs = zip(*series.values(), strict=True)
-    records = [(d.encode(), v) for pair in pairs for d, v in zip(DEVICES, pair, strict=True)]
-    rules = rules_dir(tmp_path)
-    report = BacktestReport()
-    with (tmp_path / "expected.jsonl").open("w") as out:
-        expected = backtest(load_rules([rules]), read_events([v for _, v in records], "nab", report), out,
-                            report, partitions=PARTITIONS)  # fmt: skip
+    records, rules, expected = replay_and_backtest(tmp_path)
     want = {a.alert_id: orjson.loads(a.to_json()) for a in expected if a.rule_id != "hot-hours"}
     assert len(want) > 500
 

@@ -58,11 +58,14 @@ class Page:
         return str(res.get("result", {}).get("value", ""))
 
 
-def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | None = None) -> str:
-    """Open ``url`` in headless Chromium (:func:`browser`), wait until ``wait_for`` is in the
-    page's text content (or ``timeout_s``), optionally save a PNG, and return that text. The
-    text content, not the rendered text: a data grid draws its cells on a canvas and keeps
-    them in the DOM for screen readers only."""
+def visit(
+    url: str, wait_for: str | tuple[str, ...], timeout_s: float = 30.0, screenshot: Path | None = None
+) -> str:
+    """Open ``url`` in headless Chromium (:func:`browser`), wait until ``wait_for`` (each of
+    them) is in the page's text content (or ``timeout_s``), optionally save a PNG, and return
+    that text. The text content, not the rendered text: a data grid draws its cells on a
+    canvas and keeps them in the DOM for screen readers only."""
+    wanted = (wait_for,) if isinstance(wait_for, str) else wait_for
 
     def content() -> str:
         return str(tab.eval("document.body ? document.body.textContent : ''"))
@@ -71,7 +74,7 @@ def visit(url: str, wait_for: str, timeout_s: float = 30.0, screenshot: Path | N
         tab.open(url)
         deadline = time.monotonic() + timeout_s
         text = content()
-        while wait_for not in text and time.monotonic() < deadline:
+        while not all(w in text for w in wanted) and time.monotonic() < deadline:
             time.sleep(0.5)
             text = content()
         if screenshot is not None:

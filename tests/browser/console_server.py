@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,14 +17,7 @@ import orjson
 from app.kafka.broker import free_port
 from app.runtime.settings import PROJECT_ROOT
 from tests.browser.cdp import Tab, stop_group
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+from tests.procs import http_ok
 
 
 @contextmanager
@@ -51,7 +43,7 @@ def run_console(cwd: Path, data: Path, bootstrap: str, port: int | None = None) 
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
-        while not _healthy(f"{url}/_stcore/health"):
+        while not http_ok(f"{url}/_stcore/health"):
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "streamlit did not become healthy in 60 s"
             time.sleep(0.3)
