@@ -5,7 +5,9 @@ per alert transition (``backtest_line``), in event order and, per event, rule
 order; problems read ``NAME:LINE: reason``; the report counts valid events in
 the time range, invalid lines and transitions. The same decode, conditions and
 lifecycle code run as in the streaming job; only the stateful operator is
-``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``.
+``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``,
+and tumbling and hopping rules run natively where that is exact (``jobs.windows``:
+clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only).
 
 A topic range reads every partition from earliest to the high watermark at
 start, in record-timestamp order like the Faust-engine topic backtest.
