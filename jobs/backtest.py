@@ -5,7 +5,9 @@ per alert transition (``backtest_line``), in event order and, per event, rule
 order; problems read ``NAME:LINE: reason``; the report counts valid events in
 the time range, invalid lines and transitions. The same decode, conditions and
 lifecycle code run as in the streaming job; only the stateful operator is
-``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``.
+``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``,
+and tumbling and hopping rules run natively where that is exact (``jobs.windows``:
+clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only).
 
 A topic range reads every partition from earliest to the high watermark at
 start, in record-timestamp order like the Faust-engine topic backtest.
@@ -28,11 +30,12 @@ from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
-from jobs.compile import plan_rules, tasks
+from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
-from jobs.streams import StreamRunner, router
+from jobs.streams import StreamRunner, router, stream_key
+from jobs.windows import native_output, native_partitions, native_rules
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,18 @@ def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
     return _spread(spark, raw)
 
 
+def idle_stream_keys(plan: SparkPlan, fallback: Mapping[str, frozenset[str]], partitions: int) -> set[str]:
+    """The stream keys whose every rule runs natively there (``fallback``: rule id -> the
+    keys where it does not): their stream-path tasks would evaluate nothing."""
+    idle: set[str] = set()
+    for spec in plan.streams:
+        if not spec.rule_ids or not all(rid in fallback for rid in spec.rule_ids):
+            continue
+        needed = set().union(*(fallback[rid] for rid in spec.rule_ids))
+        idle |= {k for p in range(partitions) if (k := stream_key(spec.name, p)) not in needed}
+    return idle
+
+
 def run_backtest(
     spark: SparkSession,
     ruleset: RuleSet,
@@ -116,6 +131,7 @@ def run_backtest(
     partitions: int = 1,
     tables: Tables | None = None,
     max_skew_ms: int = -1,
+    native_windows: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -126,16 +142,15 @@ def run_backtest(
     ``partitions`` and ``tables`` are the Faust-engine backtest's: the partition
     count whose per-partition clocks are emulated, and the registry rows; ``max_skew_ms``
     its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
+    ``native_windows``: tumbling and hopping rules that ``jobs.windows`` can run natively
+    do so, on the stream partitions where that is exact (False: the stream path for all).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
+    native = native_rules(plan) if native_windows else []
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
-    streams = StreamRunner(
-        plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
-        end_of_input=True,
-    )  # fmt: skip
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
     valid = F.col("__dlq").isNull()
     in_range = F.lit(True)
@@ -147,11 +162,27 @@ def run_backtest(
     try:
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
-        rows = (
-            apply_lifecycle(tasks(decoded, plan), plan, streaming=False, streams=streams)
-            .orderBy("part", "offset", "idx")
-            .collect()
-        )
+        # per native rule, the stream partitions where the evaluator must run it (jobs.windows)
+        found = native_partitions(decoded, plan, native, max_skew_ms)
+        fallback = found.stream_path
+        if native:
+            logger.info(
+                "native windows: %s",
+                ", ".join(f"{r.id} ({len(fallback[r.id])} partition(s) on the stream path)" for r in native),
+            )
+        streams = StreamRunner(
+            plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
+            end_of_input=True, native=fallback,
+        )  # fmt: skip
+        work = tasks(decoded, plan)
+        idle = idle_stream_keys(plan, fallback, partitions)
+        if idle:
+            work = work.where(~F.col("__key").isin(sorted(idle)))
+        result = apply_lifecycle(work, plan, streaming=False, streams=streams)
+        extra = native_output(decoded, plan, native, found)
+        if extra is not None:
+            result = result.unionByName(extra)
+        rows = result.orderBy("part", "offset", "idx").collect()
     finally:
         decoded.unpersist()
     alerts: list[Alert] = []

@@ -247,14 +247,18 @@ class StreamRunner:
     ``max_skew_ms`` is the evaluator's time bound (APP_MAX_EVENT_SKEW, -1: off); events
     it refuses become ``refused`` rows for ``dlq.events``. ``end_of_input`` (a backtest):
     a stream key's rows are all its input, so events still held at their end are refused.
+    ``native`` (a backtest, see ``jobs.windows``): rule id -> the stream keys where that
+    rule runs here; on every other key it runs natively and is left out of the evaluator.
     """
 
     def __init__(
         self, rules: Sequence[CompiledRule], specs: Sequence[StreamSpec], partitions: int,
         tables: Tables | None = None, bootstrap: str | None = None, max_skew_ms: int = -1,
         end_of_input: bool = False, security: Mapping[str, str] | None = None,
+        native: Mapping[str, frozenset[str]] | None = None,
     ) -> None:  # fmt: skip
         self.max_skew_ms, self.end_of_input = max_skew_ms, end_of_input
+        self.native = dict(native or {})
         self.rules = {r.id: r for r in rules}
         self.specs = {s.name: s for s in specs}
         self.partitions = partitions
@@ -275,10 +279,12 @@ class StreamRunner:
             self._follower = RegistryFollower(self.bootstrap, security=self.security)
         return self._follower.poll()
 
-    def _evaluator(self, spec: StreamSpec) -> StreamEvaluator:
+    def _evaluator(self, spec: StreamSpec, key: str) -> StreamEvaluator:
         position = {rid: i for i, (rid, _) in enumerate(spec.native)}
         rules = []
         for rid in spec.rule_ids:
+            if rid in self.native and key not in self.native[rid]:
+                continue  # run natively on this stream partition (jobs.windows)
             rule = self.rules[rid]
             if rid in position and rule.where is not None:
                 w = rule.where
@@ -299,7 +305,7 @@ class StreamRunner:
         """
         name, partition = parse_stream_key(key)
         spec = self.specs[name]
-        evaluator = self._evaluator(spec)
+        evaluator = self._evaluator(spec, key)
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
         if state is not None:

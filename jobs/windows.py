@@ -1,0 +1,530 @@
+"""Tumbling and hopping window rules natively in a Spark backtest: the per-event work in the
+JVM, the evaluator's lifecycle only on the closed windows.
+
+In a backtest the whole input is known, so what the evaluator decides per event
+(:class:`app.rules.logic.windows.TumblingLogic`) is a window function and a ``groupBy``:
+
+* **the clock.** Per stream partition (the evaluator's: the topic-key stream on Kafka's
+  partition of the key, a regrouped stream on that of the group values; the decoder's
+  stream keys, ``__streams``), an event is evaluated at the newest event time of the
+  partition's events up to it, in (partition, offset) order: a running ``max``.
+* **lateness.** An event whose ``where`` is TRUE folds into each of its windows ``w``
+  with ``w + size + allowed_lateness`` above that clock; one that folds into none is late
+  (``late_policy: side`` copies it aside).
+* **the aggregates.** ``groupBy(stream partition, group, window)``, each folded exactly as
+  the evaluator folds it: floats left to right in arrival order (an ordered
+  ``aggregate()``, the same IEEE additions), integers exactly (``decimal(38,0)``), ``min``
+  and ``max`` keeping the first of equal values, ``count(distinct)`` and ``percentile`` capped
+  at ``MAX_VALUES`` values as the evaluator caps them.
+* **closing.** A window is evaluated once the partition's clock reaches its end plus the
+  lateness, at the first event that moves the clock there; windows the final clock never
+  reaches stay open, as in the evaluator.
+
+The closed windows of one group, in start order, then go to :class:`ClosedWindows`, the
+evaluator's ``TumblingLogic`` itself (``having``, ``for``/``consecutive``, the empty windows
+of a firing or pending group, the alert ids), in one Python call per shuffle partition.
+Each transition is placed at the event whose clock closed its window (an as-of join on the
+partition's clock), so the output keeps event order.
+
+What is decided per stream partition, before the plan runs (:func:`native_partitions`):
+
+* with the event-time bound on (``APP_MAX_EVENT_SKEW``), a partition where some event is more
+  than the skew ahead of the clock before it leaves the rule to the evaluator there (the
+  stream path, ``StreamRunner``): the bound would hold that event and evaluate it later,
+  in another order (docs/event-time.md). Where no event is, the bound admits every event
+  as it comes, at the running maximum, which is what is computed here;
+* the events that move a partition's clock by ``MAX_EMPTY_STEPS`` windows or more: the
+  evaluator caps the empty windows it evaluates in such an event's timer run before an
+  open window, and :meth:`ClosedWindows.run` does the same at the same events.
+
+What stays on the stream path for every partition (:func:`native_problem` says why):
+sliding and session windows, ``late_policy: amend``, ``prev()`` (whether the previous
+window's values survive depends on when the group's state was deleted, i.e. on arrival
+times), ``having`` with baselines, ``enrich``, a ``where`` Spark SQL cannot express,
+aggregates of expressions rather than fields, groups on non-string fields.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from itertools import groupby
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import DecimalType, DoubleType, StringType, StructField, StructType
+
+from app.alerts import Alert
+from app.rules.aggregates import MAX_VALUES, percentile
+from app.rules.evaluator import LATE_TOPIC
+from app.rules.lifecycle import in_episode
+from app.rules.loader import CompiledRule
+from app.rules.logic.base import State
+from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
+from app.topics import ALERTS
+from jobs.compile import SparkPlan, native_where
+from jobs.streams import IDX_BASE
+
+logger = logging.getLogger(__name__)
+
+#: the aggregates computed here, by the field types they read (count reads any)
+_NUMERIC = frozenset({"double", "long"})
+_FUNCS: dict[str, frozenset[str]] = {
+    "count": frozenset({"string", "double", "long", "boolean", "timestamp"}),
+    "count_distinct": frozenset({"string", "long"}),
+    "sum": _NUMERIC,
+    "avg": _NUMERIC,
+    "min": frozenset({"string", "double", "long"}),
+    "max": frozenset({"string", "double", "long"}),
+    "percentile": _NUMERIC,
+}
+#: a long field read as a decimal: every integer JSON holds (up to 2**64) stays exact
+_LONG = DecimalType(20, 0)
+_SUM = DecimalType(38, 0)
+#: the Python step's output, before its rows are placed at their events
+_STEP_SCHEMA = pa.schema(
+    [
+        ("sk", pa.string()),
+        ("due", pa.int64()),
+        ("seq", pa.int32()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("rule", pa.string()),
+        ("status", pa.string()),
+        ("alert_id", pa.string()),
+    ]
+)
+_STEP_DDL = (
+    "sk string, due bigint, seq int, key string, value string, rule string, status string, alert_id string"
+)
+
+
+def native_problem(rule: CompiledRule) -> str | None:
+    """Why ``rule`` cannot run natively in a Spark backtest, or None when it can."""
+    r = rule.rule
+    if r.window is None or r.window.type not in ("tumbling", "hopping"):
+        return "only tumbling and hopping windows run natively"
+    if r.late_policy == "amend":
+        return "late_policy: amend re-evaluates closed windows per late event"
+    if r.enrich:
+        return "enrich joins registry rows per event"
+    parts = rule.parts
+    if parts is None or parts.having is None:
+        return "no having"
+    if parts.having.synthetic:
+        return "prev() depends on when the group's state was deleted"
+    if parts.having_baselines:
+        return "having with baselines"
+    if r.where is not None and native_where(rule) is None:
+        return "where is not expressible in Spark SQL"
+    types = rule.schema.all_fields()
+    if any(types.get(g) != "string" for g in r.group_by):
+        return "group_by on a non-string field"
+    for a in parts.aggs:
+        if a.func == "count_star":
+            continue
+        if a.arg is None or a.arg.field is None:
+            return f"{a.name}: an aggregate of an expression, not of a field"
+        if types.get(a.arg.field) not in _FUNCS.get(a.func, frozenset()):
+            return f"{a.name}: {a.func} of a {types.get(a.arg.field)} field"
+    return None
+
+
+def native_rules(plan: SparkPlan) -> list[CompiledRule]:
+    """The stream-path rules of ``plan`` that can run natively (see :func:`native_problem`)."""
+    return [r for r in plan.stream_rules if native_problem(r) is None]
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """Where a native rule's stream partitions are: its source and the position of its
+    stream among the source's streams (the decoder's ``__streams``)."""
+
+    name: str
+    source: str
+    position: int
+
+
+def _stream_of(plan: SparkPlan, rule: CompiledRule) -> _Stream:
+    mine = [s for s in plan.streams if s.source == rule.rule.source]
+    for i, s in enumerate(mine):
+        if rule.id in s.rule_ids:
+            return _Stream(s.name, s.source, i)
+    msg = f"rule {rule.id} is in no stream of the plan"
+    raise ValueError(msg)
+
+
+def clocked(decoded: DataFrame, stream: _Stream) -> DataFrame:
+    """The valid events of ``stream``'s source with their stream key (``__sk``), the
+    partition's clock before (``__prev``, NULL for its first event) and at each (``__clock``)."""
+    events = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == stream.source)).select(
+        F.col("__streams")[stream.position].alias("__sk"), "__part", "__offset", "__ts_ms", "__fields"
+    )
+    before = (
+        Window.partitionBy("__sk").orderBy("__part", "__offset").rowsBetween(Window.unboundedPreceding, -1)
+    )
+    prev = F.max("__ts_ms").over(before)
+    return events.withColumn("__prev", prev).withColumn(
+        "__clock", F.greatest(F.col("__ts_ms"), F.coalesce(F.col("__prev"), F.col("__ts_ms")))
+    )
+
+
+@dataclass(frozen=True)
+class NativePartitions:
+    """What :func:`native_partitions` found, per native rule id: ``stream_path``, the stream
+    keys left to the evaluator (an event the time bound would hold); ``jumps``, per stream
+    key, each ``(clock before, clock after)`` of an event that moves the clock by
+    ``MAX_EMPTY_STEPS`` of the rule's window steps or more (see :meth:`ClosedWindows.run`)."""
+
+    stream_path: dict[str, frozenset[str]]
+    jumps: dict[str, dict[str, tuple[tuple[int, int], ...]]]
+
+
+def native_partitions(
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], max_skew_ms: int
+) -> NativePartitions:
+    """Per stream partition of each native rule: whether the time bound could hold one of
+    its events (then the rule runs on the stream path there), and its big clock jumps.
+    One small job per stream."""
+    stats: dict[_Stream, list[Any]] = {}
+    big: dict[_Stream, int] = {}
+    for rule in rules:
+        stream = _stream_of(plan, rule)
+        big[stream] = min(big.get(stream, 2**62), MAX_EMPTY_STEPS * _step(rule))
+    for stream, least in big.items():
+        ev = clocked(decoded, stream)
+        jump = F.col("__ts_ms") - F.col("__prev")
+        held = F.lit(False) if max_skew_ms < 0 else jump > max_skew_ms
+        far = F.when(jump >= least, F.struct(F.col("__prev").alias("a"), F.col("__ts_ms").alias("b")))
+        stats[stream] = (
+            ev.groupBy("__sk")
+            .agg(F.max(held.cast("int")).alias("held"), F.collect_list(far).alias("jumps"))
+            .collect()
+        )
+    stream_path: dict[str, frozenset[str]] = {}
+    jumps: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
+    for rule in rules:
+        found = stats[_stream_of(plan, rule)]
+        least = MAX_EMPTY_STEPS * _step(rule)
+        stream_path[rule.id] = frozenset(r["__sk"] for r in found if r["held"])
+        jumps[rule.id] = {
+            r["__sk"]: tuple(sorted((j["a"], j["b"]) for j in r["jumps"] if j["b"] - j["a"] >= least))
+            for r in found
+            if not r["held"]
+        }
+    return NativePartitions(stream_path, jumps)
+
+
+def _step(rule: CompiledRule) -> int:
+    return rule.rule.window.step if rule.rule.window is not None else 1
+
+
+def _agg_struct(rule: CompiledRule) -> StructType:
+    """The fields ``rule``'s aggregates and groups read, typed for exact folds."""
+    types = rule.schema.all_fields()
+    names = set(rule.rule.group_by) | {a.arg.field for a in rule.parts.aggs if a.arg and a.arg.field}  # type: ignore[union-attr]
+    spark = {"double": DoubleType(), "long": _LONG}
+    return StructType([StructField(n, spark.get(types[n], StringType())) for n in sorted(names)])
+
+
+def _ordered(field: str) -> Column:
+    """The window's values of ``field`` in arrival order (NULLs kept)."""
+    arrived = F.array_sort(F.collect_list(F.struct("__part", "__offset", F.col(f"__a.`{field}`").alias("v"))))
+    return F.transform(arrived, lambda x: x["v"])
+
+
+def _extreme(smaller: bool) -> Callable[[Column, Column], Column]:
+    """The fold step of ``min`` (``smaller``) or ``max``: the first of equal values is kept."""
+
+    def step(acc: Column, x: Column) -> Column:
+        better = x < acc if smaller else x > acc
+        return F.when(x.isNotNull() & (acc.isNull() | better), x).otherwise(acc)
+
+    return step
+
+
+def _aggregates(rule: CompiledRule) -> list[Column]:
+    """One column per aggregate, in ``aggregate:`` order: its fold state (see :class:`ClosedWindows`)."""
+    types = rule.schema.all_fields()
+    cols: list[Column] = []
+    assert rule.parts is not None  # noqa: S101
+    for i, a in enumerate(rule.parts.aggs):
+        name = f"a{i}"
+        if a.func == "count_star":
+            cols.append(F.count(F.lit(1)).alias(name))
+            continue
+        field = a.arg.field if a.arg is not None and a.arg.field is not None else ""
+        value = F.col(f"__a.`{field}`")
+        kind = types[field]
+        if a.func == "count":
+            cols.append(F.count(value).alias(name))
+        elif a.func == "count_distinct":
+            cols.append(F.least(F.count_distinct(value), F.lit(MAX_VALUES)).alias(name))
+        elif a.func in ("sum", "avg"):
+            if kind == "long":
+                total = F.sum(value.cast(_SUM))
+            else:  # left to right in arrival order, as the evaluator adds floats
+                total = F.aggregate(
+                    _ordered(field),
+                    F.lit(0.0).cast("double"),
+                    lambda acc, x: F.when(x.isNull(), acc).otherwise(acc + x),
+                )
+            cols.append(F.struct(total.alias("total"), F.count(value).alias("n")).alias(name))
+        elif a.func in ("min", "max"):
+            spark_type = (
+                "double" if kind == "double" else "string" if kind == "string" else _LONG.simpleString()
+            )
+            fold = _extreme(a.func == "min")
+            cols.append(F.aggregate(_ordered(field), F.lit(None).cast(spark_type), fold).alias(name))
+        elif a.func == "percentile":  # the first MAX_VALUES values, sorted in Python as the evaluator does
+            present = F.filter(_ordered(field), lambda x: x.isNotNull())
+            cols.append(F.slice(present, 1, MAX_VALUES).alias(name))
+        else:  # pragma: no cover - native_problem admits only the functions above
+            msg = f"aggregate {a.func} is not native"
+            raise ValueError(msg)
+    return cols
+
+
+def closed_windows(
+    decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]
+) -> DataFrame:
+    """One row per window of ``rule`` that the final clock closed, on stream keys not in
+    ``skip``: ``__sk``, ``__g`` (group values), ``__w`` (start), ``__final`` (the partition's
+    final clock), ``a0``... (the aggregates' fold states)."""
+    r = rule.rule
+    assert r.window is not None  # noqa: S101
+    stream = _stream_of(plan, rule)
+    ev = clocked(decoded, stream)
+    if skip:
+        ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+    final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
+    where = native_where(rule)
+    if where is not None:
+        parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
+        ev = ev.withColumn(f"__{r.source}", parsed).where(F.expr(where.sql))
+    ev = ev.withColumn("__a", F.from_json(F.col("__fields"), _agg_struct(rule)))
+    size, step, lateness = int(r.window.size or 0), r.window.step, r.allowed_lateness
+    last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(step))
+    if size == step:
+        starts = ev.withColumn("__w", last)
+    else:
+        back = F.explode(F.sequence(F.lit(0), F.lit(size // step - 1)))
+        starts = ev.withColumn("__k", back).withColumn("__w", last - F.col("__k") * step)
+    on_time = starts.where(F.col("__w") + size + lateness > F.col("__clock"))
+    group = F.array(*(F.coalesce(F.col(f"__a.`{g}`"), F.lit("")) for g in r.group_by)).cast("array<string>")
+    windows = on_time.withColumn("__g", group).groupBy("__sk", "__g", "__w").agg(*_aggregates(rule))
+    return windows.join(final, "__sk").where(F.col("__w") + size + lateness <= F.col("__final"))
+
+
+def _condition_struct(rule: CompiledRule, columns: frozenset[str]) -> StructType:
+    from jobs.decode import source_struct
+
+    return source_struct(rule.rule.source, only=columns)
+
+
+def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]) -> DataFrame:
+    """``late_policy: side``: the events ``rule`` takes (``where`` TRUE) that fold into no
+    window, as the evaluator's late copies (output rows, topic ``events.late``)."""
+    r = rule.rule
+    assert r.window is not None  # noqa: S101
+    ev = clocked(decoded, _stream_of(plan, rule))
+    if skip:
+        ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+    where = native_where(rule)
+    if where is not None:
+        parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
+        ev = ev.withColumn(f"__{r.source}", parsed).where(F.expr(where.sql))
+    last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
+    late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
+    head = orjson.dumps({"rule_id": rule.id})[:-1].decode() + ',"event":'
+    return late.select(
+        F.lit("side").alias("kind"),
+        F.lit(LATE_TOPIC).alias("topic"),
+        F.lit(rule.id).alias("key"),
+        F.concat(F.lit(head), F.col("__fields"), F.lit("}")).alias("value"),
+        F.col("__part").alias("part"),
+        F.col("__offset").alias("offset"),
+        F.lit(IDX_BASE).alias("idx"),
+        F.lit(rule.id).alias("rule"),
+        F.lit(None).cast("string").alias("status"),
+        F.lit(None).cast("string").alias("alert_id"),
+    )
+
+
+class ClosedWindows(TumblingLogic):
+    """The evaluator's tumbling/hopping lifecycle over one group's closed windows, given in
+    start order with their aggregates computed elsewhere (:meth:`run`)."""
+
+    def results(self, states: Any) -> dict[str, Any]:
+        """Precomputed results (a dict) as they are; fold states as the evaluator reads them."""
+        if isinstance(states, dict):
+            return states
+        return super().results(states)
+
+    def run(
+        self, group: tuple[str, ...], windows: Sequence[tuple[int, dict[str, Any]]], final_ms: int,
+        jumps: Sequence[tuple[int, int]] = (),
+    ) -> list[Alert]:  # fmt: skip
+        """Every transition of ``group``: its closed windows (``windows``, in start order,
+        all closed by the final clock ``final_ms``) evaluated in that order as the
+        evaluator's timers evaluate them, with the empty windows of a firing or pending
+        group between and after them, up to the final clock.
+
+        The evaluator evaluates the empty windows as its clock passes them, every one of
+        them (its timer is re-armed until they are done) except where one event moves the
+        clock past an open window's close: its timer run then evaluates at most
+        ``MAX_EMPTY_STEPS`` empty windows before that window. ``jumps`` (sorted ``(clock
+        before, clock after)`` pairs) are the events that move the clock that far; at any
+        other event no such run reaches the cap."""
+        st: State = {"group": list(group), "windows": {}, "firing_since": None, "streak": 0,
+                     "streak_since": None, "last_active": None}  # fmt: skip
+        alerts: list[Alert] = []
+        closes = [b for _, b in jumps]
+        for start, aggs in windows:
+            due = self._eval_at(start)
+            i = bisect.bisect_left(closes, due)  # the event whose clock first reaches the close
+            if i < len(jumps) and jumps[i][0] < due:
+                before, after = jumps[i]
+                alerts += self._catch_up(st, group, start, before)  # done at the events up to it
+                if in_episode(st):  # its own timer run, capped
+                    alerts += self._empty_until(st, group, start, after)
+            else:
+                alerts += self._catch_up(st, group, start, final_ms)
+            alerts += self._evaluate(st, group, start, aggs)  # type: ignore[arg-type]
+        return alerts + self._catch_up(st, group, None, final_ms)
+
+    def _catch_up(self, st: State, group: tuple[str, ...], before: int | None, final_ms: int) -> list[Alert]:
+        """Every empty window after the last active one, before ``before`` and closed by
+        ``final_ms``, while the group fires or pends (uncapped: see :meth:`run`)."""
+        alerts: list[Alert] = []
+        while in_episode(st):
+            last = st["last_active"]
+            alerts += self._empty_until(st, group, before, final_ms)
+            if st["last_active"] == last:
+                break
+        return alerts
+
+    def due_of(self, alert: Alert) -> int:
+        """When the evaluator's clock closed the window ``alert`` came from."""
+        return int(alert.values["window_start"]) + self.size + self.lateness
+
+
+def _results(rule: CompiledRule, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The aggregates' results from a closed-window row, as ``AggSpec.result`` gives them."""
+    out: dict[str, Any] = {}
+    assert rule.parts is not None  # noqa: S101
+    for i, a in enumerate(rule.parts.aggs):
+        v = row[f"a{i}"]
+        if a.func in ("sum", "avg"):
+            total, n = v["total"], v["n"]
+            if isinstance(total, Decimal):
+                total = int(total)
+            out[a.name] = None if n == 0 else total / n if a.func == "avg" else total
+        elif a.func == "percentile":
+            values = [int(x) if isinstance(x, Decimal) else x for x in v]
+            out[a.name] = percentile(sorted(values), float(a.param or 0.0)) if values else None
+        else:
+            out[a.name] = int(v) if isinstance(v, Decimal) else v
+    return out
+
+
+class LifecycleStep:
+    """Picklable ``mapInArrow`` function: a shuffle partition's closed windows of one rule
+    (whole groups) through :class:`ClosedWindows`; rows of :data:`_STEP_SCHEMA`."""
+
+    def __init__(self, rule: CompiledRule, jumps: Mapping[str, tuple[tuple[int, int], ...]]) -> None:
+        self.rule, self.jumps = rule, dict(jumps)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = [r for b in batches for r in b.to_pylist()]
+        if not rows:
+            return
+        logic = ClosedWindows(self.rule)
+        rows.sort(key=lambda r: (r["__sk"], r["__g"], r["__w"]))
+        out: list[tuple[Any, ...]] = []
+        for (sk, group), members in groupby(rows, key=lambda r: (r["__sk"], tuple(r["__g"]))):
+            mine = list(members)
+            windows = [(int(r["__w"]), _results(self.rule, r)) for r in mine]
+            final, jumps = int(mine[0]["__final"]), self.jumps.get(sk, ())
+            for seq, a in enumerate(logic.run(group, windows, final, jumps)):
+                body = a.to_json().decode()
+                out.append((sk, logic.due_of(a), seq, a.fingerprint, body, a.rule_id, a.status, a.alert_id))
+        if out:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([o[i] for o in out], _STEP_SCHEMA.field(i).type) for i in range(len(_STEP_SCHEMA))],
+                schema=_STEP_SCHEMA,
+            )
+
+
+def placed_at_events(alerts: DataFrame, decoded: DataFrame, plan: SparkPlan, rule: CompiledRule) -> DataFrame:
+    """Each transition at the event whose clock closed its window: the first event of its
+    stream partition, in (partition, offset) order, with a clock at or past ``due``."""
+    ev = clocked(decoded, _stream_of(plan, rule))
+    steps = ev.where(F.col("__prev").isNull() | (F.col("__ts_ms") > F.col("__prev"))).select(
+        "__sk", F.col("__clock").alias("__v"), F.lit(1).alias("__t"), "__part", "__offset",
+        *(F.lit(None).cast(t).alias(c) for c, t in _PAYLOAD),
+    )  # fmt: skip
+    dues = alerts.select(
+        F.col("sk").alias("__sk"), F.col("due").alias("__v"), F.lit(0).alias("__t"),
+        F.lit(None).cast("int").alias("__part"), F.lit(None).cast("long").alias("__offset"),
+        *(F.col(c) for c, _ in _PAYLOAD),
+    )  # fmt: skip
+    # the next event at or after each due, found backwards over a growing frame (a frame
+    # to UNBOUNDED FOLLOWING is evaluated anew for each row: quadratic in a partition's events)
+    backwards = Window.partitionBy("__sk").orderBy(
+        F.col("__v").desc(), F.col("__t").desc(), F.col("__part").desc(), F.col("__offset").desc()
+    )
+    nearest = backwards.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    at = F.last(F.when(F.col("__t") == 1, F.struct("__part", "__offset")), ignorenulls=True).over(nearest)
+    return (
+        steps.unionByName(dues)
+        .withColumn("__at", at)
+        .where(F.col("__t") == 0)
+        .select(
+            F.lit("alert").alias("kind"),
+            F.lit(ALERTS).alias("topic"),
+            F.col("key"),
+            F.col("value"),
+            F.col("__at.__part").alias("part"),
+            F.col("__at.__offset").alias("offset"),
+            (F.lit(IDX_BASE) + F.col("seq")).alias("idx"),
+            F.col("rule"),
+            F.col("status"),
+            F.col("alert_id"),
+        )
+    )
+
+
+_PAYLOAD = (
+    ("seq", "int"),
+    ("key", "string"),
+    ("value", "string"),
+    ("rule", "string"),
+    ("status", "string"),
+    ("alert_id", "string"),
+)
+
+
+def native_output(
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], found: NativePartitions
+) -> DataFrame | None:
+    """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on
+    its stream keys that :func:`native_partitions` did not leave to the stream path."""
+    partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
+    out: DataFrame | None = None
+    for rule in rules:
+        mine = found.stream_path.get(rule.id, frozenset())
+        windows = closed_windows(decoded, plan, rule, mine)
+        step = LifecycleStep(rule, found.jumps.get(rule.id, {}))
+        stepped = windows.repartition(partitions, "__sk", "__g").mapInArrow(step, _STEP_DDL)
+        rows = placed_at_events(stepped, decoded, plan, rule)
+        if rule.rule.late_policy == "side":
+            rows = rows.unionByName(late_rows(decoded, plan, rule, mine))
+        out = rows if out is None else out.unionByName(rows)
+    return out

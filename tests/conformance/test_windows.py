@@ -1,0 +1,138 @@
+"""Two-engine conformance of the native window path (``jobs.windows``): the tumbling and
+hopping rules of ``windows.yaml``, which a Spark backtest runs natively (clock, lateness and
+aggregates in the JVM, the evaluator's lifecycle on the closed windows only), must give
+exactly the Faust backtest's output lines, per-fingerprint id sequences and report counts on
+
+* the suite's whole input (real NAB, access log and OHLC rows, crafted events late beyond
+  the lateness, out of order within it, duplicated, a device going silent) over 2 partitions;
+* the crafted window events alone on 1 partition (a firing group running through the empty
+  windows of a silent device, a late event copied aside);
+* the real NAB series for 3 devices with the time bound on (APP_MAX_EVENT_SKEW 5m), where
+  no event is held, so every partition is native, and again with future-dated events, so
+  the partitions they are on run the rules on the stream path (the bound holds events there).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from pyspark.sql import SparkSession
+
+from app.alerts import Alert
+from app.backtest import BacktestReport, backtest, parse_statuses, read_events
+from app.rules.loader import load_rules
+from ingest.adapters.nab import nab_events
+from jobs.backtest import file_records, run_backtest
+from jobs.compile import plan_rules
+from jobs.windows import native_rules
+from tests.conformance.kind_cases import crafted_windows, lines_for_test
+from tests.conformance.threshold_cases import by_fingerprint
+from tests.conftest import NAB_MACHINE_TEMP, require_dataset
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
+
+WINDOWS = Path(__file__).with_name("windows.yaml")
+EVERY_STATUS = parse_statuses("all")
+SKEW_MS = 5 * 60_000
+
+
+def compare(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, path: Path, partitions: int, max_skew_ms: int = -1
+) -> tuple[list[Alert], BacktestReport, dict[str, int]]:
+    """Both backtests of ``windows.yaml`` over ``path``; asserts that they are identical and
+    returns the Spark one's alerts, report, and per rule how many partitions it left to the
+    stream path."""
+    ruleset = load_rules([WINDOWS])
+    assert {r.id for r in native_rules(plan_rules(ruleset, every_rule=True))} == {r.id for r in ruleset.rules}
+    faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
+    with path.open("rb") as f:
+        faust = backtest(
+            ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
+            partitions=partitions, max_skew_ms=max_skew_ms,
+        )  # fmt: skip
+    spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
+    with caplog.at_level(logging.INFO, logger="jobs.backtest"):
+        on_spark = run_backtest(
+            spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
+            partitions=partitions, max_skew_ms=max_skew_ms,
+        )  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("native windows:")]
+    assert said, "the native window path did not run"
+    fell_back = {m[1]: int(m[2]) for m in re.finditer(r"([\w-]+) \((\d+) partition", said[-1])}
+    assert set(fell_back) == {r.id for r in ruleset.rules}
+
+    assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
+    assert by_fingerprint(on_spark) == by_fingerprint(faust)
+    assert Counter(spark_out.getvalue().splitlines()) == Counter(faust_out.getvalue().splitlines())
+    assert (spark_report.events, spark_report.skipped, spark_report.alerts, spark_report.late) == (
+        faust_report.events, faust_report.skipped, faust_report.alerts, faust_report.late,
+    )  # fmt: skip
+    assert (spark_report.refused, sorted(spark_report.problems)) == (
+        faust_report.refused, sorted(faust_report.problems),
+    )  # fmt: skip
+    return on_spark, spark_report, fell_back
+
+
+def test_every_case_of_the_suite_on_two_partitions(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines_for_test()) + b"\n")
+    alerts, report, fell_back = compare(spark, caplog, path, partitions=2)
+    assert set(fell_back.values()) == {0}  # the time bound is off: every partition is native
+    assert {a.rule_id for a in alerts} == set(fell_back), "a rule that never fires makes the comparison weak"
+    assert {a.status for a in alerts if a.rule_id == "win-hourly"} >= {"pending", "firing", "resolved"}
+    assert report.late > 0  # win-quiet (late_policy: side) copied the 200-degree reading aside
+
+
+def test_a_silent_device_and_late_events_on_one_partition(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "crafted.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted_windows()) + b"\n")
+    alerts, report, _ = compare(spark, caplog, path, partitions=1)
+    quiet = [(a.status, a.values["n"]) for a in alerts if a.rule_id == "win-quiet"]
+    assert quiet[-2:] == [("pending", 2), ("firing", 2)]  # from minute 115 empty windows, all matching
+    talks = [(a.status, a.values["n"]) for a in alerts if a.rule_id == "win-w1-talks"]
+    assert ("resolved", 0) in talks, "the silent device's first empty window did not end its alert"
+    assert report.late == 1
+
+
+def nab_devices(path: Path, devices: int, future: list[dict[str, object]]) -> None:
+    """The real NAB series once per device, interleaved row by row; ``future`` events go
+    in after the first 1,000 rows."""
+    rows = [r for r in nab_events(str(require_dataset(NAB_MACHINE_TEMP)), device="x", field="temperature")]
+    lines: list[bytes] = []
+    for i, r in enumerate(r for r in rows if isinstance(r, dict)):
+        if i == 1000:
+            lines += [orjson.dumps(e) for e in future]
+        lines += [orjson.dumps({**r, "device_id": f"nab-{d}"}) for d in range(devices)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_the_real_nab_series_with_the_time_bound_on(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "nab.jsonl"
+    nab_devices(path, 3, [])
+    _, report, fell_back = compare(spark, caplog, path, partitions=2, max_skew_ms=SKEW_MS)
+    assert report.events == 3 * 22_695
+    assert set(fell_back.values()) == {0}  # the series never jumps ahead by 5m: nothing is held
+
+
+def test_partitions_where_the_time_bound_holds_events_run_on_the_stream_path(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "nab-future.jsonl"
+    future = {"ts": "2099-12-31T00:00:00Z", "temperature": 200.0}
+    nab_devices(path, 3, [{**future, "device_id": "nab-0"}])
+    _, report, fell_back = compare(spark, caplog, path, partitions=2, max_skew_ms=SKEW_MS)
+    assert report.refused == 3  # once per sensors stream: by device, by status, by nothing
+    assert fell_back["win-hourly"] == 1 and fell_back["win-all"] == 1  # nab-0's partitions only
+    assert fell_back["win-busy-client"] == 0
