@@ -357,15 +357,13 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     )
 
 
-class ClosedWindows(TumblingLogic):
-    """The evaluator's tumbling/hopping lifecycle over one group's closed windows, given in
-    start order with their aggregates computed elsewhere (:meth:`run`)."""
+class ClosedWindows:
+    """The evaluator's tumbling/hopping lifecycle (its :class:`TumblingLogic`, which may be
+    compiled: composed, not subclassed) over one group's closed windows, given in start
+    order with their aggregates' results computed elsewhere (:meth:`run`)."""
 
-    def results(self, states: Any) -> dict[str, Any]:
-        """Precomputed results (a dict) as they are; fold states as the evaluator reads them."""
-        if isinstance(states, dict):
-            return states
-        return super().results(states)
+    def __init__(self, rule: CompiledRule) -> None:
+        self.logic = TumblingLogic(rule)
 
     def run(
         self, group: tuple[str, ...], windows: Sequence[tuple[int, dict[str, Any]]], final_ms: int,
@@ -385,18 +383,19 @@ class ClosedWindows(TumblingLogic):
         st: State = {"group": list(group), "windows": {}, "firing_since": None, "streak": 0,
                      "streak_since": None, "last_active": None}  # fmt: skip
         alerts: list[Alert] = []
+        logic = self.logic
         closes = [b for _, b in jumps]
         for start, aggs in windows:
-            due = self._eval_at(start)
+            due = logic._eval_at(start)  # noqa: SLF001 - the evaluator's own lifecycle, composed
             i = bisect.bisect_left(closes, due)  # the event whose clock first reaches the close
             if i < len(jumps) and jumps[i][0] < due:
                 before, after = jumps[i]
                 alerts += self._catch_up(st, group, start, before)  # done at the events up to it
                 if in_episode(st):  # its own timer run, capped
-                    alerts += self._empty_until(st, group, start, after)
+                    alerts += logic._empty_until(st, group, start, after)  # noqa: SLF001
             else:
                 alerts += self._catch_up(st, group, start, final_ms)
-            alerts += self._evaluate(st, group, start, aggs)  # type: ignore[arg-type]
+            alerts += logic.evaluate_results(st, group, start, aggs)
         return alerts + self._catch_up(st, group, None, final_ms)
 
     def _catch_up(self, st: State, group: tuple[str, ...], before: int | None, final_ms: int) -> list[Alert]:
@@ -405,14 +404,14 @@ class ClosedWindows(TumblingLogic):
         alerts: list[Alert] = []
         while in_episode(st):
             last = st["last_active"]
-            alerts += self._empty_until(st, group, before, final_ms)
+            alerts += self.logic._empty_until(st, group, before, final_ms)  # noqa: SLF001
             if st["last_active"] == last:
                 break
         return alerts
 
     def due_of(self, alert: Alert) -> int:
         """When the evaluator's clock closed the window ``alert`` came from."""
-        return int(alert.values["window_start"]) + self.size + self.lateness
+        return int(alert.values["window_start"]) + self.logic.size + self.logic.lateness
 
 
 def _results(rule: CompiledRule, row: Mapping[str, Any]) -> dict[str, Any]:

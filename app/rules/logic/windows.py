@@ -361,7 +361,13 @@ class TumblingLogic(_Aggregating):
         return [build_alert(self.rule, "pending", group, row, start, None, end, values)]
 
     def _evaluate(self, st: State, group: tuple[str, ...], start: int, accs: list[Any]) -> list[Alert]:
-        aggs = self.results(accs)
+        return self.evaluate_results(st, group, start, self.results(accs))
+
+    def evaluate_results(
+        self, st: State, group: tuple[str, ...], start: int, aggs: dict[str, Any]
+    ) -> list[Alert]:
+        """Evaluate the closed window at ``start`` from its aggregates' results ``aggs`` (the
+        Spark backtest's native windows compute them in Spark SQL: ``jobs.windows``)."""
         alerts: list[Alert] = []
         extra = None
         if self._baselines:  # the window's start is the baseline's time
