@@ -257,19 +257,9 @@ class BatchConsumer(Consumer):
                 return transactions.failed is None
             return False
         await self.maybe_wait_for_commit_to_finish()  # the commit loop's, if one is under way
-        assignment = self.assignment()
-        committed = self._committed_offset
         try:
-            async with self.gate:
-                offsets = {
-                    tp: offset
-                    for tp, offset in self._batch_acked.items()
-                    if tp in assignment and offset > (committed.get(tp) or -1)
-                }
-                # even with no offset to commit: a timer may have changed states
-                await self._run_hooks("commit_snapshot")
-            await self._run_hooks("commit_delivery")
-            done = await self._commit(offsets) if offsets else True
+            # even with no offset to commit: a timer may have changed states
+            done = await self._commit_at_least_once(start_new_transaction=False, always=True)
         except Exception as exc:
             logger.warning("the commit before a rebalance failed (%r): every partition will be "
                            "restored from the changelogs", exc)  # fmt: skip
@@ -277,9 +267,7 @@ class BatchConsumer(Consumer):
         if not done:
             logger.warning("the commit before a rebalance did not happen: every partition will be "
                            "restored from the changelogs")  # fmt: skip
-            return False
-        self._committed_offset.update(offsets)
-        return True
+        return done
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         """Under exactly-once, start the assigned partitions' transactional producers (which
@@ -362,11 +350,17 @@ class BatchConsumer(Consumer):
         that await was in the states but not in the offsets, and counted twice after a crash.)"""
         if self._transactions() is not None:
             return await self._commit_transactions(begin=start_new_transaction)
+        return await self._commit_at_least_once(start_new_transaction=start_new_transaction)
+
+    async def _commit_at_least_once(self, *, start_new_transaction: bool, always: bool = False) -> bool:
+        """The at-least-once commit (see :meth:`_commit_tps`); ``always``: write the changed
+        states even with no offset to commit (before a rebalance: a timer may have changed
+        them), and report success when there was nothing to commit."""
         async with self.gate:
             # every partition with handled batches, taken under the gate: ``tps`` was listed
             # before it, and a partition whose first batch ended meanwhile is in the states
             offsets = self._filter_committable_offsets(list(self._filter_tps_with_pending_acks(None)))
-            if not offsets:
+            if not offsets and not always:
                 return False
             await self._run_hooks("commit_snapshot")
         try:
@@ -375,6 +369,8 @@ class BatchConsumer(Consumer):
             await self.crash(exc)
             return False
         await self._run_hooks("commit_delivery")
+        if not offsets:
+            return True
         return bool(await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction))
 
     async def _commit_transactions(self, *, begin: bool) -> bool:
