@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import orjson
 
@@ -29,6 +29,11 @@ MAX_KEY_LEN = 256
 MAX_STRING_LEN = 65_536
 _MIN_TS_MS = 0  # 1970-01-01
 _MAX_TS_MS = 4_102_444_800_000  # 2100-01-01
+#: the whole numbers a ``long`` field holds: the rule language's (and Spark's) 64-bit integers
+LONG_MIN: Final = -(2**63)
+LONG_MAX: Final = 2**63 - 1
+#: the event times accepted, [first, end) in epoch ms
+TS_RANGE_MS: Final = (_MIN_TS_MS, _MAX_TS_MS)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 #: What :func:`format_ts` writes; a string already in this form (and valid) is kept as it is.
@@ -155,12 +160,14 @@ def check_value(name: str, ftype: FieldType, value: object) -> object:
             raise IngestDecodeError(msg, name)
         return float(value)
     if ftype == "long":
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(number, bool) or not isinstance(number, int):
             msg = f"field '{name}' must be a whole number, got {_show(value)}"
             raise IngestDecodeError(msg, name)
-        return value
+        if not LONG_MIN <= number <= LONG_MAX:  # the rule language's integers are 64-bit
+            msg = f"field '{name}' is outside the 64-bit range, got {_show(value)}"
+            raise IngestDecodeError(msg, name)
+        return number
     if ftype == "boolean":
         if not isinstance(value, bool):
             msg = f"field '{name}' must be true or false, got {_show(value)}"
@@ -176,7 +183,10 @@ def check_value(name: str, ftype: FieldType, value: object) -> object:
 
 
 def _show(value: object) -> str:
-    text = orjson.dumps(value, default=str).decode()
+    try:
+        text = orjson.dumps(value, default=str).decode()
+    except TypeError:  # an integer beyond 64 bits
+        text = str(value)
     return f"{type(value).__name__} {text[:40]}"
 
 
@@ -246,7 +256,7 @@ class Schema:
             if (
                 value is None
                 or (kind is float and ftype == "double")
-                or (kind is int and ftype == "long")
+                or (kind is int and ftype == "long" and LONG_MIN <= value <= LONG_MAX)
                 or (kind is str and ftype == "string" and len(value) <= MAX_STRING_LEN)
             ):
                 out[name] = value

@@ -55,6 +55,21 @@ def test_long_fields_reject_fractions_but_accept_integral_floats() -> None:
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [b"9223372036854775808", b"18446744073709551615", b"123456789012345678901", b"-1e19"],
+)
+def test_long_fields_refuse_numbers_beyond_64_bits_with_a_reason(raw: bytes) -> None:
+    """Beyond 64 bits a whole number cannot be serialised again (orjson) nor held by the rule
+    language or Spark: it used to pass, then crash the Spark engine's decoder."""
+    record = b'{"host":"h","ts":"2015-05-17T10:05:03Z","bytes":' + raw + b"}"
+    with pytest.raises(IngestDecodeError, match="outside the 64-bit range") as found:
+        LOGS.decode(record)
+    assert found.value.field == "bytes"
+    edge = LOGS.decode(b'{"host":"h","ts":"2015-05-17T10:05:03Z","bytes":-9223372036854775808}')
+    assert orjson.loads(orjson.dumps(edge.fields))["bytes"] == -(2**63)
+
+
+@pytest.mark.parametrize(
     ("name", "value", "fragment"),
     [
         ("status", True, "whole number"),
