@@ -31,7 +31,8 @@ from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
 from jobs.compile import SparkPlan, plan_rules, tasks
-from jobs.decode import DECODED_SCHEMA, Decoder
+from jobs.decode import Decoder
+from jobs.fastdecode import decode
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router, stream_key
@@ -132,6 +133,7 @@ def run_backtest(
     tables: Tables | None = None,
     max_skew_ms: int = -1,
     native_windows: bool = True,
+    native_decode: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -144,6 +146,8 @@ def run_backtest(
     its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
     ``native_windows``: tumbling and hopping rules that ``jobs.windows`` can run natively
     do so, on the stream partitions where that is exact (False: the stream path for all).
+    ``native_decode``: the records the worker's decoder keeps unchanged are decoded in the
+    JVM (``jobs.fastdecode``; False: every record through the Python decoder).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
@@ -151,7 +155,7 @@ def run_backtest(
     native = native_rules(plan) if native_windows else []
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
-    decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
+    decoded = decode(raw, decoder, native=native_decode)
     valid = F.col("__dlq").isNull()
     in_range = F.lit(True)
     if lo is not None:

@@ -57,7 +57,7 @@ DECODED_SCHEMA = StructType(
         StructField("__streams", ArrayType(StringType())),
     ]
 )
-_ARROW = pa.schema(
+DECODED_ARROW = pa.schema(
     [
         ("__source", pa.string()),
         ("__part", pa.int32()),
@@ -143,5 +143,5 @@ class Decoder:
                     pa.array([o[3] for o in out], pa.string()),
                     pa.array([o[4] for o in out], pa.list_(pa.string())),
                 ],
-                schema=_ARROW,
+                schema=DECODED_ARROW,
             )
