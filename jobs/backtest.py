@@ -30,6 +30,7 @@ from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
+from jobs import thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import DECODED_SCHEMA, Decoder
 from jobs.kafka_source import read_kafka
@@ -132,6 +133,7 @@ def run_backtest(
     tables: Tables | None = None,
     max_skew_ms: int = -1,
     native_windows: bool = True,
+    native_thresholds: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -143,12 +145,20 @@ def run_backtest(
     count whose per-partition clocks are emulated, and the registry rows; ``max_skew_ms``
     its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
     ``native_windows``: tumbling and hopping rules that ``jobs.windows`` can run natively
-    do so, on the stream partitions where that is exact (False: the stream path for all).
+    do so, on the stream partitions where that is exact (False: the stream path for all);
+    ``native_thresholds`` the same for threshold rules (``jobs.thresholds``; False: the keyed
+    or the stream path, as planned).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     native = native_rules(plan) if native_windows else []
+    native_thr = thresholds.native_rules(plan) if native_thresholds else []
+    order = {r.id: i for i, r in enumerate(ruleset.rules)}
+    planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
+    # at one event: the keyed path's transitions, the native thresholds' (in the evaluator's order), the rest
+    thr_idx = {rid: len(plan.rules) + i for rid, i in thresholds.evaluation_order(planned).items()}
+    plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
     decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
@@ -163,13 +173,22 @@ def run_backtest(
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)
-        found = native_partitions(decoded, plan, native, max_skew_ms)
-        fallback = found.stream_path
+        streamed = {r.id for r in plan.stream_rules}
+        thr_stream = [r for r in native_thr if r.id in streamed]
+        found = native_partitions(decoded, plan, native, max_skew_ms, held_only=thr_stream)
+        fallback = dict(found.stream_path)
+        for r in thr_stream:
+            fallback.setdefault(r.id, frozenset())
         if native:
             logger.info(
                 "native windows: %s",
                 ", ".join(f"{r.id} ({len(fallback[r.id])} partition(s) on the stream path)" for r in native),
             )
+        if native_thr:
+            said = [
+                f"{r.id} ({len(fallback.get(r.id, ()))} partition(s) on the stream path)" for r in native_thr
+            ]
+            logger.info("native thresholds: %s", ", ".join(said))
         streams = StreamRunner(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
@@ -182,6 +201,9 @@ def run_backtest(
         extra = native_output(decoded, plan, native, found)
         if extra is not None:
             result = result.unionByName(extra)
+        more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx)
+        if more is not None:
+            result = result.unionByName(more)
         rows = result.orderBy("part", "offset", "idx").collect()
     finally:
         decoded.unpersist()

@@ -1,0 +1,311 @@
+"""Threshold rules natively in a Spark backtest: the per-event work in the JVM, the
+evaluator's ``ThresholdLogic`` only on the events that can change an alert.
+
+Per (rule, group), in the order the evaluator takes a group's events ((partition, offset):
+one group's events all meet on one stream partition), Spark SQL computes each event's
+``holds`` (``where IS TRUE``), ``clr`` (``clear IS TRUE``; without ``clear`` the evaluator
+ends an episode where the condition is not TRUE, so ``clr = NOT holds``) and drops what
+:meth:`ThresholdLogic.on_event <app.rules.logic.threshold.ThresholdLogic.on_event>`
+provably does nothing with (for the rules :func:`native_problem` admits: no
+``keep_firing_for``, ``no_data``, ``pct_change()``, baselines, ``order: event_time``, late
+copies; so no timer, and at most one transition per event):
+
+1. **before the group's first TRUE ``holds``**: a group without state stays without state
+   on a not-TRUE event (``on_event`` returns before touching anything);
+2. **late events**: from that first TRUE on the group has state, never deleted, and an
+   event is late (skipped, nothing changes) exactly when its time is below the newest time
+   of the group's earlier events (``last_event`` is set at every event that is not late,
+   each at least the one before: a running ``max``; a late event does not move it). What
+   is left is in time order, so no drop below changes another event's lateness;
+3. **repeats**: the rest falls into *segments*, runs of consecutive events with the same
+   ``(holds, clr)``. After an event with ``holds`` not TRUE the group is quiet, or (with
+   ``clear``, ``clr`` not TRUE) firing; the next event of the same signature leaves it so,
+   with no transition: a segment with ``holds`` not TRUE needs its first event only. After
+   one with ``holds`` TRUE and ``clr`` not TRUE the group is firing or pending; a pending
+   one fires at the first event of the segment at position ``p`` (from 0) with ``p + 1 >=
+   consecutive`` and ``ts - ts(segment start) >= for``, or earlier (a streak begun before
+   the segment only makes it earlier: ``streak`` is at least ``p + 1``, ``streak_since`` at
+   most the segment's start), so such a segment is needed up to and including that event;
+   after it the group fires and each event only adds 1 to ``streak``. ``(TRUE, TRUE)``
+   events can fire or pend when the group is not firing and resolve when it is: each one
+   is kept.
+
+The kept rows of each group then go, in order, through the evaluator's ``ThresholdLogic``
+(composed, not subclassed: it may be compiled), its condition and ``clear`` read from the
+values Spark computed (as the keyed path reads ``holds``), in one Python call per shuffle
+partition (:class:`ThresholdStep`). Each kept row carries the number of dropped ``holds``
+TRUE rows before it and the group's newest time before it, added to the state's ``streak``
+and ``last_event`` before the call, so the state is the evaluator's at every kept row (the
+rows dropped after a group's last kept row change only its final, unseen, state).
+
+Each transition is an output row at its own event, ``idx`` = ``base`` + the rule's place in
+the evaluator's per-event order (:func:`evaluation_order`): at one event, native threshold
+transitions come in the evaluator's order among themselves, after the keyed path's and
+before the stream path's (which is how the keyed path already orders them).
+
+What is decided per stream partition (``jobs.windows.native_partitions``): with the
+event-time bound on (``APP_MAX_EVENT_SKEW``) every rule is on the stream path, and a
+partition where some event is more than the skew ahead of the clock before it leaves the
+rule to the evaluator there (the bound would hold that event and evaluate it later, in
+another order); where no event is, the bound admits every event as it comes, and a
+threshold rule (no timer) does exactly what it does without the bound.
+
+What stays where it was (:func:`native_problem` says why): ``keep_firing_for`` and
+``no_data`` (timers), ``pct_change()`` and baselines (history per group), ``order:
+event_time``, ``late_policy: side`` (late copies), ``enrich`` (registry rows), a ``where`` or
+``clear`` Spark SQL cannot express, ``group_by`` on a non-string field (the evaluator groups
+by ``str(value)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import groupby
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from app.errors import ExpressionError
+from app.events import SCHEMAS, Event
+from app.rules.evaluator import ThresholdLogic, group_values, state_key
+from app.rules.expr import Compiled
+from app.rules.loader import CompiledRule
+from app.rules.logic.base import DictStore
+from app.rules.spark_sql import SPARK_RULE_FIELDS, SparkExpr, to_spark_sql
+from app.topics import ALERTS
+from jobs.compile import SparkPlan, native_where
+from jobs.decode import source_struct
+from jobs.state import HOLDS, OUTPUT_SCHEMA, with_native_condition
+from jobs.streams import evaluator_streams
+from jobs.windows import stream_of
+
+logger = logging.getLogger(__name__)
+
+#: the rule-model fields a native threshold rule may set (any other, set, keeps it where it was)
+NATIVE_FIELDS = SPARK_RULE_FIELDS | {"clear"}
+#: where a row carries ``clear`` as Spark computed it (NUL: no schema field starts with it)
+CLEARS = "\x00clears"
+_OUTPUT = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("topic", pa.string()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("part", pa.int32()),
+        ("offset", pa.int64()),
+        ("idx", pa.int32()),
+        ("rule", pa.string()),
+        ("status", pa.string()),
+        ("alert_id", pa.string()),
+    ]
+)
+
+
+def native_clear(rule: CompiledRule) -> SparkExpr | None:
+    """The rule's ``clear`` as Spark SQL over the typed struct, or None."""
+    if rule.rule.clear is None:
+        return None
+    try:
+        return to_spark_sql(rule.rule.clear, rule.schema.all_fields(), qualifier=f"__{rule.rule.source}")
+    except ExpressionError:
+        return None
+
+
+def native_problem(rule: CompiledRule) -> str | None:
+    """Why threshold rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
+    r = rule.rule
+    if r.kind != "threshold":
+        return "only threshold rules run natively here"
+    for name, info in type(r).model_fields.items():
+        if name not in NATIVE_FIELDS and getattr(r, name) != info.get_default(call_default_factory=True):
+            return f"'{info.alias or name}' is not reproduced natively"
+    parts = rule.parts
+    if parts is None or parts.pct_changes or parts.baselines:
+        return "pct_change() or baselines keep history per group"
+    if native_where(rule) is None:
+        return "where is not expressible in Spark SQL"
+    if r.clear is not None and (native_clear(rule) is None or parts.clear is None or parts.clear.synthetic):
+        return "clear is not expressible in Spark SQL"
+    types = rule.schema.all_fields()
+    if any(types.get(g) != "string" for g in r.group_by):
+        return "group_by on a non-string field"
+    return None
+
+
+def native_rules(plan: SparkPlan) -> list[CompiledRule]:
+    """The threshold rules of ``plan`` (keyed path or stream path) that can run natively."""
+    rules = [r.rule for r in plan.rules] + list(plan.stream_rules)
+    return [r for r in rules if native_problem(r) is None]
+
+
+def without(plan: SparkPlan, rule_ids: frozenset[str]) -> SparkPlan:
+    """``plan`` without the keyed-path rules ``rule_ids`` (they run natively)."""
+    return dataclasses.replace(plan, rules=tuple(r for r in plan.rules if r.rule.id not in rule_ids))
+
+
+def evaluation_order(rules: Sequence[CompiledRule]) -> dict[str, int]:
+    """Each rule's place in the evaluator's per-event order (``rules`` in rule-set order):
+    its source's streams in the evaluator's order, each stream's rules in turn."""
+    ids = [rid for _, _, _, stream in evaluator_streams(rules) for rid in stream]
+    return {rid: i for i, rid in enumerate(ids)}
+
+
+def _events(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]) -> DataFrame:
+    """``rule``'s events: ``__rule``, ``__g`` (group values), ``__part``, ``__offset``,
+    ``__ts_ms``, ``__fields``, ``__h`` (holds), ``__c`` (clr), ``__for``, ``__consec``."""
+    r = rule.rule
+    ev = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == r.source))
+    if skip:
+        ev = ev.where(~F.col("__streams")[stream_of(plan, rule).position].isin(sorted(skip)))
+    where, clear = native_where(rule), native_clear(rule)
+    assert where is not None  # noqa: S101 - native_problem admits only these
+    columns = where.columns | (clear.columns if clear is not None else frozenset()) | set(r.group_by)
+    struct = f"__{r.source}"
+    ev = ev.withColumn(struct, F.from_json(F.col("__fields"), source_struct(r.source, only=columns)))
+    holds = F.coalesce(F.expr(where.sql), F.lit(False))
+    clr: Column = F.coalesce(F.expr(clear.sql), F.lit(False)) if clear is not None else ~holds
+    group = F.array(*(F.coalesce(F.col(f"`{struct}`.`{g}`"), F.lit("")) for g in r.group_by))
+    return ev.select(
+        F.lit(rule.id).alias("__rule"),
+        group.cast("array<string>").alias("__g"),
+        "__part",
+        "__offset",
+        "__ts_ms",
+        "__fields",
+        holds.alias("__h"),
+        clr.alias("__c"),
+        F.lit(r.for_ms).cast("long").alias("__for"),
+        F.lit(r.consecutive).cast("long").alias("__consec"),
+    )
+
+
+def kept_rows(events: DataFrame) -> DataFrame:
+    """The rows of :func:`_events` that can change an alert (the module's steps 1 to 3),
+    each with ``__skipped`` (dropped ``holds`` TRUE rows since the group's previous kept
+    row) and ``__newest`` (the group's newest time before it, NULL for its first)."""
+    group = Window.partitionBy("__rule", "__g")
+    by_group = group.orderBy("__part", "__offset")
+    before = by_group.rowsBetween(Window.unboundedPreceding, -1)
+    order = F.struct("__part", "__offset")
+    first = F.min(F.when(F.col("__h"), order)).over(group)
+    started = events.withColumn("__first", first).where(order >= F.col("__first")).drop("__first")
+    on_time = started.withColumn("__newest", F.max("__ts_ms").over(before)).where(
+        F.col("__newest").isNull() | (F.col("__ts_ms") >= F.col("__newest"))
+    )
+    same = (F.lag("__h").over(by_group) == F.col("__h")) & (F.lag("__c").over(by_group) == F.col("__c"))
+    starts = on_time.withColumn("__start", ~F.coalesce(same, F.lit(False))).withColumn(
+        "__trues", F.sum(F.col("__h").cast("long")).over(by_group)
+    )
+    segments = starts.withColumn("__seg", F.sum(F.col("__start").cast("long")).over(by_group))
+    in_seg = Window.partitionBy("__rule", "__g", "__seg").orderBy("__part", "__offset")
+    fires = (F.row_number().over(in_seg) >= F.col("__consec")) & (
+        F.col("__ts_ms") - F.first("__ts_ms").over(in_seg) >= F.col("__for")
+    )
+    fired_before = F.max(F.col("__fires").cast("int")).over(in_seg.rowsBetween(Window.unboundedPreceding, -1))
+    marked = segments.withColumn("__fires", F.col("__h") & ~F.col("__c") & fires).withColumn(
+        "__fired", F.coalesce(fired_before, F.lit(0)) == 1
+    )
+    keep = F.col("__start") | (F.col("__h") & F.col("__c")) | (F.col("__h") & ~F.col("__fired"))
+    kept = marked.where(keep)
+    before_kept = F.coalesce(F.lag("__trues").over(by_group), F.lit(0))
+    skipped = F.col("__trues") - F.col("__h").cast("long") - before_kept
+    return kept.withColumn("__skipped", skipped).select(
+        "__rule", "__g", "__part", "__offset", "__ts_ms", "__fields", "__h", "__c", "__skipped", "__newest"
+    )
+
+
+def _clears(row: Any) -> Any:
+    return row.get(CLEARS)
+
+
+def with_native_clear(rule: CompiledRule) -> CompiledRule:
+    """``rule`` whose ``where`` and ``clear`` read the values Spark computed into the row."""
+    rule = with_native_condition(rule)
+    parts = rule.parts
+    if parts is None or parts.clear is None:
+        return rule
+    c = parts.clear
+    stand_in = Compiled(fn=_clears, type="boolean", text=c.text, columns=c.columns)
+    return dataclasses.replace(rule, parts=dataclasses.replace(parts, clear=stand_in))
+
+
+class ThresholdStep:
+    """Picklable ``mapInArrow`` function: a shuffle partition's kept rows (whole groups)
+    through the evaluator's ``ThresholdLogic``; output rows of ``jobs.state.OUTPUT_SCHEMA``."""
+
+    def __init__(self, rules: Sequence[CompiledRule], idx: Mapping[str, int]) -> None:
+        self.rules = {r.id: r for r in rules}
+        self.idx = dict(idx)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = [r for b in batches for r in b.to_pylist()]
+        if not rows:
+            return
+        rows.sort(key=lambda r: (r["__rule"], r["__g"], r["__part"], r["__offset"]))
+        prepared: dict[str, tuple[CompiledRule, ThresholdLogic]] = {}
+        out: list[tuple[Any, ...]] = []
+        for (rid, _), members in groupby(rows, key=lambda r: (r["__rule"], tuple(r["__g"]))):
+            if rid not in prepared:
+                rule = with_native_clear(self.rules[rid])
+                prepared[rid] = (rule, ThresholdLogic(rule))
+            rule, logic = prepared[rid]
+            out += self.run_group(rule, logic, list(members))
+        if out:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([o[i] for o in out], _OUTPUT.field(i).type) for i in range(len(_OUTPUT))],
+                schema=_OUTPUT,
+            )
+
+    def run_group(
+        self, rule: CompiledRule, logic: ThresholdLogic, rows: list[dict[str, Any]]
+    ) -> list[tuple[Any, ...]]:
+        """One group's kept rows, in order, through ``logic``: its output rows."""
+        store, idx, key_field = DictStore(), self.idx[rule.id], SCHEMAS[rule.rule.source].key
+        out: list[tuple[Any, ...]] = []
+        key = ""
+        for r in rows:
+            fields = orjson.loads(r["__fields"])
+            group = group_values(rule, fields)
+            key = key or state_key(rule, group)
+            st = store.get(key)
+            if st is not None:  # the dropped rows' effect: the firing streak's count, the newest time
+                st["streak"] += r["__skipped"]
+                if r["__newest"] is not None and r["__newest"] > st["last_event"]:
+                    st["last_event"] = r["__newest"]
+            fields[HOLDS], fields[CLEARS] = r["__h"], r["__c"]
+            ev = Event(str(fields.get(key_field)), r["__ts_ms"], fields)
+            alerts, late = logic.on_event(store, key, group, ev, fields)
+            if late:  # pragma: no cover - kept_rows drops every late row
+                msg = f"rule {rule.id}: a kept row was late at {r['__ts_ms']}"
+                raise RuntimeError(msg)
+            for a in alerts:
+                body = a.to_json().decode()
+                out.append(
+                    ("alert", ALERTS, a.fingerprint, body, r["__part"], r["__offset"], idx, a.rule_id,
+                     a.status, a.alert_id)
+                )  # fmt: skip
+        return out
+
+
+def native_output(
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule],
+    stream_path: Mapping[str, frozenset[str]], idx: Mapping[str, int],
+) -> DataFrame | None:  # fmt: skip
+    """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on the
+    stream keys ``stream_path`` does not leave to the stream path; ``idx``: per rule, its
+    output rows' ``idx``."""
+    if not rules:
+        return None
+    events: DataFrame | None = None
+    for rule in rules:
+        mine = _events(decoded, plan, rule, stream_path.get(rule.id, frozenset()))
+        events = mine if events is None else events.unionByName(mine)
+    assert events is not None  # noqa: S101
+    partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
+    kept = kept_rows(events.repartition(partitions, "__rule", "__g"))
+    return kept.mapInArrow(ThresholdStep(rules, idx), OUTPUT_SCHEMA)
