@@ -7,7 +7,9 @@ the time range, invalid lines and transitions. The same decode, conditions and
 lifecycle code run as in the streaming job; only the stateful operator is
 ``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``,
 and tumbling and hopping rules run natively where that is exact (``jobs.windows``:
-clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only).
+clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only), and
+so do threshold rules (``jobs.thresholds``: conditions, lateness and the rows that cannot
+change an alert in Spark SQL, ``ThresholdLogic`` on the rest).
 
 A topic range reads every partition from earliest to the high watermark at
 start, in record-timestamp order like the Faust-engine topic backtest.
