@@ -203,7 +203,7 @@ def run_backtest(
         extra = native_output(decoded, plan, native, found)
         if extra is not None:
             result = result.unionByName(extra)
-        more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx)
+        more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx, tables)
         if more is not None:
             result = result.unionByName(more)
         rows = result.orderBy("part", "offset", "idx").collect()

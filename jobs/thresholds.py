@@ -50,11 +50,21 @@ rule to the evaluator there (the bound would hold that event and evaluate it lat
 another order); where no event is, the bound admits every event as it comes, and a
 threshold rule (no timer) does exactly what it does without the bound.
 
+**Registry columns** (``enrich``): a backtest's registry rows are static (``--table`` rows, or
+none), so each join is a broadcast join on ``str(value)`` of the ``on`` field, as the evaluator
+looks the row up (a NULL field looks up ``"None"``; a string ``on`` field only, whose text
+is its value in both), the columns typed as :class:`app.tables.Tables` holds them (validated:
+strings and floats; the tables have no other types) and nested as ``<as>.<column>``; a
+missing row drops the event for the rule (``missing: skip``, the evaluator skips it: it is
+not late, not counted, moves nothing) or gives NULL columns (``missing: null``). Python joins
+the kept rows again with the evaluator's own join, so the alert's values and annotations
+read the same row.
+
 What stays where it was (:func:`native_problem` says why): ``keep_firing_for`` and
 ``no_data`` (timers), ``pct_change()`` and baselines (history per group), ``order:
-event_time``, ``late_policy: side`` (late copies), ``enrich`` (registry rows), a ``where`` or
-``clear`` Spark SQL cannot express, ``group_by`` on a non-string field (the evaluator groups
-by ``str(value)``).
+event_time``, ``late_policy: side`` (late copies), a ``where`` or ``clear`` Spark SQL cannot
+express, ``group_by`` on a non-string field (the evaluator groups by ``str(value)``), a join
+on a non-string field.
 """
 
 from __future__ import annotations
@@ -69,14 +79,16 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
 from app.errors import ExpressionError
 from app.events import SCHEMAS, Event
-from app.rules.evaluator import ThresholdLogic, group_values, state_key
+from app.rules.evaluator import StreamEvaluator, ThresholdLogic, group_values, state_key
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore
 from app.rules.spark_sql import SPARK_RULE_FIELDS, SparkExpr, to_spark_sql
+from app.tables import TABLES, Tables
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.decode import source_struct
@@ -87,7 +99,9 @@ from jobs.windows import stream_of
 logger = logging.getLogger(__name__)
 
 #: the rule-model fields a native threshold rule may set (any other, set, keeps it where it was)
-NATIVE_FIELDS = SPARK_RULE_FIELDS | {"clear"}
+NATIVE_FIELDS = SPARK_RULE_FIELDS | {"clear", "enrich"}
+#: the Spark types of registry columns, as ``Tables`` holds them (validated: str, float)
+_TABLE_TYPES = {"string": StringType(), "double": DoubleType()}
 #: where a row carries ``clear`` as Spark computed it (NUL: no schema field starts with it)
 CLEARS = "\x00clears"
 _OUTPUT = pa.schema(
@@ -106,14 +120,29 @@ _OUTPUT = pa.schema(
 )
 
 
-def native_clear(rule: CompiledRule) -> SparkExpr | None:
-    """The rule's ``clear`` as Spark SQL over the typed struct, or None."""
-    if rule.rule.clear is None:
+def _sql(rule: CompiledRule, text: str | None) -> SparkExpr | None:
+    """``text`` as Spark SQL over the typed struct of the rule's fields, registry columns
+    (``<as>.<column>``, a nested struct per join) included; None when Spark cannot express it."""
+    if text is None or rule.parts is None:
         return None
     try:
-        return to_spark_sql(rule.rule.clear, rule.schema.all_fields(), qualifier=f"__{rule.rule.source}")
+        return to_spark_sql(text, rule.parts.fields, qualifier=f"__{rule.rule.source}")
     except ExpressionError:
         return None
+
+
+def native_condition(rule: CompiledRule) -> SparkExpr | None:
+    """The rule's ``where`` as Spark SQL (``native_where``, or over its registry columns)."""
+    if not rule.rule.enrich:
+        return native_where(rule)
+    if rule.where is None or rule.where.synthetic:
+        return None
+    return _sql(rule, rule.rule.where)
+
+
+def native_clear(rule: CompiledRule) -> SparkExpr | None:
+    """The rule's ``clear`` as Spark SQL over the typed struct, or None."""
+    return _sql(rule, rule.rule.clear)
 
 
 def native_problem(rule: CompiledRule) -> str | None:
@@ -127,13 +156,20 @@ def native_problem(rule: CompiledRule) -> str | None:
     parts = rule.parts
     if parts is None or parts.pct_changes or parts.baselines:
         return "pct_change() or baselines keep history per group"
-    if native_where(rule) is None:
+    if native_condition(rule) is None:
         return "where is not expressible in Spark SQL"
     if r.clear is not None and (native_clear(rule) is None or parts.clear is None or parts.clear.synthetic):
         return "clear is not expressible in Spark SQL"
     types = rule.schema.all_fields()
     if any(types.get(g) != "string" for g in r.group_by):
         return "group_by on a non-string field"
+    for spec in r.enrich:
+        # the evaluator looks a row up by str(value): Spark's text of a number differs
+        if types.get(spec.on) != "string":
+            return f"enrich on the non-string field {spec.on}"
+        table = TABLES[spec.table]
+        if any(t not in _TABLE_TYPES for t in table.columns.values()):
+            return f"enrich: table {spec.table} has columns of other types than string and double"
     return None
 
 
@@ -155,18 +191,57 @@ def evaluation_order(rules: Sequence[CompiledRule]) -> dict[str, int]:
     return {rid: i for i, rid in enumerate(ids)}
 
 
-def _events(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]) -> DataFrame:
+def registry(decoded: DataFrame, tables: Tables, table: str, i: int) -> DataFrame:
+    """The rows of registry ``table`` (static in a backtest), typed as ``Tables`` holds them:
+    ``__k{i}`` (the key), ``__e{i}_<column>`` (the key column too)."""
+    schema = TABLES[table]
+    names = [schema.key, *schema.columns]
+    types = {schema.key: "string", **schema.columns}
+    struct = StructType(
+        [StructField(f"__k{i}", StringType())]
+        + [StructField(f"__e{i}_{c}", _TABLE_TYPES[types[c]]) for c in names]
+    )
+    rows = [(key, *(row.get(c) for c in names)) for key, row in sorted(tables.rows.get(table, {}).items())]
+    return decoded.sparkSession.createDataFrame(rows, struct)
+
+
+def _typed(decoded: DataFrame, rule: CompiledRule, columns: frozenset[str], tables: Tables) -> DataFrame:
+    """``decoded`` with the rule's typed struct ``__<source>``: the event's fields in
+    ``columns``, and per join of ``enrich`` the registry row's columns as a struct named by
+    its ``as`` (all NULL when the row is missing; the event dropped with ``missing: skip``,
+    as the evaluator skips it), looked up by ``str(value)`` of the ``on`` field as the
+    evaluator looks it up (a NULL is ``"None"``)."""
+    r = rule.rule
+    struct = f"__{r.source}"
+    own = r.group_by + tuple(s.on for s in r.enrich)
+    fields = sorted((set(columns) & set(rule.schema.all_fields())) | set(own))
+    ev = decoded.withColumn("__ev", F.from_json(F.col("__fields"), source_struct(r.source, only=fields)))
+    joined: list[Column] = []
+    for i, spec in enumerate(r.enrich):
+        reg = F.broadcast(registry(decoded, tables, spec.table, i))
+        key = F.coalesce(F.col("__ev").getField(spec.on), F.lit("None"))
+        ev = ev.join(reg, key == F.col(f"__k{i}"), "inner" if spec.missing == "skip" else "left")
+        schema = TABLES[spec.table]
+        cols = [F.col(f"__e{i}_{c}").alias(c) for c in (schema.key, *schema.columns)]
+        joined.append(F.struct(*cols).alias(spec.as_))
+    own_cols = [F.col("__ev").getField(f).alias(f) for f in fields]
+    return ev.withColumn(struct, F.struct(*own_cols, *joined))
+
+
+def _events(
+    decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str], tables: Tables
+) -> DataFrame:
     """``rule``'s events: ``__rule``, ``__g`` (group values), ``__part``, ``__offset``,
     ``__ts_ms``, ``__fields``, ``__h`` (holds), ``__c`` (clr), ``__for``, ``__consec``."""
     r = rule.rule
     ev = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == r.source))
     if skip:
         ev = ev.where(~F.col("__streams")[stream_of(plan, rule).position].isin(sorted(skip)))
-    where, clear = native_where(rule), native_clear(rule)
+    where, clear = native_condition(rule), native_clear(rule)
     assert where is not None  # noqa: S101 - native_problem admits only these
     columns = where.columns | (clear.columns if clear is not None else frozenset()) | set(r.group_by)
     struct = f"__{r.source}"
-    ev = ev.withColumn(struct, F.from_json(F.col("__fields"), source_struct(r.source, only=columns)))
+    ev = _typed(ev, rule, columns, tables)
     holds = F.coalesce(F.expr(where.sql), F.lit(False))
     clr: Column = F.coalesce(F.expr(clear.sql), F.lit(False)) if clear is not None else ~holds
     group = F.array(*(F.coalesce(F.col(f"`{struct}`.`{g}`"), F.lit("")) for g in r.group_by))
@@ -238,9 +313,11 @@ class ThresholdStep:
     """Picklable ``mapInArrow`` function: a shuffle partition's kept rows (whole groups)
     through the evaluator's ``ThresholdLogic``; output rows of ``jobs.state.OUTPUT_SCHEMA``."""
 
-    def __init__(self, rules: Sequence[CompiledRule], idx: Mapping[str, int]) -> None:
+    def __init__(self, rules: Sequence[CompiledRule], idx: Mapping[str, int], tables: Tables) -> None:
         self.rules = {r.id: r for r in rules}
         self.idx = dict(idx)
+        #: the registry rows, for the rules with ``enrich`` (only theirs: the rest is not shipped)
+        self.tables = tables if any(r.rule.enrich for r in rules) else Tables()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = [r for b in batches for r in b.to_pylist()]
@@ -268,18 +345,26 @@ class ThresholdStep:
         store, idx, key_field = DictStore(), self.idx[rule.id], SCHEMAS[rule.rule.source].key
         out: list[tuple[Any, ...]] = []
         key = ""
+        # the evaluator's own join (composed), for rules with enrich: the row its logic reads
+        joiner = StreamEvaluator("native", [rule], DictStore(), self.tables) if rule.rule.enrich else None
+        joins = joiner.joins(rule) if joiner is not None else []
+        cache: dict[tuple[str, str], dict | None] = {}
         for r in rows:
             fields = orjson.loads(r["__fields"])
-            group = group_values(rule, fields)
+            row = fields if joiner is None else joiner.join(joins, fields, cache)
+            if row is None:  # pragma: no cover - the native join dropped these events
+                msg = f"rule {rule.id}: a kept row has no registry row"
+                raise RuntimeError(msg)
+            group = group_values(rule, row)
             key = key or state_key(rule, group)
             st = store.get(key)
             if st is not None:  # the dropped rows' effect: the firing streak's count, the newest time
                 st["streak"] += r["__skipped"]
                 if r["__newest"] is not None and r["__newest"] > st["last_event"]:
                     st["last_event"] = r["__newest"]
-            fields[HOLDS], fields[CLEARS] = r["__h"], r["__c"]
+            row[HOLDS], row[CLEARS] = r["__h"], r["__c"]
             ev = Event(str(fields.get(key_field)), r["__ts_ms"], fields)
-            alerts, late = logic.on_event(store, key, group, ev, fields)
+            alerts, late = logic.on_event(store, key, group, ev, row)
             if late:  # pragma: no cover - kept_rows drops every late row
                 msg = f"rule {rule.id}: a kept row was late at {r['__ts_ms']}"
                 raise RuntimeError(msg)
@@ -294,18 +379,19 @@ class ThresholdStep:
 
 def native_output(
     decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule],
-    stream_path: Mapping[str, frozenset[str]], idx: Mapping[str, int],
+    stream_path: Mapping[str, frozenset[str]], idx: Mapping[str, int], tables: Tables | None = None,
 ) -> DataFrame | None:  # fmt: skip
     """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on the
     stream keys ``stream_path`` does not leave to the stream path; ``idx``: per rule, its
-    output rows' ``idx``."""
+    output rows' ``idx``; ``tables``: the backtest's registry rows (static)."""
+    tables = tables or Tables()
     if not rules:
         return None
     events: DataFrame | None = None
     for rule in rules:
-        mine = _events(decoded, plan, rule, stream_path.get(rule.id, frozenset()))
+        mine = _events(decoded, plan, rule, stream_path.get(rule.id, frozenset()), tables)
         events = mine if events is None else events.unionByName(mine)
     assert events is not None  # noqa: S101
     partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
     kept = kept_rows(events.repartition(partitions, "__rule", "__g"))
-    return kept.mapInArrow(ThresholdStep(rules, idx), OUTPUT_SCHEMA)
+    return kept.mapInArrow(ThresholdStep(rules, idx, tables), OUTPUT_SCHEMA)

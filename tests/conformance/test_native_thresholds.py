@@ -8,7 +8,8 @@ sequences and report counts on
   over 2 partitions, and the crafted events alone on 1 partition: late and out-of-order
   events, exact duplicates, tied times, NULL and missing fields, a ``where``/``clear``
   overlap, ``consecutive`` with and without ``for``, ``for`` met exactly at its boundary,
-  groups on the topic key, on another field and none;
+  groups on the topic key, on another field and none, registry columns (``enrich``, a
+  missing row skipping the event or giving NULLs, a geo function over them);
 * the real NAB series for 3 devices (with its 55-minute jump back) with the time bound on
   (APP_MAX_EVENT_SKEW 5m), where nothing is held, so every partition is native, and with a
   future-dated event, whose partitions keep the rules on the stream path.
@@ -34,6 +35,7 @@ from pyspark.sql import SparkSession
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, parse_statuses, read_events
 from app.rules.loader import load_rules
+from app.tables import Tables
 from jobs import thresholds
 from jobs.backtest import file_records, run_backtest
 from jobs.compile import plan_rules
@@ -46,6 +48,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 RULES = Path(__file__).with_name("thresholds.yaml")
 EVERY_STATUS = parse_statuses("all")
 SKEW_MS = 5 * 60_000
+#: the registry: d-1, b-1, v-1 and two of the three NAB devices (nab-2 and d-2 have no row)
+DEVICES = [
+    {"device_id": "d-1", "site": "plant-a", "kind": "machine", "max_temp": 100.5},
+    {"device_id": "b-1", "site": "yard"},
+    {"device_id": "v-1", "kind": "van", "depot_lat": 52.52, "depot_lon": 13.405, "geofence_km": 2.0},
+    {"device_id": "nab-0", "site": "plant-b", "max_temp": 95.0},
+    {"device_id": "nab-1", "site": "plant-c", "max_temp": 90.0},
+]
+
+
+def tables() -> Tables:
+    t = Tables()
+    t.load_rows("devices", DEVICES)
+    return t
 
 
 def crafted_thresholds() -> Iterator[dict[str, Any]]:
@@ -80,6 +96,11 @@ def crafted_thresholds() -> Iterator[dict[str, Any]]:
             yield s("d-1", 24, 20.0)  # late inside the run
     yield s("d-1", 40, 97.0)  # not below clear: still firing
     yield s("d-1", 41, 96.9)  # resolves
+    # v-1 (registry: a 2 km geofence around its depot): leaves, comes back, NULL position
+    for m, (lat, lon) in enumerate([(52.52, 13.405), (52.60, 13.405), (52.61, 13.41), (None, 13.4)]):
+        yield {"device_id": "v-1", "ts": at(950 + m), "lat": lat, "lon": lon}
+    yield {"device_id": "v-1", "ts": at(955), "lat": 52.521, "lon": 13.405}  # back within 1.5 km: clears
+    yield from (s("u-1", 60, 101.0), s("u-1", 61, 102.0), s("u-1", 62, 99.0))  # no registry row
     # thr-cold: three in a row, a NULL breaks the streak, ties count
     for t in (5.0, 5.0, None, 5.0, 5.0, 5.0, 5.0, 50.0, 5.0):
         yield s("d-2", 100 + len(str(t)), t)  # several share a time
@@ -119,14 +140,14 @@ def compare(
     with path.open("rb") as f:
         faust = backtest(
             ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
-            partitions=partitions, max_skew_ms=max_skew_ms,
+            partitions=partitions, max_skew_ms=max_skew_ms, tables=tables(),
         )  # fmt: skip
     spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="jobs.backtest"):
         on_spark = run_backtest(
             spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
-            partitions=partitions, max_skew_ms=max_skew_ms,
+            partitions=partitions, max_skew_ms=max_skew_ms, tables=tables(),
         )  # fmt: skip
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("native thresholds:")]
     assert said, "the native threshold path did not run"
@@ -205,6 +226,10 @@ def test_crafted_events_on_one_partition(
     assert [s for s, _, _ in seen("thr-hot-status", "busy")] == ["pending", "firing", "resolved"]
     assert [s for s, _, _ in seen("thr-battery", "b-1")] == ["pending", "firing", "resolved"]
     assert [s for s, _, _ in seen("thr-server-errors", "10.0.0.7")] == ["pending", "firing", "resolved"]
+    assert [s for s, _, _ in seen("thr-left-depot", "v-1")] == ["firing", "resolved"]
+    assert [s for s, _, _ in seen("thr-unknown-device-hot", "u-1")] == ["pending", "firing", "resolved"]
+    assert not seen("thr-unknown-device-hot", "d-1")  # its registry row has a site
+    assert [s for s, _, _ in seen("thr-too-hot-for-its-site", "d-1")][:3] == ["pending", "firing", "resolved"]
 
 
 def test_the_real_nab_series_with_the_time_bound_on(
