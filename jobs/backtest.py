@@ -179,8 +179,8 @@ def run_backtest(
         thr_stream = [r for r in native_thr if r.id in streamed]
         found = native_partitions(decoded, plan, native, max_skew_ms, held_only=thr_stream)
         fallback = dict(found.stream_path)
-        for r in thr_stream:
-            fallback.setdefault(r.id, frozenset())
+        for rule in thr_stream:
+            fallback.setdefault(rule.id, frozenset())
         if native:
             logger.info(
                 "native windows: %s",
