@@ -191,106 +191,222 @@ def evaluation_order(rules: Sequence[CompiledRule]) -> dict[str, int]:
     return {rid: i for i, rid in enumerate(ids)}
 
 
-def registry(decoded: DataFrame, tables: Tables, table: str, i: int) -> DataFrame:
+def registry(decoded: DataFrame, tables: Tables, table: str, j: int) -> DataFrame:
     """The rows of registry ``table`` (static in a backtest), typed as ``Tables`` holds them:
-    ``__k{i}`` (the key), ``__e{i}_<column>`` (the key column too)."""
+    ``__k{j}`` (the key), ``__e{j}_<column>`` (the key column too)."""
     schema = TABLES[table]
     names = [schema.key, *schema.columns]
     types = {schema.key: "string", **schema.columns}
     struct = StructType(
-        [StructField(f"__k{i}", StringType())]
-        + [StructField(f"__e{i}_{c}", _TABLE_TYPES[types[c]]) for c in names]
+        [StructField(f"__k{j}", StringType())]
+        + [StructField(f"__e{j}_{c}", _TABLE_TYPES[types[c]]) for c in names]
     )
     rows = [(key, *(row.get(c) for c in names)) for key, row in sorted(tables.rows.get(table, {}).items())]
     return decoded.sparkSession.createDataFrame(rows, struct)
 
 
-def _typed(decoded: DataFrame, rule: CompiledRule, columns: frozenset[str], tables: Tables) -> DataFrame:
-    """``decoded`` with the rule's typed struct ``__<source>``: the event's fields in
-    ``columns``, and per join of ``enrich`` the registry row's columns as a struct named by
-    its ``as`` (all NULL when the row is missing; the event dropped with ``missing: skip``,
-    as the evaluator skips it), looked up by ``str(value)`` of the ``on`` field as the
-    evaluator looks it up (a NULL is ``"None"``)."""
-    r = rule.rule
-    struct = f"__{r.source}"
-    own = r.group_by + tuple(s.on for s in r.enrich)
-    fields = sorted((set(columns) & set(rule.schema.all_fields())) | set(own))
-    ev = decoded.withColumn("__ev", F.from_json(F.col("__fields"), source_struct(r.source, only=fields)))
-    joined: list[Column] = []
-    for i, spec in enumerate(r.enrich):
-        reg = F.broadcast(registry(decoded, tables, spec.table, i))
-        key = F.coalesce(F.col("__ev").getField(spec.on), F.lit("None"))
-        ev = ev.join(reg, key == F.col(f"__k{i}"), "inner" if spec.missing == "skip" else "left")
-        schema = TABLES[spec.table]
-        cols = [F.col(f"__e{i}_{c}").alias(c) for c in (schema.key, *schema.columns)]
-        joined.append(F.struct(*cols).alias(spec.as_))
-    own_cols = [F.col("__ev").getField(f).alias(f) for f in fields]
-    return ev.withColumn(struct, F.struct(*own_cols, *joined))
+def _cohorts(rules: Sequence[CompiledRule]) -> list[list[CompiledRule]]:
+    """``rules`` by (source, group_by): each cohort's groups are one partitioning of its events."""
+    out: dict[tuple[str, tuple[str, ...]], list[CompiledRule]] = {}
+    for r in rules:
+        out.setdefault((r.rule.source, r.rule.group_by), []).append(r)
+    return list(out.values())
 
 
-def _events(
-    decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str], tables: Tables
-) -> DataFrame:
-    """``rule``'s events: ``__rule``, ``__g`` (group values), ``__part``, ``__offset``,
-    ``__ts_ms``, ``__fields``, ``__h`` (holds), ``__c`` (clr), ``__for``, ``__consec``."""
-    r = rule.rule
-    ev = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == r.source))
-    if skip:
-        ev = ev.where(~F.col("__streams")[stream_of(plan, rule).position].isin(sorted(skip)))
-    where, clear = native_condition(rule), native_clear(rule)
-    assert where is not None  # noqa: S101 - native_problem admits only these
-    columns = where.columns | (clear.columns if clear is not None else frozenset()) | set(r.group_by)
-    struct = f"__{r.source}"
-    ev = _typed(ev, rule, columns, tables)
-    holds = F.coalesce(F.expr(where.sql), F.lit(False))
-    clr: Column = F.coalesce(F.expr(clear.sql), F.lit(False)) if clear is not None else ~holds
-    group = F.array(*(F.coalesce(F.col(f"`{struct}`.`{g}`"), F.lit("")) for g in r.group_by))
-    return ev.select(
-        F.lit(rule.id).alias("__rule"),
-        group.cast("array<string>").alias("__g"),
+def cohort_events(
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], stream_path: Mapping[str, frozenset[str]],
+    tables: Tables,
+) -> DataFrame:  # fmt: skip
+    """The events of a cohort's source, one row each: ``__g`` (group values), ``__part``,
+    ``__offset``, ``__ts_ms``, and per rule ``k`` of the cohort ``__s{k}`` (the rule sees the
+    event: not on a stream key left to the stream path, not skipped for a missing registry
+    row), ``__h{k}`` (holds) and ``__c{k}`` (clr).
+
+    Each rule reads a struct of its own (``__q{k}``): the event's fields its conditions and
+    groups read, and per join of ``enrich`` the registry row's columns as a struct named by
+    its ``as`` (all NULL when the row is missing), looked up by ``str(value)`` of the ``on``
+    field as the evaluator looks it up (a NULL is ``"None"``). One left join per distinct
+    (table, on field), broadcast (the registry rows)."""
+    source, group_by = rules[0].rule.source, rules[0].rule.group_by
+    ev = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == source))
+    exprs = [(native_condition(r), native_clear(r)) for r in rules]
+    event_fields = set(SCHEMAS[source].all_fields())
+    fields = set(group_by) | {s.on for r in rules for s in r.rule.enrich}
+    for where, clear in exprs:
+        for e in (where, clear):
+            fields |= (e.columns & event_fields) if e is not None else set()
+    own = sorted(fields)
+    ev = ev.withColumn("__ev", F.from_json(F.col("__fields"), source_struct(source, only=own)))
+    joins: dict[tuple[str, str], int] = {}
+    for r in rules:
+        for spec in r.rule.enrich:
+            if (spec.table, spec.on) not in joins:
+                j = joins[(spec.table, spec.on)] = len(joins)
+                reg = F.broadcast(registry(decoded, tables, spec.table, j))
+                key = F.coalesce(F.col("__ev").getField(spec.on), F.lit("None"))
+                ev = ev.join(reg, key == F.col(f"__k{j}"), "left")
+    cols: list[Column] = [
+        F.array(*(F.coalesce(F.col("__ev").getField(g), F.lit("")) for g in group_by)).cast("array<string>").alias("__g"),
+        F.col("__part"), F.col("__offset"), F.col("__ts_ms"),
+    ]  # fmt: skip
+    structs: list[Column] = []
+    for k, r in enumerate(rules):
+        parts = [F.col("__ev").getField(f).alias(f) for f in own]
+        seen: Column = F.lit(True)
+        for spec in r.rule.enrich:
+            j, schema = joins[(spec.table, spec.on)], TABLES[spec.table]
+            parts.append(
+                F.struct(*(F.col(f"__e{j}_{c}").alias(c) for c in (schema.key, *schema.columns))).alias(
+                    spec.as_
+                )
+            )
+            if spec.missing == "skip":
+                seen = seen & F.col(f"__k{j}").isNotNull()
+        skip = stream_path.get(r.id, frozenset())
+        if skip:
+            seen = seen & ~F.col("__streams")[stream_of(plan, r).position].isin(sorted(skip))
+        structs.append(F.struct(*parts).alias(f"__q{k}"))
+        cols.append(seen.alias(f"__s{k}"))
+    ev = ev.select(*cols, *structs)
+    out: list[Column] = [F.col(c) for c in ("__g", "__part", "__offset", "__ts_ms")]
+    for k, (where, clear) in enumerate(exprs):
+        assert where is not None  # noqa: S101 - native_problem admits only these
+        holds = F.coalesce(F.expr(_qualified(rules[k], where.sql, k)), F.lit(False))
+        clr = (
+            F.coalesce(F.expr(_qualified(rules[k], clear.sql, k)), F.lit(False))
+            if clear is not None
+            else ~holds
+        )
+        out += [F.col(f"__s{k}"), (F.col(f"__s{k}") & holds).alias(f"__h{k}"), clr.alias(f"__c{k}")]
+    return ev.select(*out)
+
+
+def _qualified(rule: CompiledRule, sql: str, k: int) -> str:
+    """``sql`` (over ``__<source>``) over the rule's own struct ``__q{k}``."""
+    return sql.replace(f"`__{rule.rule.source}`.", f"`__q{k}`.")
+
+
+def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
+    """The rows of :func:`cohort_events` that can change an alert (the module's steps 1 to 3),
+    one per (rule, event) kept: ``__rule``, ``__g``, ``__part``, ``__offset``, ``__ts_ms``,
+    ``__h``, ``__c``, ``__skipped`` (dropped ``holds`` TRUE rows since the group's previous
+    kept row) and ``__newest`` (the group's newest time before it, NULL for its first).
+
+    Every step is a window function over one order of the cohort's events per group
+    ((partition, offset)): per rule, a row the rule does not take is passed over by
+    conditional aggregates (``last(... ignorenulls)``, counts), never filtered out, so the
+    events are sorted once whatever the number of rules."""
+    w = Window.partitionBy("__g").orderBy("__part", "__offset")
+    whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    order = F.struct("__part", "__offset")
+    ev = events
+    n = len(rules)
+    # 1. from the group's first TRUE on
+    ev = ev.select(
+        "*", *(F.min(F.when(F.col(f"__h{k}"), order)).over(whole).alias(f"__f{k}") for k in range(n))
+    )
+    ev = ev.select(
+        "*", *((F.col(f"__s{k}") & (order >= F.col(f"__f{k}"))).alias(f"__st{k}") for k in range(n))
+    )
+    # 2. not late: at or above the newest time of the group's earlier events taken
+    ev = ev.select(
+        "*",
+        *(F.max(F.when(F.col(f"__st{k}"), F.col("__ts_ms"))).over(before).alias(f"__n{k}") for k in range(n)),
+    )
+    on = [
+        F.col(f"__st{k}") & (F.col(f"__n{k}").isNull() | (F.col("__ts_ms") >= F.col(f"__n{k}")))
+        for k in range(n)
+    ]
+    ev = ev.select("*", *(on[k].alias(f"__o{k}") for k in range(n)))
+    # 3. segments of equal (holds, clr) among the rows taken
+    sig = [F.struct(F.col(f"__h{k}").alias("h"), F.col(f"__c{k}").alias("c")) for k in range(n)]
+    ev = ev.select(
+        "*",
+        *(
+            F.last(F.when(F.col(f"__o{k}"), sig[k]), ignorenulls=True).over(before).alias(f"__p{k}")
+            for k in range(n)
+        ),
+        *(F.count(F.when(F.col(f"__o{k}"), 1)).over(upto).alias(f"__cnt{k}") for k in range(n)),
+        *(
+            F.count(F.when(F.col(f"__o{k}") & F.col(f"__h{k}"), 1)).over(upto).alias(f"__t{k}")
+            for k in range(n)
+        ),
+    )
+    starts = [F.col(f"__o{k}") & (F.col(f"__p{k}").isNull() | (F.col(f"__p{k}") != sig[k])) for k in range(n)]
+    ev = ev.select("*", *(starts[k].alias(f"__b{k}") for k in range(n)))
+    ev = ev.select(
+        "*",
+        *(
+            F.last(F.when(F.col(f"__b{k}"), F.col(f"__cnt{k}")), ignorenulls=True)
+            .over(upto)
+            .alias(f"__bc{k}")
+            for k in range(n)
+        ),
+        *(
+            F.last(F.when(F.col(f"__b{k}"), F.col("__ts_ms")), ignorenulls=True).over(upto).alias(f"__bt{k}")
+            for k in range(n)
+        ),
+        *(F.count(F.when(F.col(f"__b{k}"), 1)).over(upto).alias(f"__sid{k}") for k in range(n)),
+    )
+    fires = []
+    for k, r in enumerate(rules):
+        position = F.col(f"__cnt{k}") - F.col(f"__bc{k}")  # from 0 at the segment's start
+        fires.append(
+            F.col(f"__o{k}") & F.col(f"__h{k}") & ~F.col(f"__c{k}")
+            & (position + 1 >= r.rule.consecutive) & (F.col("__ts_ms") - F.col(f"__bt{k}") >= r.rule.for_ms)
+        )  # fmt: skip
+    ev = ev.select("*", *(fires[k].alias(f"__fi{k}") for k in range(n)))
+    ev = ev.select(
+        "*",
+        *(
+            F.last(F.when(F.col(f"__fi{k}"), F.col(f"__sid{k}")), ignorenulls=True)
+            .over(before)
+            .alias(f"__fs{k}")
+            for k in range(n)
+        ),
+    )
+    keep = []
+    for k in range(n):
+        fired = F.coalesce(F.col(f"__fs{k}") == F.col(f"__sid{k}"), F.lit(False))
+        h, c = F.col(f"__h{k}"), F.col(f"__c{k}")
+        keep.append(F.col(f"__o{k}") & (F.col(f"__b{k}") | (h & c) | (h & ~fired)))
+    ev = ev.select("*", *(keep[k].alias(f"__kp{k}") for k in range(n)))
+    ev = ev.select(
+        "*",
+        *(
+            F.last(F.when(F.col(f"__kp{k}"), F.col(f"__t{k}")), ignorenulls=True)
+            .over(before)
+            .alias(f"__kt{k}")
+            for k in range(n)
+        ),
+    )
+    kept = []
+    for k, r in enumerate(rules):
+        skipped = F.col(f"__t{k}") - F.col(f"__h{k}").cast("long") - F.coalesce(F.col(f"__kt{k}"), F.lit(0))
+        row = F.struct(
+            F.lit(r.id).alias("__rule"), F.col(f"__h{k}").alias("__h"), F.col(f"__c{k}").alias("__c"),
+            skipped.cast("long").alias("__skipped"), F.col(f"__n{k}").alias("__newest"),
+        )  # fmt: skip
+        kept.append(F.when(F.col(f"__kp{k}"), row))
+    rows = ev.select(
+        "__g",
         "__part",
         "__offset",
         "__ts_ms",
-        "__fields",
-        holds.alias("__h"),
-        clr.alias("__c"),
-        F.lit(r.for_ms).cast("long").alias("__for"),
-        F.lit(r.consecutive).cast("long").alias("__consec"),
+        F.explode(F.filter(F.array(*kept), lambda x: x.isNotNull())).alias("__k"),
     )
-
-
-def kept_rows(events: DataFrame) -> DataFrame:
-    """The rows of :func:`_events` that can change an alert (the module's steps 1 to 3),
-    each with ``__skipped`` (dropped ``holds`` TRUE rows since the group's previous kept
-    row) and ``__newest`` (the group's newest time before it, NULL for its first)."""
-    group = Window.partitionBy("__rule", "__g")
-    by_group = group.orderBy("__part", "__offset")
-    before = by_group.rowsBetween(Window.unboundedPreceding, -1)
-    order = F.struct("__part", "__offset")
-    first = F.min(F.when(F.col("__h"), order)).over(group)
-    started = events.withColumn("__first", first).where(order >= F.col("__first")).drop("__first")
-    on_time = started.withColumn("__newest", F.max("__ts_ms").over(before)).where(
-        F.col("__newest").isNull() | (F.col("__ts_ms") >= F.col("__newest"))
-    )
-    same = (F.lag("__h").over(by_group) == F.col("__h")) & (F.lag("__c").over(by_group) == F.col("__c"))
-    starts = on_time.withColumn("__start", ~F.coalesce(same, F.lit(False))).withColumn(
-        "__trues", F.sum(F.col("__h").cast("long")).over(by_group)
-    )
-    segments = starts.withColumn("__seg", F.sum(F.col("__start").cast("long")).over(by_group))
-    in_seg = Window.partitionBy("__rule", "__g", "__seg").orderBy("__part", "__offset")
-    fires = (F.row_number().over(in_seg) >= F.col("__consec")) & (
-        F.col("__ts_ms") - F.first("__ts_ms").over(in_seg) >= F.col("__for")
-    )
-    fired_before = F.max(F.col("__fires").cast("int")).over(in_seg.rowsBetween(Window.unboundedPreceding, -1))
-    marked = segments.withColumn("__fires", F.col("__h") & ~F.col("__c") & fires).withColumn(
-        "__fired", F.coalesce(fired_before, F.lit(0)) == 1
-    )
-    keep = F.col("__start") | (F.col("__h") & F.col("__c")) | (F.col("__h") & ~F.col("__fired"))
-    kept = marked.where(keep)
-    before_kept = F.coalesce(F.lag("__trues").over(by_group), F.lit(0))
-    skipped = F.col("__trues") - F.col("__h").cast("long") - before_kept
-    return kept.withColumn("__skipped", skipped).select(
-        "__rule", "__g", "__part", "__offset", "__ts_ms", "__fields", "__h", "__c", "__skipped", "__newest"
+    return rows.select(
+        "__k.__rule",
+        "__g",
+        "__part",
+        "__offset",
+        "__ts_ms",
+        "__k.__h",
+        "__k.__c",
+        "__k.__skipped",
+        "__k.__newest",
     )
 
 
@@ -384,14 +500,17 @@ def native_output(
     """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on the
     stream keys ``stream_path`` does not leave to the stream path; ``idx``: per rule, its
     output rows' ``idx``; ``tables``: the backtest's registry rows (static)."""
-    tables = tables or Tables()
     if not rules:
         return None
-    events: DataFrame | None = None
-    for rule in rules:
-        mine = _events(decoded, plan, rule, stream_path.get(rule.id, frozenset()), tables)
-        events = mine if events is None else events.unionByName(mine)
-    assert events is not None  # noqa: S101
+    tables = tables or Tables()
     partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
-    kept = kept_rows(events.repartition(partitions, "__rule", "__g"))
-    return kept.mapInArrow(ThresholdStep(rules, idx, tables), OUTPUT_SCHEMA)
+    kept: DataFrame | None = None
+    for cohort in _cohorts(rules):
+        events = cohort_events(decoded, plan, cohort, stream_path, tables).repartition(partitions, "__g")
+        mine = kept_rows(events, cohort)
+        kept = mine if kept is None else kept.unionByName(mine)
+    assert kept is not None  # noqa: S101
+    # the kept rows are few: their fields are joined back (not carried through the sort)
+    fields = decoded.where(F.col("__dlq").isNull()).select("__part", "__offset", "__fields")
+    rows = kept.join(fields, ["__part", "__offset"]).repartition(partitions, "__rule", "__g")
+    return rows.mapInArrow(ThresholdStep(rules, idx, tables), OUTPUT_SCHEMA)
