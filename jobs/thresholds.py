@@ -268,7 +268,10 @@ def cohort_events(
         structs.append(F.struct(*parts).alias(f"__q{k}"))
         cols.append(seen.alias(f"__s{k}"))
     ev = ev.select(*cols, *structs)
-    out: list[Column] = [F.col(c) for c in ("__g", "__part", "__offset", "__ts_ms")]
+    out: list[Column] = [
+        F.to_json("__g").alias("__gk"),
+        *(F.col(c) for c in ("__g", "__part", "__offset", "__ts_ms")),
+    ]
     for k, (where, clear) in enumerate(exprs):
         assert where is not None  # noqa: S101 - native_problem admits only these
         holds = F.coalesce(F.expr(_qualified(rules[k], where.sql, k)), F.lit(False))
@@ -295,108 +298,89 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
     Every step is a window function over one order of the cohort's events per group
     ((partition, offset)): per rule, a row the rule does not take is passed over by
     conditional aggregates (``last(... ignorenulls)``, counts), never filtered out, so the
-    events are sorted once whatever the number of rules."""
-    w = Window.partitionBy("__g").orderBy("__part", "__offset")
+    events are sorted once whatever the number of rules. Within a segment the rows taken are
+    in time order and their position grows, so once one meets ``consecutive`` and ``for``
+    every later one does: a row comes after the fire point exactly when the row before it
+    in the segment (position - 1, the group's newest time before it) meets them."""
+    w = Window.partitionBy("__gk").orderBy("__part", "__offset")
     whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     before = w.rowsBetween(Window.unboundedPreceding, -1)
     upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     order = F.struct("__part", "__offset")
-    ev = events
-    n = len(rules)
-    # 1. from the group's first TRUE on
-    ev = ev.select(
-        "*", *(F.min(F.when(F.col(f"__h{k}"), order)).over(whole).alias(f"__f{k}") for k in range(n))
+    n = range(len(rules))
+    base = ["__gk", "__g", "__part", "__offset", "__ts_ms"]
+    hc = [c for k in n for c in (f"__h{k}", f"__c{k}")]
+
+    def col(name: str, k: int) -> Column:
+        return F.col(f"__{name}{k}")
+
+    # 1. from the group's first TRUE on (the rows the rule takes: __st)
+    ev = events.select(
+        *base,
+        *hc,
+        *(F.col(f"__s{k}") for k in n),
+        *(F.min(F.when(col("h", k), order)).over(whole).alias(f"__f{k}") for k in n),
     )
+    ev = ev.select(*base, *hc, *((col("s", k) & (order >= col("f", k))).alias(f"__st{k}") for k in n))
+    # 2. not late: at or above the newest time of the group's earlier rows taken (__n); __o: on time
     ev = ev.select(
-        "*", *((F.col(f"__s{k}") & (order >= F.col(f"__f{k}"))).alias(f"__st{k}") for k in range(n))
-    )
-    # 2. not late: at or above the newest time of the group's earlier events taken
-    ev = ev.select(
-        "*",
-        *(F.max(F.when(F.col(f"__st{k}"), F.col("__ts_ms"))).over(before).alias(f"__n{k}") for k in range(n)),
+        *base,
+        *hc,
+        *(F.col(f"__st{k}") for k in n),
+        *(F.max(F.when(col("st", k), F.col("__ts_ms"))).over(before).alias(f"__n{k}") for k in n),
     )
     on = [
-        F.col(f"__st{k}") & (F.col(f"__n{k}").isNull() | (F.col("__ts_ms") >= F.col(f"__n{k}")))
-        for k in range(n)
+        F.coalesce(col("st", k) & (col("n", k).isNull() | (F.col("__ts_ms") >= col("n", k))), F.lit(False))
+        for k in n
     ]
-    ev = ev.select("*", *(on[k].alias(f"__o{k}") for k in range(n)))
-    # 3. segments of equal (holds, clr) among the rows taken
-    sig = [F.struct(F.col(f"__h{k}").alias("h"), F.col(f"__c{k}").alias("c")) for k in range(n)]
+    ev = ev.select(*base, *hc, *(col("n", k) for k in n), *(on[k].alias(f"__o{k}") for k in n))
+    # 3. segments of equal (holds, clr) among the on-time rows: __b, a segment's first row
+    sig = [F.struct(col("h", k).alias("h"), col("c", k).alias("c")) for k in n]
+    keep3 = [*hc, *(col("n", k) for k in n), *(col("o", k) for k in n)]
     ev = ev.select(
-        "*",
-        *(
-            F.last(F.when(F.col(f"__o{k}"), sig[k]), ignorenulls=True).over(before).alias(f"__p{k}")
-            for k in range(n)
-        ),
-        *(F.count(F.when(F.col(f"__o{k}"), 1)).over(upto).alias(f"__cnt{k}") for k in range(n)),
-        *(
-            F.count(F.when(F.col(f"__o{k}") & F.col(f"__h{k}"), 1)).over(upto).alias(f"__t{k}")
-            for k in range(n)
-        ),
-    )
-    starts = [F.col(f"__o{k}") & (F.col(f"__p{k}").isNull() | (F.col(f"__p{k}") != sig[k])) for k in range(n)]
-    ev = ev.select("*", *(starts[k].alias(f"__b{k}") for k in range(n)))
+        *base, *keep3,
+        *(F.last(F.when(col("o", k), sig[k]), ignorenulls=True).over(before).alias(f"__p{k}") for k in n),
+        *(F.count(F.when(col("o", k), 1)).over(upto).alias(f"__cnt{k}") for k in n),
+        *(F.count(F.when(col("o", k) & col("h", k), 1)).over(upto).alias(f"__t{k}") for k in n),
+    )  # fmt: skip
+    starts = [col("o", k) & (col("p", k).isNull() | (col("p", k) != sig[k])) for k in n]
+    keep4 = [*keep3, *(col("cnt", k) for k in n), *(col("t", k) for k in n)]
+    ev = ev.select(*base, *keep4, *(starts[k].alias(f"__b{k}") for k in n))
+    # the count and the time at the segment's first row
     ev = ev.select(
-        "*",
-        *(
-            F.last(F.when(F.col(f"__b{k}"), F.col(f"__cnt{k}")), ignorenulls=True)
-            .over(upto)
-            .alias(f"__bc{k}")
-            for k in range(n)
-        ),
-        *(
-            F.last(F.when(F.col(f"__b{k}"), F.col("__ts_ms")), ignorenulls=True).over(upto).alias(f"__bt{k}")
-            for k in range(n)
-        ),
-        *(F.count(F.when(F.col(f"__b{k}"), 1)).over(upto).alias(f"__sid{k}") for k in range(n)),
-    )
-    fires = []
-    for k, r in enumerate(rules):
-        position = F.col(f"__cnt{k}") - F.col(f"__bc{k}")  # from 0 at the segment's start
-        fires.append(
-            F.col(f"__o{k}") & F.col(f"__h{k}") & ~F.col(f"__c{k}")
-            & (position + 1 >= r.rule.consecutive) & (F.col("__ts_ms") - F.col(f"__bt{k}") >= r.rule.for_ms)
-        )  # fmt: skip
-    ev = ev.select("*", *(fires[k].alias(f"__fi{k}") for k in range(n)))
-    ev = ev.select(
-        "*",
-        *(
-            F.last(F.when(F.col(f"__fi{k}"), F.col(f"__sid{k}")), ignorenulls=True)
-            .over(before)
-            .alias(f"__fs{k}")
-            for k in range(n)
-        ),
-    )
+        *base, *keep4, *(col("b", k) for k in n),
+        *(F.last(F.when(col("b", k), col("cnt", k)), ignorenulls=True).over(upto).alias(f"__bc{k}") for k in n),
+        *(F.last(F.when(col("b", k), F.col("__ts_ms")), ignorenulls=True).over(upto).alias(f"__bt{k}") for k in n),
+    )  # fmt: skip
     keep = []
-    for k in range(n):
-        fired = F.coalesce(F.col(f"__fs{k}") == F.col(f"__sid{k}"), F.lit(False))
-        h, c = F.col(f"__h{k}"), F.col(f"__c{k}")
-        keep.append(F.col(f"__o{k}") & (F.col(f"__b{k}") | (h & c) | (h & ~fired)))
-    ev = ev.select("*", *(keep[k].alias(f"__kp{k}") for k in range(n)))
+    for k, r in enumerate(rules):
+        position = col("cnt", k) - col("bc", k)  # from 0 at the segment's first row
+        fired = (position >= r.rule.consecutive) & (col("n", k) - col("bt", k) >= r.rule.for_ms)
+        h, c = col("h", k), col("c", k)
+        keep.append(col("o", k) & (col("b", k) | (h & c) | (h & ~fired)))
+    ev = ev.select(
+        *base,
+        *hc,
+        *(col("n", k) for k in n),
+        *(col("t", k) for k in n),
+        *(keep[k].alias(f"__kp{k}") for k in n),
+    )
     ev = ev.select(
         "*",
         *(
-            F.last(F.when(F.col(f"__kp{k}"), F.col(f"__t{k}")), ignorenulls=True)
-            .over(before)
-            .alias(f"__kt{k}")
-            for k in range(n)
+            F.last(F.when(col("kp", k), col("t", k)), ignorenulls=True).over(before).alias(f"__kt{k}")
+            for k in n
         ),
     )
     kept = []
     for k, r in enumerate(rules):
-        skipped = F.col(f"__t{k}") - F.col(f"__h{k}").cast("long") - F.coalesce(F.col(f"__kt{k}"), F.lit(0))
+        skipped = col("t", k) - col("h", k).cast("long") - F.coalesce(col("kt", k), F.lit(0))
         row = F.struct(
-            F.lit(r.id).alias("__rule"), F.col(f"__h{k}").alias("__h"), F.col(f"__c{k}").alias("__c"),
-            skipped.cast("long").alias("__skipped"), F.col(f"__n{k}").alias("__newest"),
+            F.lit(r.id).alias("__rule"), col("h", k).alias("__h"), col("c", k).alias("__c"),
+            skipped.cast("long").alias("__skipped"), col("n", k).alias("__newest"),
         )  # fmt: skip
-        kept.append(F.when(F.col(f"__kp{k}"), row))
-    rows = ev.select(
-        "__g",
-        "__part",
-        "__offset",
-        "__ts_ms",
-        F.explode(F.filter(F.array(*kept), lambda x: x.isNotNull())).alias("__k"),
-    )
+        kept.append(F.when(col("kp", k), row))
+    rows = ev.select(*base[1:], F.explode(F.filter(F.array(*kept), lambda x: x.isNotNull())).alias("__k"))
     return rows.select(
         "__k.__rule",
         "__g",
@@ -506,7 +490,7 @@ def native_output(
     partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
     kept: DataFrame | None = None
     for cohort in _cohorts(rules):
-        events = cohort_events(decoded, plan, cohort, stream_path, tables).repartition(partitions, "__g")
+        events = cohort_events(decoded, plan, cohort, stream_path, tables).repartition(partitions, "__gk")
         mine = kept_rows(events, cohort)
         kept = mine if kept is None else kept.unionByName(mine)
     assert kept is not None  # noqa: S101
