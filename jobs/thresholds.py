@@ -30,7 +30,10 @@ copies; so no timer, and at most one transition per event):
    events can fire or pend when the group is not firing and resolve when it is: each one
    is kept.
 
-The kept rows of each group then go, in order, through the evaluator's ``ThresholdLogic``
+All of it is window functions over one sort of the source's events per (source,
+``group_by``) *cohort* of rules (:func:`kept_rows`: each rule's steps as conditional
+aggregates over the same order, no per-rule filter), the fields joined back for the kept
+rows only. The kept rows of each group then go, in order, through the evaluator's ``ThresholdLogic``
 (composed, not subclassed: it may be compiled), its condition and ``clear`` read from the
 values Spark computed (as the keyed path reads ``holds``), in one Python call per shuffle
 partition (:class:`ThresholdStep`). Each kept row carries the number of dropped ``holds``
@@ -214,8 +217,8 @@ def _cohorts(rules: Sequence[CompiledRule]) -> list[list[CompiledRule]]:
 
 
 def cohort_events(
-    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], stream_path: Mapping[str, frozenset[str]],
-    tables: Tables,
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule],
+    stream_path: Mapping[str, frozenset[str]], tables: Tables,
 ) -> DataFrame:  # fmt: skip
     """The events of a cohort's source, one row each: ``__g`` (group values), ``__part``,
     ``__offset``, ``__ts_ms``, and per rule ``k`` of the cohort ``__s{k}`` (the rule sees the
@@ -245,9 +248,9 @@ def cohort_events(
                 reg = F.broadcast(registry(decoded, tables, spec.table, j))
                 key = F.coalesce(F.col("__ev").getField(spec.on), F.lit("None"))
                 ev = ev.join(reg, key == F.col(f"__k{j}"), "left")
+    group = F.array(*(F.coalesce(F.col("__ev").getField(g), F.lit("")) for g in group_by))
     cols: list[Column] = [
-        F.array(*(F.coalesce(F.col("__ev").getField(g), F.lit("")) for g in group_by)).cast("array<string>").alias("__g"),
-        F.col("__part"), F.col("__offset"), F.col("__ts_ms"),
+        group.cast("array<string>").alias("__g"), F.col("__part"), F.col("__offset"), F.col("__ts_ms"),
     ]  # fmt: skip
     structs: list[Column] = []
     for k, r in enumerate(rules):
@@ -349,8 +352,8 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
     # the count and the time at the segment's first row
     ev = ev.select(
         *base, *keep4, *(col("b", k) for k in n),
-        *(F.last(F.when(col("b", k), col("cnt", k)), ignorenulls=True).over(upto).alias(f"__bc{k}") for k in n),
-        *(F.last(F.when(col("b", k), F.col("__ts_ms")), ignorenulls=True).over(upto).alias(f"__bt{k}") for k in n),
+        *(F.last(F.when(col("b", k), col("cnt", k)), True).over(upto).alias(f"__bc{k}") for k in n),
+        *(F.last(F.when(col("b", k), F.col("__ts_ms")), True).over(upto).alias(f"__bt{k}") for k in n),
     )  # fmt: skip
     keep = []
     for k, r in enumerate(rules):
