@@ -442,10 +442,16 @@ class ThresholdStep:
             )
 
     def run_group(
-        self, rule: CompiledRule, logic: ThresholdLogic, rows: list[dict[str, Any]]
+        self,
+        rule: CompiledRule,
+        logic: ThresholdLogic,
+        rows: list[dict[str, Any]],
+        store: DictStore | None = None,
     ) -> list[tuple[Any, ...]]:
-        """One group's kept rows, in order, through ``logic``: its output rows."""
-        store, idx, key_field = DictStore(), self.idx[rule.id], SCHEMAS[rule.rule.source].key
+        """One group's kept rows, in order, through ``logic`` (``rule`` as :func:`with_native_clear`
+        makes it), its state in ``store`` (a new one by default): its output rows."""
+        store = store if store is not None else DictStore()
+        idx, key_field = self.idx[rule.id], SCHEMAS[rule.rule.source].key
         out: list[tuple[Any, ...]] = []
         key = ""
         # the evaluator's own join (composed), for rules with enrich: the row its logic reads
