@@ -7,7 +7,9 @@ the time range, invalid lines and transitions. The same decode, conditions and
 lifecycle code run as in the streaming job; only the stateful operator is
 ``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``,
 and tumbling and hopping rules run natively where that is exact (``jobs.windows``:
-clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only).
+clock, lateness and aggregates in Spark SQL, the lifecycle on closed windows only), and
+so do threshold rules (``jobs.thresholds``: conditions, lateness and the rows that cannot
+change an alert in Spark SQL, ``ThresholdLogic`` on the rest).
 
 A topic range reads every partition from earliest to the high watermark at
 start, in record-timestamp order like the Faust-engine topic backtest.
@@ -30,6 +32,7 @@ from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
+from jobs import thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
@@ -133,6 +136,7 @@ def run_backtest(
     tables: Tables | None = None,
     max_skew_ms: int = -1,
     native_windows: bool = True,
+    native_thresholds: bool = True,
     native_decode: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
@@ -145,14 +149,22 @@ def run_backtest(
     count whose per-partition clocks are emulated, and the registry rows; ``max_skew_ms``
     its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
     ``native_windows``: tumbling and hopping rules that ``jobs.windows`` can run natively
-    do so, on the stream partitions where that is exact (False: the stream path for all).
-    ``native_decode``: the records the worker's decoder keeps unchanged are decoded in the
-    JVM (``jobs.fastdecode``; False: every record through the Python decoder).
+    do so, on the stream partitions where that is exact (False: the stream path for all);
+    ``native_thresholds`` the same for threshold rules (``jobs.thresholds``; False: the keyed
+    or the stream path, as planned). ``native_decode``: the records the worker's decoder
+    keeps unchanged are decoded in the JVM (``jobs.fastdecode``; False: every record
+    through the Python decoder).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     native = native_rules(plan) if native_windows else []
+    native_thr = thresholds.native_rules(plan) if native_thresholds else []
+    order = {r.id: i for i, r in enumerate(ruleset.rules)}
+    planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
+    # at one event: the keyed path's transitions, the native thresholds' (in the evaluator's order), the rest
+    thr_idx = {rid: len(plan.rules) + i for rid, i in thresholds.evaluation_order(planned).items()}
+    plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
     decoded = decode(raw, decoder, native=native_decode)
@@ -167,13 +179,22 @@ def run_backtest(
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)
-        found = native_partitions(decoded, plan, native, max_skew_ms)
-        fallback = found.stream_path
+        streamed = {r.id for r in plan.stream_rules}
+        thr_stream = [r for r in native_thr if r.id in streamed]
+        found = native_partitions(decoded, plan, native, max_skew_ms, held_only=thr_stream)
+        fallback = dict(found.stream_path)
+        for rule in thr_stream:
+            fallback.setdefault(rule.id, frozenset())
         if native:
             logger.info(
                 "native windows: %s",
                 ", ".join(f"{r.id} ({len(fallback[r.id])} partition(s) on the stream path)" for r in native),
             )
+        if native_thr:
+            said = [
+                f"{r.id} ({len(fallback.get(r.id, ()))} partition(s) on the stream path)" for r in native_thr
+            ]
+            logger.info("native thresholds: %s", ", ".join(said))
         streams = StreamRunner(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
@@ -186,6 +207,9 @@ def run_backtest(
         extra = native_output(decoded, plan, native, found)
         if extra is not None:
             result = result.unionByName(extra)
+        more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx, tables)
+        if more is not None:
+            result = result.unionByName(more)
         rows = result.orderBy("part", "offset", "idx").collect()
     finally:
         decoded.unpersist()

@@ -151,7 +151,7 @@ class _Stream:
     position: int
 
 
-def _stream_of(plan: SparkPlan, rule: CompiledRule) -> _Stream:
+def stream_of(plan: SparkPlan, rule: CompiledRule) -> _Stream:
     mine = [s for s in plan.streams if s.source == rule.rule.source]
     for i, s in enumerate(mine):
         if rule.id in s.rule_ids:
@@ -187,16 +187,21 @@ class NativePartitions:
 
 
 def native_partitions(
-    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], max_skew_ms: int
-) -> NativePartitions:
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], max_skew_ms: int,
+    held_only: Sequence[CompiledRule] = (),
+) -> NativePartitions:  # fmt: skip
     """Per stream partition of each native rule: whether the time bound could hold one of
     its events (then the rule runs on the stream path there), and its big clock jumps.
-    One small job per stream."""
+    One small job per stream. ``held_only``: other native rules (``jobs.thresholds``) of
+    the stream path that need the first answer only; with the bound off, none."""
     stats: dict[_Stream, list[Any]] = {}
     big: dict[_Stream, int] = {}
     for rule in rules:
-        stream = _stream_of(plan, rule)
+        stream = stream_of(plan, rule)
         big[stream] = min(big.get(stream, 2**62), MAX_EMPTY_STEPS * _step(rule))
+    held_only = held_only if max_skew_ms >= 0 else ()
+    for rule in held_only:
+        big.setdefault(stream_of(plan, rule), 2**62)
     for stream, least in big.items():
         ev = clocked(decoded, stream)
         jump = F.col("__ts_ms") - F.col("__prev")
@@ -210,7 +215,7 @@ def native_partitions(
     stream_path: dict[str, frozenset[str]] = {}
     jumps: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
     for rule in rules:
-        found = stats[_stream_of(plan, rule)]
+        found = stats[stream_of(plan, rule)]
         least = MAX_EMPTY_STEPS * _step(rule)
         stream_path[rule.id] = frozenset(r["__sk"] for r in found if r["held"])
         jumps[rule.id] = {
@@ -218,6 +223,8 @@ def native_partitions(
             for r in found
             if not r["held"]
         }
+    for rule in held_only:
+        stream_path[rule.id] = frozenset(r["__sk"] for r in stats[stream_of(plan, rule)] if r["held"])
     return NativePartitions(stream_path, jumps)
 
 
@@ -299,7 +306,7 @@ def closed_windows(
     final clock), ``a0``... (the aggregates' fold states)."""
     r = rule.rule
     assert r.window is not None  # noqa: S101
-    stream = _stream_of(plan, rule)
+    stream = stream_of(plan, rule)
     ev = clocked(decoded, stream)
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
@@ -333,7 +340,7 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     window, as the evaluator's late copies (output rows, topic ``events.late``)."""
     r = rule.rule
     assert r.window is not None  # noqa: S101
-    ev = clocked(decoded, _stream_of(plan, rule))
+    ev = clocked(decoded, stream_of(plan, rule))
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
     where = native_where(rule)
@@ -464,7 +471,7 @@ class LifecycleStep:
 def placed_at_events(alerts: DataFrame, decoded: DataFrame, plan: SparkPlan, rule: CompiledRule) -> DataFrame:
     """Each transition at the event whose clock closed its window: the first event of its
     stream partition, in (partition, offset) order, with a clock at or past ``due``."""
-    ev = clocked(decoded, _stream_of(plan, rule))
+    ev = clocked(decoded, stream_of(plan, rule))
     steps = ev.where(F.col("__prev").isNull() | (F.col("__ts_ms") > F.col("__prev"))).select(
         "__sk", F.col("__clock").alias("__v"), F.lit(1).alias("__t"), "__part", "__offset",
         *(F.lit(None).cast(t).alias(c) for c, t in _PAYLOAD),
