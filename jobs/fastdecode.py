@@ -77,7 +77,7 @@ def record_pattern(schema: Schema) -> str:
     return f'^\\{{"{schema.key}":"{_CHAR}{{1,{MAX_KEY_LEN}}}+","ts":"{_TS}"{fields}\\}}\\z'
 
 
-@F.arrow_udf(IntegerType())  # type: ignore[misc, call-overload]
+@F.arrow_udf(IntegerType())  # type: ignore[call-overload]
 def _kafka_partitions(texts: pa.Array, partitions: pa.Array) -> pa.Array:
     """Kafka's partition of each text (``app.placement.partition_for``): each distinct text of
     the batch hashed once, in Python, the rows taking theirs by index."""
