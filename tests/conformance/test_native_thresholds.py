@@ -20,10 +20,6 @@ native plan replaces both.
 
 from __future__ import annotations
 
-import io
-import logging
-import re
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,20 +29,18 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.alerts import Alert
-from app.backtest import BacktestReport, backtest, parse_statuses, read_events
+from app.backtest import BacktestReport
 from app.rules.loader import load_rules
 from app.tables import Tables
 from jobs import thresholds
-from jobs.backtest import file_records, run_backtest
 from jobs.compile import plan_rules
 from tests.conformance.kind_cases import lines_for_test
-from tests.conformance.test_windows import nab_devices
-from tests.conformance.threshold_cases import at, by_fingerprint
+from tests.conformance.native_compare import compare_backtests, nab_devices
+from tests.conformance.threshold_cases import at
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
 RULES = Path(__file__).with_name("thresholds.yaml")
-EVERY_STATUS = parse_statuses("all")
 SKEW_MS = 5 * 60_000
 #: the registry: d-1, b-1, v-1 and two of the three NAB devices (nab-2 and d-2 have no row)
 DEVICES = [
@@ -136,34 +130,11 @@ def compare(
     ruleset = load_rules([RULES])
     ids = {r.id for r in ruleset.rules}
     assert {r.id for r in thresholds.native_rules(plan_rules(ruleset, every_rule=True))} == ids
-    faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
-    with path.open("rb") as f:
-        faust = backtest(
-            ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
-            partitions=partitions, max_skew_ms=max_skew_ms, tables=tables(),
-        )  # fmt: skip
-    spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="jobs.backtest"):
-        on_spark = run_backtest(
-            spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
-            partitions=partitions, max_skew_ms=max_skew_ms, tables=tables(),
-        )  # fmt: skip
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("native thresholds:")]
-    assert said, "the native threshold path did not run"
-    fell_back = {m[1]: int(m[2]) for m in re.finditer(r"([\w-]+) \((\d+) partition", said[-1])}
-    assert set(fell_back) == ids
-
-    assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
-    assert by_fingerprint(on_spark) == by_fingerprint(faust)
-    assert Counter(spark_out.getvalue().splitlines()) == Counter(faust_out.getvalue().splitlines())
-    assert (spark_report.events, spark_report.skipped, spark_report.alerts, spark_report.late) == (
-        faust_report.events, faust_report.skipped, faust_report.alerts, faust_report.late,
+    found = compare_backtests(
+        spark, caplog, ruleset, path, partitions=partitions, said="native thresholds",
+        max_skew_ms=max_skew_ms, tables=tables(),
     )  # fmt: skip
-    assert (spark_report.refused, sorted(spark_report.problems)) == (
-        faust_report.refused, sorted(faust_report.problems),
-    )  # fmt: skip
-    return on_spark, spark_report, fell_back, spark_out.getvalue() == faust_out.getvalue()
+    return found.alerts, found.report, found.fell_back, found.same_order
 
 
 def write(path: Path, lines: list[bytes]) -> Path:

@@ -14,10 +14,6 @@ exactly the Faust backtest's output lines, per-fingerprint id sequences and repo
 
 from __future__ import annotations
 
-import io
-import logging
-import re
-from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -25,20 +21,16 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.alerts import Alert
-from app.backtest import BacktestReport, backtest, parse_statuses, read_events
+from app.backtest import BacktestReport
 from app.rules.loader import load_rules
-from ingest.adapters.nab import nab_events
-from jobs.backtest import file_records, run_backtest
 from jobs.compile import plan_rules
 from jobs.windows import native_rules
 from tests.conformance.kind_cases import crafted_windows, lines_for_test
-from tests.conformance.threshold_cases import by_fingerprint
-from tests.conftest import NAB_MACHINE_TEMP, require_dataset
+from tests.conformance.native_compare import compare_backtests, nab_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
 WINDOWS = Path(__file__).with_name("windows.yaml")
-EVERY_STATUS = parse_statuses("all")
 SKEW_MS = 5 * 60_000
 
 
@@ -50,33 +42,10 @@ def compare(
     stream path."""
     ruleset = load_rules([WINDOWS])
     assert {r.id for r in native_rules(plan_rules(ruleset, every_rule=True))} == {r.id for r in ruleset.rules}
-    faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
-    with path.open("rb") as f:
-        faust = backtest(
-            ruleset, read_events(f, str(path), faust_report), faust_out, faust_report,
-            partitions=partitions, max_skew_ms=max_skew_ms,
-        )  # fmt: skip
-    spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
-    with caplog.at_level(logging.INFO, logger="jobs.backtest"):
-        on_spark = run_backtest(
-            spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
-            partitions=partitions, max_skew_ms=max_skew_ms,
-        )  # fmt: skip
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("native windows:")]
-    assert said, "the native window path did not run"
-    fell_back = {m[1]: int(m[2]) for m in re.finditer(r"([\w-]+) \((\d+) partition", said[-1])}
-    assert set(fell_back) == {r.id for r in ruleset.rules}
-
-    assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
-    assert by_fingerprint(on_spark) == by_fingerprint(faust)
-    assert Counter(spark_out.getvalue().splitlines()) == Counter(faust_out.getvalue().splitlines())
-    assert (spark_report.events, spark_report.skipped, spark_report.alerts, spark_report.late) == (
-        faust_report.events, faust_report.skipped, faust_report.alerts, faust_report.late,
-    )  # fmt: skip
-    assert (spark_report.refused, sorted(spark_report.problems)) == (
-        faust_report.refused, sorted(faust_report.problems),
-    )  # fmt: skip
-    return on_spark, spark_report, fell_back
+    found = compare_backtests(
+        spark, caplog, ruleset, path, partitions=partitions, said="native windows", max_skew_ms=max_skew_ms
+    )
+    return found.alerts, found.report, found.fell_back
 
 
 def test_every_case_of_the_suite_on_two_partitions(
@@ -102,18 +71,6 @@ def test_a_silent_device_and_late_events_on_one_partition(
     talks = [(a.status, a.values["n"]) for a in alerts if a.rule_id == "win-w1-talks"]
     assert ("resolved", 0) in talks, "the silent device's first empty window did not end its alert"
     assert report.late == 1
-
-
-def nab_devices(path: Path, devices: int, future: list[dict[str, object]]) -> None:
-    """The real NAB series once per device, interleaved row by row; ``future`` events go
-    in after the first 1,000 rows."""
-    rows = [r for r in nab_events(str(require_dataset(NAB_MACHINE_TEMP)), device="x", field="temperature")]
-    lines: list[bytes] = []
-    for i, r in enumerate(r for r in rows if isinstance(r, dict)):
-        if i == 1000:
-            lines += [orjson.dumps(e) for e in future]
-        lines += [orjson.dumps({**r, "device_id": f"nab-{d}"}) for d in range(devices)]
-    path.write_bytes(b"\n".join(lines) + b"\n")
 
 
 def test_the_real_nab_series_with_the_time_bound_on(
