@@ -37,7 +37,10 @@ Delivery guarantee (``APP_PROCESSING_GUARANTEE``):
   any output or state record could not be delivered; only then does Faust
   commit. A crash re-processes the uncommitted batches from the state as of the
   last commit; alert ids are deterministic, so the replay re-emits the same
-  ids, which downstream dedups.
+  ids, which downstream dedups. One thing the replay can change: events it
+  forwards to a regroup topic a second time are counted again by the regrouped
+  rules' state there (a window's aggregates, a threshold's streak), so a crash
+  within a commit interval can move those rules' values; ``exactly_once`` does not.
 * ``exactly_once``. Each input partition's outputs go to that partition's
   transactional producer (:mod:`agents.transactions`); each commit, with no
   handler running, writes the changed states into the same transactions and
