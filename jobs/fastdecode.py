@@ -110,32 +110,33 @@ def _streams(router: StreamRouter, source: str, typed: Column) -> Column | None:
     return F.array(*keys) if keys else F.array().cast("array<string>")
 
 
-def _source_of(decoder: Decoder, topic: Column, text: Column) -> Column:
+def _source_of(decoder: Decoder, topic: Column, text: Column) -> tuple[Column, Column]:
     """The source the decoder decodes a record as, where a recognised record can tell: the
     forced one, the topic's, else the source whose pattern takes the record (the decoder
-    infers it from the key field, and a recognised record holds no other source's key)."""
+    infers it from the key field, and a recognised record holds no other source's key); and
+    whether that source came from its pattern (then it need not be matched again)."""
     if decoder.source is not None:
-        return F.lit(decoder.source)
+        return F.lit(decoder.source), F.lit(False)
     by_topic: Column = F.lit(None).cast("string")
     for t, s in sorted(decoder.topics.items()):
         by_topic = F.when(topic == t, F.lit(s)).otherwise(by_topic)
     inferred: Column = F.lit(None).cast("string")
     for s in sorted(SCHEMAS):
         inferred = F.when(text.rlike(record_pattern(SCHEMAS[s])), F.lit(s)).otherwise(inferred)
-    return F.coalesce(by_topic, inferred)
+    return F.coalesce(by_topic, inferred), by_topic.isNull()
 
 
 def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
     """``raw`` with the columns the JVM decodes: ``__fast`` (a pattern took the record),
     ``__src``, ``__text``, ``__ms``, ``__stream_keys``."""
     text = F.col("value").cast("string")
-    df = raw.withColumn("__text", text).withColumn("__src", _source_of(decoder, F.col("topic"), text))
+    src, by_pattern = _source_of(decoder, F.col("topic"), text)
+    df = raw.withColumn("__text", text).withColumn("__src", src).withColumn("__by_pattern", by_pattern)
     recognised: Column = F.lit(False)
     ts_ms: Column = F.lit(None).cast("bigint")
     streams: Column = F.lit(None).cast("array<string>")
     for source, schema in sorted(SCHEMAS.items()):
-        # a column of its own: the hash reads it once per byte, inside lambdas, where Spark
-        # does not share a repeated expression
+        # a column of its own: each of the source's streams reads it
         typed_name = f"__typed_{source}"
         df = df.withColumn(
             typed_name, F.when(F.col("__src") == source, F.from_json(F.col("__text"), _struct(schema)))
@@ -150,7 +151,7 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
         ms = F.unix_millis(F.regexp_extract(F.col("__text"), f'"ts":"({_TS})"', 1).try_cast("timestamp"))
         mine = (
             (F.col("__src") == source)
-            & F.col("__text").rlike(record_pattern(schema))
+            & (F.col("__by_pattern") | F.col("__text").rlike(record_pattern(schema)))
             & (F.size(F.array_distinct(names)) == F.size(names))
         )
         recognised = F.when(mine, F.lit(True)).otherwise(recognised)
