@@ -7,7 +7,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +120,30 @@ def test_readers_in_other_processes_see_committed_writes(tmp_path: Path) -> None
         ro.close()
 
 
+def sync_until(
+    settings: Settings, done: Callable[[AlertStore], bool], *, timeout_s: float, settle_s: float = 0.0,
+    interval_s: float = 0.1, **run: Any,
+) -> None:  # fmt: skip
+    """Run the store-sync role until ``done`` holds on the store it writes (at most
+    ``timeout_s``), ``settle_s`` more, then stop it (bounded)."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(store_sync.run(settings, stop, **run))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not task.done():
+            if settings.store_path.exists():
+                with AlertStore(settings.store_path, readonly=True) as ro:
+                    if done(ro):
+                        break
+            await asyncio.sleep(interval_s)
+        await asyncio.sleep(settle_s)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(main(), timeout_s + settle_s + 30))
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_store_sync_role_applies_the_topic_once_and_commits(broker: KafkaBroker, settings: Settings) -> None:
@@ -126,21 +152,11 @@ def test_store_sync_role_applies_the_topic_once_and_commits(broker: KafkaBroker,
     records = [(a.fingerprint.encode(), a.to_json()) for a in alerts]
     produce(broker.bootstrap, ALERTS, [*records, records[0], (b"x", b"not json")])
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(store_sync.run(settings, stop, max_batch=16))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not task.done():
-            if settings.store_path.exists():
-                with AlertStore(settings.store_path, readonly=True) as ro:
-                    if len(ro.history(limit=1000)) >= len(alerts):
-                        break
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # let the duplicate and the bad record be read too
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-    asyncio.run(asyncio.wait_for(main(), 60))
+    # settle: let the duplicate and the bad record be read too
+    sync_until(
+        settings, lambda ro: len(ro.history(limit=1000)) >= len(alerts), timeout_s=30, settle_s=1.0,
+        interval_s=0.2, max_batch=16,
+    )  # fmt: skip
     with AlertStore(settings.store_path, readonly=True) as ro:
         assert len(ro.history(limit=1000)) == len(alerts)
         assert ro.counts().by_status == {"firing": 20, "resolved": 10}
@@ -176,20 +192,7 @@ def test_a_lost_store_is_rebuilt_from_the_topics(broker: KafkaBroker, settings: 
     produce(broker.bootstrap, ALERTS, [(a.fingerprint.encode(), a.to_json()) for a in alerts])
 
     def sync_once() -> None:
-        async def main() -> None:
-            stop = asyncio.Event()
-            task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if settings.store_path.exists():
-                    with AlertStore(settings.store_path, readonly=True) as ro:
-                        if len(ro.history(limit=100)) >= len(alerts):
-                            break
-                await asyncio.sleep(0.1)
-            stop.set()
-            await asyncio.wait_for(task, 10)
-
-        asyncio.run(asyncio.wait_for(main(), 40))
+        sync_until(settings, lambda ro: len(ro.history(limit=100)) >= len(alerts), timeout_s=20, poll_ms=100)
 
     sync_once()
     for suffix in ("", "-wal", "-shm"):
@@ -278,23 +281,10 @@ def test_store_sync_records_the_engine_header_of_each_alert(broker: KafkaBroker,
     headers = [None, [("engine", b"spark")], [("engine", b"spark")], None, [("engine", b"<b>x</b>")]]
     produce(broker.bootstrap, ALERTS, [(a.fingerprint.encode(), a.to_json()) for a in sent], headers)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not task.done():
-            if settings.store_path.exists():
-                with AlertStore(settings.store_path, readonly=True) as ro:
-                    if (
-                        ro.engines_of([both.alert_id]).get(both.alert_id) == "faust,spark"
-                        and len(ro.current()) == 4
-                    ):
-                        break
-            await asyncio.sleep(0.1)
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    def shown(ro: AlertStore) -> bool:
+        return ro.engines_of([both.alert_id]).get(both.alert_id) == "faust,spark" and len(ro.current()) == 4
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    sync_until(settings, shown, timeout_s=30, poll_ms=100)
     with AlertStore(settings.store_path, readonly=True) as ro:
         engines = {a.labels["device_id"]: a.engine for a in ro.current()}
     assert engines == {"d1": "faust", "d2": "spark", "d3": "faust,spark", "d4": "unknown"}
