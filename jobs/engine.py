@@ -39,7 +39,8 @@ from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
-from jobs.decode import DECODED_SCHEMA, Decoder
+from jobs.decode import Decoder
+from jobs.fastdecode import decode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, build_session
 from jobs.sink import BatchMarker, KafkaSink
@@ -90,7 +91,7 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     raw = read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
     routes = router(plan.streams, settings.partitions, record_partitions=True)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
-    decoded = raw.mapInArrow(decoder, DECODED_SCHEMA)
+    decoded = decode(raw, decoder)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,

@@ -18,7 +18,10 @@ here without Python (:func:`decode`):
   ``__streams`` the evaluator's stream keys: Kafka's partition of the key or group values
   over the emulated partitions, by the worker's own function, called once per distinct
   value of an Arrow batch (a hash in Spark SQL's higher-order functions cost more than the
-  whole Python decoder).
+  whole Python decoder); in the streaming query (``record_partitions``) the topic-key
+  stream is the record's own partition, as the worker evaluates it.
+
+The streaming query (``jobs.engine``) and backtests both decode this way.
 
 A record the pattern does not take (a number where a float should be, an escape, a space,
 a field of another source, anything invalid) goes to the Python decoder, so the output is
@@ -99,13 +102,16 @@ def _streams(router: StreamRouter, source: str, typed: Column) -> Column | None:
     kinds = SCHEMAS[source].all_fields()
     keys = []
     for name, fields in router.streams.get(source, ()):
+        names = F.array(*(F.lit(stream_key(name, p)) for p in range(router.partitions)))
+        if fields is None and router.record_partitions:  # live: the record's own partition
+            keys.append(F.try_element_at(names, F.col("partition") + 1))
+            continue
         if fields is None:
             text = typed[SCHEMAS[source].key]
         elif any(kinds.get(f) != "string" for f in fields):
             return None
         else:
             text = F.concat_ws(SEPARATOR, *(F.coalesce(typed[f], F.lit("")) for f in fields))
-        names = F.array(*(F.lit(stream_key(name, p)) for p in range(router.partitions)))
         keys.append(F.element_at(names, _partition(text, router.partitions) + 1))
     return F.array(*keys) if keys else F.array().cast("array<string>")
 
@@ -154,6 +160,10 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
             & (F.col("__by_pattern") | F.col("__text").rlike(record_pattern(schema)))
             & (F.size(F.array_distinct(names)) == F.size(names))
         )
+        if decoder.router is not None and decoder.router.record_partitions:
+            # a live record's topic-key stream is its own partition's: a partition beyond the
+            # emulated count (a topic with more partitions) is the Python decoder's to name
+            mine = mine & (F.col("partition") < decoder.router.partitions)
         recognised = F.when(mine, F.lit(True)).otherwise(recognised)
         ts_ms = F.when(mine, ms).otherwise(ts_ms)
         if stream_keys is not None:

@@ -212,3 +212,22 @@ def test_stream_keys_place_many_keys_and_groups_as_the_worker_does(
     decoder = routed_decoder(7, tmp_path)
     assert recognise(raw, decoder).where(~F.col("__fast")).count() == 0
     same_rows(raw, decoder)
+
+
+def test_live_records_take_their_own_partition_for_the_topic_key_stream(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """In the streaming query the topic-key stream is the record's partition; a partition
+    beyond the emulated count is left to the Python decoder, which names it all the same."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    plan = plan_rules(load_rules([path]), every_rule=True)
+    decoder = Decoder(router=router(plan.streams, 3, record_partitions=True))
+    records = [r for r, _ in CASES] + [GOOD] * 8
+    rows = [(None, i % 4, i, r.encode()) for i, r in enumerate(records)]
+    raw = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
+    fast = {r["offset"]: r["__fast"] for r in recognise(raw, decoder).collect()}
+    assert {i for i, jvm in fast.items() if jvm and i % 4 == 3} == set()
+    takes = [jvm for _, jvm in CASES] + [True] * 8
+    assert {i for i, jvm in fast.items() if jvm} == {i for i, jvm in enumerate(takes) if jvm and i % 4 < 3}
+    same_rows(raw, decoder)
