@@ -90,13 +90,14 @@ from app.rules.evaluator import StreamEvaluator, ThresholdLogic, group_values, s
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore
-from app.rules.spark_sql import SPARK_RULE_FIELDS, SparkExpr, to_spark_sql
+from app.rules.spark_sql import SPARK_RULE_FIELDS, SparkExpr, UdfCall, to_spark_sql
 from app.tables import TABLES, Tables
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.decode import source_struct
 from jobs.state import HOLDS, OUTPUT_SCHEMA, with_native_condition
 from jobs.streams import evaluator_streams
+from jobs.udfs import guarded
 from jobs.windows import stream_of
 
 logger = logging.getLogger(__name__)
@@ -271,18 +272,20 @@ def cohort_events(
         structs.append(F.struct(*parts).alias(f"__q{k}"))
         cols.append(seen.alias(f"__s{k}"))
     ev = ev.select(*cols, *structs)
+    texts, calls = [], []
+    for k, (where, clear) in enumerate(exprs):
+        for e in (where, clear):
+            texts.append(_qualified(rules[k], e.sql, k) if e is not None else "")
+            calls += [_qualified_call(rules[k], c, k) for c in (e.calls if e is not None else ())]
+    ev, texts = guarded(ev, texts, calls)  # the geo UDFs only where they can give a value
     out: list[Column] = [
         F.to_json("__g").alias("__gk"),
         *(F.col(c) for c in ("__g", "__part", "__offset", "__ts_ms")),
     ]
     for k, (where, clear) in enumerate(exprs):
         assert where is not None  # noqa: S101 - native_problem admits only these
-        holds = F.coalesce(F.expr(_qualified(rules[k], where.sql, k)), F.lit(False))
-        clr = (
-            F.coalesce(F.expr(_qualified(rules[k], clear.sql, k)), F.lit(False))
-            if clear is not None
-            else ~holds
-        )
+        holds = F.coalesce(F.expr(texts[2 * k]), F.lit(False))
+        clr = F.coalesce(F.expr(texts[2 * k + 1]), F.lit(False)) if clear is not None else ~holds
         out += [F.col(f"__s{k}"), (F.col(f"__s{k}") & holds).alias(f"__h{k}"), clr.alias(f"__c{k}")]
     return ev.select(*out)
 
@@ -290,6 +293,11 @@ def cohort_events(
 def _qualified(rule: CompiledRule, sql: str, k: int) -> str:
     """``sql`` (over ``__<source>``) over the rule's own struct ``__q{k}``."""
     return sql.replace(f"`__{rule.rule.source}`.", f"`__q{k}`.")
+
+
+def _qualified_call(rule: CompiledRule, call: UdfCall, k: int) -> UdfCall:
+    args = tuple(_qualified(rule, a, k) for a in call.args)
+    return UdfCall(_qualified(rule, call.sql, k), args, call.type)
 
 
 def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:

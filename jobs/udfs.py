@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, DataType, DoubleType
 
 from app.rules import functions as fn
-from app.rules.spark_sql import UDF_NAMES
+from app.rules.spark_sql import UDF_NAMES, UdfCall
 
 logger = logging.getLogger(__name__)
 
@@ -57,3 +58,35 @@ def register(spark: SparkSession) -> None:
     """Register every geo UDF on ``spark`` (idempotent)."""
     for name, (_, return_type) in _SIGNATURES.items():
         spark.udf.register(UDF_NAMES[name], python_function(name), return_type)
+
+
+def guarded(df: DataFrame, sqls: Sequence[str], calls: Sequence[UdfCall]) -> tuple[DataFrame, list[str]]:
+    """``df`` with a column per distinct geo UDF call of ``sqls``, and ``sqls`` reading those
+    columns instead of calling: the calls run only on the rows that can give a value.
+
+    Spark evaluates a Python UDF on every row of its input, also where a ``CASE`` or a NULL
+    argument makes the result NULL: a fleet's geofence rule called geopy, through the
+    Python worker, on every machine's event without coordinates. The geo functions are NULL
+    in, NULL out, so a row on which every call has a NULL argument (an argument that holds no
+    call; the others are not tested) takes NULL for all of them without a call; the other
+    rows call them all. Two filtered branches of ``df``, so ``df`` is read twice: use this on
+    a cached input, not on a stream."""
+    out = list(sqls)
+    distinct = {c.sql: c for c in calls if any(c.sql in s for s in out)}
+    used = sorted(distinct.values(), key=lambda c: -len(c.sql))
+    if not used:
+        return df, out
+    udf_names = tuple(f"{n}(" for n in UDF_NAMES.values())
+    givens = []
+    for c in used:
+        plain = [a for a in c.args if not any(n in a for n in udf_names)]
+        givens.append(" AND ".join(f"({a}) IS NOT NULL" for a in plain) if plain else "TRUE")
+    given = " OR ".join(f"({g})" for g in givens)
+    names = [f"__udf{i}" for i in range(len(used))]
+    called = df.where(given).select("*", *(F.expr(c.sql).alias(n) for c, n in zip(used, names, strict=True)))
+    nulls = df.where(f"NOT ({given})").select(
+        "*", *(F.lit(None).cast(c.type).alias(n) for c, n in zip(used, names, strict=True))
+    )
+    for c, n in zip(used, names, strict=True):  # the longest first: an outer call holds its inner ones
+        out = [s.replace(c.sql, f"`{n}`") for s in out]
+    return called.unionByName(nulls), out

@@ -70,6 +70,7 @@ from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.streams import IDX_BASE
+from jobs.udfs import guarded
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +315,8 @@ def closed_windows(
     where = native_where(rule)
     if where is not None:
         parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
-        ev = ev.withColumn(f"__{r.source}", parsed).where(F.expr(where.sql))
+        ev, (sql,) = guarded(ev.withColumn(f"__{r.source}", parsed), [where.sql], where.calls)
+        ev = ev.where(F.expr(sql))
     ev = ev.withColumn("__a", F.from_json(F.col("__fields"), _agg_struct(rule)))
     size, step, lateness = int(r.window.size or 0), r.window.step, r.allowed_lateness
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(step))
@@ -346,7 +348,8 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     where = native_where(rule)
     if where is not None:
         parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
-        ev = ev.withColumn(f"__{r.source}", parsed).where(F.expr(where.sql))
+        ev, (sql,) = guarded(ev.withColumn(f"__{r.source}", parsed), [where.sql], where.calls)
+        ev = ev.where(F.expr(sql))
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
     late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
     head = orjson.dumps({"rule_id": rule.id})[:-1].decode() + ',"event":'

@@ -79,12 +79,25 @@ class SparkUnsupportedError(ExpressionError):
 
 
 @dataclass(frozen=True)
+class UdfCall:
+    """One geo UDF call in a :class:`SparkExpr`: its SQL text (which occurs in the
+    expression's), its arguments' SQL and its Spark result type. The geo functions are NULL
+    in, NULL out, so a row with a NULL argument needs no call (``jobs.udfs.guarded``)."""
+
+    sql: str
+    args: tuple[str, ...]
+    type: str
+
+
+@dataclass(frozen=True)
 class SparkExpr:
-    """Spark SQL text, its rule-language type, and the fields it reads."""
+    """Spark SQL text, its rule-language type, the fields it reads, and its geo UDF calls
+    (innermost first)."""
 
     sql: str
     type: str
     columns: frozenset[str]
+    calls: tuple[UdfCall, ...] = ()
 
 
 def quote(text: str) -> str:
@@ -120,6 +133,7 @@ class _Translator:
         self.schema = schema
         self.prefix = f"`{qualifier}`." if qualifier else ""
         self.columns: set[str] = set()
+        self.calls: list[UdfCall] = []
 
     def unsupported(self, what: str) -> SparkUnsupportedError:
         return SparkUnsupportedError(f"in {self.text!r}: {what} is not supported on the spark engine")
@@ -214,7 +228,9 @@ class _Translator:
         null = "NULL" if name == "coalesce" else _NULL_ARG.get(name, "CAST(NULL AS DOUBLE)")
         sqls = [null if t == "null" else s for s, t in parts]
         if name in UDF_NAMES:
-            return f"{UDF_NAMES[name]}({', '.join(sqls)})", result
+            call = f"{UDF_NAMES[name]}({', '.join(sqls)})"
+            self.calls.append(UdfCall(call, tuple(sqls), "boolean" if result == "boolean" else "double"))
+            return call, result
         if name == "abs":
             x = sqls[0]
             sql = (
@@ -267,7 +283,7 @@ def to_spark_sql(text: str, schema: Mapping[str, str], qualifier: str | None = N
     :class:`SparkUnsupportedError` for what Spark cannot run."""
     tr = _Translator(text, schema, qualifier)
     sql, t = tr.sql(parse(text))
-    return SparkExpr(sql=sql, type=t, columns=frozenset(tr.columns))
+    return SparkExpr(sql=sql, type=t, columns=frozenset(tr.columns), calls=tuple(tr.calls))
 
 
 def keyed_problems(rule: Rule, schema: Mapping[str, str]) -> list[str]:
