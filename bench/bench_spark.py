@@ -15,7 +15,8 @@ stream path, the evaluator's own window logic per topic partition) or
 - throughput: ``B`` events per micro-batch; events/s = events of the
   measured batches / the sum of their trigger times (the first batch, which
   starts Python workers, is reported apart);
-- latency: a second query with ``S`` events per micro-batch; p50/p95 of the
+- latency: a second query with ``S`` events per micro-batch (default 10,000, the
+  target's batch: p50 of 1 s or less); p50/p95 of the
   trigger times (read, decode, evaluate, produce alerts, commit).
 
 Figures are for this host (shared, 2 cores), one driver with local executors,
@@ -53,6 +54,7 @@ from app.runtime.settings import Settings  # noqa: E402
 from app.topics import SENSORS  # noqa: E402
 
 TARGET = 100_000
+LATENCY_TARGET_S = 1.0  # micro-batch p50 at 10,000 events per batch
 START_MS = 1_700_000_000_000
 WINDOWED = """\
 engine: spark
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--devices", type=int, default=1_000)
     ap.add_argument("--batch", type=int, default=50_000, help="events per micro-batch, throughput run")
-    ap.add_argument("--small", type=int, default=2_000, help="events per micro-batch, latency run")
+    ap.add_argument("--small", type=int, default=10_000, help="events per micro-batch, latency run")
     args = ap.parse_args(argv)
 
     from jobs.session import build_session
@@ -190,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
           f" in {secs(big[0]):.1f} s]")  # fmt: skip
     big_p50, small_p50 = statistics.median(secs(p) for p in warm), statistics.median(lat)
     print(f"  micro-batch     p50 {small_p50:.2f} s, p95 {p95:.2f} s at <= {args.small:,} events/batch"
-          f"; p50 {big_p50:.2f} s at <= {args.batch:,}")  # fmt: skip
+          f" (target p50 <= {LATENCY_TARGET_S:.0f} s at 10,000)")  # fmt: skip
+    print(f"                  p50 {big_p50:.2f} s at <= {args.batch:,} events/batch")
     summary = {
         "pack": args.pack,
         "events_per_s": round(rate),
         "target": TARGET,
         "batch_p50_s": round(statistics.median(lat), 3),
         "batch_p95_s": round(p95, 3),
+        "batch_events": args.small,
         "events": args.events,
         "devices": args.devices,
     }
