@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 from pyspark.sql import Column, DataFrame, Window
@@ -149,7 +150,12 @@ class GroupRunner:
         pdf = pd.concat(frames, ignore_index=True)
         keys = pdf["__key"].tolist()
         rows = list(zip(*(pdf[c].tolist() for c in _ROW_COLUMNS), strict=True))
-        order = sorted(range(len(keys)), key=lambda i: (keys[i], rows[i][3], rows[i][4]))
+        # each key's rows in (partition, offset) order: the distinct keys sorted in Python, the
+        # rows by numpy (pandas' own sort would not do: it hashes strings up to their first
+        # NUL, and every stream key starts with one)
+        rank = {k: i for i, k in enumerate(sorted(set(keys)))}
+        codes = np.fromiter((rank[k] for k in keys), dtype=np.int64, count=len(keys))
+        order = np.lexsort((pdf["__offset"].to_numpy(), pdf["__part"].to_numpy(), codes)).tolist()
         out: Rows = []
         for key, members in groupby(order, key=keys.__getitem__):
             produced, after = self.run_key(key, [rows[i] for i in members], states.get(key))
