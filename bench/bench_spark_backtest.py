@@ -7,8 +7,9 @@ Usage: ``python bench/bench_spark_backtest.py [--devices 20] [--master local[2]]
 The input: every row of ``nab/.../machine_temperature_system_failure.csv`` (22,695 rows,
 in file order, with its real 55-minute jump back) once per device ``machine-NN``, the
 devices interleaved row by row, with a registry file for the pack's ``enrich`` rules.
-Rules the Spark engine refuses (``expect_from``) are left out of *both* runs, and named:
-the two engines must run the same rules. Both runs are separate processes started the
+Rules the Spark engine refuses would be left out of *both* runs, and named (the two
+engines must run the same rules); none is since ``expect_from`` runs on Spark, so the
+whole pack (8 rules) runs. Both runs are separate processes started the
 way a user starts them (so each pays its own start-up: Python imports for the Faust
 engine, Python plus the JVM for Spark); the bench prints both wall times, the ratio,
 and whether the two outputs are identical (they must be).

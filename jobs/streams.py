@@ -273,7 +273,7 @@ class StreamRunner:
     def _tables(self, spec: StreamSpec) -> Tables:
         if self.tables is not None or not self.bootstrap:
             return self.tables or Tables()
-        if not any(self.rules[r].rule.enrich for r in spec.rule_ids):
+        if not any(self.rules[r].rule.enrich or self.rules[r].rule.expect_from for r in spec.rule_ids):
             return Tables()
         if self._follower is None:
             self._follower = RegistryFollower(self.bootstrap, security=self.security)

@@ -18,6 +18,9 @@ RULES = Path(__file__).with_name("kinds.yaml")
 DEVICES = [
     {"device_id": "machine-temp-1", "site": "plant-a", "max_temp": 95.0},
     {"device_id": "w-1", "site": "lab", "max_temp": 99.0},
+    # never seen: registry-silent (expect_from) fires for them, one on each partition of 2
+    {"device_id": "ghost-1", "site": "lab", "max_temp": 90.0},
+    {"device_id": "ghost-3", "site": "lab", "max_temp": 90.0},
 ]
 
 

@@ -68,6 +68,9 @@ def test_every_kind_gives_the_same_alerts_on_both_engines(spark: SparkSession, t
     assert by_fingerprint(on_spark) == by_fingerprint(faust)
     assert Counter(s_out.splitlines()) == Counter(f_out.splitlines())
     assert f_report.routed > 0 and f_report.late > 0
+    # expect_from: registry keys never seen, on each partition, fire on Spark too
+    ghosts = {a.labels.get("device_id") for a in on_spark if a.rule_id == "registry-silent"}
+    assert {"ghost-1", "ghost-3"} <= ghosts
     assert (s_report.events, s_report.skipped, s_report.alerts, s_report.routed, s_report.late) == (
         f_report.events,
         f_report.skipped,

@@ -81,9 +81,12 @@ def test_backtest_on_spark_runs_rules_that_say_no_engine(spark: SparkSession, tm
     assert sorted(lines["spark"]) == sorted(lines["faust"])
 
 
-def test_backtest_on_spark_refuses_a_rule_it_cannot_run_by_name_and_reason(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_backtest_on_spark_runs_expect_from_with_the_given_registry(
+    spark: SparkSession, tmp_path: Path
 ) -> None:
+    """Absence of registry keys never seen (``expect_from``) runs on Spark too, with the
+    ``--table`` rows, and gives the Faust engine's lines: the never-seen device fires (one
+    partition: the crafted events move its clock 56 minutes)."""
     rules = tmp_path / "registry.yaml"
     rules.write_text(
         UNMARKED
@@ -95,10 +98,17 @@ def test_backtest_on_spark_refuses_a_rule_it_cannot_run_by_name_and_reason(
     expect_from: devices
 """
     )
+    registry = tmp_path / "devices.csv"
+    registry.write_text("device_id,site\ncrafted-1,lab\nnever-seen-7,lab\n")
     path = tmp_path / "crafted.jsonl"
     path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
-    code = main(["backtest", "--rules", str(rules), "--input", str(path), "--engine", "spark"])
-    err = capsys.readouterr().err
-    assert code == 1
-    assert f"{rules}:" in err and "silent: 'expect_from'" in err
-    assert "not supported on the spark engine" in err
+    lines = {}
+    for engine in ("faust", "spark"):
+        out = tmp_path / f"{engine}.jsonl"
+        args = ["--rules", str(rules), "--input", str(path), "--table", f"devices={registry}"]
+        args += ["--partitions", "1"]
+        assert main(["backtest", *args, "--out", str(out), "--engine", engine]) == 0
+        lines[engine] = out.read_text().splitlines()
+    silent = {orjson.loads(line)["labels"]["device_id"] for line in lines["spark"] if '"silent"' in line}
+    assert "never-seen-7" in silent
+    assert sorted(lines["spark"]) == sorted(lines["faust"])

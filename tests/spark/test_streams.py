@@ -1,7 +1,7 @@
-"""The stream path (windows, absence, change, sequences, keep_firing_for, enrichment) in the
-streaming Spark engine against the real broker: small micro-batches and a restart on the
-same checkpoint give the Faust-engine backtest's alert ids, with registry rows read from
-the table topic."""
+"""The stream path (windows, absence with and without expect_from, change, sequences,
+keep_firing_for, enrichment) in the streaming Spark engine against the real broker: small
+micro-batches and a restart on the same checkpoint give the Faust-engine backtest's alert
+ids, with registry rows read from the table topic."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     )  # fmt: skip
     assert {a.rule_id for a in want} >= {"hourly-heat", "heat-rising", "device-silent", "overheat-held"}
     assert {a.rule_id for a in want} >= {"too-hot-for-its-site", "status-change", "hot-quarter"}
+    ghosts = {a.labels["device_id"] for a in want if a.rule_id == "registry-silent"}  # expect_from
+    assert ghosts >= {"ghost-1"}
     assert ids_by_fingerprint(got) == ids_by_fingerprint(a.to_dict() for a in want)
     late = consume_json(broker.bootstrap, "events.late", timeout_s=2)
     assert [(d["rule_id"], d["event"]["temperature"]) for d in late] == [("hot-quarter", 200.0)]
