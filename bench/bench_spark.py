@@ -5,8 +5,9 @@ Usage: ``python bench/bench_spark.py [--pack windowed|threshold] [--events N] [-
 (``make bench`` runs it with the defaults). An embedded Apache Kafka broker is
 started here; N synthetic sensor events (D devices, random-walk temperatures, 1 s
 apart per device, seeded) go to ``events.sensors`` first, then the real job
-(``jobs.engine``: kafka_py source, Python decode and validation, native
-conditions, ``applyInPandasWithState`` state, idempotent Kafka sink) runs
+(``jobs.engine``: Spark's Kafka connector, decoding in the JVM for the records the
+worker's decoder keeps unchanged, native conditions, ``applyInPandasWithState``
+state, idempotent Kafka sink) runs
 a rule pack with ``Trigger.AvailableNow``: ``windowed`` (default: tumbling,
 hopping, sliding and session windows plus one threshold rule, i.e. mostly the
 stream path, the evaluator's own window logic per topic partition) or
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     pack = "4 windowed + 1 threshold rules" if args.pack == "windowed" else "3 threshold rules"
     print(f"spark engine on local[2] ({os.cpu_count()} CPUs), {pack}, {args.events:,} events from "
           f"{args.devices:,} devices (produced in {produced_s:.1f} s)")  # fmt: skip
+    print(f"  evaluator       {native.status()}")
     print(f"  throughput      {rate:>10,.0f} events/s   target {TARGET:,} events/s ({rate / TARGET:.0%})"
           f"  [{len(warm)} batches of <= {args.batch:,}; first batch {big[0]['numInputRows']:,} events"
           f" in {secs(big[0]):.1f} s]")  # fmt: skip

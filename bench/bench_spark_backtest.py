@@ -34,6 +34,7 @@ import orjson  # noqa: E402
 
 from app.errors import RuleConfigError  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
+from app.runtime import native  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 
 TARGET_RATIO = 5.0
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         py = [sys.executable, "-m", "app", "backtest", *common]
         print(f"backtest of the IoT pack ({len(load_rules([rules]).rules)} rules) over "
               f"{n:,} NAB events ({args.devices} devices), {os.cpu_count()} CPUs")  # fmt: skip
+        print(f"  evaluator (both engines' processes): {native.status()}")
         for p in refused:
             print(f"  left out of both runs (Spark refuses it): {p}")
         faust_s = timed([*py, "--out", str(scratch / "faust.jsonl")], env)
