@@ -312,11 +312,7 @@ def closed_windows(
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
     final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
-    where = native_where(rule)
-    if where is not None:
-        parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
-        ev, (sql,) = guarded(ev.withColumn(f"__{r.source}", parsed), [where.sql], where.calls)
-        ev = ev.where(F.expr(sql))
+    ev = _taken(ev, rule)
     ev = ev.withColumn("__a", F.from_json(F.col("__fields"), _agg_struct(rule)))
     size, step, lateness = int(r.window.size or 0), r.window.step, r.allowed_lateness
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(step))
@@ -329,6 +325,17 @@ def closed_windows(
     group = F.array(*(F.coalesce(F.col(f"__a.`{g}`"), F.lit("")) for g in r.group_by)).cast("array<string>")
     windows = on_time.withColumn("__g", group).groupBy("__sk", "__g", "__w").agg(*_aggregates(rule))
     return windows.join(final, "__sk").where(F.col("__w") + size + lateness <= F.col("__final"))
+
+
+def _taken(ev: DataFrame, rule: CompiledRule) -> DataFrame:
+    """The rows of ``ev`` that ``rule``'s ``where`` takes (all of them without one), its geo
+    functions called only where they can give a value (:func:`jobs.udfs.guarded`)."""
+    where = native_where(rule)
+    if where is None:
+        return ev
+    parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
+    ev, (sql,) = guarded(ev.withColumn(f"__{rule.rule.source}", parsed), [where.sql], where.calls)
+    return ev.where(F.expr(sql))
 
 
 def _condition_struct(rule: CompiledRule, columns: frozenset[str]) -> StructType:
@@ -345,11 +352,7 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     ev = clocked(decoded, stream_of(plan, rule))
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
-    where = native_where(rule)
-    if where is not None:
-        parsed = F.from_json(F.col("__fields"), _condition_struct(rule, where.columns))
-        ev, (sql,) = guarded(ev.withColumn(f"__{r.source}", parsed), [where.sql], where.calls)
-        ev = ev.where(F.expr(sql))
+    ev = _taken(ev, rule)
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
     late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
     head = orjson.dumps({"rule_id": rule.id})[:-1].decode() + ',"event":'
