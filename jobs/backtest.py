@@ -32,7 +32,7 @@ from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
-from jobs import thresholds
+from jobs import absence, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
@@ -137,6 +137,7 @@ def run_backtest(
     max_skew_ms: int = -1,
     native_windows: bool = True,
     native_thresholds: bool = True,
+    native_absence: bool = True,
     native_decode: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
@@ -151,7 +152,8 @@ def run_backtest(
     ``native_windows``: tumbling and hopping rules that ``jobs.windows`` can run natively
     do so, on the stream partitions where that is exact (False: the stream path for all);
     ``native_thresholds`` the same for threshold rules (``jobs.thresholds``; False: the keyed
-    or the stream path, as planned). ``native_decode``: the records the worker's decoder
+    or the stream path, as planned); ``native_absence`` the same for absence rules
+    (``jobs.absence``; False: the stream path). ``native_decode``: the records the worker's decoder
     keeps unchanged are decoded in the JVM (``jobs.fastdecode``; False: every record
     through the Python decoder).
     """
@@ -160,6 +162,7 @@ def run_backtest(
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     native = native_rules(plan) if native_windows else []
     native_thr = thresholds.native_rules(plan) if native_thresholds else []
+    native_abs = absence.native_rules(plan) if native_absence else []
     order = {r.id: i for i, r in enumerate(ruleset.rules)}
     planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
     # at one event: the keyed path's transitions, the native thresholds' (in the evaluator's order), the rest
@@ -181,9 +184,10 @@ def run_backtest(
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)
         streamed = {r.id for r in plan.stream_rules}
         thr_stream = [r for r in native_thr if r.id in streamed]
-        found = native_partitions(decoded, plan, native, max_skew_ms, held_only=thr_stream)
+        held_only = thr_stream + native_abs
+        found = native_partitions(decoded, plan, native, max_skew_ms, held_only=held_only)
         fallback = dict(found.stream_path)
-        for rule in thr_stream:
+        for rule in held_only:
             fallback.setdefault(rule.id, frozenset())
         if native:
             logger.info(
@@ -195,6 +199,9 @@ def run_backtest(
                 f"{r.id} ({len(fallback.get(r.id, ()))} partition(s) on the stream path)" for r in native_thr
             ]
             logger.info("native thresholds: %s", ", ".join(said))
+        if native_abs:
+            said = [f"{r.id} ({len(fallback[r.id])} partition(s) on the stream path)" for r in native_abs]
+            logger.info("native absence: %s", ", ".join(said))
         streams = StreamRunner(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
@@ -210,6 +217,9 @@ def run_backtest(
         more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx, tables)
         if more is not None:
             result = result.unionByName(more)
+        silent = absence.native_output(decoded, plan, native_abs, fallback, tables, partitions, thr_idx)
+        if silent is not None:
+            result = result.unionByName(silent)
         rows = result.orderBy("part", "offset", "idx").collect()
     finally:
         decoded.unpersist()

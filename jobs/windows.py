@@ -312,7 +312,7 @@ def closed_windows(
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
     final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
-    ev = _taken(ev, rule)
+    ev = taken(ev, rule)
     ev = ev.withColumn("__a", F.from_json(F.col("__fields"), _agg_struct(rule)))
     size, step, lateness = int(r.window.size or 0), r.window.step, r.allowed_lateness
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(step))
@@ -327,7 +327,7 @@ def closed_windows(
     return windows.join(final, "__sk").where(F.col("__w") + size + lateness <= F.col("__final"))
 
 
-def _taken(ev: DataFrame, rule: CompiledRule) -> DataFrame:
+def taken(ev: DataFrame, rule: CompiledRule) -> DataFrame:
     """The rows of ``ev`` that ``rule``'s ``where`` takes (all of them without one), its geo
     functions called only where they can give a value (:func:`jobs.udfs.guarded`)."""
     where = native_where(rule)
@@ -352,7 +352,7 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     ev = clocked(decoded, stream_of(plan, rule))
     if skip:
         ev = ev.where(~F.col("__sk").isin(sorted(skip)))
-    ev = _taken(ev, rule)
+    ev = taken(ev, rule)
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
     late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
     head = orjson.dumps({"rule_id": rule.id})[:-1].decode() + ',"event":'
@@ -474,53 +474,43 @@ class LifecycleStep:
             )
 
 
+def at_clock(ev: DataFrame, rows: DataFrame, due: str) -> DataFrame:
+    """``rows`` (each on a stream key, ``__sk``) with ``__at``: the first event of its stream
+    partition in ``ev`` (:func:`clocked`), in (partition, offset) order, whose clock is at or
+    past the row's ``due`` column, as ``struct(__part, __offset, __clock)``; NULL if none is.
+
+    An as-of join on the partition's clock: the events that move it (``steps``, strictly
+    increasing in both clock and order) and the rows, in one sort per stream key."""
+    steps = ev.where(F.col("__prev").isNull() | (F.col("__ts_ms") > F.col("__prev"))).select(
+        "__sk", F.col("__clock").alias("__v"), F.lit(1).alias("__t"),
+        F.struct("__part", "__offset", "__clock").alias("__step"),
+    )  # fmt: skip
+    asked = rows.select("*", F.col(due).alias("__v"), F.lit(0).alias("__t"))
+    # the next step at or after each due, found backwards over a growing frame (a frame
+    # to UNBOUNDED FOLLOWING is evaluated anew for each row: quadratic in a partition's events)
+    backwards = Window.partitionBy("__sk").orderBy(F.col("__v").desc(), F.col("__t").desc())
+    nearest = backwards.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    found = F.last("__step", ignorenulls=True).over(nearest)
+    both = asked.unionByName(steps, allowMissingColumns=True)
+    return both.withColumn("__at", found).where(F.col("__t") == 0).drop("__v", "__t", "__step")
+
+
 def placed_at_events(alerts: DataFrame, decoded: DataFrame, plan: SparkPlan, rule: CompiledRule) -> DataFrame:
     """Each transition at the event whose clock closed its window: the first event of its
     stream partition, in (partition, offset) order, with a clock at or past ``due``."""
     ev = clocked(decoded, stream_of(plan, rule))
-    steps = ev.where(F.col("__prev").isNull() | (F.col("__ts_ms") > F.col("__prev"))).select(
-        "__sk", F.col("__clock").alias("__v"), F.lit(1).alias("__t"), "__part", "__offset",
-        *(F.lit(None).cast(t).alias(c) for c, t in _PAYLOAD),
-    )  # fmt: skip
-    dues = alerts.select(
-        F.col("sk").alias("__sk"), F.col("due").alias("__v"), F.lit(0).alias("__t"),
-        F.lit(None).cast("int").alias("__part"), F.lit(None).cast("long").alias("__offset"),
-        *(F.col(c) for c, _ in _PAYLOAD),
-    )  # fmt: skip
-    # the next event at or after each due, found backwards over a growing frame (a frame
-    # to UNBOUNDED FOLLOWING is evaluated anew for each row: quadratic in a partition's events)
-    backwards = Window.partitionBy("__sk").orderBy(
-        F.col("__v").desc(), F.col("__t").desc(), F.col("__part").desc(), F.col("__offset").desc()
+    return at_clock(ev, alerts.withColumnRenamed("sk", "__sk"), "due").select(
+        F.lit("alert").alias("kind"),
+        F.lit(ALERTS).alias("topic"),
+        F.col("key"),
+        F.col("value"),
+        F.col("__at.__part").alias("part"),
+        F.col("__at.__offset").alias("offset"),
+        (F.lit(IDX_BASE) + F.col("seq")).alias("idx"),
+        F.col("rule"),
+        F.col("status"),
+        F.col("alert_id"),
     )
-    nearest = backwards.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    at = F.last(F.when(F.col("__t") == 1, F.struct("__part", "__offset")), ignorenulls=True).over(nearest)
-    return (
-        steps.unionByName(dues)
-        .withColumn("__at", at)
-        .where(F.col("__t") == 0)
-        .select(
-            F.lit("alert").alias("kind"),
-            F.lit(ALERTS).alias("topic"),
-            F.col("key"),
-            F.col("value"),
-            F.col("__at.__part").alias("part"),
-            F.col("__at.__offset").alias("offset"),
-            (F.lit(IDX_BASE) + F.col("seq")).alias("idx"),
-            F.col("rule"),
-            F.col("status"),
-            F.col("alert_id"),
-        )
-    )
-
-
-_PAYLOAD = (
-    ("seq", "int"),
-    ("key", "string"),
-    ("value", "string"),
-    ("rule", "string"),
-    ("status", "string"),
-    ("alert_id", "string"),
-)
 
 
 def native_output(
