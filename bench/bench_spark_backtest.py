@@ -29,12 +29,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from app.runtime import native  # noqa: E402
+
+native.activate()  # as both engines' processes do (`python -m app`): its status is theirs
 
 import orjson  # noqa: E402
 
 from app.errors import RuleConfigError  # noqa: E402
 from app.rules.loader import load_rules  # noqa: E402
-from app.runtime import native  # noqa: E402
 from ingest.adapters.nab import nab_events  # noqa: E402
 
 TARGET_RATIO = 5.0
