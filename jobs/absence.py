@@ -32,7 +32,7 @@ The kept rows of each group then go, in order, through the evaluator's own ``Abs
 (composed: it may be compiled): ``expect`` for a seed, ``on_event`` for an event, ``on_timer``
 at each gap that can fire, in one Python call per shuffle partition (:class:`AbsenceStep`).
 Each transition is an output row at its own event, in the evaluator's order there
-(:func:`native_output`), ``idx`` from ``IDX_BASE`` on.
+(``jobs.transitions``).
 
 What is decided per stream partition (``jobs.windows.native_partitions``): with the event-time
 bound on (``APP_MAX_EVENT_SKEW``), a partition where the bound would hold an event leaves the
@@ -46,12 +46,10 @@ does not reproduce.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from itertools import groupby
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-import pyarrow as pa
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -63,11 +61,11 @@ from app.rules.logic.base import DictStore, state_key
 from app.rules.logic.events import AbsenceLogic
 from app.rules.spark_sql import SPARK_RULE_FIELDS
 from app.tables import Tables
-from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.decode import source_struct
-from jobs.state import HOLDS, OUTPUT_SCHEMA, with_native_condition
-from jobs.streams import IDX_BASE, stream_key
+from jobs.state import HOLDS, with_native_condition
+from jobs.streams import stream_key
+from jobs.transitions import AFTER, BEFORE, ON_EVENT, GroupStep, Transitions, in_evaluator_order, stepped
 from jobs.windows import at_clock, clocked, stream_of, taken
 
 #: the rule-model fields a native absence rule may set (any other, set, keeps it where it was)
@@ -76,31 +74,7 @@ NATIVE_FIELDS = (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {
     "allowed_lateness",
     "expect_from",
 }
-#: the Python step's output: the output rows (``idx`` set after) and their place at their
-#: event (the phase, the timer's due, the state key, the group's sequence, the rule's place)
-_STEP = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("topic", pa.string()),
-        ("key", pa.string()),
-        ("value", pa.string()),
-        ("part", pa.int32()),
-        ("offset", pa.int64()),
-        ("idx", pa.int32()),
-        ("rule", pa.string()),
-        ("status", pa.string()),
-        ("alert_id", pa.string()),
-        ("__ph", pa.int32()),
-        ("__due", pa.int64()),
-        ("__key", pa.string()),
-        ("__seq", pa.int32()),
-        ("__r", pa.int32()),
-    ]
-)
-_STEP_DDL = f"{OUTPUT_SCHEMA}, __ph int, __due bigint, __key string, __seq int, __r int"
-_OUTPUT_COLUMNS = [c.strip().split(" ")[0] for c in OUTPUT_SCHEMA.split(",")]
 _SEED, _EVENT = 0, 1  # a row's __o: at one (partition, offset), the seed comes before the event
-_BEFORE, _ON_EVENT, _AFTER = 0, 1, 2  # a transition's phase at its event (see native_output)
 
 
 def native_problem(rule: CompiledRule) -> str | None:
@@ -212,53 +186,15 @@ def gap_rows(
     return at_once.unionByName(later.select(*cols, "__at"))
 
 
-class AbsenceStep:
-    """Picklable ``mapInArrow`` function: a shuffle partition's kept rows (whole groups)
-    through the evaluator's ``AbsenceLogic``; rows of :data:`_STEP`."""
-
-    def __init__(self, rules: Sequence[CompiledRule], order: Mapping[str, int]) -> None:
-        self.rules = {r.id: r for r in rules}
-        self.order = dict(order)
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = [r for b in batches for r in b.to_pylist()]
-        if not rows:
-            return
-        rows.sort(key=lambda r: (r["__rule"], r["__sk"], r["__g"], r["__part"], r["__offset"], r["__o"]))
-        logics: dict[str, tuple[CompiledRule, AbsenceLogic]] = {}
-        out: list[tuple[Any, ...]] = []
-        whose = lambda r: (r["__rule"], r["__sk"], tuple(r["__g"]))  # noqa: E731
-        for (rid, _, group), members in groupby(rows, key=whose):
-            if rid not in logics:
-                rule = self.rules[rid]
-                rule = with_native_condition(rule) if rule.where is not None else rule
-                logics[rid] = (rule, AbsenceLogic(rule))
-            rule, logic = logics[rid]
-            out += [(*o, self.order[rid]) for o in run_group(rule, logic, group, list(members))]
-        if out:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([o[i] for o in out], _STEP.field(i).type) for i in range(len(_STEP))], schema=_STEP
-            )
-
-
-def run_group(
-    rule: CompiledRule, logic: AbsenceLogic, group: tuple[str, ...], rows: Sequence[Mapping[str, Any]]
-) -> list[tuple[Any, ...]]:
+def run_group(rule: CompiledRule, group: tuple[str, ...], sk: str, rows: list[dict[str, Any]]) -> Transitions:
     """One group's kept rows (of :func:`gap_rows`, fields joined: ``__fields``), in order,
-    through ``logic`` (``rule`` reading the condition Spark computed): its transitions as
-    rows of :data:`_STEP` without the rule's place (the last column)."""
+    through the evaluator's ``AbsenceLogic`` (reading the condition Spark computed)."""
+    rule = with_native_condition(rule) if rule.where is not None else rule
+    logic = AbsenceLogic(rule)
     store = DictStore()
     key = state_key(rule, group)
     key_field = SCHEMAS[rule.rule.source].key
-    out: list[tuple[Any, ...]] = []
-
-    def emit(alerts: list[Any], part: int, offset: int, phase: int, due: int) -> None:
-        for a in alerts:
-            out.append(
-                ("alert", ALERTS, a.fingerprint, a.to_json().decode(), part, offset, 0, a.rule_id, a.status,
-                 a.alert_id, phase, due, key, len(out))
-            )  # fmt: skip
-
+    out = Transitions(sk, key)
     for r in rows:
         if r["__o"] == _SEED:
             logic.expect(store, key, group, r["__ts_ms"])
@@ -275,13 +211,18 @@ def run_group(
             row = {**fields, HOLDS: True}
             event = Event(str(fields.get(key_field)), r["__ts_ms"], fields)
             alerts, _ = logic.on_event(store, key, group, event, row)
-            emit(alerts, r["__part"], r["__offset"], _ON_EVENT, 0)
+            out.add(alerts, r["__part"], r["__offset"], ON_EVENT, 0)
         at, st = r["__at"], store.get(key)
         if r["__cap"] and at is not None and st is not None:
             due = logic._due(st["last_event"])  # noqa: SLF001 - the timer's due, its place in the heap
             here = r["__o"] == _EVENT and (at["__part"], at["__offset"]) == (r["__part"], r["__offset"])
-            phase = _AFTER if here else _BEFORE
-            emit(logic.on_timer(store, key, at["__clock"]), at["__part"], at["__offset"], phase, due)
+            out.add(
+                logic.on_timer(store, key, at["__clock"]),
+                at["__part"],
+                at["__offset"],
+                AFTER if here else BEFORE,
+                due,
+            )
     return out
 
 
@@ -295,23 +236,14 @@ def native_output(
     registry rows (static); ``partitions``: the emulated partition count; ``order``: each
     rule's place in the evaluator's per-event order.
 
-    At one event the rows come in the evaluator's order: rule by rule, each rule's timers
-    due at the clock (by due time, then state key: its timer heap), then its ``on_event``,
-    then the timer that ``on_event`` made due at once."""
+    At one event the rows come in the evaluator's order (``jobs.transitions``)."""
     if not rules:
         return None
     tables = tables or Tables()
-    shuffle = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
     kept: DataFrame | None = None
     for rule in rules:
         mine = gap_rows(decoded, plan, rule, stream_path.get(rule.id, frozenset()), tables, partitions)
         mine = mine.withColumn("__rule", F.lit(rule.id))
         kept = mine if kept is None else kept.unionByName(mine)
     assert kept is not None  # noqa: S101
-    # the kept rows are few: their fields are joined back (not carried through the sorts)
-    fields = decoded.where(F.col("__dlq").isNull()).select("__part", "__offset", "__fields")
-    rows = kept.join(fields, ["__part", "__offset"], "left").repartition(shuffle, "__rule", "__sk", "__g")
-    stepped = rows.mapInArrow(AbsenceStep(rules, order), _STEP_DDL)
-    at_event = Window.partitionBy("part", "offset").orderBy("__r", "__ph", "__due", "__key", "__seq")
-    idx = F.lit(IDX_BASE) + F.row_number().over(at_event) - 1
-    return stepped.withColumn("idx", idx.cast("int")).select(*_OUTPUT_COLUMNS)
+    return in_evaluator_order(stepped(decoded, kept, GroupStep(rules, order, run_group)))

@@ -1,0 +1,181 @@
+"""New-term rules natively in a Spark backtest: which events bring a new term in the JVM, the
+evaluator's alert lifecycle only on those.
+
+What :class:`app.rules.logic.events.NewTermLogic` decides per event is, in a backtest where the
+whole input is known, a pair of window functions over the events its ``where`` takes with a
+non-NULL field (others create no state), in the order the evaluator takes a group's events
+(partition, offset), on the rule's stream partition:
+
+* **the group's first event** time (``first_event``): the first ``horizon`` after it only
+  learns;
+* **the term's last sighting** (``seen``): the newest time of the group's earlier events with
+  the same term (``str(value)``). Order-insensitive, as the evaluator keeps the newest.
+
+An event *triggers* when it is past the learning period and its term was never seen or not
+within ``horizon`` of it. That depends on no alert state, so only the triggers go to Python,
+where the evaluator's own one-shot lifecycle (``NewTermLogic.oneshot``: a trigger fires a quiet
+group and extends a firing one, which resolves ``resolve_after`` after its last trigger)
+runs on them with the partition's clock at each (:func:`run_group`). A resolution is placed at
+the first event of the stream partition whose clock reaches it (``jobs.windows.at_clock``), or
+at the trigger itself when its own clock is already past (a trigger late by more than
+``resolve_after``: the evaluator's timer runs right after it).
+
+**Pruning.** The evaluator forgets the terms older than ``horizon`` each time a group's term
+count reaches a multiple of 1,000. An event arriving out of order may then find its term
+forgotten where it would otherwise have found it within the horizon. So a group with 1,000
+distinct terms or more keeps every event, and the evaluator's ``on_event`` runs on them all.
+
+What stays on the stream path (:func:`native_problem` says why): a ``where`` Spark SQL cannot
+express, ``group_by`` on a non-string field, a term field that is not a string or an integer
+(Spark's text of a double differs from Python's ``str``), ``enrich`` and any rule-model field
+this module does not reproduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from app.events import SCHEMAS, Event
+from app.rules.loader import CompiledRule
+from app.rules.logic.base import DictStore, state_key
+from app.rules.logic.events import NewTermLogic
+from app.rules.spark_sql import SPARK_RULE_FIELDS
+from jobs.compile import SparkPlan, native_where
+from jobs.decode import source_struct
+from jobs.state import HOLDS, with_native_condition
+from jobs.transitions import AFTER, BEFORE, ON_EVENT, GroupStep, Transitions, in_evaluator_order, stepped
+from jobs.windows import at_clock, clocked, stream_of, taken
+
+#: the rule-model fields a native new-term rule may set (any other, set, keeps it where it was)
+NATIVE_FIELDS = (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"new_term", "resolve_after"}
+#: NewTermLogic prunes a group's terms when their count reaches a multiple of this
+PRUNE_EVERY = 1000
+_TERM_TYPES = frozenset({"string", "long"})
+
+
+def native_problem(rule: CompiledRule) -> str | None:
+    """Why new-term rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
+    r = rule.rule
+    if r.kind != "new_term" or r.new_term is None:
+        return "only new-term rules run natively here"
+    for name, info in type(r).model_fields.items():
+        if name not in NATIVE_FIELDS and getattr(r, name) != info.get_default(call_default_factory=True):
+            return f"'{info.alias or name}' is not reproduced natively"
+    if r.where is not None and native_where(rule) is None:
+        return "where is not expressible in Spark SQL"
+    types = rule.schema.all_fields()
+    if any(types.get(g) != "string" for g in r.group_by):
+        return "group_by on a non-string field"
+    if types.get(r.new_term.field) not in _TERM_TYPES:
+        return f"a term field of type {types.get(r.new_term.field)} (Spark's text of it differs)"
+    return None
+
+
+def native_rules(plan: SparkPlan) -> list[CompiledRule]:
+    """The stream-path new-term rules of ``plan`` that can run natively."""
+    return [r for r in plan.stream_rules if native_problem(r) is None]
+
+
+def trigger_rows(ev: DataFrame, rule: CompiledRule) -> DataFrame:
+    """The rows of ``rule``'s groups the Python step needs (see the module), from ``ev``
+    (:func:`jobs.windows.clocked`): ``__sk``, ``__g``, ``__part``, ``__offset``, ``__o``,
+    ``__ts_ms``, ``__clock``, ``__final`` (the partition's final clock), ``__trig`` (a new
+    term) and ``__all`` (the group keeps every row)."""
+    r = rule.rule
+    assert r.new_term is not None  # noqa: S101
+    field, horizon = r.new_term.field, r.new_term.horizon
+    final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
+    parsed = F.from_json(F.col("__fields"), source_struct(r.source, only={*r.group_by, field}))
+    mine = taken(ev, rule).withColumn("__q", parsed).where(F.col("__q").getField(field).isNotNull())
+    group = F.array(*(F.coalesce(F.col("__q").getField(g), F.lit("")) for g in r.group_by))
+    rows = mine.select(
+        "__sk", group.cast("array<string>").alias("__g"), "__part", "__offset", "__ts_ms", "__clock",
+        F.col("__q").getField(field).cast("string").alias("__term"),
+    )  # fmt: skip
+    by_term = Window.partitionBy("__sk", "__g", "__term").orderBy("__part", "__offset")
+    rows = rows.select(
+        "*",
+        F.max("__ts_ms").over(by_term.rowsBetween(Window.unboundedPreceding, -1)).alias("__seen"),
+        (F.row_number().over(by_term) == 1).cast("int").alias("__new"),
+    )
+    by_group = Window.partitionBy("__sk", "__g").orderBy("__part", "__offset")
+    upto = by_group.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    whole = by_group.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rows = rows.select(
+        "*", F.first("__ts_ms").over(upto).alias("__first"), F.sum("__new").over(whole).alias("__n")
+    )
+    learnt = F.col("__ts_ms") >= F.col("__first") + horizon
+    fresh = F.col("__seen").isNull() | (F.col("__ts_ms") - F.col("__seen") > horizon)
+    rows = rows.select("*", (learnt & fresh).alias("__trig"), (F.col("__n") >= PRUNE_EVERY).alias("__all"))
+    kept = rows.where(F.col("__trig") | F.col("__all")).join(F.broadcast(final), "__sk")
+    cols = ["__sk", "__g", "__part", "__offset", "__ts_ms", "__clock", "__final", "__trig", "__all"]
+    return kept.select(*cols, F.lit(1).alias("__o"))
+
+
+def run_group(rule: CompiledRule, group: tuple[str, ...], sk: str, rows: list[dict[str, Any]]) -> Transitions:
+    """One group's rows (of :func:`trigger_rows`, fields joined: ``__fields``), in order, through
+    the evaluator's ``NewTermLogic``: its one-shot lifecycle on the triggers, or ``on_event``
+    on every row of a group that keeps them all; its timer at each row's clock."""
+    spec = rule.rule.new_term
+    assert spec is not None  # noqa: S101
+    rule = with_native_condition(rule) if rule.where is not None else rule
+    logic = NewTermLogic(rule)
+    field = spec.field
+    store = DictStore()
+    key = state_key(rule, group)
+    key_field = SCHEMAS[rule.rule.source].key
+    out = Transitions(sk, key)
+
+    def expire(clock: int, part: int | None, offset: int | None, phase: int) -> None:
+        st = store.get(key)
+        if st is not None and st.get("firing_since") is not None and clock >= st["resolves_at"]:
+            due = st["resolves_at"]
+            out.add(logic.on_timer(store, key, clock), part, offset, phase, due)
+
+    for r in rows:
+        clock = r["__clock"]
+        expire(clock, None, None, BEFORE)  # at the first event whose clock reached it: placed later
+        fields = orjson.loads(r["__fields"])
+        ts = r["__ts_ms"]
+        if r["__all"]:
+            event = Event(str(fields.get(key_field)), ts, fields)
+            alerts, _ = logic.on_event(store, key, group, event, {**fields, HOLDS: True})
+        else:
+            st = store.get(key) or {"group": list(group), "last_event": ts, "firing_since": None}
+            st["last_event"] = max(st["last_event"], ts)
+            alerts = logic.oneshot.trigger(st, group, fields, ts, ts, {field: fields.get(field)})
+            logic._save(store, key, st)  # noqa: SLF001 - the evaluator's own bookkeeping
+        out.add(alerts, r["__part"], r["__offset"], ON_EVENT, 0)
+        expire(clock, r["__part"], r["__offset"], AFTER)
+    if rows:
+        expire(rows[0]["__final"], None, None, BEFORE)
+    return out
+
+
+def native_output(
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule],
+    stream_path: Mapping[str, frozenset[str]], order: Mapping[str, int],
+) -> DataFrame | None:  # fmt: skip
+    """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on the
+    stream keys ``stream_path`` does not leave to the stream path; ``order``: each rule's place
+    in the evaluator's per-event order (at one event the rows come in the evaluator's order,
+    ``jobs.transitions``)."""
+    out: DataFrame | None = None
+    for rule in rules:
+        ev = clocked(decoded, stream_of(plan, rule))
+        skip = stream_path.get(rule.id, frozenset())
+        if skip:
+            ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+        kept = trigger_rows(ev, rule).withColumn("__rule", F.lit(rule.id))
+        done = stepped(decoded, kept, GroupStep([rule], order, run_group))
+        placed = done.where(F.col("part").isNotNull())
+        due = at_clock(ev, done.where(F.col("part").isNull()), "__due")
+        due = due.withColumn("part", F.col("__at.__part")).withColumn("offset", F.col("__at.__offset"))
+        rows = placed.unionByName(due.drop("__at"))
+        out = rows if out is None else out.unionByName(rows)
+    return None if out is None else in_evaluator_order(out)

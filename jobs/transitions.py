@@ -1,0 +1,115 @@
+"""What the native plans of timer kinds share (``jobs.absence``, ``jobs.new_terms``): the
+Python step that runs the evaluator's own logic over each group's kept rows, and the order
+of its transitions at one event, which is the evaluator's.
+
+At one event the evaluator runs rule by rule (its per-event order): each rule's timers due
+at the partition clock (by due time, then state key: its timer heap), then its
+``on_event``, then the timer that ``on_event`` made due at once. Each transition carries
+its phase among those three, its timer's due and its state key, so one window over the
+output rows per event rebuilds that order (:func:`in_evaluator_order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import groupby
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from app.alerts import Alert
+from app.rules.loader import CompiledRule
+from app.topics import ALERTS
+from jobs.state import OUTPUT_SCHEMA
+from jobs.streams import IDX_BASE
+
+#: a transition's phase at its event: a timer before the rule's ``on_event``, its own, one after
+BEFORE, ON_EVENT, AFTER = 0, 1, 2
+#: the Python step's output: the output rows (``idx`` set after; ``part`` and ``offset`` NULL
+#: for a transition still to be placed at its due) and their place at their event
+STEP = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("topic", pa.string()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("part", pa.int32()),
+        ("offset", pa.int64()),
+        ("idx", pa.int32()),
+        ("rule", pa.string()),
+        ("status", pa.string()),
+        ("alert_id", pa.string()),
+        ("__ph", pa.int32()),
+        ("__due", pa.int64()),
+        ("__key", pa.string()),
+        ("__seq", pa.int32()),
+        ("__sk", pa.string()),
+        ("__r", pa.int32()),
+    ]
+)
+STEP_DDL = f"{OUTPUT_SCHEMA}, __ph int, __due bigint, __key string, __seq int, __sk string, __r int"
+OUTPUT_COLUMNS = [c.strip().split(" ")[0] for c in OUTPUT_SCHEMA.split(",")]
+
+#: one group's run: (rule, group values, stream key, its kept rows in order) -> transitions
+GroupRun = Callable[[CompiledRule, tuple[str, ...], str, list[dict[str, Any]]], "Transitions"]
+
+
+class Transitions:
+    """One group's transitions as rows of :data:`STEP` (without the rule's place)."""
+
+    def __init__(self, sk: str, key: str) -> None:
+        self.sk, self.key = sk, key
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, alerts: list[Alert], part: int | None, offset: int | None, phase: int, due: int) -> None:
+        for a in alerts:
+            self.rows.append(
+                ("alert", ALERTS, a.fingerprint, a.to_json().decode(), part, offset, 0, a.rule_id, a.status,
+                 a.alert_id, phase, due, self.key, len(self.rows), self.sk)
+            )  # fmt: skip
+
+
+class GroupStep:
+    """Picklable ``mapInArrow`` function: a shuffle partition's kept rows (whole groups:
+    ``__rule``, ``__sk``, ``__g``, ``__part``, ``__offset``, ``__o``) through ``run``, group
+    by group in order; rows of :data:`STEP`."""
+
+    def __init__(self, rules: Sequence[CompiledRule], order: Mapping[str, int], run: GroupRun) -> None:
+        self.rules = {r.id: r for r in rules}
+        self.order = dict(order)
+        self.run = run
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = [r for b in batches for r in b.to_pylist()]
+        if not rows:
+            return
+        rows.sort(key=lambda r: (r["__rule"], r["__sk"], r["__g"], r["__part"], r["__offset"], r["__o"]))
+        out: list[tuple[Any, ...]] = []
+        whose = lambda r: (r["__rule"], r["__sk"], tuple(r["__g"]))  # noqa: E731
+        for (rid, sk, group), members in groupby(rows, key=whose):
+            done = self.run(self.rules[rid], group, sk, list(members))
+            out += [(*o, self.order[rid]) for o in done.rows]
+        if out:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([o[i] for o in out], STEP.field(i).type) for i in range(len(STEP))], schema=STEP
+            )
+
+
+def stepped(decoded: DataFrame, kept: DataFrame, step: GroupStep) -> DataFrame:
+    """``kept`` rows with their events' fields (``__fields``: the kept rows are few, so they
+    are joined back rather than carried through the sorts) through ``step``, whole groups
+    per shuffle partition."""
+    shuffle = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
+    fields = decoded.where(F.col("__dlq").isNull()).select("__part", "__offset", "__fields")
+    rows = kept.join(fields, ["__part", "__offset"], "left").repartition(shuffle, "__rule", "__sk", "__g")
+    return rows.mapInArrow(step, STEP_DDL)
+
+
+def in_evaluator_order(rows: DataFrame) -> DataFrame:
+    """Rows of :data:`STEP`, all placed, as output rows (``jobs.state.OUTPUT_SCHEMA``), ``idx``
+    from ``IDX_BASE`` on in the evaluator's order at each event (see the module)."""
+    at_event = Window.partitionBy("part", "offset").orderBy("__r", "__ph", "__due", "__key", "__seq")
+    idx = F.lit(IDX_BASE) + F.row_number().over(at_event) - 1
+    return rows.withColumn("idx", idx.cast("int")).select(*OUTPUT_COLUMNS)
