@@ -61,11 +61,20 @@ from app.rules.logic.base import DictStore, state_key
 from app.rules.logic.events import AbsenceLogic
 from app.rules.spark_sql import SPARK_RULE_FIELDS
 from app.tables import Tables
-from jobs.compile import SparkPlan, native_where
+from jobs.compile import SparkPlan
 from jobs.decode import source_struct
 from jobs.state import HOLDS, with_native_condition
 from jobs.streams import stream_key
-from jobs.transitions import AFTER, BEFORE, ON_EVENT, GroupStep, Transitions, in_evaluator_order, stepped
+from jobs.transitions import (
+    AFTER,
+    BEFORE,
+    ON_EVENT,
+    GroupStep,
+    Transitions,
+    common_problem,
+    in_evaluator_order,
+    stepped,
+)
 from jobs.windows import at_clock, clocked, stream_of, taken
 
 #: the rule-model fields a native absence rule may set (any other, set, keeps it where it was)
@@ -79,18 +88,7 @@ _SEED, _EVENT = 0, 1  # a row's __o: at one (partition, offset), the seed comes 
 
 def native_problem(rule: CompiledRule) -> str | None:
     """Why absence rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
-    r = rule.rule
-    if r.kind != "absence":
-        return "only absence rules run natively here"
-    for name, info in type(r).model_fields.items():
-        if name not in NATIVE_FIELDS and getattr(r, name) != info.get_default(call_default_factory=True):
-            return f"'{info.alias or name}' is not reproduced natively"
-    if r.where is not None and native_where(rule) is None:
-        return "where is not expressible in Spark SQL"
-    types = rule.schema.all_fields()
-    if any(types.get(g) != "string" for g in r.group_by):
-        return "group_by on a non-string field"
-    return None
+    return common_problem(rule, "absence", NATIVE_FIELDS)
 
 
 def native_rules(plan: SparkPlan) -> list[CompiledRule]:

@@ -150,6 +150,16 @@ def _riders(rules: list[CompiledRule], keyed: set[str]) -> set[str]:
     return {r.id for r in rules if r.id in keyed and r.rule.source in streams and _direct(r)}
 
 
+def unreproduced(rule: CompiledRule, fields: frozenset[str]) -> str | None:
+    """Why a native plan that reproduces only the rule-model ``fields`` cannot run ``rule``:
+    the first other field it sets (not at its default), or None."""
+    r = rule.rule
+    for name, info in type(r).model_fields.items():
+        if name not in fields and getattr(r, name) != info.get_default(call_default_factory=True):
+            return f"'{info.alias or name}' is not reproduced natively"
+    return None
+
+
 def native_where(rule: CompiledRule) -> SparkExpr | None:
     """The rule's ``where`` as Spark SQL over the typed struct, or None when it must run in
     Python: it reads enrichment columns or ``pct_change()``, the rule evaluates its events

@@ -45,10 +45,19 @@ from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore, state_key
 from app.rules.logic.events import NewTermLogic
 from app.rules.spark_sql import SPARK_RULE_FIELDS
-from jobs.compile import SparkPlan, native_where
+from jobs.compile import SparkPlan
 from jobs.decode import source_struct
 from jobs.state import HOLDS, with_native_condition
-from jobs.transitions import AFTER, BEFORE, ON_EVENT, GroupStep, Transitions, in_evaluator_order, stepped
+from jobs.transitions import (
+    AFTER,
+    BEFORE,
+    ON_EVENT,
+    GroupStep,
+    Transitions,
+    common_problem,
+    in_evaluator_order,
+    stepped,
+)
 from jobs.windows import at_clock, clocked, stream_of, taken
 
 #: the rule-model fields a native new-term rule may set (any other, set, keeps it where it was)
@@ -61,16 +70,10 @@ _TERM_TYPES = frozenset({"string", "long"})
 def native_problem(rule: CompiledRule) -> str | None:
     """Why new-term rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
     r = rule.rule
-    if r.kind != "new_term" or r.new_term is None:
-        return "only new-term rules run natively here"
-    for name, info in type(r).model_fields.items():
-        if name not in NATIVE_FIELDS and getattr(r, name) != info.get_default(call_default_factory=True):
-            return f"'{info.alias or name}' is not reproduced natively"
-    if r.where is not None and native_where(rule) is None:
-        return "where is not expressible in Spark SQL"
+    found = common_problem(rule, "new_term", NATIVE_FIELDS)
+    if found is not None or r.new_term is None:
+        return found or "no new_term"
     types = rule.schema.all_fields()
-    if any(types.get(g) != "string" for g in r.group_by):
-        return "group_by on a non-string field"
     if types.get(r.new_term.field) not in _TERM_TYPES:
         return f"a term field of type {types.get(r.new_term.field)} (Spark's text of it differs)"
     return None

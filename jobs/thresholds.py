@@ -93,10 +93,11 @@ from app.rules.logic.base import DictStore
 from app.rules.spark_sql import SPARK_RULE_FIELDS, SparkExpr, UdfCall, to_spark_sql
 from app.tables import TABLES, Tables
 from app.topics import ALERTS
-from jobs.compile import SparkPlan, native_where
+from jobs.compile import SparkPlan, native_where, unreproduced
 from jobs.decode import source_struct
 from jobs.state import HOLDS, OUTPUT_SCHEMA, with_native_condition
 from jobs.streams import evaluator_streams
+from jobs.transitions import OUTPUT_ARROW
 from jobs.udfs import guarded
 from jobs.windows import stream_of
 
@@ -108,20 +109,6 @@ NATIVE_FIELDS = SPARK_RULE_FIELDS | {"clear", "enrich"}
 _TABLE_TYPES = {"string": StringType(), "double": DoubleType()}
 #: where a row carries ``clear`` as Spark computed it (NUL: no schema field starts with it)
 CLEARS = "\x00clears"
-_OUTPUT = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("topic", pa.string()),
-        ("key", pa.string()),
-        ("value", pa.string()),
-        ("part", pa.int32()),
-        ("offset", pa.int64()),
-        ("idx", pa.int32()),
-        ("rule", pa.string()),
-        ("status", pa.string()),
-        ("alert_id", pa.string()),
-    ]
-)
 
 
 def _sql(rule: CompiledRule, text: str | None) -> SparkExpr | None:
@@ -154,9 +141,9 @@ def native_problem(rule: CompiledRule) -> str | None:
     r = rule.rule
     if r.kind != "threshold":
         return "only threshold rules run natively here"
-    for name, info in type(r).model_fields.items():
-        if name not in NATIVE_FIELDS and getattr(r, name) != info.get_default(call_default_factory=True):
-            return f"'{info.alias or name}' is not reproduced natively"
+    found = unreproduced(rule, NATIVE_FIELDS)
+    if found is not None:
+        return found
     parts = rule.parts
     if parts is None or parts.pct_changes or parts.baselines:
         return "pct_change() or baselines keep history per group"
@@ -445,8 +432,8 @@ class ThresholdStep:
             out += self.run_group(rule, logic, list(members))
         if out:
             yield pa.RecordBatch.from_arrays(
-                [pa.array([o[i] for o in out], _OUTPUT.field(i).type) for i in range(len(_OUTPUT))],
-                schema=_OUTPUT,
+                [pa.array([o[i] for o in out], OUTPUT_ARROW.field(i).type) for i in range(len(OUTPUT_ARROW))],
+                schema=OUTPUT_ARROW,
             )
 
     def run_group(

@@ -22,14 +22,14 @@ from pyspark.sql import functions as F
 from app.alerts import Alert
 from app.rules.loader import CompiledRule
 from app.topics import ALERTS
+from jobs.compile import native_where, unreproduced
 from jobs.state import OUTPUT_SCHEMA
 from jobs.streams import IDX_BASE
 
 #: a transition's phase at its event: a timer before the rule's ``on_event``, its own, one after
 BEFORE, ON_EVENT, AFTER = 0, 1, 2
-#: the Python step's output: the output rows (``idx`` set after; ``part`` and ``offset`` NULL
-#: for a transition still to be placed at its due) and their place at their event
-STEP = pa.schema(
+#: the output rows (``jobs.state.OUTPUT_SCHEMA``) as Arrow batches of a Python step
+OUTPUT_ARROW = pa.schema(
     [
         ("kind", pa.string()),
         ("topic", pa.string()),
@@ -41,6 +41,13 @@ STEP = pa.schema(
         ("rule", pa.string()),
         ("status", pa.string()),
         ("alert_id", pa.string()),
+    ]
+)
+#: the Python step's output: the output rows (``idx`` set after; ``part`` and ``offset`` NULL
+#: for a transition still to be placed at its due) and their place at their event
+STEP = pa.schema(
+    [
+        *OUTPUT_ARROW,
         ("__ph", pa.int32()),
         ("__due", pa.int64()),
         ("__key", pa.string()),
@@ -95,6 +102,24 @@ class GroupStep:
             yield pa.RecordBatch.from_arrays(
                 [pa.array([o[i] for o in out], STEP.field(i).type) for i in range(len(STEP))], schema=STEP
             )
+
+
+def common_problem(rule: CompiledRule, kind: str, fields: frozenset[str]) -> str | None:
+    """What stops a rule of a timer kind from running natively, for every such kind: not of
+    ``kind``, a rule-model field outside ``fields`` set, a ``where`` Spark SQL cannot
+    express, a ``group_by`` on a non-string field (the evaluator groups by ``str(value)``)."""
+    r = rule.rule
+    if r.kind != kind:
+        return f"only {kind} rules run natively here"
+    found = unreproduced(rule, fields)
+    if found is not None:
+        return found
+    if r.where is not None and native_where(rule) is None:
+        return "where is not expressible in Spark SQL"
+    types = rule.schema.all_fields()
+    if any(types.get(g) != "string" for g in r.group_by):
+        return "group_by on a non-string field"
+    return None
 
 
 def stepped(decoded: DataFrame, kept: DataFrame, step: GroupStep) -> DataFrame:

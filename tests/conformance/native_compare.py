@@ -8,8 +8,10 @@ import io
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -85,3 +87,18 @@ def nab_devices(path: Path, devices: int, future: list[dict[str, object]]) -> No
             lines += [orjson.dumps(e) for e in future]
         lines += [orjson.dumps({**r, "device_id": f"nab-{d}"}) for d in range(devices)]
     path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def write_events(path: Path, events: Iterable[dict[str, Any]]) -> Path:
+    """``events`` as a JSON-lines file at ``path``."""
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in events) + b"\n")
+    return path
+
+
+def transitions_of(alerts: list[Alert], rule: str, group: str = "") -> list[tuple[str, str, str | None]]:
+    """``(status, starts_at, ends_at)`` of ``rule``'s alerts, of the group with a label ``group``."""
+    return [
+        (a.status, a.starts_at, a.ends_at)
+        for a in alerts
+        if a.rule_id == rule and (not group or group in a.labels.values())
+    ]

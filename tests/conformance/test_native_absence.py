@@ -21,16 +21,20 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.alerts import Alert
 from app.rules.loader import load_rules
 from jobs import absence
 from jobs.compile import plan_rules
 from tests.conformance.absence_cases import RULES, crafted, t, tables
-from tests.conformance.native_compare import Compared, compare_backtests, nab_devices
+from tests.conformance.native_compare import (
+    Compared,
+    compare_backtests,
+    nab_devices,
+    write_events,
+)
+from tests.conformance.native_compare import transitions_of as seen
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
@@ -50,16 +54,7 @@ def compare(
 
 
 def write(path: Path) -> Path:
-    path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
-    return path
-
-
-def seen(alerts: list[Alert], rule: str, group: str = "") -> list[tuple[str, str, str | None]]:
-    return [
-        (a.status, a.starts_at, a.ends_at)
-        for a in alerts
-        if a.rule_id == rule and (not group or group in a.labels.values())
-    ]
+    return write_events(path, crafted())
 
 
 def test_crafted_events_on_one_partition(
@@ -87,13 +82,20 @@ def test_crafted_events_on_one_partition(
     assert seen(alerts, "abs-30m", "a-7") == [("firing", t(60), None), ("resolved", t(60), t(75))]
     assert not seen(alerts, "abs-30m", "a-5")  # back exactly at its deadline
     assert seen(alerts, "abs-lateness", "a-2") == [("firing", t(40), None)]  # 20m; fired 10m later
-    assert [s for s, _, _ in seen(alerts, "abs-hot-readings", "a-6")] == ["firing", "resolved"] * 2 + [
-        "firing"
-    ]
+    assert [s for s, _, _ in seen(alerts, "abs-hot-readings", "a-6")] == [
+        "firing",
+        "resolved",
+    ] * 2 + ["firing"]
     for ghost in ("ghost-a", "ghost-c"):  # never seen: their wait began at the first event
         assert seen(alerts, "abs-registry", ghost) == [("firing", t(45), None)]
-    assert seen(alerts, "abs-registry", "r-1") == [("firing", t(45), None), ("resolved", t(45), t(100))]
-    assert seen(alerts, "abs-fleet-hot")[:2] == [("firing", t(10.5), None), ("resolved", t(10.5), t(40.5))]
+    assert seen(alerts, "abs-registry", "r-1") == [
+        ("firing", t(45), None),
+        ("resolved", t(45), t(100)),
+    ]
+    assert seen(alerts, "abs-fleet-hot")[:2] == [
+        ("firing", t(10.5), None),
+        ("resolved", t(10.5), t(40.5)),
+    ]
     assert seen(alerts, "abs-client", "10.1.1.4") == [
         ("firing", t(10), None), ("resolved", t(10), t(30)), ("firing", t(40), None),
     ]  # fmt: skip

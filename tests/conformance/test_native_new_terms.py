@@ -16,15 +16,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from app.alerts import Alert
 from app.rules.loader import load_rules
 from jobs import new_terms
 from jobs.compile import plan_rules
-from tests.conformance.native_compare import Compared, compare_backtests
+from tests.conformance.native_compare import Compared, compare_backtests, write_events
+from tests.conformance.native_compare import transitions_of as seen
 from tests.conformance.new_term_cases import RULES, crafted, t
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
@@ -38,16 +37,7 @@ def compare(spark: SparkSession, caplog: pytest.LogCaptureFixture, path: Path, p
 
 
 def write(path: Path) -> Path:
-    path.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
-    return path
-
-
-def seen(alerts: list[Alert], rule: str, group: str = "") -> list[tuple[str, str, str | None]]:
-    return [
-        (a.status, a.starts_at, a.ends_at)
-        for a in alerts
-        if a.rule_id == rule and (not group or group in a.labels.values())
-    ]
+    return write_events(path, crafted())
 
 
 def test_crafted_lines_on_one_partition(
@@ -67,7 +57,10 @@ def test_crafted_lines_on_one_partition(
         ("firing", t(100.5), None), ("resolved", t(100.5), t(110.5)),
         ("firing", t(140.5), None), ("resolved", t(140.5), t(150.5)),
     ]  # fmt: skip
-    assert [s for s, _, _ in seen(alerts, "nt-client-status", "10.0.0.9")] == ["firing", "resolved"] * 2
+    assert [s for s, _, _ in seen(alerts, "nt-client-status", "10.0.0.9")] == [
+        "firing",
+        "resolved",
+    ] * 2
     assert seen(alerts, "nt-path") == [
         ("firing", t(90.5), None), ("resolved", t(90.5), t(93.5)),
         ("firing", t(94.5), None), ("resolved", t(94.5), t(96.5)),
