@@ -32,7 +32,7 @@ from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
 from app.topics import SOURCE_TOPICS
-from jobs import absence, new_terms, thresholds
+from jobs import absence, event_alerts, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
@@ -138,7 +138,7 @@ def run_backtest(
     native_windows: bool = True,
     native_thresholds: bool = True,
     native_absence: bool = True,
-    native_new_terms: bool = True,
+    native_event_alerts: bool = True,
     native_decode: bool = True,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
@@ -154,8 +154,8 @@ def run_backtest(
     do so, on the stream partitions where that is exact (False: the stream path for all);
     ``native_thresholds`` the same for threshold rules (``jobs.thresholds``; False: the keyed
     or the stream path, as planned); ``native_absence`` the same for absence rules
-    (``jobs.absence``; False: the stream path), ``native_new_terms`` for new-term rules
-    (``jobs.new_terms``). ``native_decode``: the records the worker's decoder
+    (``jobs.absence``; False: the stream path), ``native_event_alerts`` for new-term and change
+    rules (``jobs.event_alerts``). ``native_decode``: the records the worker's decoder
     keeps unchanged are decoded in the JVM (``jobs.fastdecode``; False: every record
     through the Python decoder).
     """
@@ -165,7 +165,7 @@ def run_backtest(
     native = native_rules(plan) if native_windows else []
     native_thr = thresholds.native_rules(plan) if native_thresholds else []
     native_abs = absence.native_rules(plan) if native_absence else []
-    native_nt = new_terms.native_rules(plan) if native_new_terms else []
+    native_nt = event_alerts.native_rules(plan) if native_event_alerts else []
     order = {r.id: i for i, r in enumerate(ruleset.rules)}
     planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
     # at one event: the keyed path's transitions, the native thresholds' (in the evaluator's order), the rest
@@ -207,7 +207,7 @@ def run_backtest(
             logger.info("native absence: %s", ", ".join(said))
         if native_nt:
             said = [f"{r.id} ({len(fallback[r.id])} partition(s) on the stream path)" for r in native_nt]
-            logger.info("native new terms: %s", ", ".join(said))
+            logger.info("native event alerts: %s", ", ".join(said))
         streams = StreamRunner(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
@@ -226,7 +226,7 @@ def run_backtest(
         silent = absence.native_output(decoded, plan, native_abs, fallback, tables, partitions, thr_idx)
         if silent is not None:
             result = result.unionByName(silent)
-        novel = new_terms.native_output(decoded, plan, native_nt, fallback, thr_idx)
+        novel = event_alerts.native_output(decoded, plan, native_nt, fallback, thr_idx)
         if novel is not None:
             result = result.unionByName(novel)
         rows = result.orderBy("part", "offset", "idx").collect()

@@ -1,4 +1,4 @@
-"""What the native plans of timer kinds share (``jobs.absence``, ``jobs.new_terms``): the
+"""What the native plans of timer kinds share (``jobs.absence``, ``jobs.event_alerts``): the
 Python step that runs the evaluator's own logic over each group's kept rows, and the order
 of its transitions at one event, which is the evaluator's.
 

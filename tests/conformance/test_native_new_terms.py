@@ -1,4 +1,4 @@
-"""Two-engine conformance of the native new-term path (``jobs.new_terms``): the rules of
+"""Two-engine conformance of the native new-term path (``jobs.event_alerts``): the rules of
 ``new_terms.yaml``, which a Spark backtest runs natively (each group's first event and each
 term's last sighting in the JVM, the evaluator's one-shot lifecycle on the new terms only),
 must give exactly the Faust backtest's output lines (every status, in the same order),
@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.rules.loader import load_rules
-from jobs import new_terms
+from jobs import event_alerts
 from jobs.compile import plan_rules
 from tests.conformance.native_compare import Compared, compare_backtests, write_events
 from tests.conformance.native_compare import transitions_of as seen
@@ -32,8 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 def compare(spark: SparkSession, caplog: pytest.LogCaptureFixture, path: Path, partitions: int) -> Compared:
     ruleset = load_rules([RULES])
     plan = plan_rules(ruleset, keyed_path=True, every_rule=True)
-    assert {r.id for r in new_terms.native_rules(plan)} == {r.id for r in ruleset.rules}
-    return compare_backtests(spark, caplog, ruleset, path, partitions=partitions, said="native new terms")
+    assert {r.id for r in event_alerts.native_rules(plan)} == {r.id for r in ruleset.rules}
+    return compare_backtests(spark, caplog, ruleset, path, partitions=partitions, said="native event alerts")
 
 
 def write(path: Path) -> Path:
@@ -82,15 +82,15 @@ def test_crafted_lines_on_two_partitions(
 
 def test_what_stays_on_the_stream_path_says_why() -> None:
     rule = load_rules([RULES]).rules[0]
-    assert new_terms.native_problem(rule) is None
+    assert event_alerts.native_problem(rule) is None
     lateness = rule.rule.model_copy(update={"allowed_lateness": 60_000})
-    assert new_terms.native_problem(dataclasses.replace(rule, rule=lateness)) == (
+    assert event_alerts.native_problem(dataclasses.replace(rule, rule=lateness)) == (
         "'allowed_lateness' is not reproduced natively"
     )
     assert rule.rule.new_term is not None
     on_double = rule.rule.model_copy(
         update={"new_term": rule.rule.new_term.model_copy(update={"field": "duration_ms"})}
     )
-    assert new_terms.native_problem(dataclasses.replace(rule, rule=on_double)) == (
+    assert event_alerts.native_problem(dataclasses.replace(rule, rule=on_double)) == (
         "a term field of type double (Spark's text of it differs)"
     )

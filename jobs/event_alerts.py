@@ -1,10 +1,10 @@
-"""New-term rules natively in a Spark backtest: which events bring a new term in the JVM, the
-evaluator's alert lifecycle only on those.
+"""Event-alert rules (new term, change) natively in a Spark backtest: which events trigger an
+alert in the JVM, the evaluator's alert lifecycle only on those.
 
-What :class:`app.rules.logic.events.NewTermLogic` decides per event is, in a backtest where the
-whole input is known, a pair of window functions over the events its ``where`` takes with a
-non-NULL field (others create no state), in the order the evaluator takes a group's events
-(partition, offset), on the rule's stream partition:
+**New terms.** What :class:`app.rules.logic.events.NewTermLogic` decides per event is, in a
+backtest where the whole input is known, a pair of window functions over the events its
+``where`` takes with a non-NULL field (others create no state), in the order the evaluator
+takes a group's events (partition, offset), on the rule's stream partition:
 
 * **the group's first event** time (``first_event``): the first ``horizon`` after it only
   learns;
@@ -12,23 +12,32 @@ non-NULL field (others create no state), in the order the evaluator takes a grou
   the same term (``str(value)``). Order-insensitive, as the evaluator keeps the newest.
 
 An event *triggers* when it is past the learning period and its term was never seen or not
-within ``horizon`` of it. That depends on no alert state, so only the triggers go to Python,
-where the evaluator's own one-shot lifecycle (``NewTermLogic.oneshot``: a trigger fires a quiet
-group and extends a firing one, which resolves ``resolve_after`` after its last trigger)
-runs on them with the partition's clock at each (:func:`run_group`). A resolution is placed at
+within ``horizon`` of it.
+
+**Change.** :class:`app.rules.logic.events.ChangeLogic` skips a group's *late* events (older
+than the newest of its earlier ones with a value: a running ``max``; events without a value,
+or that its ``where`` does not take, touch nothing the alerts read) and triggers on an
+on-time event whose value differs from the previous on-time event's (``last(...
+ignorenulls)`` over the earlier on-time rows).
+
+Neither depends on alert state, so only the triggers go to Python, where the evaluator's own
+one-shot lifecycle (the logic's ``oneshot``: a trigger fires a quiet group and extends a
+firing one, which resolves ``resolve_after`` after its last trigger) runs on them with the
+partition's clock at each (:func:`run_group`). A resolution is placed at
 the first event of the stream partition whose clock reaches it (``jobs.windows.at_clock``), or
 at the trigger itself when its own clock is already past (a trigger late by more than
 ``resolve_after``: the evaluator's timer runs right after it).
 
-**Pruning.** The evaluator forgets the terms older than ``horizon`` each time a group's term
+**Pruning** (new terms). The evaluator forgets the terms older than ``horizon`` each time a group's term
 count reaches a multiple of 1,000. An event arriving out of order may then find its term
 forgotten where it would otherwise have found it within the horizon. So a group with 1,000
 distinct terms or more keeps every event, and the evaluator's ``on_event`` runs on them all.
 
 What stays on the stream path (:func:`native_problem` says why): a ``where`` Spark SQL cannot
-express, ``group_by`` on a non-string field, a term field that is not a string or an integer
-(Spark's text of a double differs from Python's ``str``), ``enrich`` and any rule-model field
-this module does not reproduce.
+express, ``group_by`` on a non-string field, a term or changing field that is not a string or
+an integer (Spark's text of a double differs from Python's ``str``; Python's ``1 == 1.0``),
+``late_policy: side`` (change: the late copies), ``order: event_time``, ``enrich`` and any
+rule-model field this module does not reproduce.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from pyspark.sql import functions as F
 from app.events import SCHEMAS, Event
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore, state_key
-from app.rules.logic.events import NewTermLogic
+from app.rules.logic.events import ChangeLogic, NewTermLogic
 from app.rules.spark_sql import SPARK_RULE_FIELDS
 from jobs.compile import SparkPlan
 from jobs.decode import source_struct
@@ -60,46 +69,66 @@ from jobs.transitions import (
 )
 from jobs.windows import at_clock, clocked, stream_of, taken
 
-#: the rule-model fields a native new-term rule may set (any other, set, keeps it where it was)
-NATIVE_FIELDS = (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"new_term", "resolve_after"}
+#: per kind, the rule-model fields a native rule may set (any other, set, keeps it where it was)
+NATIVE_FIELDS = {
+    "new_term": (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"new_term", "resolve_after"},
+    "change": (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"change", "resolve_after"},
+}
 #: NewTermLogic prunes a group's terms when their count reaches a multiple of this
 PRUNE_EVERY = 1000
-_TERM_TYPES = frozenset({"string", "long"})
+_VALUE_TYPES = frozenset({"string", "long"})
 
 
 def native_problem(rule: CompiledRule) -> str | None:
-    """Why new-term rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
+    """Why event-alert rule ``rule`` cannot run natively in a Spark backtest, or None when it can."""
     r = rule.rule
-    found = common_problem(rule, "new_term", NATIVE_FIELDS)
-    if found is not None or r.new_term is None:
-        return found or "no new_term"
-    types = rule.schema.all_fields()
-    if types.get(r.new_term.field) not in _TERM_TYPES:
-        return f"a term field of type {types.get(r.new_term.field)} (Spark's text of it differs)"
+    kind = r.kind if r.kind in NATIVE_FIELDS else "new_term"
+    found = common_problem(rule, kind, NATIVE_FIELDS[kind])
+    if found is not None:
+        return found
+    field = _field(rule)
+    kind_of = rule.schema.all_fields().get(field)
+    if kind_of not in _VALUE_TYPES:
+        what = "term" if kind == "new_term" else "changing"
+        return f"a {what} field of type {kind_of} (Spark's text of it differs)"
     return None
 
 
+def _field(rule: CompiledRule) -> str:
+    r = rule.rule
+    return r.new_term.field if r.new_term is not None else str(r.change)
+
+
 def native_rules(plan: SparkPlan) -> list[CompiledRule]:
-    """The stream-path new-term rules of ``plan`` that can run natively."""
+    """The stream-path new-term and change rules of ``plan`` that can run natively."""
     return [r for r in plan.stream_rules if native_problem(r) is None]
 
 
 def trigger_rows(ev: DataFrame, rule: CompiledRule) -> DataFrame:
     """The rows of ``rule``'s groups the Python step needs (see the module), from ``ev``
     (:func:`jobs.windows.clocked`): ``__sk``, ``__g``, ``__part``, ``__offset``, ``__o``,
-    ``__ts_ms``, ``__clock``, ``__final`` (the partition's final clock), ``__trig`` (a new
-    term) and ``__all`` (the group keeps every row)."""
+    ``__ts_ms``, ``__clock``, ``__final`` (the partition's final clock), ``__trig`` (it
+    triggers), ``__all`` (the group keeps every row) and ``__prev`` (change: the previous
+    value)."""
     r = rule.rule
-    assert r.new_term is not None  # noqa: S101
-    field, horizon = r.new_term.field, r.new_term.horizon
+    field = _field(rule)
     final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
     parsed = F.from_json(F.col("__fields"), source_struct(r.source, only={*r.group_by, field}))
     mine = taken(ev, rule).withColumn("__q", parsed).where(F.col("__q").getField(field).isNotNull())
     group = F.array(*(F.coalesce(F.col("__q").getField(g), F.lit("")) for g in r.group_by))
     rows = mine.select(
         "__sk", group.cast("array<string>").alias("__g"), "__part", "__offset", "__ts_ms", "__clock",
-        F.col("__q").getField(field).cast("string").alias("__term"),
+        F.col("__q").getField(field).alias("__v"),
     )  # fmt: skip
+    rows = _changes(rows) if r.new_term is None else _new_terms(rows, r.new_term.horizon)
+    kept = rows.where(F.col("__trig") | F.col("__all")).join(F.broadcast(final), "__sk")
+    cols = ["__sk", "__g", "__part", "__offset", "__ts_ms", "__clock", "__final", "__trig", "__all", "__prev"]
+    return kept.select(*cols, F.lit(1).alias("__o"))
+
+
+def _new_terms(rows: DataFrame, horizon: int) -> DataFrame:
+    """``__trig``: a new term; ``__all``: the group has ``PRUNE_EVERY`` terms or more."""
+    rows = rows.withColumn("__term", F.col("__v").cast("string"))
     by_term = Window.partitionBy("__sk", "__g", "__term").orderBy("__part", "__offset")
     rows = rows.select(
         "*",
@@ -114,21 +143,33 @@ def trigger_rows(ev: DataFrame, rule: CompiledRule) -> DataFrame:
     )
     learnt = F.col("__ts_ms") >= F.col("__first") + horizon
     fresh = F.col("__seen").isNull() | (F.col("__ts_ms") - F.col("__seen") > horizon)
-    rows = rows.select("*", (learnt & fresh).alias("__trig"), (F.col("__n") >= PRUNE_EVERY).alias("__all"))
-    kept = rows.where(F.col("__trig") | F.col("__all")).join(F.broadcast(final), "__sk")
-    cols = ["__sk", "__g", "__part", "__offset", "__ts_ms", "__clock", "__final", "__trig", "__all"]
-    return kept.select(*cols, F.lit(1).alias("__o"))
+    return rows.select(
+        "*",
+        (learnt & fresh).alias("__trig"),
+        (F.col("__n") >= PRUNE_EVERY).alias("__all"),
+        F.lit(None).cast("string").alias("__prev"),
+    )
+
+
+def _changes(rows: DataFrame) -> DataFrame:
+    """``__trig``: an on-time value other than the previous on-time one (``__prev``)."""
+    w = Window.partitionBy("__sk", "__g").orderBy("__part", "__offset")
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    newest = F.max("__ts_ms").over(before)
+    rows = rows.withColumn("__on", newest.isNull() | (F.col("__ts_ms") >= newest))
+    previous = F.last(F.when(F.col("__on"), F.col("__v")), ignorenulls=True).over(before)
+    rows = rows.withColumn("__prev", previous)
+    trig = F.col("__on") & F.col("__prev").isNotNull() & (F.col("__prev") != F.col("__v"))
+    return rows.select("*", trig.alias("__trig"), F.lit(False).alias("__all"))
 
 
 def run_group(rule: CompiledRule, group: tuple[str, ...], sk: str, rows: list[dict[str, Any]]) -> Transitions:
     """One group's rows (of :func:`trigger_rows`, fields joined: ``__fields``), in order, through
-    the evaluator's ``NewTermLogic``: its one-shot lifecycle on the triggers, or ``on_event``
-    on every row of a group that keeps them all; its timer at each row's clock."""
-    spec = rule.rule.new_term
-    assert spec is not None  # noqa: S101
+    the evaluator's ``NewTermLogic`` or ``ChangeLogic``: its one-shot lifecycle on the triggers,
+    or ``on_event`` on every row of a group that keeps them all; its timer at each row's clock."""
     rule = with_native_condition(rule) if rule.where is not None else rule
-    logic = NewTermLogic(rule)
-    field = spec.field
+    logic = NewTermLogic(rule) if rule.rule.new_term is not None else ChangeLogic(rule)
+    field = _field(rule)
     store = DictStore()
     key = state_key(rule, group)
     key_field = SCHEMAS[rule.rule.source].key
@@ -151,7 +192,10 @@ def run_group(rule: CompiledRule, group: tuple[str, ...], sk: str, rows: list[di
         else:
             st = store.get(key) or {"group": list(group), "last_event": ts, "firing_since": None}
             st["last_event"] = max(st["last_event"], ts)
-            alerts = logic.oneshot.trigger(st, group, fields, ts, ts, {field: fields.get(field)})
+            values = {field: fields.get(field)}
+            if r["__prev"] is not None:  # change
+                values["previous"] = r["__prev"]
+            alerts = logic.oneshot.trigger(st, group, fields, ts, ts, values)
             logic._save(store, key, st)  # noqa: SLF001 - the evaluator's own bookkeeping
         out.add(alerts, r["__part"], r["__offset"], ON_EVENT, 0)
         expire(clock, r["__part"], r["__offset"], AFTER)
