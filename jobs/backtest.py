@@ -17,6 +17,7 @@ start, in record-timestamp order like the Faust-engine topic backtest.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,7 +40,7 @@ from jobs.fastdecode import decode
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router, stream_key
-from jobs.windows import native_output, native_partitions, native_rules
+from jobs.windows import clock_chunk, native_output, native_partitions, native_rules
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ def run_backtest(
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
+    chunk = clock_chunk(spark.sparkContext.defaultParallelism, partitions)
+    plan = dataclasses.replace(plan, clock_chunk=chunk)
     native = native_rules(plan) if native_windows else []
     native_thr = thresholds.native_rules(plan) if native_thresholds else []
     native_abs = absence.native_rules(plan) if native_absence else []

@@ -67,12 +67,15 @@ class SparkRule:
 @dataclass(frozen=True)
 class SparkPlan:
     """``rules``: the keyed path; ``stream_rules`` and ``streams``: the stream path;
-    ``fields``: per source, the fields Spark SQL reads (conditions, keyed group values)."""
+    ``fields``: per source, the fields Spark SQL reads (conditions, keyed group values);
+    ``clock_chunk``: how a backtest's native plans compute the partition clocks
+    (``jobs.windows.clocked``: 0, one task per stream partition; else per chunk of offsets)."""
 
     rules: tuple[SparkRule, ...]
     stream_rules: tuple[CompiledRule, ...] = ()
     streams: tuple[StreamSpec, ...] = ()
     fields: tuple[tuple[str, frozenset[str]], ...] = ()
+    clock_chunk: int = 0
 
     def needed(self, source: str) -> frozenset[str]:
         """The fields of ``source`` the plan parses with ``from_json`` (none: no parse)."""

@@ -77,10 +77,11 @@ def compare_backtests(
     return Compared(on_spark, spark_report, fell_back, spark_out.getvalue() == faust_out.getvalue())
 
 
-def nab_devices(path: Path, devices: int, future: list[dict[str, object]]) -> None:
-    """The real NAB series once per device, interleaved row by row; ``future`` events go
-    in after the first 1,000 rows."""
+def nab_devices(path: Path, devices: int, future: list[dict[str, object]], rows_per_device: int = -1) -> None:
+    """The real NAB series once per device (its first ``rows_per_device`` rows; -1: all),
+    interleaved row by row; ``future`` events go in after the first 1,000 rows."""
     rows = [r for r in nab_events(str(require_dataset(NAB_MACHINE_TEMP)), device="x", field="temperature")]
+    rows = rows if rows_per_device < 0 else rows[:rows_per_device]
     lines: list[bytes] = []
     for i, r in enumerate(r for r in rows if isinstance(r, dict)):
         if i == 1000:

@@ -4,7 +4,8 @@ the gaps that can fire in the JVM, the evaluator's ``AbsenceLogic`` on the rows 
 must give exactly the Faust backtest's output lines (every status), per-fingerprint id
 sequences and report counts on
 
-* crafted events on 1 and 2 partitions (``absence_cases``): a silence that resolves, one that
+* crafted events on 1 partition (``absence_cases``; ``test_kinds.py`` runs absence natively
+  over 2): a silence that resolves, one that
   never does, a first event late by more than the silence (it fires at once), a backlog older
   than the silence's start (it does not resolve it), an old event, an exact duplicate, an
   event exactly at the deadline, a ``where`` that ignores some events, allowed lateness,
@@ -101,31 +102,18 @@ def test_crafted_events_on_one_partition(
     ]  # fmt: skip
 
 
-def test_crafted_events_on_two_partitions(
-    spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
-) -> None:
-    found = compare(spark, caplog, write(tmp_path / "crafted.jsonl"), partitions=2)
-    assert set(found.fell_back.values()) == {0}
-    assert found.same_order
-    assert {a.rule_id for a in found.alerts} == set(found.fell_back), "a rule that never fires is a weak case"
-    ghosts = {
-        a.labels["device_id"] for a in found.alerts if a.rule_id == "abs-registry" and a.status == "firing"
-    }
-    assert {"ghost-a", "ghost-c"} <= ghosts  # one on each partition
-
-
 def test_a_clock_jump_fires_the_groups_of_its_partition_again_and_again(
     spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     path = tmp_path / "nab-future.jsonl"
-    nab_devices(path, 3, [{"device_id": "nab-0", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0}])
+    nab_devices(path, 3, [{"device_id": "nab-0", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0}], 5_000)
     found = compare(spark, caplog, path, partitions=2)
     assert found.same_order
     count = Counter((a.labels.get("device_id"), a.status) for a in found.alerts if a.rule_id == "abs-30m")
     # partition 0's clock is in 2099 from the jump on: nab-2's silence fires there; its next
     # events are older than the silence's start (no resolution) until 30 minutes of its own
     # series later, and each resolution is again late by more than the silence: it fires at once
-    assert count[("nab-2", "firing")] > 1000
+    assert count[("nab-2", "firing")] > 300
     assert count[("nab-2", "resolved")] == count[("nab-2", "firing")] - 1
     assert not count[("nab-1", "firing")]  # partition 1: no jump, no silence
 
@@ -134,7 +122,7 @@ def test_partitions_where_the_time_bound_holds_events_run_on_the_stream_path(
     spark: SparkSession, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     path = tmp_path / "nab-future.jsonl"
-    nab_devices(path, 3, [{"device_id": "nab-0", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0}])
+    nab_devices(path, 3, [{"device_id": "nab-0", "ts": "2099-12-31T00:00:00Z", "temperature": 20.0}], 5_000)
     found = compare(spark, caplog, path, partitions=2, max_skew_ms=SKEW_MS)
     assert found.report.refused == 2  # once per sensors stream: by device, by nothing
     assert found.fell_back["abs-30m"] == 1  # nab-0's partition only
