@@ -143,7 +143,7 @@ def native_rules(plan: SparkPlan) -> list[CompiledRule]:
 
 
 @dataclass(frozen=True)
-class _Stream:
+class NativeStream:
     """Where a native rule's stream partitions are: its source and the position of its
     stream among the source's streams (the decoder's ``__streams``)."""
 
@@ -154,11 +154,11 @@ class _Stream:
     chunk: int = 0
 
 
-def stream_of(plan: SparkPlan, rule: CompiledRule) -> _Stream:
+def stream_of(plan: SparkPlan, rule: CompiledRule) -> NativeStream:
     mine = [s for s in plan.streams if s.source == rule.rule.source]
     for i, s in enumerate(mine):
         if rule.id in s.rule_ids:
-            return _Stream(s.name, s.source, i, plan.clock_chunk)
+            return NativeStream(s.name, s.source, i, plan.clock_chunk)
     msg = f"rule {rule.id} is in no stream of the plan"
     raise ValueError(msg)
 
@@ -175,7 +175,7 @@ def clock_chunk(cores: int, partitions: int) -> int:
     return CLOCK_CHUNK if cores > partitions else 0
 
 
-def clocked(decoded: DataFrame, stream: _Stream, chunk: int | None = None) -> DataFrame:
+def clocked(decoded: DataFrame, stream: NativeStream, chunk: int | None = None) -> DataFrame:
     """The valid events of ``stream``'s source with their stream key (``__sk``), the
     partition's clock before (``__prev``, NULL for its first event) and at each (``__clock``).
 
@@ -229,8 +229,8 @@ def native_partitions(
     its events (then the rule runs on the stream path there), and its big clock jumps.
     One small job per stream. ``held_only``: other native rules (``jobs.thresholds``) of
     the stream path that need the first answer only; with the bound off, none."""
-    stats: dict[_Stream, list[Any]] = {}
-    big: dict[_Stream, int] = {}
+    stats: dict[NativeStream, list[Any]] = {}
+    big: dict[NativeStream, int] = {}
     for rule in rules:
         stream = stream_of(plan, rule)
         big[stream] = min(big.get(stream, 2**62), MAX_EMPTY_STEPS * _step(rule))

@@ -38,7 +38,7 @@ def test_the_partition_clock_is_the_running_max_whatever_the_chunks(spark: Spark
         before = newest.get(sk)
         expected[(part, offset)] = (before, max(ts, before if before is not None else ts))
         newest[sk] = max(ts, before if before is not None else ts)
-    stream = windows._Stream("sensors", "sensors", 0)
+    stream = windows.NativeStream("sensors", "sensors", 0)
     for chunk in (0, 1, 7, 1 << 16):  # 0: one task per stream partition
         got = {
             (r["__part"], r["__offset"]): (r["__prev"], r["__clock"])
