@@ -36,7 +36,7 @@ run: venv jars native ## Start the whole system on this machine (Ctrl-C stops it
 
 test: venv system-deps jars lint native ## Lint and type-check, then the whole suite (slow tests included) on the compiled hot path, then the rule tests on plain Python
 	$(PY) -m app native status
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 	APP_NATIVE=0 $(PY) -m pytest -q -m "not slow" tests/rules tests/conformance
 
 test-fast: $(DEV_STAMP) jars ## Run only the fast unit tests

@@ -69,7 +69,7 @@ from faust.types import TP, ConsumerT, TransportT
 
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
-from app.kafka.clients import Endpoint, Target, connection
+from app.kafka.clients import Endpoint, Target, TrackingProducer, connection
 
 logger = logging.getLogger(__name__)
 
@@ -527,12 +527,44 @@ class WorkerTableManager(TableManager):
         return self._recovery
 
 
+#: After this long stopping, the worker logs what each of its tasks waits on (the supervisor
+#: kills it at 6 s): how a stop that waited on a flush that never returned was found
+STOP_REPORT_S = 3.0
+
+
+def awaiting() -> str:
+    """What each task of the running loop waits on: its chain of awaits, outermost first."""
+    lines = []
+    for task in asyncio.all_tasks():
+        lines.append(f"task {task.get_name()}:")
+        awaited: Any = task.get_coro()
+        while awaited is not None:  # down the chain of awaits to the innermost
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                lines.append(f"  awaits {awaited!r:.200}")
+                break
+            owner = frame.f_locals.get("self")
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+            lines.append(f"  {where}" + (f" of {owner!r:.120}" if owner is not None else ""))
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return "\n".join(lines)
+
+
+def _report_stop() -> None:
+    logger.warning("still stopping after %.0f s; what each task waits on:\n%s", STOP_REPORT_S, awaiting())
+
+
 class QuietWorker(faust.Worker):
-    """Faust's worker without its terminal spinner (and so without a DEBUG root logger)."""
+    """Faust's worker without its terminal spinner (and so without a DEBUG root logger), and
+    saying what it waits on when a stop takes longer than :data:`STOP_REPORT_S`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spinner = None
+
+    async def on_stop(self) -> None:
+        asyncio.get_running_loop().call_later(STOP_REPORT_S, _report_stop)
+        await super().on_stop()
 
 
 class IdempotentProducer(Producer):
@@ -543,6 +575,10 @@ class IdempotentProducer(Producer):
         settings = dict(super()._settings_default())
         settings["enable_idempotence"] = bool(getattr(self.app, "idempotence", True))
         return settings
+
+    @property
+    def _producer_type(self) -> type[aiokafka.AIOKafkaProducer]:
+        return TrackingProducer  # see its docstring: a flush that never returned
 
 
 class WorkerTransport(Transport):
@@ -617,7 +653,7 @@ class RulesApp(faust.App):
             "acks": "all",
             "enable_idempotence": True,
         }
-        return aiokafka.AIOKafkaProducer(
+        return TrackingProducer(
             **options, transactional_id=transactional_id, transaction_timeout_ms=TRANSACTION_TIMEOUT_MS
         )
 

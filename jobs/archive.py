@@ -116,14 +116,16 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     from jobs import connector
     from jobs.engine import _quietly, _wait_for_jvm, outcome, watch
     from jobs.kafka_source import kafka_format
-    from jobs.session import build_session
+    from jobs.session import session_unless_stopped
 
     if not settings.bootstrap_servers:
         logger.error("KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or set it")
         return 2
     if opts.master:
         connector.require(kafka_format())
-    spark = build_session(opts.master, app_name="streamalert-archive", shuffle_partitions=1)
+    spark = session_unless_stopped(stop, opts.master, app_name="streamalert-archive", shuffle_partitions=1)
+    if spark is None:
+        return 0
     from pyspark import SparkContext
 
     jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001

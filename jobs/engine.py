@@ -42,7 +42,7 @@ from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
 from jobs.kafka_source import kafka_format, read_kafka
-from jobs.session import DEFAULT_MASTER, build_session
+from jobs.session import DEFAULT_MASTER, session_unless_stopped
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router
@@ -154,7 +154,9 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     if opts.master:  # under spark-submit (master None) its --jars bring the connector
         connector.require(kafka_format())
     asyncio.run(ensure_output_topics(plan, settings))
-    spark = build_session(opts.master)
+    spark = session_unless_stopped(stop, opts.master)
+    if spark is None:
+        return 0
     # the JVM pyspark launched: launch_gateway keeps its Popen on the gateway
     jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
     query, sink = start(spark, plan, settings, opts)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -112,3 +113,41 @@ def build_session(
         f"from {connector.jars_dir()}" if jars else "absent (kafka_py only)",
     )
     return spark
+
+
+def session_unless_stopped(
+    stop: threading.Event,
+    master: str | None,
+    app_name: str = "streamalert-spark",
+    shuffle_partitions: int | None = None,
+) -> SparkSession | None:
+    """:func:`build_session`, or None when a stop signal came while it started.
+
+    The supervisor signals a role's whole process group, so the JVM that pyspark is
+    starting gets the SIGTERM too and dies; pyspark then fails with py4j's connection
+    errors. That is a stop, not a crash: said in one line, exit 0. py4j's own record of
+    those errors (a traceback per call, at INFO) is kept out of the log
+    (:func:`quiet_py4j`).
+    """
+    quiet_py4j()
+    try:
+        return build_session(master, app_name, shuffle_partitions)
+    except Exception:
+        if not stop.is_set():
+            raise
+        logger.info("stopped while Spark was starting")
+        return None
+
+
+def _not_py4j_info(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """Keep py4j's INFO records out of the log: a traceback for each call that meets the JVM
+    gone, as at every stop. Most go through its loggers (their level), some straight to the
+    root logger (``logging.info``: a filter there); its warnings and errors stay."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    root = logging.getLogger()
+    if _not_py4j_info not in root.filters:
+        root.addFilter(_not_py4j_info)

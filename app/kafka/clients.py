@@ -66,6 +66,43 @@ class CachedPartitioner(DefaultPartitioner):
         return all_partitions[self.hashes(key) % len(all_partitions)]
 
 
+class TrackingProducer(AIOKafkaProducer):
+    """aiokafka's producer, with every topic it sends to kept in its client's metadata.
+
+    aiokafka's client asks the cluster for the metadata of the topics it tracks, or of
+    every topic while it tracks none. Its ``send`` starts tracking a topic only when the
+    metadata it holds lacks the topic. So a topic first sent to while the client tracked
+    none (its metadata then held them all) is never tracked. Once another topic is (one
+    sent to before it existed), the next update holds that one alone: a batch of the
+    first topic still in the accumulator then has no leader, the sender waits for one
+    forever, and ``flush`` never returns (aiokafka 0.14). The rule worker met it at a
+    first start, a changelog topic created a moment late: every commit flushes first, so
+    its offsets were never committed again, and a SIGTERM waited on the commit until the
+    supervisor killed it. ``tests/kafka/test_tracking_producer.py`` holds both.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tracked: set[str] = set()
+
+    def _track(self, topic: str) -> None:
+        if topic not in self._tracked:
+            self._tracked.add(topic)
+            self.client.add_topic(topic)  # a no-op when aiokafka tracks it already
+
+    async def partitions_for(self, topic: str) -> Any:
+        self._track(topic)
+        return await super().partitions_for(topic)
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self._track(topic)
+        return await super().send(topic, *args, **kwargs)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        self._track(topic)
+        return await super().send_batch(batch, topic, partition=partition)
+
+
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """A producer with acks=all, 5 ms linger, bounded in-flight buffering and the
     :class:`CachedPartitioner`."""
@@ -79,7 +116,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
         "request_timeout_ms": 30_000,
     }
     options.update(overrides)
-    return AIOKafkaProducer(**options)
+    return TrackingProducer(**options)
 
 
 def make_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:

@@ -208,9 +208,10 @@ class Supervisor:
     def stop_stage(self, stage: int, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM every live child of ``stage``, wait, then SIGKILL the rest."""
         procs = [r for r in self.roles if r.stage == stage and r.proc is not None]
+        started = time.monotonic()
         for r in procs:
             _signal_group(r.proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+        deadline = started + grace_s
         for r in procs:
             assert r.proc is not None  # noqa: S101
             try:
@@ -223,6 +224,9 @@ class Supervisor:
             # the group may still hold grandchildren (a JVM, a browser): none may survive
             _signal_group(r.proc, signal.SIGKILL)
             r.proc = None
+        if procs:  # where a slow stop spends its time, for whoever reads the log
+            names = ", ".join(r.name for r in procs)
+            logger.info("stopped stage %d (%s) in %.1f s", stage, names, time.monotonic() - started)
 
     def stop(self, between_stages: Callable[[int], None] | None = None) -> None:
         self._stopping = True

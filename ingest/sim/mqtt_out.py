@@ -139,9 +139,10 @@ def publish_mqtt(
             time.sleep(0.05)
         unacked = acks.unacked()
         acks.save(force=True)
-    finally:
-        client.loop_stop()
+    finally:  # disconnect first: the network thread then ends at once (the other way round,
+        # loop_stop waits out the thread's 1 s select)
         client.disconnect()
+        client.loop_stop()
     summary = {"published": sent - unacked, "unacknowledged": unacked, "mqtt": topics}
     _summary(summary, skipped, acks.saved if progress is not None else None)
     return 1 if unacked else 0

@@ -3,6 +3,7 @@ that also kills grandchildren."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -68,7 +69,9 @@ def test_gives_up_after_too_many_crashes(tmp_path: Path, monkeypatch: pytest.Mon
         sup.stop()
 
 
-def test_stop_terminates_children_and_grandchildren_in_stage_order(tmp_path: Path) -> None:
+def test_stop_terminates_children_and_grandchildren_in_stage_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     marker = f"SUPERVISOR_TEST_{os.getpid()}_{tmp_path.name}"
     order = tmp_path / "order"
     # a child that ignores nothing but spawns a long-lived grandchild in its group
@@ -93,10 +96,16 @@ def test_stop_terminates_children_and_grandchildren_in_stage_order(tmp_path: Pat
         lambda: len(processes_with_env(marker)) >= 5 or None, timeout_s=20, what="children and grandchildren"
     )
     started = time.monotonic()
-    for stage in (1, 2):
-        sup.stop_stage(stage, grace_s=2.0)
+    with caplog.at_level(logging.INFO, logger="app.runtime.supervisor"):
+        for stage in (1, 2):
+            sup.stop_stage(stage, grace_s=2.0)
     assert time.monotonic() - started < 10
     assert order.read_text().split() == ["first", "second"]
+    # where the stop spent its time: the stubborn role's 2 s grace, in stage 2
+    took = {m.split()[2]: float(m.split()[-2]) for m in caplog.messages if m.startswith("stopped stage")}
+    assert set(took) == {"1", "2"}
+    assert took["1"] < 2.0 <= took["2"]
+    assert "stopped stage 2 (second, stubborn) in" in caplog.text
     assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")
 
 
