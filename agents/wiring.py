@@ -79,7 +79,7 @@ from app.rules.loader import RuleSet
 from app.runtime import metrics, native
 from app.runtime.settings import Settings
 from app.tables import Tables
-from app.topics import DLQ, SOURCE_TOPICS
+from app.topics import DLQ, SOURCE_TOPICS, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -199,9 +199,6 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         ruleset, rejected = initial_rules(settings)
     logger.info("loaded %d rules from %s", len(ruleset.rules), settings.rules_dir)
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor,
-                              specs=extra_topics(ruleset, settings)))  # fmt: skip
-    asyncio.run(check_partitions(settings))
     partitioner = CachedPartitioner()  # the default partition, with key hashes remembered
     app = RulesApp(
         "streamalert-rules",
@@ -238,6 +235,16 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                 settings.state_record_max_bytes, app.conf.producer_max_request_size - RECORD_OVERHEAD_BYTES
             )
             stores[name] = TableStore(table, limit)
+    # the changelogs too, before Faust declares them as the worker starts: at a first start its
+    # consumer joined the group before some existed, logged "not found in cluster metadata" and
+    # left them unassigned
+    changelogs = tuple(
+        TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions)
+        for store in stores.values()
+    )
+    asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor,
+                              specs=extra_topics(ruleset, settings) + changelogs))  # fmt: skip
+    asyncio.run(check_partitions(settings))
     outbox = Outbox(app, partitioner)
     app.bootstrap_servers = settings.bootstrap_servers
     app.kafka_auth = settings.kafka_auth

@@ -59,7 +59,6 @@ from app.placement import partition_for
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore, state_key
 from app.rules.logic.events import AbsenceLogic
-from app.rules.spark_sql import SPARK_RULE_FIELDS
 from app.tables import Tables
 from jobs.compile import SparkPlan
 from jobs.decode import source_struct
@@ -68,6 +67,7 @@ from jobs.streams import stream_key
 from jobs.transitions import (
     AFTER,
     BEFORE,
+    EVENT_ALERT_FIELDS,
     ON_EVENT,
     GroupStep,
     Transitions,
@@ -78,7 +78,7 @@ from jobs.transitions import (
 from jobs.windows import at_clock, clocked, stream_of, taken
 
 #: the rule-model fields a native absence rule may set (any other, set, keeps it where it was)
-NATIVE_FIELDS = (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {
+NATIVE_FIELDS = EVENT_ALERT_FIELDS | {
     "absent_for",
     "allowed_lateness",
     "expect_from",
@@ -133,9 +133,7 @@ def gap_rows(
     ``__ts_ms``, ``__lb`` (the group's newest time before the row), ``__cap`` (the gap after
     it can fire) and ``__at`` (where: the event and its clock; NULL when it cannot)."""
     r = rule.rule
-    ev = clocked(decoded, stream_of(plan, rule))
-    if skip:
-        ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+    ev = clocked(decoded, stream_of(plan, rule), skip=skip)
     final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
     mine = taken(ev, rule).withColumn(
         "__q", F.from_json(F.col("__fields"), source_struct(r.source, only=set(r.group_by)))

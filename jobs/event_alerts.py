@@ -53,13 +53,13 @@ from app.events import SCHEMAS, Event
 from app.rules.loader import CompiledRule
 from app.rules.logic.base import DictStore, state_key
 from app.rules.logic.events import ChangeLogic, NewTermLogic
-from app.rules.spark_sql import SPARK_RULE_FIELDS
 from jobs.compile import SparkPlan
 from jobs.decode import source_struct
 from jobs.state import HOLDS, with_native_condition
 from jobs.transitions import (
     AFTER,
     BEFORE,
+    EVENT_ALERT_FIELDS,
     ON_EVENT,
     GroupStep,
     Transitions,
@@ -71,8 +71,8 @@ from jobs.windows import at_clock, clocked, stream_of, taken
 
 #: per kind, the rule-model fields a native rule may set (any other, set, keeps it where it was)
 NATIVE_FIELDS = {
-    "new_term": (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"new_term", "resolve_after"},
-    "change": (SPARK_RULE_FIELDS - {"for_ms", "consecutive"}) | {"change", "resolve_after"},
+    "new_term": EVENT_ALERT_FIELDS | {"new_term", "resolve_after"},
+    "change": EVENT_ALERT_FIELDS | {"change", "resolve_after"},
 }
 #: NewTermLogic prunes a group's terms when their count reaches a multiple of this
 PRUNE_EVERY = 1000
@@ -214,15 +214,13 @@ def native_output(
     ``jobs.transitions``)."""
     out: DataFrame | None = None
     for rule in rules:
-        ev = clocked(decoded, stream_of(plan, rule))
-        skip = stream_path.get(rule.id, frozenset())
-        if skip:
-            ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+        ev = clocked(decoded, stream_of(plan, rule), skip=stream_path.get(rule.id, ()))
         kept = trigger_rows(ev, rule).withColumn("__rule", F.lit(rule.id))
         done = stepped(decoded, kept, GroupStep([rule], order, run_group))
-        placed = done.where(F.col("part").isNotNull())
-        due = at_clock(ev, done.where(F.col("part").isNull()), "__due")
-        due = due.withColumn("part", F.col("__at.__part")).withColumn("offset", F.col("__at.__offset"))
-        rows = placed.unionByName(due.drop("__at"))
+        # a row the step did not place (a resolve at a later clock) goes where its due is
+        # reached: one as-of lookup over every row, so the Python step runs once
+        rows = at_clock(ev, done, "__due")
+        rows = rows.withColumn("part", F.coalesce(F.col("part"), F.col("__at.__part")))
+        rows = rows.withColumn("offset", F.coalesce(F.col("offset"), F.col("__at.__offset"))).drop("__at")
         out = rows if out is None else out.unionByName(rows)
     return None if out is None else in_evaluator_order(out)

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from app.alerts import Alert
 from app.rules.loader import CompiledRule
+from app.rules.spark_sql import SPARK_RULE_FIELDS
 from app.topics import ALERTS
 from jobs.compile import native_where, unreproduced
 from jobs.state import OUTPUT_SCHEMA
@@ -28,6 +29,9 @@ from jobs.streams import IDX_BASE
 
 #: a transition's phase at its event: a timer before the rule's ``on_event``, its own, one after
 BEFORE, ON_EVENT, AFTER = 0, 1, 2
+#: the rule-model fields every event-alert kind run through :func:`stepped` may set (one with a
+#: hold, ``for``/``consecutive``, keeps the evaluator); each kind adds its own
+EVENT_ALERT_FIELDS = SPARK_RULE_FIELDS - {"for_ms", "consecutive"}
 #: the output rows (``jobs.state.OUTPUT_SCHEMA``) as Arrow batches of a Python step
 OUTPUT_ARROW = pa.schema(
     [

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import groupby
@@ -175,9 +175,12 @@ def clock_chunk(cores: int, partitions: int) -> int:
     return CLOCK_CHUNK if cores > partitions else 0
 
 
-def clocked(decoded: DataFrame, stream: NativeStream, chunk: int | None = None) -> DataFrame:
+def clocked(
+    decoded: DataFrame, stream: NativeStream, chunk: int | None = None, skip: Collection[str] = ()
+) -> DataFrame:
     """The valid events of ``stream``'s source with their stream key (``__sk``), the
-    partition's clock before (``__prev``, NULL for its first event) and at each (``__clock``).
+    partition's clock before (``__prev``, NULL for its first event) and at each (``__clock``);
+    none of the stream keys in ``skip`` (those left to the evaluator's stream path).
 
     The clock before an event is the newest time of the partition's events before it, in
     (partition, offset) order: a running ``max``, one task per stream partition when
@@ -188,6 +191,8 @@ def clocked(decoded: DataFrame, stream: NativeStream, chunk: int | None = None) 
     events = decoded.where(F.col("__dlq").isNull() & (F.col("__source") == stream.source)).select(
         F.col("__streams")[stream.position].alias("__sk"), "__part", "__offset", "__ts_ms", "__fields"
     )
+    if skip:
+        events = events.where(~F.col("__sk").isin(sorted(skip)))
     if chunk <= 0:
         order = Window.partitionBy("__sk").orderBy("__part", "__offset")
         prev = F.max("__ts_ms").over(order.rowsBetween(Window.unboundedPreceding, -1))
@@ -342,9 +347,7 @@ def closed_windows(
     r = rule.rule
     assert r.window is not None  # noqa: S101
     stream = stream_of(plan, rule)
-    ev = clocked(decoded, stream)
-    if skip:
-        ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+    ev = clocked(decoded, stream, skip=skip)
     final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
     ev = taken(ev, rule)
     ev = ev.withColumn("__a", F.from_json(F.col("__fields"), _agg_struct(rule)))
@@ -383,9 +386,7 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
     window, as the evaluator's late copies (output rows, topic ``events.late``)."""
     r = rule.rule
     assert r.window is not None  # noqa: S101
-    ev = clocked(decoded, stream_of(plan, rule))
-    if skip:
-        ev = ev.where(~F.col("__sk").isin(sorted(skip)))
+    ev = clocked(decoded, stream_of(plan, rule), skip=skip)
     ev = taken(ev, rule)
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
     late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))

@@ -13,9 +13,13 @@ import asyncio
 import logging
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from agents.wiring import build_app
+from app.kafka.clients import partition_counts
 from app.runtime.settings import Settings
+from app.topics import SOURCE_TOPICS
 
 pytestmark = pytest.mark.integration
 
@@ -41,3 +45,28 @@ def test_the_registry_tables_load_as_the_app_starts_before_table_recovery(
     with caplog.at_level(logging.INFO, logger="agents.registry"):
         recovered = app.loop.run_until_complete(run())  # the app's futures live on its own loop
     assert recovered is False  # the tables were ready with no recovery run at all
+
+
+def test_the_state_changelogs_exist_compacted_before_the_worker_starts(settings: Settings) -> None:
+    """At a first start, Faust declared the changelogs while its consumer joined the group:
+    some did not exist yet, were logged "not found in cluster metadata" and left unassigned
+    (and one of them stranded a producer batch: tests/kafka/test_tracking_producer.py)."""
+    app = build_app(settings)
+    names = sorted(t.changelog_topic.get_topic_name() for t in app.tables.values())
+    assert len(names) == 2 * len(SOURCE_TOPICS)
+
+    async def compaction() -> dict[str, str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+        await admin.start()
+        try:
+            topics = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+            (response,) = await admin.describe_configs(topics)
+        finally:
+            await admin.close()
+        return {
+            resource[3]: next(entry[1] for entry in resource[4] if entry[0] == "cleanup.policy")
+            for resource in response.resources
+        }
+
+    assert asyncio.run(partition_counts(settings, names)) == dict.fromkeys(names, settings.partitions)
+    assert asyncio.run(compaction()) == dict.fromkeys(names, "compact")

@@ -8,7 +8,7 @@ import io
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,11 @@ from pyspark.sql import SparkSession
 
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, parse_statuses, read_events
-from app.rules.loader import RuleSet
+from app.rules.loader import CompiledRule, RuleSet, load_rules
 from app.tables import Tables
 from ingest.adapters.nab import nab_events
 from jobs.backtest import file_records, run_backtest
+from jobs.compile import SparkPlan, plan_rules
 from tests.conformance.threshold_cases import by_fingerprint
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 
@@ -75,6 +76,21 @@ def compare_backtests(
         faust_report.refused, sorted(faust_report.problems),
     )  # fmt: skip
     return Compared(on_spark, spark_report, fell_back, spark_out.getvalue() == faust_out.getvalue())
+
+
+def compare_native(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, rules: Path, path: Path, *, partitions: int,
+    native: Callable[[SparkPlan], Sequence[CompiledRule]], said: str, max_skew_ms: int = -1,
+    tables: Tables | None = None,
+) -> Compared:  # fmt: skip
+    """:func:`compare_backtests` of the rules in ``rules``, once ``native`` (a native module's
+    ``native_rules``) is found to take every one of them."""
+    ruleset = load_rules([rules])
+    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
+    assert {r.id for r in native(plan)} == {r.id for r in ruleset.rules}
+    return compare_backtests(
+        spark, caplog, ruleset, path, partitions=partitions, said=said, max_skew_ms=max_skew_ms, tables=tables
+    )
 
 
 def nab_devices(path: Path, devices: int, future: list[dict[str, object]], rows_per_device: int = -1) -> None:

@@ -27,14 +27,8 @@ from pyspark.sql import SparkSession
 
 from app.rules.loader import load_rules
 from jobs import absence
-from jobs.compile import plan_rules
 from tests.conformance.absence_cases import RULES, crafted, t, tables
-from tests.conformance.native_compare import (
-    Compared,
-    compare_backtests,
-    nab_devices,
-    write_events,
-)
+from tests.conformance.native_compare import Compared, compare_native, nab_devices, write_events
 from tests.conformance.native_compare import transitions_of as seen
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
@@ -45,12 +39,9 @@ SKEW_MS = 5 * 60_000
 def compare(
     spark: SparkSession, caplog: pytest.LogCaptureFixture, path: Path, partitions: int, max_skew_ms: int = -1
 ) -> Compared:
-    ruleset = load_rules([RULES])
-    plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
-    assert {r.id for r in absence.native_rules(plan)} == {r.id for r in ruleset.rules}
-    return compare_backtests(
-        spark, caplog, ruleset, path, partitions=partitions, said="native absence", max_skew_ms=max_skew_ms,
-        tables=tables(),
+    return compare_native(
+        spark, caplog, RULES, path, partitions=partitions, native=absence.native_rules, said="native absence",
+        max_skew_ms=max_skew_ms, tables=tables(),
     )  # fmt: skip
 
 

@@ -21,8 +21,7 @@ from pyspark.sql import SparkSession
 
 from app.rules.loader import load_rules
 from jobs import event_alerts
-from jobs.compile import plan_rules
-from tests.conformance.native_compare import Compared, compare_backtests, write_events
+from tests.conformance.native_compare import Compared, compare_native, write_events
 from tests.conformance.native_compare import transitions_of as seen
 from tests.conformance.new_term_cases import RULES, crafted, t
 
@@ -30,10 +29,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
 
 def compare(spark: SparkSession, caplog: pytest.LogCaptureFixture, path: Path, partitions: int) -> Compared:
-    ruleset = load_rules([RULES])
-    plan = plan_rules(ruleset, keyed_path=True, every_rule=True)
-    assert {r.id for r in event_alerts.native_rules(plan)} == {r.id for r in ruleset.rules}
-    return compare_backtests(spark, caplog, ruleset, path, partitions=partitions, said="native event alerts")
+    return compare_native(
+        spark, caplog, RULES, path, partitions=partitions, native=event_alerts.native_rules,
+        said="native event alerts",
+    )  # fmt: skip
 
 
 def write(path: Path) -> Path:
