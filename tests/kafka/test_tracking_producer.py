@@ -26,14 +26,16 @@ pytestmark = [pytest.mark.integration]
 
 #: long enough that the first topic's batch is still queued when the narrowed metadata lands
 LINGER_MS = 1500
-#: past the flush window (8 s): the stranded batch then fails, and the producer can stop
-REQUEST_TIMEOUT_MS = 11_000
+#: how long the producers get to deliver both records after the linger
+FLUSH_S = 2.5
+#: past the flush window: the stranded batch then fails, and the producer can stop
+REQUEST_TIMEOUT_MS = 5_000
 
 
 async def _steps(kind: Any, bootstrap: str, late_topic: str) -> bool:
     """Send to a topic of the metadata held, then to one created after: whether the producer
-    then delivers both within 8 s (the linger plus 6.5 s; the stranded batch would wait for its
-    leader until the request timeout, 11 s here, 20 minutes in Faust's producer)."""
+    then delivers both within the linger and :data:`FLUSH_S` (the stranded batch would wait for
+    its leader until the request timeout, 5 s here, 20 minutes in Faust's producer)."""
     options = {"linger_ms": LINGER_MS, "request_timeout_ms": REQUEST_TIMEOUT_MS}
     producer: AIOKafkaProducer = kind(bootstrap_servers=bootstrap, **options)
     await producer.start()
@@ -51,7 +53,7 @@ async def _steps(kind: Any, bootstrap: str, late_topic: str) -> bool:
         first = await producer.send("events.logs", b"first", partition=0)  # lingers in the queue
         late = await producer.send(late_topic, b"late", partition=0)  # tracked: the metadata narrows
         try:
-            await asyncio.wait_for(producer.flush(), timeout=LINGER_MS / 1000 + 6.5)
+            await asyncio.wait_for(producer.flush(), timeout=LINGER_MS / 1000 + FLUSH_S)
         except TimeoutError:
             return False
         await asyncio.gather(first, late)

@@ -1,10 +1,10 @@
 """End-to-end: `python -m app run` as a newcomer runs it, against the embedded broker.
 
-Checks the final counters, that alerts reach the webhook receiver, that
-SIGTERM stops everything within 10 s, that a second run on the same data dir
-resumes (new alerts delivered, nothing published twice) and ``--fresh`` starts
-from nothing, and that no process is left behind (every child inherits the
-test's unique APP_DATA_DIR, which we look for in /proc/*/environ afterwards).
+Checks the final counters of a headless run and that it keeps its secrets, that alerts
+reach the webhook receiver, that SIGTERM stops everything within 10 s, that a second run
+on the same data dir resumes (new alerts delivered, nothing published twice) and
+``--fresh`` starts from nothing, and that no process is left behind (every child inherits
+the test's unique APP_DATA_DIR, which we look for in /proc/*/environ afterwards).
 """
 
 from __future__ import annotations
@@ -43,44 +43,9 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     )
 
 
-def test_headless_run_for_a_duration_prints_counters_and_leaves_nothing(tmp_path: Path) -> None:
-    require_dataset(NAB_MACHINE_TEMP)
-    env = run_env(tmp_path)
-    proc = subprocess.run(  # with SASL/SCRAM and ACLs on the embedded broker: make run's default
-        [sys.executable, "-m", "app", "run", "--duration", "40", "--no-dashboard", "--quiet"],
-        env=env,
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    counters = orjson.loads(proc.stdout.strip().splitlines()[-1])
-    assert counters["events"]["events.sensors"] > 2000  # 2000 NAB readings plus the fleet over MQTT
-    assert counters["events"]["events.logs"] == 2000
-    assert counters["events"]["events.finance"] > 0  # the trade simulator
-    assert counters["alerts"] > 0
-    # the dispatcher groups transitions (Alertmanager semantics): an alert that fired and
-    # resolved within one group interval is notified in its latest state only
-    assert 0 < counters["webhooks_delivered"] <= counters["alerts"]
-    assert counters["notification_log"] > 0
-    assert counters["dlq"] == 0  # the first 2000 log lines are all well-formed
-    assert processes_with_env(env["APP_DATA_DIR"]) == []
-    assert (tmp_path / "data" / "alerts.sqlite3").exists()
-    # every role had its own principal, and no password reached a log or the output
-    data = tmp_path / "data"
-    assert "SASL/SCRAM + ACLs" in proc.stdout
-    passwords = orjson.loads((data / "kafka" / "users.json").read_bytes())
-    logs = [proc.stdout, proc.stderr, *(f.read_text(errors="replace") for f in (data / "logs").glob("*.log"))]
-    assert {u for u, p in passwords.items() if any(p in text for text in logs)} == set()
-    worker_log = (data / "logs" / "worker.log").read_text()
-    assert "Authenticated as worker via SCRAM-SHA-512" in worker_log
-    assert "Authenticated as dispatch via SCRAM-SHA-512" in (data / "logs" / "dispatch.log").read_text()
-    assert not (data / "client.env").exists()  # make run removes it when it stops
-
-
-def _run(env: dict[str, str], seconds: int, *extra: str) -> dict[str, Any]:
-    """``python -m app run`` headless for ``seconds``; its final counters."""
+def _run(env: dict[str, str], seconds: int, *extra: str, output: list[str] | None = None) -> dict[str, Any]:
+    """``python -m app run`` headless for ``seconds``; its final counters (its output appended
+    to ``output``)."""
     cmd = [
         sys.executable,
         "-m",
@@ -97,6 +62,8 @@ def _run(env: dict[str, str], seconds: int, *extra: str) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert processes_with_env(env["APP_DATA_DIR"]) == []
+    if output is not None:
+        output += [proc.stdout, proc.stderr]
     counters: dict[str, Any] = orjson.loads(proc.stdout.strip().splitlines()[-1])
     return counters
 
@@ -111,14 +78,37 @@ def _summaries(data: Path, role: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in lines if line.startswith('{"published"')]
 
 
+def _headless_run_counted_and_kept_secrets(counters: dict[str, Any], output: list[str], data: Path) -> None:
+    """What a headless run prints and leaves: its counters, one principal per role (SASL/SCRAM
+    and ACLs on the embedded broker: make run's default), no password in any log or output."""
+    assert counters["events"]["events.sensors"] > 1000  # NAB readings plus the fleet over MQTT
+    assert counters["events"]["events.finance"] > 0  # the trade simulator
+    assert counters["alerts"] > 0
+    # the dispatcher groups transitions (Alertmanager semantics): an alert that fired and
+    # resolved within one group interval is notified in its latest state only
+    assert 0 < counters["webhooks_delivered"] <= counters["alerts"]
+    assert counters["notification_log"] > 0
+    assert counters["dlq"] == 0  # the first 1000 log lines are all well-formed
+    assert (data / "alerts.sqlite3").exists()
+    assert "SASL/SCRAM + ACLs" in output[0]
+    passwords = orjson.loads((data / "kafka" / "users.json").read_bytes())
+    logs = [*output, *(f.read_text(errors="replace") for f in (data / "logs").glob("*.log"))]
+    assert {u for u, p in passwords.items() if any(p in text for text in logs)} == set()
+    assert "Authenticated as worker via SCRAM-SHA-512" in (data / "logs" / "worker.log").read_text()
+    assert "Authenticated as dispatch via SCRAM-SHA-512" in (data / "logs" / "dispatch.log").read_text()
+    assert not (data / "client.env").exists()  # make run removes it when it stops
+
+
 def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_nothing(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     data = tmp_path / "data"
     # the demo's speed-up; a limit the log replay reaches in the first run, the NAB replay in neither
     env = child_env(APP_DATA_DIR=str(data), APP_REPLAY_SPEEDUP="3000", APP_REPLAY_LIMIT="1000")
 
-    first = _run(env, 40)
+    output: list[str] = []
+    first = _run(env, 40, output=output)
     after_first = _progress(data)
+    _headless_run_counted_and_kept_secrets(first, output, data)
     second = _run(env, 40)
     after_second = _progress(data)
 
