@@ -256,7 +256,10 @@ def rates(prev: HealthSample | None, cur: HealthSample) -> dict[str, float]:
 
 
 class HealthSampler:
-    """A daemon thread sampling every ``interval_s``; :meth:`latest` gives (previous, latest)."""
+    """A daemon thread sampling every ``interval_s``; :meth:`latest` gives (previous, latest).
+
+    A sample that raises is logged and skipped: the thread died with it before, and the
+    console's health panel then froze on its last sample for good."""
 
     def __init__(
         self,
@@ -274,9 +277,15 @@ class HealthSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            s = self._sample()
-            with self._lock:
-                self._prev, self._cur = self._cur, s
+            try:
+                s = self._sample()
+            except Exception as exc:  # one failed sample must not end the sampling
+                if not threading.main_thread().is_alive():
+                    return  # the console's process is exiting: its thread pools refuse work
+                logger.warning("console health: a sample failed, showing the previous one: %r", exc)
+            else:
+                with self._lock:
+                    self._prev, self._cur = self._cur, s
             self._stop.wait(self._interval)
 
     def latest(self) -> tuple[HealthSample | None, HealthSample | None]:

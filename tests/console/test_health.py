@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from app.console.health import (
     ROLE_STATES_FILE,
     HealthSample,
+    HealthSampler,
     probe_roles,
     rates,
     spark_lag,
@@ -108,3 +111,25 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
         ("dispatch", False, "restarting (2 crashes, exit 1)"),
         ("replay", True, "done"),
     ]
+
+
+def test_a_sample_that_raises_is_skipped_and_sampling_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """The sampler's thread died with the first sample that raised (a roles file half written,
+    a broker away), and the console's health panel froze on its last sample."""
+    calls = []
+    second = threading.Event()
+
+    def sample() -> HealthSample:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise OSError("roles file half written")
+        second.set()
+        return HealthSample(at=float(len(calls)))
+
+    sampler = HealthSampler(sample, interval_s=0.01)
+    try:
+        assert second.wait(5)
+        assert sampler.latest()[1] == HealthSample(at=2.0)
+    finally:
+        sampler.stop()
+    assert "a sample failed, showing the previous one: OSError('roles file half written')" in caplog.text
