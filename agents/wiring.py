@@ -187,6 +187,11 @@ async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, in
                     await outbox.send_all(outbox.records(out, source))
 
 
+def leader_topic(app: faust.App) -> str:
+    """The topic whose one partition Faust's assignor gives the group's leader."""
+    return f"{app.conf.id}-__assignor-__leader"
+
+
 def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) -> faust.App:
     """A Faust app evaluating ``ruleset`` (default: the rules in ``settings.rules_dir``)."""
     settings = settings or Settings.from_env()
@@ -235,15 +240,16 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                 settings.state_record_max_bytes, app.conf.producer_max_request_size - RECORD_OVERHEAD_BYTES
             )
             stores[name] = TableStore(table, limit)
-    # the changelogs too, before Faust declares them as the worker starts: at a first start its
-    # consumer joined the group before some existed, logged "not found in cluster metadata" and
-    # left them unassigned
-    changelogs = tuple(
-        TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions)
-        for store in stores.values()
-    )
+    # Faust's own topics too (the changelogs, its group leader's), before Faust declares them as
+    # the worker starts: at a first start its consumer joined the group before some existed,
+    # logged "not found in cluster metadata" and left them unassigned
+    faust_topics = (
+        *(TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions)
+          for store in stores.values()),
+        TopicSpec(leader_topic(app), key="none: the group leader's partition", partitions=1),
+    )  # fmt: skip
     asyncio.run(ensure_topics(settings, settings.partitions, settings.replication_factor,
-                              specs=extra_topics(ruleset, settings) + changelogs))  # fmt: skip
+                              specs=extra_topics(ruleset, settings) + faust_topics))  # fmt: skip
     asyncio.run(check_partitions(settings))
     outbox = Outbox(app, partitioner)
     app.bootstrap_servers = settings.bootstrap_servers

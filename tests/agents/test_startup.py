@@ -16,7 +16,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from agents.wiring import build_app
+from agents.wiring import build_app, leader_topic
 from app.kafka.clients import partition_counts
 from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
@@ -47,10 +47,11 @@ def test_the_registry_tables_load_as_the_app_starts_before_table_recovery(
     assert recovered is False  # the tables were ready with no recovery run at all
 
 
-def test_the_state_changelogs_exist_compacted_before_the_worker_starts(settings: Settings) -> None:
-    """At a first start, Faust declared the changelogs while its consumer joined the group:
-    some did not exist yet, were logged "not found in cluster metadata" and left unassigned
-    (and one of them stranded a producer batch: tests/kafka/test_tracking_producer.py)."""
+def test_faust_topics_exist_before_the_worker_starts(settings: Settings) -> None:
+    """At a first start, Faust declared its topics (the state changelogs, compacted, and its
+    group leader's) while its consumer joined the group: some did not exist yet, were logged
+    "not found in cluster metadata" and left unassigned (and one of them stranded a producer
+    batch: tests/kafka/test_tracking_producer.py)."""
     app = build_app(settings)
     names = sorted(t.changelog_topic.get_topic_name() for t in app.tables.values())
     assert len(names) == 2 * len(SOURCE_TOPICS)
@@ -70,3 +71,5 @@ def test_the_state_changelogs_exist_compacted_before_the_worker_starts(settings:
 
     assert asyncio.run(partition_counts(settings, names)) == dict.fromkeys(names, settings.partitions)
     assert asyncio.run(compaction()) == dict.fromkeys(names, "compact")
+    leader = leader_topic(app)
+    assert asyncio.run(partition_counts(settings, [leader])) == {leader: 1}
