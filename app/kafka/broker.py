@@ -38,7 +38,7 @@ from types import TracebackType
 
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
-from app.kafka.wait import broker_answers
+from app.kafka.wait import broker_answers, group_coordinator_ready
 from app.runtime.settings import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
@@ -392,6 +392,12 @@ class KafkaBroker:
             if answers:
                 if self.sasl_users:
                     self._upsert_scram()
+                with _own_plain_login():
+                    coordinator = group_coordinator_ready(
+                        self.bootstrap, self._plain_admin_auth, max(1.0, deadline - time.monotonic())
+                    )
+                    if not asyncio.run(coordinator):  # the roles would wait for it themselves
+                        logger.warning("the Kafka broker on %s has no group coordinator yet", self.bootstrap)
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",

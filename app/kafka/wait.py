@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient
 
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Target, bootstrap_of, connection
@@ -92,6 +93,33 @@ async def broker_answers(
         return False
     finally:
         await client.close()
+
+
+async def group_coordinator_ready(bootstrap: str, auth: KafkaAuth, timeout_s: float) -> bool:
+    """Ask for a consumer group's coordinator, then for the groups, until both answer (True),
+    or ``timeout_s`` passes.
+
+    A new cluster creates its offsets topic (``__consumer_offsets``) at the first question for
+    a coordinator, and answers "coordinator not available" until its partitions have leaders,
+    then "load in progress" while it loads them (the list of groups waits for all of them):
+    asked by the roles themselves, an ERROR line in their logs at every fresh start."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **auth.client_options(), request_timeout_ms=5000)
+    deadline = time.monotonic() + timeout_s
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        for ask in (lambda: admin.find_coordinator("streamalert-readiness"), admin.list_consumer_groups):
+            while True:
+                with contextlib.suppress(*CLIENT_ERRORS):
+                    await ask()
+                    break
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.1)
+        return True
+    except CLIENT_ERRORS:
+        return False
+    finally:
+        await admin.close()
 
 
 async def wait_for_broker(

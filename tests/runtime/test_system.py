@@ -223,6 +223,8 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
     # a first start: every topic existed before a client looked for it (the worker's consumer
     # once joined its group before Faust had declared its own, tests/agents/test_startup.py)
     assert not [line for line in last if "not found in cluster metadata" in line]
+    # nor a group coordinator before the broker had one (the embedded broker waits for it)
+    assert not [line for line in last if "GroupCoordinatorNotAvailable" in line]
 
 
 def test_each_data_dir_gets_its_own_secrets_and_keeps_them(
