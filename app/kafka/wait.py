@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.kafka.auth import KafkaAuth
-from app.kafka.clients import Target, bootstrap_of, connection
+from app.kafka.clients import Endpoint, Target, bootstrap_of, connection
 from app.kafka.errors import CLIENT_ERRORS
 from app.runtime.settings import Settings, setup_logging
 
@@ -103,7 +103,7 @@ async def group_coordinator_ready(bootstrap: str, auth: KafkaAuth, timeout_s: fl
     a coordinator, and answers "coordinator not available" until its partitions have leaders,
     then "load in progress" while it loads them (the list of groups waits for all of them):
     asked by the roles themselves, an ERROR line in their logs at every fresh start."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **auth.client_options(), request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(**connection(Endpoint(bootstrap, auth)), request_timeout_ms=5000)
     deadline = time.monotonic() + timeout_s
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
