@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -425,18 +426,25 @@ class KafkaBroker:
             self.stop()
             raise
 
-    def stop(self, grace_s: float = 30.0) -> None:
-        """Controlled shutdown (SIGTERM), then SIGKILL when it takes longer than ``grace_s``."""
+    def stop(self, grace_s: float = 30.0, force: threading.Event | None = None) -> None:
+        """Controlled shutdown (SIGTERM), then SIGKILL when it takes longer than ``grace_s``,
+        or as soon as ``force`` is set (a kill loses nothing the broker acknowledged: its log
+        is recovered at the next start)."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
+        deadline = time.monotonic() + grace_s
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("the Kafka broker did not stop within %.0f s; killing it", grace_s)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(grace_s)
+            if not _set(force):
+                os.killpg(proc.pid, signal.SIGTERM)
+            while proc.poll() is None and time.monotonic() < deadline and not _set(force):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.05)
+            if proc.poll() is None:
+                why = "on a second signal" if _set(force) else f"after {grace_s:.0f} s"
+                logger.warning("the Kafka broker did not stop; killing it %s", why)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
         except ProcessLookupError:
             pass
         logger.info("Kafka broker on %s stopped", self.bootstrap)
@@ -460,3 +468,7 @@ class KafkaBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _set(event: threading.Event | None) -> bool:
+    return event is not None and event.is_set()

@@ -7,7 +7,9 @@ runs processes:
   ``MAX_RESTARTS`` in ``RESTART_WINDOW_S``); a one-shot child (a replay)
   that exits 0 is done;
 - on stop, SIGTERM the roles stage by stage (producers first) and SIGKILL
-  whatever outlives its grace period, including grandchildren in its group.
+  whatever outlives its grace period, including grandchildren in its group;
+  the whole stop has a budget (``STOP_BUDGET_S``), and a second Ctrl-C or
+  SIGTERM during it kills what is left at once.
 
 The supervisor never touches a role's internals; roles are plain commands
 that also run alone against an external Kafka.
@@ -34,12 +36,19 @@ from app.runtime.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def stop_on_signals(what: str) -> threading.Event:
-    """An event that SIGINT or SIGTERM sets (logging "received SIG..., stopping ``what``")."""
+def stop_on_signals(what: str, force: threading.Event | None = None) -> threading.Event:
+    """An event that SIGINT or SIGTERM sets (logging "received SIG..., stopping ``what``").
+    With ``force``, a second signal sets that event too: the operator wants out now."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        logger.info("received %s, stopping %s", signal.Signals(signum).name, what)
+        name = signal.Signals(signum).name
+        if force is not None and stop.is_set():
+            if not force.is_set():
+                logger.warning("received %s again: killing %s now", name, what)
+            force.set()
+            return
+        logger.info("received %s, stopping %s", name, what)
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
@@ -49,7 +58,11 @@ def stop_on_signals(what: str) -> threading.Event:
 
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
-STOP_GRACE_S = 6.0
+STOP_GRACE_S = 6.0  # per stage
+#: the whole stop: a stage gets its grace, or what is left of this (a role ignoring SIGTERM
+#: in every stage cannot make a stop take 4 x 6 s)
+STOP_BUDGET_S = 15.0
+_POLL_S = 0.05
 
 
 @dataclass
@@ -205,8 +218,11 @@ class Supervisor:
             role.next_start = now + delay
             logger.warning("%s exited with %d; restarting in %ds", role.name, code, delay)
 
-    def stop_stage(self, stage: int, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM every live child of ``stage``, wait, then SIGKILL the rest."""
+    def stop_stage(
+        self, stage: int, grace_s: float = STOP_GRACE_S, force: threading.Event | None = None
+    ) -> None:
+        """SIGTERM every live child of ``stage``, wait up to ``grace_s``, then SIGKILL the
+        rest; at once when ``force`` is (or gets) set."""
         procs = [r for r in self.roles if r.stage == stage and r.proc is not None]
         started = time.monotonic()
         for r in procs:
@@ -214,10 +230,11 @@ class Supervisor:
         deadline = started + grace_s
         for r in procs:
             assert r.proc is not None  # noqa: S101
-            try:
-                r.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop within %.0fs; killing it", r.name, grace_s)
+            if not _wait(r.proc, deadline, force):
+                if force is not None and force.is_set():
+                    logger.warning("killing %s (a second signal)", r.name)
+                else:
+                    logger.warning("%s did not stop within %.1fs; killing it", r.name, grace_s)
                 _signal_group(r.proc, signal.SIGKILL)
                 r.proc.wait(5)
             r.exit_code = r.proc.returncode
@@ -228,13 +245,35 @@ class Supervisor:
             names = ", ".join(r.name for r in procs)
             logger.info("stopped stage %d (%s) in %.1f s", stage, names, time.monotonic() - started)
 
-    def stop(self, between_stages: Callable[[int], None] | None = None) -> None:
+    def stop(
+        self, between_stages: Callable[[int], None] | None = None, force: threading.Event | None = None,
+        budget_s: float = STOP_BUDGET_S,
+    ) -> None:  # fmt: skip
+        """Stop every role, stage by stage, within ``budget_s`` in all: each stage gets
+        ``STOP_GRACE_S`` or what is left of the budget (at least a moment to flush);
+        ``force`` set: kill without waiting."""
         self._stopping = True
+        ends = time.monotonic() + budget_s
         for stage in sorted({r.stage for r in self.roles}):
-            self.stop_stage(stage)
+            self.stop_stage(stage, min(STOP_GRACE_S, max(0.5, ends - time.monotonic())), force)
             if between_stages:
                 between_stages(stage)
         self.write_states()
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float, force: threading.Event | None) -> bool:
+    """Whether ``proc`` exited by ``deadline`` (False at once when ``force`` is set)."""
+    while True:
+        left = deadline - time.monotonic()
+        if force is not None and force.is_set():
+            return proc.poll() is not None
+        if left <= 0:
+            return proc.poll() is not None
+        try:
+            proc.wait(min(left, _POLL_S) if force is not None else left)
+            return True
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:

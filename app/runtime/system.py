@@ -42,6 +42,7 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -458,7 +459,8 @@ def restart_broker(broker: KafkaBroker) -> None:
 def run(settings: Settings, opts: RunOptions) -> int:
     """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
     started = time.monotonic()
-    stop = stop_on_signals("everything")
+    force = threading.Event()  # a second Ctrl-C: kill what is left, now
+    stop = stop_on_signals("everything", force)
     if opts.fresh:
         wipe(settings.data_dir)
     check_consistent(settings)
@@ -508,14 +510,14 @@ def run(settings: Settings, opts: RunOptions) -> int:
                 port = receiver.env["APP_RECEIVER_PORT"]
                 stats = _http_json(f"http://127.0.0.1:{port}/stats")
 
-        sup.stop(after_stage)
+        sup.stop(after_stage, force=force)
         sup = None
         print(orjson.dumps(counters(admin, stats, started)).decode(), flush=True)
         return 0
     finally:
         if sup is not None:
-            sup.stop()
+            sup.stop(force=force)
         if client_env is not None:
             client_env.unlink(missing_ok=True)
         if broker is not None:
-            broker.stop()
+            broker.stop(force=force)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from app.runtime.supervisor import Role, Supervisor
+from app.runtime.supervisor import Role, Supervisor, stop_on_signals
 from tests.conftest import make_settings
 from tests.procs import processes_with_env, wait_for
 
@@ -143,3 +145,64 @@ def test_the_state_file_says_what_each_role_is_doing(tmp_path: Path) -> None:
     finally:
         sup.stop()
     assert set(states().values()) <= {"stopped", "done"}
+
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(600)"
+)
+
+
+def _stubborn_in_every_stage(tmp_path: Path, marker: str) -> Supervisor:
+    roles = [Role(f"stubborn{n}", py(STUBBORN), stage=n, env={marker: "1"}) for n in (1, 2, 3)]
+    sup = supervisor(tmp_path, roles)
+    sup.start()
+    logs = [tmp_path / "logs" / f"{r.name}.log" for r in roles]
+    up = lambda: all(p.exists() and "up" in p.read_text() for p in logs) or None  # noqa: E731
+    wait_for(up, timeout_s=20, what="the roles ignoring SIGTERM")
+    return sup
+
+
+def test_a_stop_keeps_to_its_budget_when_every_stage_ignores_sigterm(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = f"SUPERVISOR_BUDGET_{os.getpid()}_{tmp_path.name}"
+    sup = _stubborn_in_every_stage(tmp_path, marker)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="app.runtime.supervisor"):
+        sup.stop(budget_s=2.0)
+    took = time.monotonic() - started
+    # stage 1 waits out the budget; the later stages get a last half second each, not 3 x 6 s
+    assert 2.0 <= took < 6.0, took
+    kills = [m for m in caplog.messages if "did not stop within" in m]
+    assert [m.split()[0] for m in kills] == ["stubborn1", "stubborn2", "stubborn3"]
+    assert "within 2.0s" in kills[0] and "within 0.5s" in kills[2]
+    assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")
+
+
+def test_a_second_signal_kills_what_is_left_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    marker = f"SUPERVISOR_FORCE_{os.getpid()}_{tmp_path.name}"
+    sup = _stubborn_in_every_stage(tmp_path, marker)
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    force = threading.Event()
+    try:
+        stop = stop_on_signals("the test's roles", force)
+        os.kill(os.getpid(), signal.SIGINT)  # the operator's Ctrl-C
+        assert wait_for(stop.is_set, timeout_s=5, what="the stop") and not force.is_set()
+        # and again, a second into the stop's first stage
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO):
+            sup.stop(force=force)
+        took = time.monotonic() - started
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    assert force.is_set()
+    assert took < 3.0, took  # not the first stage's 6 s grace, nor the later ones'
+    assert "received SIGTERM again: killing the test's roles now" in caplog.text
+    assert [m for m in caplog.messages if m.startswith("killing stubborn")] == [
+        "killing stubborn1 (a second signal)", "killing stubborn2 (a second signal)",
+        "killing stubborn3 (a second signal)",
+    ]  # fmt: skip
+    assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")

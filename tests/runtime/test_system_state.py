@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -138,7 +139,9 @@ class _Mosquitto:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(tmp_path: Path) -> None:
+def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     broker = KafkaBroker(tmp_path / "kafka", heap="256m").start()
     try:
         address, pid = broker.bootstrap, broker.pid
@@ -150,5 +153,14 @@ def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(tmp_path
         assert not broker.running()
         restart_broker(broker)
         assert broker.running() and broker.bootstrap == address and broker.pid != pid
+        # a second Ctrl-C while make run stops: the broker is killed, not waited for
+        pid, force = broker.pid, threading.Event()
+        assert pid is not None
+        force.set()
+        with caplog.at_level(logging.WARNING, logger="app.kafka.broker"):
+            broker.stop(force=force)
+        assert "killing it on a second signal" in caplog.text
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
     finally:
         broker.stop()
