@@ -361,8 +361,10 @@ class KafkaBroker:
         self.formatted_now = True
         logger.info("formatted the Kafka log dir %s", self.log_dir)
 
-    def start(self, timeout_s: float = 60.0) -> KafkaBroker:
-        """Format when needed, start the broker and wait until it answers (at most ``timeout_s``)."""
+    def start(self, timeout_s: float = 60.0, stop: threading.Event | None = None) -> KafkaBroker:
+        """Format when needed, start the broker and wait until it answers (at most ``timeout_s``;
+        no longer once ``stop`` is set: then the broker runs, maybe not ready yet, for the
+        caller to stop)."""
         self.home.mkdir(parents=True, exist_ok=True)
         self._pick_ports()
         config = self._write_config()
@@ -379,6 +381,8 @@ class KafkaBroker:
             )
         deadline = began + timeout_s
         while time.monotonic() < deadline:
+            if _set(stop):
+                return self
             if self._proc.poll() is not None:
                 msg = (
                     f"the Kafka broker exited with code {self._proc.returncode} on {self.bootstrap}; "

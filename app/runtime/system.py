@@ -472,17 +472,23 @@ def run(settings: Settings, opts: RunOptions) -> int:
     )
     (settings.data_dir / "logs").mkdir(parents=True, exist_ok=True)
     if broker is not None:
-        broker.start()
+        broker.start(stop=stop)
     bootstrap = broker.bootstrap if broker else settings.bootstrap_servers
     # topics, ACLs and counters: as the embedded broker's own user, or with the operator's settings
     admin: Target = Endpoint(broker.bootstrap, broker.admin_auth) if broker else settings
     client_env: Path | None = None
     sup: Supervisor | None = None
     try:
+        if stop.is_set():  # Ctrl-C while the broker started: start nothing more
+            logger.info("stopped while starting: no role was started")
+            return 0
         asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
         if users is not None:
             asyncio.run(apply_acls(admin, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
         roles = build_roles(settings, bootstrap, opts, users)
+        if stop.is_set():
+            logger.info("stopped while starting: no role was started")
+            return 0
         if broker is not None:
             console = role_auth(users, CONSOLE) if users is not None else KafkaAuth()
             secret = (

@@ -227,6 +227,33 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
     assert not [line for line in last if "GroupCoordinatorNotAvailable" in line]
 
 
+def test_a_sigterm_while_the_broker_starts_starts_no_role_and_stops_it(tmp_path: Path) -> None:
+    env = run_env(tmp_path)
+    out = tmp_path / "run.log"
+    with out.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "run", "--no-dashboard"], env=env, cwd=PROJECT_ROOT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            # the log dir is formatted before the broker starts: it is starting now
+            formatted = lambda: "formatted the Kafka log dir" in out.read_text()  # noqa: E731
+            wait_for(formatted, timeout_s=60, what="the log dir formatted")
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+            elapsed = time.monotonic() - started
+        finally:
+            stop(proc)
+    text = out.read_text()
+    assert code == 0, text[-3000:]
+    assert "stopped while starting: no role was started" in text
+    assert "Kafka broker on" in text and " stopped" in text.split("no role was started")[1]
+    assert not list((tmp_path / "data" / "logs").glob("*.log"))  # no role ever started
+    assert elapsed < 10, f"took {elapsed:.1f}s to stop"
+    assert processes_with_env(env["APP_DATA_DIR"]) == []
+
+
 def test_each_data_dir_gets_its_own_secrets_and_keeps_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
