@@ -174,6 +174,14 @@ def _repeated(keys: Any) -> list[Any]:
     return [k for k, n in collections.Counter(keys).items() if n > 1]
 
 
+def _sigterm(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, float]:
+    """SIGTERM ``proc``; its exit code and how long it took to exit."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout_s)
+    return code, time.monotonic() - started
+
+
 def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tmp_path: Path) -> None:
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
@@ -208,10 +216,7 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
             assert shot.stat().st_size > 10_000
         else:
             time.sleep(3)  # no browser here: at least let alerts start flowing
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(15)
-        elapsed = time.monotonic() - started
+        code, elapsed = _sigterm(proc, 15)
     finally:
         stop(proc)
         log.close()
@@ -239,10 +244,7 @@ def test_a_sigterm_while_the_broker_starts_starts_no_role_and_stops_it(tmp_path:
             # the log dir is formatted before the broker starts: it is starting now
             formatted = lambda: "formatted the Kafka log dir" in out.read_text()  # noqa: E731
             wait_for(formatted, timeout_s=60, what="the log dir formatted")
-            started = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(30)
-            elapsed = time.monotonic() - started
+            code, elapsed = _sigterm(proc, 30)
         finally:
             stop(proc)
     text = out.read_text()
