@@ -127,9 +127,9 @@ def session_unless_stopped(
     starting gets the SIGTERM too and dies; pyspark then fails with py4j's connection
     errors. That is a stop, not a crash: said in one line, exit 0. py4j's own record of
     those errors (a traceback per call, at INFO) is kept out of the log
-    (:func:`quiet_py4j`).
+    (:func:`quiet_py4j`), and so are its errors once ``stop`` is set.
     """
-    quiet_py4j()
+    quiet_py4j(stop)
     try:
         return build_session(master, app_name, shuffle_partitions)
     except Exception:
@@ -139,15 +139,34 @@ def session_unless_stopped(
         return None
 
 
-def _not_py4j_info(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or f"{os.sep}py4j{os.sep}" not in record.pathname
+class Py4jQuiet(logging.Filter):
+    """Drops py4j's records: its INFO ones always (a traceback for each call that meets the
+    JVM gone), its warnings and errors once ``stopping`` is set (the JVM, signalled with its
+    role's process group, goes away under a call: ``Exception while sending command.`` at
+    ERROR, nothing wrong). Other records pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping: threading.Event | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if f"{os.sep}py4j{os.sep}" not in record.pathname:
+            return True
+        stopping = self.stopping is not None and self.stopping.is_set()
+        return record.levelno >= logging.WARNING and not stopping
 
 
-def quiet_py4j() -> None:
-    """Keep py4j's INFO records out of the log: a traceback for each call that meets the JVM
-    gone, as at every stop. Most go through its loggers (their level), some straight to the
-    root logger (``logging.info``: a filter there); its warnings and errors stay."""
+PY4J_QUIET = Py4jQuiet()
+
+
+def quiet_py4j(stop: threading.Event | None = None) -> None:
+    """Keep py4j's INFO records out of the log, and all of them once ``stop`` is set
+    (:class:`Py4jQuiet`). Most go through its loggers, some straight to the root logger
+    (``logging.info``, ``logging.exception``): the filter is on each."""
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    root = logging.getLogger()
-    if _not_py4j_info not in root.filters:
-        root.addFilter(_not_py4j_info)
+    if stop is not None:
+        PY4J_QUIET.stopping = stop
+    for name in ("", "py4j", "py4j.java_gateway", "py4j.clientserver"):
+        log = logging.getLogger(name)
+        if PY4J_QUIET not in log.filters:
+            log.addFilter(PY4J_QUIET)

@@ -4,14 +4,17 @@ starts, and without Spark rules it idles without a JVM."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from app.kafka.broker import KafkaBroker
+from jobs.session import PY4J_QUIET, quiet_py4j
 from tests.conftest import child_env
 from tests.procs import processes_with_env, role, wait_for
 from tests.spark.helpers import RULES
@@ -79,3 +82,29 @@ def test_the_kafka_format_without_the_connector_exits_with_the_fetch_command(
     assert "scripts/fetch-jars.sh spark-kafka" in out and str(tmp_path / "no-jars") in out, out[-2000:]
     assert "spark session ready" not in out  # refused before a JVM was started
     assert gone(str(data)) == []
+
+
+def test_py4j_records_are_kept_out_of_the_log_as_the_role_stops() -> None:
+    """What the group case meets at random: the JVM, signalled with the role, goes away under
+    a py4j call, and py4j logs ``Exception while sending command.`` at ERROR on the root
+    logger. Its INFO records are dropped always, its errors once the role is stopping."""
+
+    def record(path: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord("root", level, path, 1059, "Exception while sending command.", None, None)
+
+    py4j = os.path.join("", "site-packages", "py4j", "java_gateway.py")
+    ours = os.path.join("", "jobs", "engine.py")
+    stop = threading.Event()
+    before = PY4J_QUIET.stopping
+    try:
+        quiet_py4j(stop)
+        assert PY4J_QUIET in logging.getLogger().filters
+        assert PY4J_QUIET in logging.getLogger("py4j.java_gateway").filters
+        assert not PY4J_QUIET.filter(record(py4j, logging.INFO))
+        assert PY4J_QUIET.filter(record(py4j, logging.ERROR))  # running: an error is news
+        stop.set()
+        assert not PY4J_QUIET.filter(record(py4j, logging.ERROR))
+        assert PY4J_QUIET.filter(record(ours, logging.ERROR))  # ours always pass
+        assert PY4J_QUIET.filter(record(ours, logging.INFO))
+    finally:
+        PY4J_QUIET.stopping = before
