@@ -18,6 +18,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
+from aiokafka.errors import GroupCoordinatorNotAvailableError, GroupLoadInProgressError  # noqa: E402
 
 from app.kafka.admin import ensure_topics  # noqa: E402
 from app.kafka.broker import KafkaBroker  # noqa: E402
@@ -70,7 +71,16 @@ async def reset_topics(bootstrap: str, partitions: int = 2) -> None:
 
 
 async def _groups(admin: AIOKafkaAdminClient) -> list[str]:
-    return [g[0] if isinstance(g, tuple) else g.group_id for g in await admin.list_consumer_groups()]
+    """The groups, asked again while the coordinator loads (a broker the last test restarted)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            listed = await admin.list_consumer_groups()
+            return [g[0] if isinstance(g, tuple) else g.group_id for g in listed]
+        except (GroupLoadInProgressError, GroupCoordinatorNotAvailableError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def _committed(admin: AIOKafkaAdminClient, group: str) -> bool:

@@ -95,22 +95,49 @@ async def broker_answers(
         await client.close()
 
 
+#: Kafka's internal topic of committed offsets, whose partitions the group coordinator loads
+OFFSETS_TOPIC = "__consumer_offsets"
+#: answers in a row (0.1 s apart) that make the list of groups steady
+STEADY_ANSWERS = 3
+
+
 async def group_coordinator_ready(bootstrap: str, auth: KafkaAuth, timeout_s: float) -> bool:
-    """Ask for a consumer group's coordinator, then for the groups, until both answer (True),
-    or ``timeout_s`` passes.
+    """Ask for a consumer group's coordinator, then until every partition of the offsets
+    topic has a leader, then for the groups until they answer ``STEADY_ANSWERS`` times in a
+    row (True), or ``timeout_s`` passes.
 
     A new cluster creates its offsets topic (``__consumer_offsets``) at the first question for
     a coordinator, and answers "coordinator not available" until its partitions have leaders,
     then "load in progress" while it loads them (the list of groups waits for all of them):
-    asked by the roles themselves, an ERROR line in their logs at every fresh start."""
+    asked by the roles themselves, an ERROR line in their logs at every fresh start. One
+    answer is not enough: the list answered once before the partitions still to be led were
+    scheduled for loading, and the next question met "load in progress"."""
     admin = AIOKafkaAdminClient(**connection(Endpoint(bootstrap, auth)), request_timeout_ms=5000)
     deadline = time.monotonic() + timeout_s
+
+    async def coordinator() -> bool:
+        await admin.find_coordinator("streamalert-readiness")
+        return True
+
+    async def led() -> bool:
+        (topic,) = await admin.describe_topics([OFFSETS_TOPIC])
+        parts = topic.get("partitions") or []
+        return not topic.get("error_code") and bool(parts) and all(p["leader"] >= 0 for p in parts)
+
+    async def steady() -> bool:  # an error on the way: the next try counts from the start
+        for _ in range(STEADY_ANSWERS):
+            await admin.list_consumer_groups()
+            await asyncio.sleep(0.1)
+        return True
+
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        for ask in (lambda: admin.find_coordinator("streamalert-readiness"), admin.list_consumer_groups):
+        for ask in (coordinator, led, steady):
             while True:
+                done = False
                 with contextlib.suppress(*CLIENT_ERRORS):
-                    await ask()
+                    done = await ask()
+                if done:
                     break
                 if time.monotonic() > deadline:
                     return False

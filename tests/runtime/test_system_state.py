@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
 from app.errors import ConfigError
@@ -137,6 +139,22 @@ class _Mosquitto:
         assert b"Error" not in self.log.read_bytes(), self.log.read_text()
 
 
+def groups_answer_at_once(bootstrap: str, times: int = 10) -> None:
+    """The list of consumer groups answers ``times`` in a row: none meets "load in progress"
+    (what every role met at a fresh start, and the test session's topic reset once)."""
+
+    async def ask() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            for _ in range(times):
+                await admin.list_consumer_groups()
+        finally:
+            await admin.close()
+
+    asyncio.run(ask())
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(
@@ -144,6 +162,7 @@ def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(
 ) -> None:
     broker = KafkaBroker(tmp_path / "kafka", heap="256m").start()
     try:
+        groups_answer_at_once(broker.bootstrap)  # ready: its offsets topic is loaded
         address, pid = broker.bootstrap, broker.pid
         assert pid is not None
         os.killpg(pid, signal.SIGKILL)  # as an OOM kill would
@@ -153,6 +172,7 @@ def test_a_dead_embedded_broker_is_restarted_on_its_log_dir_and_address(
         assert not broker.running()
         restart_broker(broker)
         assert broker.running() and broker.bootstrap == address and broker.pid != pid
+        groups_answer_at_once(broker.bootstrap)  # its offsets topic loaded again from its log
         # a second Ctrl-C while make run stops: the broker is killed, not waited for
         pid, force = broker.pid, threading.Event()
         assert pid is not None
