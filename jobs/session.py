@@ -166,7 +166,7 @@ def quiet_py4j(stop: threading.Event | None = None) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     if stop is not None:
         PY4J_QUIET.stopping = stop
-    for name in ("", "py4j", "py4j.java_gateway", "py4j.clientserver"):
+    for name in ("", "py4j.java_gateway", "py4j.clientserver"):  # the loggers py4j writes to
         log = logging.getLogger(name)
         if PY4J_QUIET not in log.filters:
             log.addFilter(PY4J_QUIET)

@@ -40,6 +40,7 @@ from types import TracebackType
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
 from app.kafka.wait import broker_answers, group_coordinator_ready
+from app.runtime.procs import exited_by
 from app.runtime.settings import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
@@ -441,10 +442,7 @@ class KafkaBroker:
         try:
             if not _set(force):
                 os.killpg(proc.pid, signal.SIGTERM)
-            while proc.poll() is None and time.monotonic() < deadline and not _set(force):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(0.05)
-            if proc.poll() is None:
+            if not exited_by(proc, deadline, force):
                 why = "on a second signal" if _set(force) else f"after {grace_s:.0f} s"
                 logger.warning("the Kafka broker did not stop; killing it %s", why)
                 os.killpg(proc.pid, signal.SIGKILL)

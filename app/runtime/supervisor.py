@@ -31,6 +31,7 @@ from typing import IO
 
 import orjson
 
+from app.runtime.procs import exited_by
 from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,6 @@ STOP_GRACE_S = 6.0  # per stage
 #: the whole stop: a stage gets its grace, or what is left of this (a role ignoring SIGTERM
 #: in every stage cannot make a stop take 4 x 6 s)
 STOP_BUDGET_S = 15.0
-_POLL_S = 0.05
 
 
 @dataclass
@@ -230,7 +230,7 @@ class Supervisor:
         deadline = started + grace_s
         for r in procs:
             assert r.proc is not None  # noqa: S101
-            if not _wait(r.proc, deadline, force):
+            if not exited_by(r.proc, deadline, force):
                 if force is not None and force.is_set():
                     logger.warning("killing %s (a second signal)", r.name)
                 else:
@@ -259,21 +259,6 @@ class Supervisor:
             if between_stages:
                 between_stages(stage)
         self.write_states()
-
-
-def _wait(proc: subprocess.Popen[bytes], deadline: float, force: threading.Event | None) -> bool:
-    """Whether ``proc`` exited by ``deadline`` (False at once when ``force`` is set)."""
-    while True:
-        left = deadline - time.monotonic()
-        if force is not None and force.is_set():
-            return proc.poll() is not None
-        if left <= 0:
-            return proc.poll() is not None
-        try:
-            proc.wait(min(left, _POLL_S) if force is not None else left)
-            return True
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:

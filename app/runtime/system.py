@@ -478,16 +478,21 @@ def run(settings: Settings, opts: RunOptions) -> int:
     admin: Target = Endpoint(broker.bootstrap, broker.admin_auth) if broker else settings
     client_env: Path | None = None
     sup: Supervisor | None = None
-    try:
-        if stop.is_set():  # Ctrl-C while the broker started: start nothing more
+
+    def stopped_while_starting() -> bool:  # Ctrl-C while the broker, topics or ACLs started
+        stopped = stop.is_set()
+        if stopped:
             logger.info("stopped while starting: no role was started")
+        return stopped
+
+    try:
+        if stopped_while_starting():
             return 0
         asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
         if users is not None:
             asyncio.run(apply_acls(admin, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
         roles = build_roles(settings, bootstrap, opts, users)
-        if stop.is_set():
-            logger.info("stopped while starting: no role was started")
+        if stopped_while_starting():
             return 0
         if broker is not None:
             console = role_auth(users, CONSOLE) if users is not None else KafkaAuth()
