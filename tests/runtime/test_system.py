@@ -10,10 +10,13 @@ the test's unique APP_DATA_DIR, which we look for in /proc/*/environ afterwards)
 from __future__ import annotations
 
 import collections
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,8 @@ from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_data
 from tests.kafka_helpers import can_write, consume
 from tests.procs import http_ok, processes_with_env, stop, wait_for
 
+Done = Callable[[str], bool]
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
@@ -43,9 +48,15 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     )
 
 
-def _run(env: dict[str, str], seconds: int, *extra: str, output: list[str] | None = None) -> dict[str, Any]:
-    """``python -m app run`` headless for ``seconds``; its final counters (its output appended
-    to ``output``)."""
+def _run(
+    env: dict[str, str], seconds: int, *extra: str, output: list[str] | None = None, until: Done | None = None
+) -> dict[str, Any]:
+    """``python -m app run`` headless; its final counters (its output appended to ``output``). It
+    is stopped by SIGTERM as soon as ``until`` holds (given its output so far), or runs for
+    ``seconds``."""
+    data = Path(env["APP_DATA_DIR"])
+    data.mkdir(parents=True, exist_ok=True)
+    out_path = data.parent / f"run-{time.monotonic_ns()}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -57,15 +68,34 @@ def _run(env: dict[str, str], seconds: int, *extra: str, output: list[str] | Non
         "--quiet",
         *extra,
     ]
-    proc = subprocess.run(
-        cmd, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=seconds + 60
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=out, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + seconds + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                if until is not None and until(out_path.read_text()):
+                    _sigterm(proc, 30)
+                    break
+                time.sleep(1)
+            code = proc.wait(max(1.0, deadline - time.monotonic()))
+        finally:
+            stop(proc)
+    text = out_path.read_text()
+    assert code == 0, text[-6000:]
     assert processes_with_env(env["APP_DATA_DIR"]) == []
     if output is not None:
-        output += [proc.stdout, proc.stderr]
-    counters: dict[str, Any] = orjson.loads(proc.stdout.strip().splitlines()[-1])
+        output.append(text)
+    last = next(line for line in reversed(text.splitlines()) if line.startswith('{"events"'))
+    counters: dict[str, Any] = orjson.loads(last)
     return counters
+
+
+def _delivered(output: str) -> bool:
+    """The run's receiver (its URL in the banner of ``output``) got at least one webhook."""
+    m = re.search(r"receiver +(http://\S+)/webhook", output)
+    return m is not None and (_stats(m[1]).get("unique_alerts") or 0) > 0
 
 
 def _progress(data: Path) -> dict[str, dict[str, Any]]:
@@ -106,10 +136,11 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     env = child_env(APP_DATA_DIR=str(data), APP_REPLAY_SPEEDUP="3000", APP_REPLAY_LIMIT="1000")
 
     output: list[str] = []
-    first = _run(env, 40, output=output)
+    # each run stops once a webhook was delivered and every producer has sent (more), or at 60 s
+    first = _run(env, 60, output=output, until=lambda out: _delivered(out) and _moved(data, {}, logs=1000))
     after_first = _progress(data)
     _headless_run_counted_and_kept_secrets(first, output, data)
-    second = _run(env, 40)
+    second = _run(env, 60, until=lambda out: _delivered(out) and _moved(data, after_first))
     after_second = _progress(data)
 
     assert first["webhooks_delivered"] > 0
@@ -156,7 +187,7 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     repeated = {e: _repeated(ids) for e, ids in by_engine.items()}
     assert not any(repeated.values()), repeated
 
-    fresh = _run(env, 25, "--fresh")
+    fresh = _run(env, 25, "--fresh", until=_delivered)
 
     assert fresh["events"]["events.logs"] <= 1000
     assert fresh["events"]["events.sensors"] < second["events"]["events.sensors"]
@@ -166,12 +197,47 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     assert nab_fresh["skipped"] == 0
 
 
+def _moved(data: Path, before: dict[str, dict[str, Any]], logs: int | None = None) -> bool:
+    """Every producer of make run sent more than in ``before`` (the log replay ``logs`` lines in
+    all, when given), and the sensors' two more than a thousand readings in all."""
+    now = _progress(data)
+    sent = {role: now.get(role, {}).get("sent", 0) for role in ("replay-sensors", "sim-fleet", "sim-ticks")}
+    return (
+        all(n > before.get(role, {}).get("sent", 0) for role, n in sent.items())
+        and sent["replay-sensors"] + sent["sim-fleet"] > 1000 + 100
+        and (logs is None or now.get("replay-logs", {}).get("sent") == logs)
+    )
+
+
 def _records(bootstrap: str, topic: str, n: int) -> list[dict[str, Any]]:
     return [orjson.loads(r.value) for r in consume(bootstrap, topic, min_count=n, timeout_s=20)]
 
 
 def _repeated(keys: Any) -> list[Any]:
     return [k for k, n in collections.Counter(keys).items() if n > 1]
+
+
+def _get(url: str) -> str:
+    """The body at ``url`` ("" while nothing answers there)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return ""
+
+
+def _stats(receiver: str) -> dict[str, Any]:
+    """The receiver's counters (empty while it does not answer)."""
+    stats: dict[str, Any] = orjson.loads(_get(f"{receiver}/stats") or "{}")
+    return stats
+
+
+def _silences(env: dict[str, str]) -> str:
+    """What ``python -m app alerts silences`` lists."""
+    cmd = [sys.executable, "-m", "app", "alerts", "silences"]
+    done = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def _sigterm(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, float]:
@@ -284,8 +350,10 @@ def test_under_make_run_strangers_cannot_write_alerts_or_commands_and_the_operat
     require_dataset(NAB_MACHINE_TEMP)
     env = run_env(tmp_path)
     data = tmp_path / "data"
-    log = (tmp_path / "run.log").open("wb")
-    cmd = [sys.executable, "-m", "app", "run", "--duration", "70", "--no-dashboard", "--quiet"]
+    log_path = tmp_path / "run.log"
+    log = log_path.open("wb")
+    # stopped by SIGTERM once everything it checks has happened (the duration is a backstop)
+    cmd = [sys.executable, "-m", "app", "run", "--duration", "150", "--no-dashboard", "--quiet"]
     proc = subprocess.Popen(
         cmd, env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -304,35 +372,40 @@ def test_under_make_run_strangers_cannot_write_alerts_or_commands_and_the_operat
             "console -> alerts": can_write(as_["console"], ALERTS, FORGED),
         }
         assert refused == dict.fromkeys(refused, False)
-        silence = [
-            sys.executable,
-            "-m",
-            "app",
-            "alerts",
-            "silence",
-            'device_id="probe-device"',
-            "--duration",
-            "1h",
-        ]
-        cli = subprocess.run([*silence, "--comment", "by the probe"], env=env, cwd=PROJECT_ROOT,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        alerts = [sys.executable, "-m", "app", "alerts"]
+        cli = subprocess.run(
+            [*alerts, "silence", 'device_id="probe-device"', "--duration", "1h", "--comment", "by the probe"],
+            env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
         assert cli.returncode == 0, cli.stderr[-2000:]
         admin = Endpoint(bootstrap, KafkaAuth("SASL_PLAINTEXT", "SCRAM-SHA-256", "admin", users["admin"]))
         # the topic as it stands once the engines wrote to it (a forged record would be there already)
         on_alerts = [r.value for r in consume(admin, ALERTS, min_count=1, timeout_s=45)]
-        code = proc.wait(120)
+        # the silence reached the store, and the receiver got a signed webhook
+        wait_for(
+            lambda: "probe-device" in _silences(env), timeout_s=60, interval_s=1, what="the silence listed"
+        )
+        receiver = wait_for(
+            lambda: (m := re.search(r"receiver +(http://\S+)/webhook", log_path.read_text())) and m[1],
+            timeout_s=10, what="the receiver's URL",
+        )  # fmt: skip
+        wait_for(lambda: (_stats(receiver).get("unique_alerts") or 0) > 0, timeout_s=90, interval_s=1,
+                 what="a delivered webhook")  # fmt: skip
+        # the dispatcher applied it: signed with make run's command secret, not counted as forged
+        metrics = re.search(r"metrics +(http://\S+/metrics) \(dispatch\)", log_path.read_text())
+        assert metrics, log_path.read_text()[-3000:]
+        applied = 'dispatch_records_total{outcome="applied",topic="commands"} 1.0'
+        wait_for(lambda: applied in _get(metrics[1]), timeout_s=30, interval_s=1, what="the silence applied")
+        code, _ = _sigterm(proc, 30)
     finally:
         stop(proc)
         log.close()
-    output = (tmp_path / "run.log").read_text()
+    output = log_path.read_text()
     assert code == 0, output[-3000:]
     assert processes_with_env(env["APP_DATA_DIR"]) == []
     assert FORGED not in on_alerts and len(on_alerts) > 0
     counters = orjson.loads(next(ln for ln in reversed(output.splitlines()) if ln.startswith('{"events"')))
     assert counters["webhooks_delivered"] > 0
     assert b"forged-by-the-probe" not in (data / "logs" / "receiver.log").read_bytes()
-    # the operator's silence was signed with make run's command secret: applied, not counted as forged
     assert "forged" not in (data / "logs" / "dispatch.log").read_text().lower()
-    silences = subprocess.run([sys.executable, "-m", "app", "alerts", "silences"], env=env, cwd=PROJECT_ROOT,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "probe-device" in silences.stdout, silences.stdout + silences.stderr
+    assert "probe-device" in _silences(env)
