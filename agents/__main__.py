@@ -4,16 +4,16 @@ Faust's own web server (its CLI turns it on unless told otherwise, on
 0.0.0.0:6066) is not used: metrics are served by the worker on
 APP_METRICS_PORT. ``--without-web`` is added unless ``--with-web`` is given.
 
-CPython's cyclic collector is tuned for the worker (see :data:`GC_THRESHOLDS`).
+CPython's cyclic collector is tuned for the worker (:mod:`app.runtime.heap`): higher
+thresholds, and the start-up objects frozen once the app is built.
 
 The worker waits for Kafka before it builds the app (which creates topics): one warning,
 then quiet retries; a stop signal during the wait exits 0 (:mod:`app.kafka.wait`).
 """
 
-import gc
 import sys
 
-from app.runtime import native
+from app.runtime import heap, native
 
 native.activate()  # before any evaluator module loads
 
@@ -22,16 +22,9 @@ from app.errors import AppError  # noqa: E402
 from app.kafka.wait import wait_for_broker_blocking  # noqa: E402
 from app.runtime.settings import Settings  # noqa: E402
 
-#: The collector's thresholds for the worker: a young collection after 20,000 net new
-#: containers (Python's default is 700, which walks a batch's live events and states many
-#: times per batch), and the start-up objects frozen (``gc.freeze``) so that no full
-#: collection walks what Faust and the modules built at start. The measurements behind
-#: these values are in docs/PERFORMANCE-HISTORY.md.
-GC_THRESHOLDS = (20_000, 20, 20)
-
 if len(sys.argv) > 1 and sys.argv[1] == "worker" and not {"--with-web", "--without-web"} & set(sys.argv):
     sys.argv.append("--without-web")
-gc.set_threshold(*GC_THRESHOLDS)
+heap.tune_collector()
 if sys.argv[1:2] == ["worker"] and not wait_for_broker_blocking(Settings.from_env()):
     raise SystemExit(0)
 try:
@@ -39,5 +32,5 @@ try:
 except AppError as exc:  # a configuration the worker cannot run with: said once, exit 2
     print(f"error: {exc}", file=sys.stderr)
     raise SystemExit(2) from None
-gc.freeze()
+heap.freeze_start_up()  # what Faust and the modules built at start
 app.main()

@@ -101,7 +101,9 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     )
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
+    from app.runtime.heap import tune_collector
 
+    tune_collector()  # the evaluator runs here, as in the worker
     try:
         ruleset = load_rules(args.rules)
     except RuleConfigError as exc:

@@ -54,6 +54,10 @@ MAX_EMPTY_STEPS = 10_000
 #: sliding windows kept in memory between timer runs, per rule (beyond it they are rebuilt)
 MAX_LIVE_WINDOWS = 100_000
 #: sliding-window generations: unique within this process, and (a random start) across processes
+#: no change point left (above every time in ms)
+_NO_POINT = 2**62
+#: a state without ``due`` (before it was kept)
+_UNKNOWN: Any = object()
 _GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
@@ -481,10 +485,20 @@ class _Buffered(_Aggregating):
         st = store.get(key) or self.fresh(group)
         if st["through"] is not None and ev.ts_ms <= st["through"]:
             return [], LATE
-        # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
+        ts = ev.ts_ms
+        entry = [ts, [a.input(row) for a in self.aggs]]
         buffered = st["buffer"]
-        buffered.insert(after(buffered, ev.ts_ms), [ev.ts_ms, [a.input(row) for a in self.aggs]])
-        st["due"] = self._due(st)
+        if not buffered or buffered[-1][0] <= ts:
+            buffered.append(entry)  # in time order: the usual case
+        else:  # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
+            buffered.insert(after(buffered, ts), entry)
+        # the event is one more change point (of either kind, its arrival first): the earliest
+        # one moves to it or stays. A state from before ``due`` was kept computes it afresh
+        due = st.get("due", _UNKNOWN)
+        if due is _UNKNOWN:
+            st["due"] = self._due(st)
+        else:
+            st["due"] = ts + self.lateness if due is None else min(int(due), ts + self.lateness)
         store.put(key, st)
         return [], ON_TIME
 
@@ -522,12 +536,18 @@ class SlidingLogic(_Buffered):
         """The first change point after ``t`` (an event time, or one leaving the window), + lateness."""
         ev = st["buffer"]
         t = st["through"] if st["through"] is not None else -(2**62)
-        points = []
-        if (i := after(ev, t)) < len(ev):
-            points.append(ev[i][0])
-        if (j := after(ev, t - self.size)) < len(ev):
-            points.append(ev[j][0] + self.size)
-        return min(points) + self.lateness if points else None
+        return self._due_from(ev, after(ev, t), after(ev, t - self.size))
+
+    def _due_from(self, ev: list[Any], arriving: int, leaving: int) -> int | None:
+        """:meth:`_due`, given where the events after ``t`` (``arriving``) and after
+        ``t - size`` (``leaving``) start in the buffer ``ev``."""
+        n = len(ev)
+        if leaving < n:
+            point = ev[leaving][0] + self.size
+            if arriving < n:
+                point = min(point, ev[arriving][0])
+            return int(point) + self.lateness
+        return None if arriving >= n else int(ev[arriving][0]) + self.lateness
 
     def _window(self, st: State, p: int) -> list[Any]:
         """The window ending at ``p`` folded from scratch (a percentile over more than MAX_VALUES)."""
@@ -558,19 +578,26 @@ class SlidingLogic(_Buffered):
         t = st["through"] if st["through"] is not None else -(2**62)
         ev = st["buffer"]
         window = self._at_t(key, st, t)
-        lo, hi = 0, after(ev, t)
-        # change points in (t, wm]: event times, and times an event leaves the window
-        arrivals = [e[0] for e in ev[hi : after(ev, wm)]]
-        departures = [e[0] + self.size for e in ev[after(ev, t - self.size) : after(ev, wm - self.size)]]
-        points = sorted(set(arrivals).union(departures))
+        size = self.size
+        # change points in (t, wm], in time order, each once: the times of the events after
+        # ``t`` (``hi``: the next to enter the window) and the times the events after
+        # ``t - size`` leave it (``gone``: the next to leave), merged
+        lo, hi, gone = 0, after(ev, t), after(ev, t - size)
         alerts: list[Alert] = []
         row = group_row(self.rule, group)
         n = len(ev)
-        for p in points:
+        while True:
+            p = ev[hi][0] if hi < n and ev[hi][0] <= wm else _NO_POINT
+            if gone < n and ev[gone][0] + size <= wm:
+                p = min(p, ev[gone][0] + size)
+            if p == _NO_POINT:
+                break
             while hi < n and ev[hi][0] <= p:
                 window.add(ev[hi][0], ev[hi][1])
                 hi += 1
-            while lo < hi and ev[lo][0] <= p - self.size:
+            while gone < n and ev[gone][0] + size <= p:
+                gone += 1
+            while lo < hi and ev[lo][0] <= p - size:
                 window.remove(ev[lo][0], ev[lo][1])
                 lo += 1
             aggs = self.results(self._window(st, p)) if window.capped() else window.results(self.aggs)
@@ -587,10 +614,11 @@ class SlidingLogic(_Buffered):
                 if status is not None:  # resolved, or the streak broke before it fired: inactive
                     alerts.append(build_alert(self.rule, status, group, row, started(st), p, p, aggs))
                 reset(st)
-        # no change point lies between the last one and the new t: the window is as of t
+        # no change point lies between the last one and the new t: the window is as of t, and
+        # ``hi`` and ``gone`` are where the events after t and after t - size start
         st["through"] = t = max(t, wm)
         del ev[:lo]
-        st["due"] = self._due(st)
+        st["due"] = self._due_from(ev, hi - lo, gone - lo)
         if not ev and not in_episode(st):
             store.delete(key)
             return alerts
