@@ -53,11 +53,11 @@ from app.rules.logic.base import (
 MAX_EMPTY_STEPS = 10_000
 #: sliding windows kept in memory between timer runs, per rule (beyond it they are rebuilt)
 MAX_LIVE_WINDOWS = 100_000
-#: sliding-window generations: unique within this process, and (a random start) across processes
 #: no change point left (above every time in ms)
 _NO_POINT = 2**62
-#: a state without ``due`` (before it was kept)
+#: what a state without ``due`` (a fresh one) reads for it
 _UNKNOWN: Any = object()
+#: sliding-window generations: unique within this process, and (a random start) across processes
 _GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
@@ -493,7 +493,7 @@ class _Buffered(_Aggregating):
         else:  # by time only: equal times must not compare the inputs (NULL vs number raised TypeError)
             buffered.insert(after(buffered, ts), entry)
         # the event is one more change point (of either kind, its arrival first): the earliest
-        # one moves to it or stays. A state from before ``due`` was kept computes it afresh
+        # one moves to it or stays. A fresh state computes it
         due = st.get("due", _UNKNOWN)
         if due is _UNKNOWN:
             st["due"] = self._due(st)
