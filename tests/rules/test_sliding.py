@@ -180,7 +180,7 @@ def test_a_burst_from_one_ip_keeps_its_window_in_memory(tmp_path: Path) -> None:
             "bytes": i,
         }
         eng.process("logs", SCHEMAS["logs"].validate(row))
-        for _gen, _t, window in logic._live.values():
+        for _gen, _t, window, _arriving, _leaving in logic._live.values():
             if not any(window is seen for seen in windows):
                 windows.append(window)
     assert len(windows) == 1

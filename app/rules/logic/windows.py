@@ -510,8 +510,9 @@ class SlidingLogic(_Buffered):
     enters and leaves it once, so a burst of one group's events costs time in
     proportion to its events, not to their square. The window as of ``t`` stays in
     memory between timer runs (``_live``, checked against the state's ``gen`` and
-    ``t``); after a restart, or with state restored from elsewhere, it is rebuilt
-    from the buffer once.
+    ``t``), with where the events after ``t`` and after ``t - size`` start in the buffer
+    (only events after ``t`` are added to it meanwhile, past both); after a restart, or
+    with state restored from elsewhere, it is rebuilt from the buffer once.
     """
 
     def __init__(self, rule: CompiledRule) -> None:
@@ -519,8 +520,9 @@ class SlidingLogic(_Buffered):
         self.size = int(self.window.size or 0)
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
-        #: per state key: (gen, t, the window (t - size, t] of its buffer)
-        self._live: dict[str, tuple[int, int, SlidingAggregates]] = {}
+        #: per state key: (gen, t, the window (t - size, t] of its buffer, where the events
+        #: after t start in the buffer, where those after t - size start)
+        self._live: dict[str, tuple[int, int, SlidingAggregates, int, int]] = {}
 
     def fresh(self, group: tuple[str, ...]) -> State:
         return {
@@ -557,17 +559,19 @@ class SlidingLogic(_Buffered):
                 accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs)]
         return accs
 
-    def _at_t(self, key: str, st: State, t: int) -> SlidingAggregates:
-        """The window ending at ``t``: every buffered event at or before ``t`` (older ones were dropped)."""
+    def _at_t(self, key: str, st: State, t: int) -> tuple[SlidingAggregates, int, int]:
+        """The window ending at ``t`` (every buffered event at or before ``t``: older ones were
+        dropped), and where the events after ``t`` and after ``t - size`` start in the buffer."""
         live = self._live.pop(key, None)
         if live is not None and live[0] == st.get("generation") and live[1] == t:
-            return live[2]
+            return live[2], live[3], live[4]
         window = SlidingAggregates(self.aggs)
-        for ts, inputs in st["buffer"]:
+        ev = st["buffer"]
+        for ts, inputs in ev:
             if ts > t:
                 break
             window.add(ts, inputs)
-        return window
+        return window, after(ev, t), after(ev, t - self.size)
 
     def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
@@ -577,12 +581,12 @@ class SlidingLogic(_Buffered):
         wm = clock_ms - self.lateness
         t = st["through"] if st["through"] is not None else -(2**62)
         ev = st["buffer"]
-        window = self._at_t(key, st, t)
+        window, hi, gone = self._at_t(key, st, t)
         size = self.size
         # change points in (t, wm], in time order, each once: the times of the events after
         # ``t`` (``hi``: the next to enter the window) and the times the events after
         # ``t - size`` leave it (``gone``: the next to leave), merged
-        lo, hi, gone = 0, after(ev, t), after(ev, t - size)
+        lo = 0
         alerts: list[Alert] = []
         row = group_row(self.rule, group)
         n = len(ev)
@@ -625,7 +629,7 @@ class SlidingLogic(_Buffered):
         st["generation"] = gen = next(_GENERATIONS)
         if len(self._live) >= MAX_LIVE_WINDOWS:
             self._live.clear()  # groups moved away or gone quiet: rebuilt from their buffers if they return
-        self._live[key] = (gen, t, window)
+        self._live[key] = (gen, t, window, hi - lo, gone - lo)
         store.put(key, st)
         return alerts
 
