@@ -96,6 +96,15 @@ def processes_with_env(marker: str) -> list[int]:
     return found
 
 
+def http_text(url: str, timeout_s: float = 2.0) -> str | None:
+    """The body at ``url`` (a role's stats or metrics), or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return None
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     """Whether ``url`` answers 200 (a role's health or metrics endpoint)."""
     try:

@@ -29,6 +29,5 @@ def tune_collector() -> None:
 
 def freeze_start_up() -> None:
     """Move every object alive now (modules, the app built at start) to the collector's
-    permanent generation: no later collection walks them. For a process that forks its
-    workers, before the fork (the children inherit it, and their pages stay shared)."""
+    permanent generation: no later collection walks them."""
     gc.freeze()

@@ -8,7 +8,6 @@ import io
 import os
 import signal
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from app.runtime.settings import PROJECT_ROOT
 from tests.agents.worker_helpers import metrics_answer, nab_lines, role_env
 from tests.conftest import own_broker
 from tests.kafka_helpers import consume_json, produce, wait_for_json
-from tests.procs import role, wait_for
+from tests.procs import http_text, role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -30,12 +29,9 @@ N_EVENTS = 3000  # covers the first overheat episodes (row 2398 onwards)
 
 
 def receiver_stats(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=2) as resp:
-            data: dict[str, Any] = orjson.loads(resp.read())
-            return data
-    except OSError:
-        return None
+    text = http_text(f"http://127.0.0.1:{port}/stats")
+    data: dict[str, Any] | None = None if text is None else orjson.loads(text)
+    return data
 
 
 def rule_counts(port: int, rule: str) -> tuple[int, int]:
@@ -43,10 +39,8 @@ def rule_counts(port: int, rule: str) -> tuple[int, int]:
     /metrics ((-1, -1) while it does not answer)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
+    text = http_text(f"http://127.0.0.1:{port}/metrics")
+    if text is None:
         return -1, -1
     found = {s.name: int(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
              if s.labels.get("rule") == rule and s.name.startswith("worker_rule_")}  # fmt: skip

@@ -4,7 +4,6 @@ group's committed offsets, whether /metrics answers, and a stand-in for a Faust 
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from app.kafka.broker import KafkaBroker
 from bench.worker_runs import committed_offsets as group_offsets
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
+from tests.procs import http_ok
 
 #: the rule worker's consumer group (its Faust app id)
 WORKER_GROUP = "streamalert-rules"
@@ -77,8 +77,4 @@ def worker_env(broker: KafkaBroker, tmp_path: Path, rules_dir: Path) -> dict[str
 
 def metrics_answer(port: int) -> bool:
     """Whether a role's /metrics endpoint on ``port`` answers 200."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    return http_ok(f"http://127.0.0.1:{port}/metrics")

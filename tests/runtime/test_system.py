@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from app.topics import ALERTS, COMMANDS, SENSORS
 from tests.browser.cdp import chromium_path, visit
 from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
 from tests.kafka_helpers import can_write, consume
-from tests.procs import http_ok, processes_with_env, stop, wait_for
+from tests.procs import http_ok, http_text, processes_with_env, stop, wait_for
 
 Done = Callable[[str], bool]
 
@@ -217,18 +216,9 @@ def _repeated(keys: Any) -> list[Any]:
     return [k for k, n in collections.Counter(keys).items() if n > 1]
 
 
-def _get(url: str) -> str:
-    """The body at ``url`` ("" while nothing answers there)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return str(resp.read().decode())
-    except OSError:
-        return ""
-
-
 def _stats(receiver: str) -> dict[str, Any]:
     """The receiver's counters (empty while it does not answer)."""
-    stats: dict[str, Any] = orjson.loads(_get(f"{receiver}/stats") or "{}")
+    stats: dict[str, Any] = orjson.loads(http_text(f"{receiver}/stats") or "{}")
     return stats
 
 
@@ -385,17 +375,16 @@ def test_under_make_run_strangers_cannot_write_alerts_or_commands_and_the_operat
         wait_for(
             lambda: "probe-device" in _silences(env), timeout_s=60, interval_s=1, what="the silence listed"
         )
-        receiver = wait_for(
-            lambda: (m := re.search(r"receiver +(http://\S+)/webhook", log_path.read_text())) and m[1],
-            timeout_s=10, what="the receiver's URL",
-        )  # fmt: skip
-        wait_for(lambda: (_stats(receiver).get("unique_alerts") or 0) > 0, timeout_s=90, interval_s=1,
-                 what="a delivered webhook")  # fmt: skip
+        wait_for(
+            lambda: _delivered(log_path.read_text()), timeout_s=90, interval_s=1, what="a delivered webhook"
+        )
         # the dispatcher applied it: signed with make run's command secret, not counted as forged
         metrics = re.search(r"metrics +(http://\S+/metrics) \(dispatch\)", log_path.read_text())
         assert metrics, log_path.read_text()[-3000:]
         applied = 'dispatch_records_total{outcome="applied",topic="commands"} 1.0'
-        wait_for(lambda: applied in _get(metrics[1]), timeout_s=30, interval_s=1, what="the silence applied")
+        dispatch = metrics[1]
+        wait_for(lambda: applied in (http_text(dispatch) or ""), timeout_s=30, interval_s=1,
+                 what="the silence applied")  # fmt: skip
         code, _ = _sigterm(proc, 30)
     finally:
         stop(proc)
