@@ -196,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  micro-batch     p50 {small_p50:.2f} s, p95 {p95:.2f} s at <= {args.small:,} events/batch"
           f" (target p50 <= {LATENCY_TARGET_S:.0f} s at 10,000)")  # fmt: skip
     print(f"                  p50 {big_p50:.2f} s at <= {args.batch:,} events/batch")
+    measured = small[1:] or small
+    parts = {k for p in measured for k in p["durationMs"] if k != "triggerExecution"}
+    medians = {k: statistics.median(float(p["durationMs"].get(k, 0)) for p in measured) for k in parts}
+    biggest = sorted(medians.items(), key=lambda kv: -kv[1])
+    said = ", ".join(f"{k} {v / 1000:.2f}" for k, v in biggest if v >= 5)
+    print(f"  where a {args.small:,}-event batch goes (median s of each part): {said}")
     summary = {
         "pack": args.pack,
         "events_per_s": round(rate),

@@ -40,7 +40,7 @@ from jobs.fastdecode import decode
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router, stream_key
-from jobs.windows import clock_chunk, native_output, native_partitions, native_rules
+from jobs.windows import clock_chunk, native_output, native_partitions, native_rules, reused_clocks
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def run_backtest(
     if hi is not None:
         in_range = in_range & (F.col("__ts_ms") < hi)
     decoded = decoded.where(~valid | in_range).cache()
-    try:
+    with reused_clocks(decoded):  # each stream's clocks computed once; all released at the end
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)
@@ -233,8 +233,6 @@ def run_backtest(
         if novel is not None:
             result = result.unionByName(novel)
         rows = result.orderBy("part", "offset", "idx").collect()
-    finally:
-        decoded.unpersist()
     alerts: list[Alert] = []
     for r in rows:
         if r["kind"] == "alert":
