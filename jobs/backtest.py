@@ -37,10 +37,11 @@ from jobs import absence, event_alerts, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
+from jobs.held import holding
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router, stream_key
-from jobs.windows import clock_chunk, native_output, native_partitions, native_rules, reused_clocks
+from jobs.windows import clock_chunk, native_output, native_partitions, native_rules
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def run_backtest(
     if hi is not None:
         in_range = in_range & (F.col("__ts_ms") < hi)
     decoded = decoded.where(~valid | in_range).cache()
-    with reused_clocks(decoded):  # each stream's clocks computed once; all released at the end
+    with holding(decoded):  # what several plans read is computed once (jobs.held); released at the end
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)

@@ -49,8 +49,6 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import groupby
@@ -58,7 +56,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, DoubleType, StringType, StructField, StructType
@@ -72,6 +69,7 @@ from app.rules.logic.base import State
 from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
+from jobs.held import hold
 from jobs.streams import IDX_BASE
 from jobs.udfs import guarded
 
@@ -178,39 +176,6 @@ def clock_chunk(cores: int, partitions: int) -> int:
     return CLOCK_CHUNK if cores > partitions else 0
 
 
-#: the clocks :func:`clocked` persisted inside :func:`reused_clocks` (None outside it)
-_HELD: ContextVar[list[DataFrame] | None] = ContextVar("held_clocks", default=None)
-
-
-@contextmanager
-def reused_clocks(*persisted: DataFrame) -> Iterator[None]:
-    """Within it, what :func:`clocked` returns is persisted; at the exit it is released, and
-    so are ``persisted`` (the caller's own, e.g. a backtest's cached decode).
-
-    A backtest asks for a stream's clocks several times: the partition check
-    (:func:`native_partitions`), then the plans of the native windows, absence and event
-    alerts. Each is a shuffle, a sort and a running ``max`` over all of the stream's events.
-    Persisted, the first computation serves the later ones: Spark's cache replaces every
-    plan equal to a persisted one, so the callers need not share the DataFrame itself."""
-    held: list[DataFrame] = list(persisted)
-    token = _HELD.set(held)
-    try:
-        yield
-    finally:
-        _HELD.reset(token)
-        for df in held:
-            df.unpersist()
-
-
-def _held(df: DataFrame) -> DataFrame:
-    held = _HELD.get()
-    if held is None:
-        return df
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    held.append(df)
-    return df
-
-
 def clocked(
     decoded: DataFrame, stream: NativeStream, chunk: int | None = None, skip: Collection[str] = ()
 ) -> DataFrame:
@@ -233,7 +198,7 @@ def clocked(
         order = Window.partitionBy("__sk").orderBy("__part", "__offset")
         prev = F.max("__ts_ms").over(order.rowsBetween(Window.unboundedPreceding, -1))
         clock = F.greatest(F.col("__ts_ms"), F.coalesce(F.col("__prev"), F.col("__ts_ms")))
-        return _held(events.withColumn("__prev", prev).withColumn("__clock", clock))
+        return hold(events.withColumn("__prev", prev).withColumn("__clock", clock))
     events = events.withColumn("__chunk", F.expr(f"`__offset` div {int(chunk)}"))
     chunks = ["__sk", "__part", "__chunk"]
     within = Window.partitionBy(*chunks).orderBy("__offset").rowsBetween(Window.unboundedPreceding, -1)
@@ -243,7 +208,7 @@ def clocked(
     maxima = events.groupBy(*chunks).agg(F.max("__ts_ms").alias("__m"))
     before = maxima.select(*chunks, F.max("__m").over(earlier).alias("__before"))
     prev = F.greatest(F.max("__ts_ms").over(within), F.col("__before"))  # NULL only when both are
-    return _held(
+    return hold(
         events.join(F.broadcast(before), chunks)
         .withColumn("__prev", prev)
         .withColumn("__clock", F.greatest(F.col("__ts_ms"), F.coalesce(F.col("__prev"), F.col("__ts_ms"))))

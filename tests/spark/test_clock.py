@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
 from jobs import windows
@@ -48,31 +47,3 @@ def test_the_partition_clock_is_the_running_max_whatever_the_chunks(spark: Spark
             for r in windows.clocked(decoded, stream, chunk).collect()
         }
         assert got == expected, chunk
-
-
-def test_inside_reused_clocks_a_streams_clocks_are_computed_once_then_released(
-    spark: SparkSession, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A backtest's plans each ask for a stream's clocks: inside ``reused_clocks`` the first
-    answer is persisted and a later, separately built equal plan reads it from Spark's
-    cache; at the exit it is released, with what the caller handed over; outside, nothing
-    is persisted."""
-    rows = [(None, "sensors", ["a"], p, o, 1_000 * o, "{}") for p in (0, 1) for o in range(20)]
-    decoded = spark.createDataFrame(rows, SCHEMA)
-    stream = windows.NativeStream("sensors", "sensors", 0)
-    mine = spark.range(3).cache()  # the caller's own (a backtest's cached decode)
-    with windows.reused_clocks(mine):
-        first = windows.clocked(decoded, stream, 0)
-        assert first.storageLevel != StorageLevel.NONE
-        expected = sorted(first.collect())
-        capsys.readouterr()
-        again = windows.clocked(decoded, stream, 0)
-        again.explain()
-        assert "InMemoryTableScan" in capsys.readouterr().out
-        assert sorted(again.collect()) == expected
-    assert first.storageLevel == StorageLevel.NONE
-    assert mine.storageLevel == StorageLevel.NONE
-    outside = windows.clocked(decoded, stream, 0)
-    assert outside.storageLevel == StorageLevel.NONE
-    outside.explain()
-    assert "InMemoryTableScan" not in capsys.readouterr().out
