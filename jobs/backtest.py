@@ -122,6 +122,18 @@ def idle_stream_keys(plan: SparkPlan, fallback: Mapping[str, frozenset[str]], pa
     return idle
 
 
+def lifecycle_tasks(decoded: DataFrame, plan: SparkPlan, idle: set[str], partitions: int) -> DataFrame:
+    """The task rows (``jobs.compile.tasks``) left to the evaluator: none on an ``idle`` stream
+    key. When every stream key is idle and no rule takes the keyed path, the only ones left
+    are the invalid records' (their dead-letter rows): the valid events are not turned into
+    tasks only to be dropped."""
+    every = {stream_key(s.name, p) for s in plan.streams for p in range(partitions)}
+    if not plan.rules and every <= idle:
+        return tasks(decoded.where(F.col("__dlq").isNotNull()), plan)
+    work = tasks(decoded, plan)
+    return work.where(~F.col("__key").isin(sorted(idle))) if idle else work
+
+
 def run_backtest(
     spark: SparkSession,
     ruleset: RuleSet,
@@ -216,11 +228,10 @@ def run_backtest(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
         )  # fmt: skip
-        work = tasks(decoded, plan)
-        idle = idle_stream_keys(plan, fallback, partitions)
-        if idle:
-            work = work.where(~F.col("__key").isin(sorted(idle)))
-        result = apply_lifecycle(work, plan, streaming=False, streams=streams)
+        result = apply_lifecycle(
+            lifecycle_tasks(decoded, plan, idle_stream_keys(plan, fallback, partitions), partitions),
+            plan, streaming=False, streams=streams,
+        )  # fmt: skip
         extra = native_output(decoded, plan, native, found)
         if extra is not None:
             result = result.unionByName(extra)

@@ -1,4 +1,5 @@
-"""``jobs.backtest``'s raw records: numbered in the JVM, in file order, across splits."""
+"""``jobs.backtest``'s raw records: numbered in the JVM, in file order, across splits; and the
+task rows it leaves to the evaluator."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.backtest import file_records
+from app.rules.loader import load_rules
+from jobs.backtest import file_records, lifecycle_tasks
+from jobs.compile import DLQ_KEY, plan_rules
+from jobs.decode import DECODED_SCHEMA
+from jobs.streams import stream_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -29,3 +34,43 @@ def test_file_records_number_every_line_in_file_order_across_many_splits(
     got = sorted((r["offset"], r["value"].decode()) for r in rows)
     assert got == list(enumerate(lines))
     assert {(r["topic"], r["partition"]) for r in rows} == {(None, 0)}
+
+
+WINDOW_RULE = """\
+rules:
+  - id: hourly-avg
+    source: sensors
+    where: temperature > 0
+    group_by: [device_id]
+    window: {type: tumbling, size: 1h}
+    aggregate: {avg_t: avg(temperature)}
+    having: avg_t > 90
+"""
+
+
+def test_the_evaluator_gets_no_task_on_an_idle_stream_key_and_every_invalid_record(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A stream key is idle where every rule of its stream runs natively. Its tasks are left
+    out; when every key is idle only the invalid records' tasks remain (their dead-letter
+    rows)."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(WINDOW_RULE)
+    plan = plan_rules(load_rules([path]), keyed_path=False, every_rule=True)
+    keys = [stream_key(s.name, p) for s in plan.streams for p in range(2)]
+    assert len(keys) == 2
+    event = '{"device_id":"%s","ts":"2026-01-01T00:00:0%d.000Z","temperature":1.5}'
+    rows = [
+        ("sensors", 0, 0, 1_000, event % ("a", 1), None, [keys[0]]),
+        ("sensors", 1, 0, 2_000, event % ("b", 2), None, [keys[1]]),
+        ("sensors", 0, 1, None, None, '{"reason": "bad ts"}', None),
+    ]
+    decoded = spark.createDataFrame(rows, DECODED_SCHEMA)
+
+    def left(idle: set[str]) -> list[tuple[str, int, int]]:
+        got = lifecycle_tasks(decoded, plan, idle, 2).collect()
+        return sorted((r["__key"], r["__part"], r["__offset"]) for r in got)
+
+    assert left(set()) == sorted([(keys[0], 0, 0), (keys[1], 1, 0), (DLQ_KEY, 0, 1)])
+    assert left({keys[0]}) == sorted([(keys[1], 1, 0), (DLQ_KEY, 0, 1)])
+    assert left(set(keys)) == [(DLQ_KEY, 0, 1)]
