@@ -38,9 +38,11 @@ def holding(*persisted: DataFrame) -> Iterator[None]:
 
 
 def hold(df: DataFrame) -> DataFrame:
-    """``df`` persisted until :func:`holding` exits (as it is outside it)."""
+    """``df`` persisted until :func:`holding` exits (as it is outside it). A plan equal to one
+    already persisted is left as it is: Spark's cache serves it, asking again would only log
+    a warning, and one persisted by someone else is not this context's to release."""
     held_here = _HELD.get()
-    if held_here is None:
+    if held_here is None or df.storageLevel != StorageLevel.NONE:
         return df
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     held_here.append(df)

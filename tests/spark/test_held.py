@@ -42,3 +42,21 @@ def test_inside_holding_a_streams_clocks_are_computed_once_then_released(
     assert outside.storageLevel == StorageLevel.NONE
     outside.explain()
     assert "InMemoryTableScan" not in capsys.readouterr().out
+
+
+def test_holding_leaves_a_plan_someone_else_persisted_to_them(spark: SparkSession) -> None:
+    """Clocks already persisted outside the context (an equal plan) are served from that
+    cache, not persisted again, and still there after the exit."""
+    rows = [(None, "sensors", ["a"], 0, o, 1_000 * o, "{}") for o in range(10)]
+    decoded = spark.createDataFrame(rows, SCHEMA)
+    stream = windows.NativeStream("sensors", "sensors", 0)
+    theirs = windows.clocked(decoded, stream, 0).cache()
+    try:
+        theirs.count()
+        with held.holding():
+            mine = windows.clocked(decoded, stream, 0)
+            assert mine.storageLevel != StorageLevel.NONE  # their cache serves it
+            assert sorted(mine.collect()) == sorted(theirs.collect())
+        assert theirs.storageLevel != StorageLevel.NONE
+    finally:
+        theirs.unpersist()
