@@ -13,12 +13,6 @@ from jobs import windows
 pytestmark = pytest.mark.integration  # a real Spark
 
 
-SCHEMA = (
-    "__dlq string, __source string, __streams array<string>, __part int, __offset long, __ts_ms long, "
-    "__fields string"
-)
-
-
 def test_the_partition_clock_is_the_running_max_whatever_the_chunks(spark: SparkSession) -> None:
     """``clocked`` computes each stream partition's clock per chunk of offsets, in parallel;
     it must be the running ``max`` in (partition, offset) order across chunks, records
@@ -31,7 +25,11 @@ def test_the_partition_clock_is_the_running_max_whatever_the_chunks(spark: Spark
                 sk = rng.choice(["a", "b", "c"])
                 rows.append((None, "sensors", [sk], part, offset, rng.randrange(10_000), "{}"))
     rows.append(("bad", "sensors", ["a"], 0, 301, 99_999, "{}"))  # a DLQ record: not an event
-    decoded = spark.createDataFrame(rows, SCHEMA)
+    schema = (
+        "__dlq string, __source string, __streams array<string>, __part int, __offset long, __ts_ms long, "
+        "__fields string"
+    )
+    decoded = spark.createDataFrame(rows, schema)
     expected: dict[tuple[int, int], tuple[int | None, int]] = {}
     newest: dict[str, int] = {}
     for _, _, (sk,), part, offset, ts, _ in sorted(
