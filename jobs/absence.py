@@ -72,7 +72,7 @@ from jobs.transitions import (
     GroupStep,
     Transitions,
     common_problem,
-    in_evaluator_order,
+    placed,
     stepped,
 )
 from jobs.windows import at_clock, clocked, stream_of, taken
@@ -232,7 +232,7 @@ def native_output(
     registry rows (static); ``partitions``: the emulated partition count; ``order``: each
     rule's place in the evaluator's per-event order.
 
-    At one event the rows come in the evaluator's order (``jobs.transitions``)."""
+    Each row carries its place among its event's rows (``jobs.transitions.AT_EVENT``)."""
     if not rules:
         return None
     tables = tables or Tables()
@@ -242,4 +242,4 @@ def native_output(
         mine = mine.withColumn("__rule", F.lit(rule.id))
         kept = mine if kept is None else kept.unionByName(mine)
     assert kept is not None  # noqa: S101
-    return in_evaluator_order(stepped(decoded, kept, GroupStep(rules, order, run_group)))
+    return placed(stepped(decoded, kept, GroupStep(rules, order, run_group)))

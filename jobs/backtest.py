@@ -41,6 +41,7 @@ from jobs.held import holding
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router, stream_key
+from jobs.transitions import AT_EVENT, placed_by_idx
 from jobs.windows import clock_chunk, native_output, native_partitions, native_rules
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def run_backtest(
     native_nt = event_alerts.native_rules(plan) if native_event_alerts else []
     order = {r.id: i for i, r in enumerate(ruleset.rules)}
     planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
-    # at one event: the keyed path's transitions, the native thresholds' (in the evaluator's order), the rest
+    # each rule's place at one event: the keyed path's rules, then every other in the evaluator's order
     thr_idx = {rid: len(plan.rules) + i for rid, i in thresholds.evaluation_order(planned).items()}
     plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
@@ -228,23 +229,27 @@ def run_backtest(
             plan.stream_rules, plan.streams, partitions, tables=tables or Tables(), max_skew_ms=max_skew_ms,
             end_of_input=True, native=fallback,
         )  # fmt: skip
-        result = apply_lifecycle(
-            lifecycle_tasks(decoded, plan, idle_stream_keys(plan, fallback, partitions), partitions),
-            plan, streaming=False, streams=streams,
+        result = placed_by_idx(
+            apply_lifecycle(
+                lifecycle_tasks(decoded, plan, idle_stream_keys(plan, fallback, partitions), partitions),
+                plan, streaming=False, streams=streams,
+            ),
+            thr_idx,
         )  # fmt: skip
-        extra = native_output(decoded, plan, native, found)
+        extra = native_output(decoded, plan, native, found, thr_idx)
         if extra is not None:
             result = result.unionByName(extra)
         more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx, tables)
         if more is not None:
-            result = result.unionByName(more)
+            result = result.unionByName(placed_by_idx(more, thr_idx))
         silent = absence.native_output(decoded, plan, native_abs, fallback, tables, partitions, thr_idx)
         if silent is not None:
             result = result.unionByName(silent)
         novel = event_alerts.native_output(decoded, plan, native_nt, fallback, thr_idx)
         if novel is not None:
             result = result.unionByName(novel)
-        rows = result.orderBy("part", "offset", "idx").collect()
+        # one order for the rows of every plan: the evaluator's at each event (jobs.transitions)
+        rows = result.orderBy("part", "offset", *AT_EVENT).collect()
     alerts: list[Alert] = []
     for r in rows:
         if r["kind"] == "alert":

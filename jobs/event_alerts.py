@@ -64,7 +64,7 @@ from jobs.transitions import (
     GroupStep,
     Transitions,
     common_problem,
-    in_evaluator_order,
+    placed,
     stepped,
 )
 from jobs.windows import at_clock, clocked, stream_of, taken
@@ -210,8 +210,8 @@ def native_output(
 ) -> DataFrame | None:  # fmt: skip
     """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on the
     stream keys ``stream_path`` does not leave to the stream path; ``order``: each rule's place
-    in the evaluator's per-event order (at one event the rows come in the evaluator's order,
-    ``jobs.transitions``)."""
+    in the evaluator's per-event order (each row carries its place among its event's rows,
+    ``jobs.transitions.AT_EVENT``)."""
     out: DataFrame | None = None
     for rule in rules:
         ev = clocked(decoded, stream_of(plan, rule), skip=stream_path.get(rule.id, ()))
@@ -223,4 +223,4 @@ def native_output(
         rows = rows.withColumn("part", F.coalesce(F.col("part"), F.col("__at.__part")))
         rows = rows.withColumn("offset", F.coalesce(F.col("offset"), F.col("__at.__offset"))).drop("__at")
         out = rows if out is None else out.unionByName(rows)
-    return None if out is None else in_evaluator_order(out)
+    return None if out is None else placed(out)

@@ -5,8 +5,10 @@ of its transitions at one event, which is the evaluator's.
 At one event the evaluator runs rule by rule (its per-event order): each rule's timers due
 at the partition clock (by due time, then state key: its timer heap), then its
 ``on_event``, then the timer that ``on_event`` made due at once. Each transition carries
-its phase among those three, its timer's due and its state key, so one window over the
-output rows per event rebuilds that order (:func:`in_evaluator_order`).
+its rule's place in that order, its phase among those three, its timer's due, its state key
+and its place in its group's run (:data:`AT_EVENT`), so a backtest's one sort of all its
+output rows by (partition, offset, :data:`AT_EVENT`) rebuilds that order, whichever plan
+(native or the evaluator's) gave each row (:func:`jobs.backtest.run_backtest`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from itertools import groupby
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from app.alerts import Alert
@@ -62,6 +64,10 @@ STEP = pa.schema(
 )
 STEP_DDL = f"{OUTPUT_SCHEMA}, __ph int, __due bigint, __key string, __seq int, __sk string, __r int"
 OUTPUT_COLUMNS = [c.strip().split(" ")[0] for c in OUTPUT_SCHEMA.split(",")]
+#: an output row's place among its event's rows (see the module): its rule's place in the
+#: evaluator's per-event order, its phase, its timer's due, its state key, its place in its
+#: group's run
+AT_EVENT = ("__r", "__ph", "__due", "__key", "__seq")
 
 #: one group's run: (rule, group values, stream key, its kept rows in order) -> transitions
 GroupRun = Callable[[CompiledRule, tuple[str, ...], str, list[dict[str, Any]]], "Transitions"]
@@ -136,9 +142,25 @@ def stepped(decoded: DataFrame, kept: DataFrame, step: GroupStep) -> DataFrame:
     return rows.mapInArrow(step, STEP_DDL)
 
 
-def in_evaluator_order(rows: DataFrame) -> DataFrame:
-    """Rows of :data:`STEP`, all placed, as output rows (``jobs.state.OUTPUT_SCHEMA``), ``idx``
-    from ``IDX_BASE`` on in the evaluator's order at each event (see the module)."""
-    at_event = Window.partitionBy("part", "offset").orderBy("__r", "__ph", "__due", "__key", "__seq")
-    idx = F.lit(IDX_BASE) + F.row_number().over(at_event) - 1
-    return rows.withColumn("idx", idx.cast("int")).select(*OUTPUT_COLUMNS)
+def placed(rows: DataFrame) -> DataFrame:
+    """Rows of :data:`STEP`, all placed, as output rows (``jobs.state.OUTPUT_SCHEMA``) with
+    their place at their event (:data:`AT_EVENT`)."""
+    return rows.select(*OUTPUT_COLUMNS, *AT_EVENT)
+
+
+def placed_by_idx(rows: DataFrame, order: Mapping[str, int]) -> DataFrame:
+    """Output rows whose ``idx`` orders them at their event, with :data:`AT_EVENT`: a keyed-path
+    rule's rows (``idx``: the rule's place, below ``IDX_BASE``, as in ``order``), a native
+    threshold's (``idx``: ``order``'s place) and a stream evaluator's (``idx``: ``IDX_BASE`` on,
+    its own order over the rules of its stream, whose places ``order`` gives). Rows of no rule
+    (dead letters, routed copies) come first at their event, in ``idx`` order."""
+    places = F.create_map(*(F.lit(v) for rid, i in sorted(order.items()) for v in (rid, i)))
+    rule_place = places[F.col("rule")] if order else F.lit(None).cast("int")
+    return rows.select(
+        *OUTPUT_COLUMNS,
+        F.when(F.col("idx") < IDX_BASE, F.col("idx")).otherwise(rule_place).cast("int").alias("__r"),
+        F.lit(ON_EVENT).alias("__ph"),
+        F.lit(0).cast("bigint").alias("__due"),
+        F.lit("").alias("__key"),
+        F.col("idx").alias("__seq"),
+    )

@@ -65,12 +65,12 @@ from app.rules.aggregates import MAX_VALUES, percentile
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.lifecycle import in_episode
 from app.rules.loader import CompiledRule
-from app.rules.logic.base import State
+from app.rules.logic.base import State, state_key
 from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.held import hold
-from jobs.streams import IDX_BASE
+from jobs.transitions import BEFORE, ON_EVENT
 from jobs.udfs import guarded
 
 logger = logging.getLogger(__name__)
@@ -100,10 +100,12 @@ _STEP_SCHEMA = pa.schema(
         ("rule", pa.string()),
         ("status", pa.string()),
         ("alert_id", pa.string()),
+        ("skey", pa.string()),
     ]
 )
 _STEP_DDL = (
-    "sk string, due bigint, seq int, key string, value string, rule string, status string, alert_id string"
+    "sk string, due bigint, seq int, key string, value string, rule string, status string, alert_id string, "
+    "skey string"
 )
 
 
@@ -382,9 +384,12 @@ def _condition_struct(rule: CompiledRule, columns: frozenset[str]) -> StructType
     return source_struct(rule.rule.source, only=columns)
 
 
-def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]) -> DataFrame:
+def late_rows(
+    decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str], place: int
+) -> DataFrame:
     """``late_policy: side``: the events ``rule`` takes (``where`` TRUE) that fold into no
-    window, as the evaluator's late copies (output rows, topic ``events.late``)."""
+    window, as the evaluator's late copies (output rows, topic ``events.late``, in its
+    ``on_event``; ``place``: the rule's in the evaluator's per-event order)."""
     r = rule.rule
     assert r.window is not None  # noqa: S101
     ev = clocked(decoded, stream_of(plan, rule), skip=skip)
@@ -399,10 +404,15 @@ def late_rows(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: fro
         F.concat(F.lit(head), F.col("__fields"), F.lit("}")).alias("value"),
         F.col("__part").alias("part"),
         F.col("__offset").alias("offset"),
-        F.lit(IDX_BASE).alias("idx"),
+        F.lit(0).alias("idx"),
         F.lit(rule.id).alias("rule"),
         F.lit(None).cast("string").alias("status"),
         F.lit(None).cast("string").alias("alert_id"),
+        F.lit(place).alias("__r"),
+        F.lit(ON_EVENT).alias("__ph"),
+        F.lit(0).cast("bigint").alias("__due"),
+        F.lit("").alias("__key"),
+        F.lit(0).alias("__seq"),
     )
 
 
@@ -418,7 +428,17 @@ class ClosedWindows:
         self, group: tuple[str, ...], windows: Sequence[tuple[int, dict[str, Any]]], final_ms: int,
         jumps: Sequence[tuple[int, int]] = (),
     ) -> list[Alert]:  # fmt: skip
-        """Every transition of ``group``: its closed windows (``windows``, in start order,
+        """Every transition of ``group`` (:meth:`evaluate`'s)."""
+        return self.evaluate(group, windows, final_ms, jumps)[0]
+
+    def evaluate(
+        self, group: tuple[str, ...], windows: Sequence[tuple[int, dict[str, Any]]], final_ms: int,
+        jumps: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[Alert], list[int]]:  # fmt: skip
+        """Every transition of ``group``, and when each evaluation that gave none was due (a
+        timer run of the evaluator starts at its earliest evaluation, with a transition or
+        not: :func:`placed_at_events` orders the runs at one event by it). The transitions:
+        its closed windows (``windows``, in start order,
         all closed by the final clock ``final_ms``) evaluated in that order as the
         evaluator's timers evaluate them, with the empty windows of a firing or pending
         group between and after them, up to the final clock.
@@ -429,6 +449,7 @@ class ClosedWindows:
         ``MAX_EMPTY_STEPS`` empty windows before that window. ``jumps`` (sorted ``(clock
         before, clock after)`` pairs) are the events that move the clock that far; at any
         other event no such run reaches the cap."""
+        quiet: list[int] = []
         st: State = {"group": list(group), "windows": {}, "firing_since": None, "streak": 0,
                      "streak_since": None, "last_active": None}  # fmt: skip
         alerts: list[Alert] = []
@@ -439,23 +460,46 @@ class ClosedWindows:
             i = bisect.bisect_left(closes, due)  # the event whose clock first reaches the close
             if i < len(jumps) and jumps[i][0] < due:
                 before, after = jumps[i]
-                alerts += self._catch_up(st, group, start, before)  # done at the events up to it
+                alerts += self._catch_up(st, group, start, before, quiet)  # done at the events up to it
                 if in_episode(st):  # its own timer run, capped
-                    alerts += logic._empty_until(st, group, start, after)  # noqa: SLF001
+                    alerts += self._empties(st, group, start, after, quiet)
             else:
-                alerts += self._catch_up(st, group, start, final_ms)
-            alerts += logic.evaluate_results(st, group, start, aggs)
-        return alerts + self._catch_up(st, group, None, final_ms)
+                alerts += self._catch_up(st, group, start, final_ms, quiet)
+            found = logic.evaluate_results(st, group, start, aggs)
+            if not found:
+                quiet.append(due)
+            alerts += found
+        return alerts + self._catch_up(st, group, None, final_ms, quiet), quiet
 
-    def _catch_up(self, st: State, group: tuple[str, ...], before: int | None, final_ms: int) -> list[Alert]:
+    def _catch_up(
+        self, st: State, group: tuple[str, ...], before: int | None, final_ms: int, quiet: list[int]
+    ) -> list[Alert]:
         """Every empty window after the last active one, before ``before`` and closed by
         ``final_ms``, while the group fires or pends (uncapped: see :meth:`run`)."""
         alerts: list[Alert] = []
         while in_episode(st):
             last = st["last_active"]
-            alerts += self.logic._empty_until(st, group, before, final_ms)  # noqa: SLF001
+            alerts += self._empties(st, group, before, final_ms, quiet)
             if st["last_active"] == last:
                 break
+        return alerts
+
+    def _empties(
+        self, st: State, group: tuple[str, ...], before: int | None, clock_ms: int, quiet: list[int]
+    ) -> list[Alert]:
+        """The evaluator's run over the empty windows (``_empty_until``); the due of each one
+        that kept the group in its episode without a transition goes to ``quiet`` (each such
+        window becomes the last active one)."""
+        logic = self.logic
+        last = st["last_active"]
+        alerts = logic._empty_until(st, group, before, clock_ms)  # noqa: SLF001
+        if last is not None and st["last_active"] is not None:
+            said = {int(a.values["window_start"]) for a in alerts}
+            quiet += [
+                logic._eval_at(s)  # noqa: SLF001
+                for s in range(last + logic.step, st["last_active"] + 1, logic.step)
+                if s not in said
+            ]
         return alerts
 
     def due_of(self, alert: Alert) -> int:
@@ -484,7 +528,8 @@ def _results(rule: CompiledRule, row: Mapping[str, Any]) -> dict[str, Any]:
 
 class LifecycleStep:
     """Picklable ``mapInArrow`` function: a shuffle partition's closed windows of one rule
-    (whole groups) through :class:`ClosedWindows`; rows of :data:`_STEP_SCHEMA`."""
+    (whole groups) through :class:`ClosedWindows`; rows of :data:`_STEP_SCHEMA`: each
+    transition, and each evaluation that gave none (``value`` NULL: only its ``due`` counts)."""
 
     def __init__(self, rule: CompiledRule, jumps: Mapping[str, tuple[tuple[int, int], ...]]) -> None:
         self.rule, self.jumps = rule, dict(jumps)
@@ -500,9 +545,14 @@ class LifecycleStep:
             mine = list(members)
             windows = [(int(r["__w"]), _results(self.rule, r)) for r in mine]
             final, jumps = int(mine[0]["__final"]), self.jumps.get(sk, ())
-            for seq, a in enumerate(logic.run(group, windows, final, jumps)):
+            skey = state_key(self.rule, group)
+            alerts, quiet = logic.evaluate(group, windows, final, jumps)
+            for seq, a in enumerate(alerts):
                 body = a.to_json().decode()
-                out.append((sk, logic.due_of(a), seq, a.fingerprint, body, a.rule_id, a.status, a.alert_id))
+                out.append(
+                    (sk, logic.due_of(a), seq, a.fingerprint, body, a.rule_id, a.status, a.alert_id, skey)
+                )
+            out += [(sk, due, None, None, None, None, None, None, skey) for due in quiet]
         if out:
             yield pa.RecordBatch.from_arrays(
                 [pa.array([o[i] for o in out], _STEP_SCHEMA.field(i).type) for i in range(len(_STEP_SCHEMA))],
@@ -531,29 +581,48 @@ def at_clock(ev: DataFrame, rows: DataFrame, due: str) -> DataFrame:
     return both.withColumn("__at", found).where(F.col("__t") == 0).drop("__v", "__t", "__step")
 
 
-def placed_at_events(alerts: DataFrame, decoded: DataFrame, plan: SparkPlan, rule: CompiledRule) -> DataFrame:
+def placed_at_events(
+    alerts: DataFrame, decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, order: Mapping[str, int]
+) -> DataFrame:
     """Each transition at the event whose clock closed its window: the first event of its
-    stream partition, in (partition, offset) order, with a clock at or past ``due``."""
+    stream partition, in (partition, offset) order, with a clock at or past ``due``; with its
+    place there (``jobs.transitions.AT_EVENT``; ``order``: each rule's place in the evaluator's
+    per-event order).
+
+    At one event the evaluator's timer runs go by due, then state key: one group's run
+    evaluates every window the clock closed, from the earliest (transition or not), so its
+    due is the least of its evaluations placed at that event."""
     ev = clocked(decoded, stream_of(plan, rule))
-    return at_clock(ev, alerts.withColumnRenamed("sk", "__sk"), "due").select(
+    placed = at_clock(ev, alerts.withColumnRenamed("sk", "__sk"), "due")
+    run = Window.partitionBy("__sk", "skey", "__at")
+    placed = placed.withColumn("__run", F.min("due").over(run)).where(F.col("value").isNotNull())
+    return placed.select(
         F.lit("alert").alias("kind"),
         F.lit(ALERTS).alias("topic"),
         F.col("key"),
         F.col("value"),
         F.col("__at.__part").alias("part"),
         F.col("__at.__offset").alias("offset"),
-        (F.lit(IDX_BASE) + F.col("seq")).alias("idx"),
+        F.lit(0).alias("idx"),
         F.col("rule"),
         F.col("status"),
         F.col("alert_id"),
+        F.lit(order[rule.id]).alias("__r"),
+        F.lit(BEFORE).alias("__ph"),
+        F.col("__run").alias("__due"),
+        F.col("skey").alias("__key"),
+        F.col("seq").alias("__seq"),
     )
 
 
 def native_output(
-    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], found: NativePartitions
-) -> DataFrame | None:
+    decoded: DataFrame, plan: SparkPlan, rules: Sequence[CompiledRule], found: NativePartitions,
+    order: Mapping[str, int],
+) -> DataFrame | None:  # fmt: skip
     """The output rows (``jobs.state.OUTPUT_SCHEMA``) of every rule of ``rules``, each on
-    its stream keys that :func:`native_partitions` did not leave to the stream path."""
+    its stream keys that :func:`native_partitions` did not leave to the stream path, with
+    their place among their event's rows (``jobs.transitions.AT_EVENT``; ``order``: each
+    rule's place in the evaluator's per-event order)."""
     partitions = int(decoded.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2")
     out: DataFrame | None = None
     for rule in rules:
@@ -561,8 +630,8 @@ def native_output(
         windows = closed_windows(decoded, plan, rule, mine)
         step = LifecycleStep(rule, found.jumps.get(rule.id, {}))
         stepped = windows.repartition(partitions, "__sk", "__g").mapInArrow(step, _STEP_DDL)
-        rows = placed_at_events(stepped, decoded, plan, rule)
+        rows = placed_at_events(stepped, decoded, plan, rule, order)
         if rule.rule.late_policy == "side":
-            rows = rows.unionByName(late_rows(decoded, plan, rule, mine))
+            rows = rows.unionByName(late_rows(decoded, plan, rule, mine, order[rule.id]))
         out = rows if out is None else out.unionByName(rows)
     return out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 import app.alerts as alerts
 from app.alerts import Alert, fingerprint
+from app.backtest import backtest_line, line_bytes
 
 LABELS = {"alertname": "t-9", "severity": "warning", "device_id": "m1"}
 
@@ -45,3 +47,15 @@ def test_an_alert_round_trips_through_json_with_its_defaults() -> None:
     )  # fmt: skip
     assert bare.values == {} and bare.generator_url == ""
     assert bare.values is not Alert.from_dict(bare.to_dict()).values
+
+
+def test_a_backtest_line_is_the_documented_dict_written_from_the_alerts_own_json() -> None:
+    built = Alert.build(
+        rule_id="t-9 \u00e9", rule_version="v1", status="resolved", severity="warning", labels=LABELS,
+        annotations={"summary": "at 30 \u00b0C"}, starts_at="2024-01-01T00:00:00.000Z",
+        ends_at="2024-01-01T00:05:00.000Z", source="sensors", event_ts="2024-01-01T00:05:00.000Z",
+        values={"temperature": 91.5, "n": 3, "none": None, "nested": {"a": [1, 2.25]}},
+    )  # fmt: skip
+    line = line_bytes(built)
+    assert line == orjson.dumps(backtest_line(built))
+    assert list(orjson.loads(line))[:2] == ["rule", "alert_id"]
