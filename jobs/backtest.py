@@ -1,9 +1,10 @@
 """Backtests on Spark: the streaming plan as a batch job over a JSON-lines file or a topic range.
 
 The output is the Faust-engine backtest's (``app.backtest``): one JSON line
-per alert transition (``backtest_line``), in event order and, per event, rule
-order; problems read ``NAME:LINE: reason``; the report counts valid events in
-the time range, invalid lines and transitions. The same decode, conditions and
+per alert transition (``backtest_line``), in event order and, per event, the evaluator's
+order (``jobs.transitions.AT_EVENT``, whichever plan gave the transition); problems read
+``NAME:LINE: reason``; the report counts valid events in the time range, invalid lines and
+transitions. The same decode, conditions and
 lifecycle code run as in the streaming job; only the stateful operator is
 ``applyInPandas`` with empty initial state instead of ``applyInPandasWithState``,
 and tumbling and hopping rules run natively where that is exact (``jobs.windows``:
@@ -187,6 +188,8 @@ def run_backtest(
     planned = sorted([r.rule for r in plan.rules] + list(plan.stream_rules), key=lambda r: order[r.id])
     # each rule's place at one event: the keyed path's rules, then every other in the evaluator's order
     thr_idx = {rid: len(plan.rules) + i for rid, i in thresholds.evaluation_order(planned).items()}
+    # per rule, the place of its stream's first rule (a stream partition's block where the bound held)
+    first = {rid: min(thr_idx[r] for r in s.rule_ids) for s in plan.streams for rid in s.rule_ids}
     plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
@@ -234,14 +237,14 @@ def run_backtest(
                 lifecycle_tasks(decoded, plan, idle_stream_keys(plan, fallback, partitions), partitions),
                 plan, streaming=False, streams=streams,
             ),
-            thr_idx,
+            thr_idx, first,
         )  # fmt: skip
         extra = native_output(decoded, plan, native, found, thr_idx)
         if extra is not None:
             result = result.unionByName(extra)
         more = thresholds.native_output(decoded, plan_all, native_thr, fallback, thr_idx, tables)
         if more is not None:
-            result = result.unionByName(placed_by_idx(more, thr_idx))
+            result = result.unionByName(placed_by_idx(more, thr_idx, first))
         silent = absence.native_output(decoded, plan, native_abs, fallback, tables, partitions, thr_idx)
         if silent is not None:
             result = result.unionByName(silent)

@@ -61,6 +61,10 @@ STREAM_PREFIX = "\x00s"  # no rule id starts with NUL; DLQ_KEY is "\x00dlq"
 _SEP = SEPARATOR
 #: output rows of the stream path sort after the keyed rules' at the same event
 IDX_BASE = 1_000_000
+#: the ``idx`` base of a stream partition's rows once its time bound held an event: its evaluator
+#: may then take several events at one record, so its own order is the only one there
+#: (``jobs.transitions.placed_by_idx``)
+IDX_HELD = 2_000_000
 Rows = list[tuple[Any, ...]]
 
 
@@ -315,12 +319,14 @@ class StreamRunner:
             evaluator.restore(store.items())
         out: Rows = []
         part, offset, spec_source = 0, 0, spec.source
+        held = False
         for fields_json, _holds, ts_ms, part, offset, source, _dlq, conds in rows:
             fields = orjson.loads(fields_json)
             # Arrow hands pandas numpy booleans; the evaluator tests `is True`
             if conds is not None and spec.native:
                 fields[NATIVE_CONDS] = [None if c is None else bool(c) for c in conds]
             result = evaluator.process(Event(str(fields[SCHEMAS[source].key]), ts_ms, fields), partition)
+            held = held or (self.max_skew_ms >= 0 and partition in evaluator.held_partitions())
             seq = IDX_BASE
             for a in result.alerts:
                 body = a.to_json().decode()
@@ -344,6 +350,8 @@ class StreamRunner:
             out.append(
                 ("late", None, None, str(evaluator.stats.late), None, None, IDX_BASE, None, None, None)
             )
+        if held:
+            out = [(*r[:6], r[6] - IDX_BASE + IDX_HELD, *r[7:]) if r[6] >= IDX_BASE else r for r in out]
         if not store.data and partition not in evaluator.clocks:
             return out, None
         return out, {"c": evaluator.clocks.get(partition), "s": store.data}

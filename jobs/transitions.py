@@ -8,7 +8,8 @@ at the partition clock (by due time, then state key: its timer heap), then its
 its rule's place in that order, its phase among those three, its timer's due, its state key
 and its place in its group's run (:data:`AT_EVENT`), so a backtest's one sort of all its
 output rows by (partition, offset, :data:`AT_EVENT`) rebuilds that order, whichever plan
-(native or the evaluator's) gave each row (:func:`jobs.backtest.run_backtest`).
+(native or the evaluator's) gave each row (:func:`jobs.backtest.run_backtest`). Where the
+time bound held an event, the evaluator's rows keep its own order (:func:`placed_by_idx`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from itertools import groupby
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from app.alerts import Alert
@@ -27,7 +28,7 @@ from app.rules.spark_sql import SPARK_RULE_FIELDS
 from app.topics import ALERTS
 from jobs.compile import native_where, unreproduced
 from jobs.state import OUTPUT_SCHEMA
-from jobs.streams import IDX_BASE
+from jobs.streams import IDX_BASE, IDX_HELD
 
 #: a transition's phase at its event: a timer before the rule's ``on_event``, its own, one after
 BEFORE, ON_EVENT, AFTER = 0, 1, 2
@@ -148,14 +149,23 @@ def placed(rows: DataFrame) -> DataFrame:
     return rows.select(*OUTPUT_COLUMNS, *AT_EVENT)
 
 
-def placed_by_idx(rows: DataFrame, order: Mapping[str, int]) -> DataFrame:
+def placed_by_idx(rows: DataFrame, order: Mapping[str, int], first: Mapping[str, int]) -> DataFrame:
     """Output rows whose ``idx`` orders them at their event, with :data:`AT_EVENT`: a keyed-path
     rule's rows (``idx``: the rule's place, below ``IDX_BASE``, as in ``order``), a native
     threshold's (``idx``: ``order``'s place) and a stream evaluator's (``idx``: ``IDX_BASE`` on,
-    its own order over the rules of its stream, whose places ``order`` gives). Rows of no rule
-    (dead letters, routed copies) come first at their event, in ``idx`` order."""
-    places = F.create_map(*(F.lit(v) for rid, i in sorted(order.items()) for v in (rid, i)))
-    rule_place = places[F.col("rule")] if order else F.lit(None).cast("int")
+    its own order over the rules of its stream, one event at a time, so by their places in
+    ``order``). Where the time bound held an event (``idx`` from ``IDX_HELD`` on), the
+    evaluator may take several events at one record and no other plan runs on that stream
+    partition: its rows keep its own order, as one block at the place of the stream's first
+    rule (``first``: per rule). Rows of no rule (dead letters, routed copies) come first at
+    their event, in ``idx`` order."""
+
+    def place(of: Mapping[str, int]) -> Column:
+        if not of:
+            return F.lit(None).cast("int")
+        return F.create_map(*(F.lit(v) for rid, i in sorted(of.items()) for v in (rid, i)))[F.col("rule")]
+
+    rule_place = F.when(F.col("idx") >= IDX_HELD, place(first)).otherwise(place(order))
     return rows.select(
         *OUTPUT_COLUMNS,
         F.when(F.col("idx") < IDX_BASE, F.col("idx")).otherwise(rule_place).cast("int").alias("__r"),

@@ -69,6 +69,7 @@ def compare_backtests(
     assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
     assert by_fingerprint(on_spark) == by_fingerprint(faust)
     assert Counter(spark_out.getvalue().splitlines()) == Counter(faust_out.getvalue().splitlines())
+    assert spark_out.getvalue().splitlines() == faust_out.getvalue().splitlines()  # and in order
     assert (spark_report.events, spark_report.skipped, spark_report.alerts, spark_report.late) == (
         faust_report.events, faust_report.skipped, faust_report.alerts, faust_report.late,
     )  # fmt: skip

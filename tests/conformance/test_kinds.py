@@ -67,6 +67,7 @@ def test_every_kind_gives_the_same_alerts_on_both_engines(spark: SparkSession, t
     assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
     assert by_fingerprint(on_spark) == by_fingerprint(faust)
     assert Counter(s_out.splitlines()) == Counter(f_out.splitlines())
+    assert s_out.splitlines() == f_out.splitlines()
     assert f_report.routed > 0 and f_report.late > 0
     # expect_from: registry keys never seen, on each partition, fire on Spark too
     ghosts = {a.labels.get("device_id") for a in on_spark if a.rule_id == "registry-silent"}
@@ -150,6 +151,7 @@ def test_future_dated_events_are_refused_the_same_way_and_change_no_alert(
     assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
     assert by_fingerprint(on_spark) == by_fingerprint(faust)
     assert Counter(s_out.splitlines()) == Counter(f_out.splitlines())
+    assert s_out.splitlines() == f_out.splitlines()
     assert (s_report.events, s_report.alerts, s_report.routed, s_report.late, s_report.refused) == (
         f_report.events, f_report.alerts, f_report.routed, f_report.late, f_report.refused,
     )  # fmt: skip

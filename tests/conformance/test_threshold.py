@@ -45,6 +45,7 @@ def test_both_engines_give_the_same_alerts_on_real_and_crafted_data(
     assert {a.alert_id for a in on_spark} == {a.alert_id for a in faust}
     assert by_fingerprint(on_spark) == by_fingerprint(faust)
     assert Counter(spark_out.getvalue().splitlines()) == Counter(faust_out.getvalue().splitlines())
+    assert spark_out.getvalue().splitlines() == faust_out.getvalue().splitlines()  # and in order
     assert (spark_report.events, spark_report.skipped, spark_report.alerts) == (
         faust_report.events,
         faust_report.skipped,
