@@ -143,6 +143,19 @@ def stepped(decoded: DataFrame, kept: DataFrame, step: GroupStep) -> DataFrame:
     return rows.mapInArrow(step, STEP_DDL)
 
 
+def at_event(
+    place: Column | int, phase: int, due: Column | int = 0, key: Column | str = "", seq: Column | int = 0
+) -> list[Column]:
+    """The :data:`AT_EVENT` columns of output rows, typed as :data:`STEP` has them: each a
+    column or a literal."""
+    values = (place, phase, due, key, seq)
+    types = ("int", "int", "bigint", "string", "int")
+    return [
+        (v if isinstance(v, Column) else F.lit(v)).cast(t).alias(name)
+        for v, t, name in zip(values, types, AT_EVENT, strict=True)
+    ]
+
+
 def placed(rows: DataFrame) -> DataFrame:
     """Rows of :data:`STEP`, all placed, as output rows (``jobs.state.OUTPUT_SCHEMA``) with
     their place at their event (:data:`AT_EVENT`)."""
@@ -166,11 +179,5 @@ def placed_by_idx(rows: DataFrame, order: Mapping[str, int], first: Mapping[str,
         return F.create_map(*(F.lit(v) for rid, i in sorted(of.items()) for v in (rid, i)))[F.col("rule")]
 
     rule_place = F.when(F.col("idx") >= IDX_HELD, place(first)).otherwise(place(order))
-    return rows.select(
-        *OUTPUT_COLUMNS,
-        F.when(F.col("idx") < IDX_BASE, F.col("idx")).otherwise(rule_place).cast("int").alias("__r"),
-        F.lit(ON_EVENT).alias("__ph"),
-        F.lit(0).cast("bigint").alias("__due"),
-        F.lit("").alias("__key"),
-        F.col("idx").alias("__seq"),
-    )
+    rule_place = F.when(F.col("idx") < IDX_BASE, F.col("idx")).otherwise(rule_place)
+    return rows.select(*OUTPUT_COLUMNS, *at_event(rule_place, ON_EVENT, seq=F.col("idx")))

@@ -70,7 +70,7 @@ from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.held import hold
-from jobs.transitions import BEFORE, ON_EVENT
+from jobs.transitions import BEFORE, ON_EVENT, at_event
 from jobs.udfs import guarded
 
 logger = logging.getLogger(__name__)
@@ -408,11 +408,7 @@ def late_rows(
         F.lit(rule.id).alias("rule"),
         F.lit(None).cast("string").alias("status"),
         F.lit(None).cast("string").alias("alert_id"),
-        F.lit(place).alias("__r"),
-        F.lit(ON_EVENT).alias("__ph"),
-        F.lit(0).cast("bigint").alias("__due"),
-        F.lit("").alias("__key"),
-        F.lit(0).alias("__seq"),
+        *at_event(place, ON_EVENT),
     )
 
 
@@ -607,11 +603,7 @@ def placed_at_events(
         F.col("rule"),
         F.col("status"),
         F.col("alert_id"),
-        F.lit(order[rule.id]).alias("__r"),
-        F.lit(BEFORE).alias("__ph"),
-        F.col("__run").alias("__due"),
-        F.col("skey").alias("__key"),
-        F.col("seq").alias("__seq"),
+        *at_event(order[rule.id], BEFORE, F.col("__run"), F.col("skey"), F.col("seq")),
     )
 
 

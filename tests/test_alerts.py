@@ -7,7 +7,7 @@ import pytest
 
 import app.alerts as alerts
 from app.alerts import Alert, fingerprint
-from app.backtest import backtest_line, line_bytes
+from app.backtest import backtest_line
 
 LABELS = {"alertname": "t-9", "severity": "warning", "device_id": "m1"}
 
@@ -56,6 +56,6 @@ def test_a_backtest_line_is_the_documented_dict_written_from_the_alerts_own_json
         ends_at="2024-01-01T00:05:00.000Z", source="sensors", event_ts="2024-01-01T00:05:00.000Z",
         values={"temperature": 91.5, "n": 3, "none": None, "nested": {"a": [1, 2.25]}},
     )  # fmt: skip
-    line = line_bytes(built)
-    assert line == orjson.dumps(backtest_line(built))
+    line = backtest_line(built)
+    assert line == orjson.dumps({"rule": built.rule_id, **built.to_dict()})  # the documented form
     assert list(orjson.loads(line))[:2] == ["rule", "alert_id"]
