@@ -18,7 +18,10 @@ stream path, the evaluator's own window logic per topic partition) or
   starts Python workers, is reported apart);
 - latency: a second query with ``S`` events per micro-batch (default 10,000, the
   target's batch: p50 of 1 s or less); p50/p95 of the
-  trigger times (read, decode, evaluate, produce alerts, commit).
+  trigger times (read, decode, evaluate, produce alerts, commit);
+- Spark's floor: the same topic read with no rule, in ``B``-event batches, to Spark's
+  ``noop`` sink: Kafka's records alone, then decoded as the job decodes them. No rule
+  pack can run faster than the decode's rate; the bench prints the pack's share of it.
 
 Figures are for this host (shared, 2 cores), one driver with local executors,
 not a cluster.
@@ -147,6 +150,30 @@ def run_query(spark: Any, settings: Settings, per_batch: int, name: str) -> list
     return [p for p in query.recentProgress if p["numInputRows"]]
 
 
+def run_floor(spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool) -> list[Any]:
+    """The same source with no rule: Kafka's records alone, or decoded too, to Spark's
+    ``noop`` sink, in batches of ``per_batch`` events: what Spark costs here before any rule."""
+    from jobs.compile import plan_rules
+    from jobs.engine import EngineOptions, decoded, records
+
+    plan = plan_rules(load_rules([settings.data_dir / "rules.yaml"]))
+    opts = EngineOptions(once=True, max_offsets_per_trigger=per_batch, query=name)
+    raw = records(spark, plan, settings, opts)
+    query = (
+        (decoded(raw, plan, settings) if decode else raw)
+        .writeStream.queryName(name)
+        .format("noop")
+        .option("checkpointLocation", str(settings.data_dir / "spark" / name))
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(900):
+        query.stop()
+        msg = f"bench: query {name} did not finish within 900 s"
+        raise SystemExit(msg)
+    return [p for p in query.recentProgress if p["numInputRows"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pack", choices=["windowed", "threshold"], default="windowed", help="rule pack")
@@ -172,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 big = run_query(spark, settings, args.batch, "bench-throughput")
                 small = run_query(spark, settings, args.small, "bench-latency")[:30]
+                read = run_floor(spark, settings, args.batch, "bench-read", decode=False)
+                dec = run_floor(spark, settings, args.batch, "bench-decode", decode=True)
             finally:
                 spark.stop()
     finally:
@@ -180,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     def secs(p: dict[str, Any]) -> float:
         return float(p["durationMs"]["triggerExecution"]) / 1000
 
+    def rate_of(progress: list[dict[str, Any]]) -> float:
+        warm = progress[1:] or progress
+        return sum(p["numInputRows"] for p in warm) / sum(secs(p) for p in warm)
+
     warm = big[1:] or big
-    rows = sum(p["numInputRows"] for p in warm)
-    rate = rows / sum(secs(p) for p in warm)
+    rate, read_rate, decode_rate = rate_of(big), rate_of(read), rate_of(dec)
     lat = sorted(secs(p) for p in small[1:] or small)
     p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
     pack = "4 windowed + 1 threshold rules" if args.pack == "windowed" else "3 threshold rules"
@@ -196,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  micro-batch     p50 {small_p50:.2f} s, p95 {p95:.2f} s at <= {args.small:,} events/batch"
           f" (target p50 <= {LATENCY_TARGET_S:.0f} s at 10,000)")  # fmt: skip
     print(f"                  p50 {big_p50:.2f} s at <= {args.batch:,} events/batch")
+    share = rate / decode_rate
+    print(f"  spark's floor   {read_rate:>10,.0f} events/s  Kafka read alone; {decode_rate:,.0f} events/s"
+          f" read and decoded (no rule, noop sink, same batches): the pack runs at {share:.0%} of the"
+          " decode's rate")  # fmt: skip
     measured = small[1:] or small
     parts = {k for p in measured for k in p["durationMs"] if k != "triggerExecution"}
     medians = {k: statistics.median(float(p["durationMs"].get(k, 0)) for p in measured) for k in parts}
@@ -209,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_p50_s": round(statistics.median(lat), 3),
         "batch_p95_s": round(p95, 3),
         "batch_events": args.small,
+        "read_events_per_s": round(read_rate),
+        "decode_events_per_s": round(decode_rate),
         "events": args.events,
         "devices": args.devices,
     }

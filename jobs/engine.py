@@ -78,8 +78,9 @@ def marker_path(settings: Settings, query: str = QUERY) -> Path:
     return checkpoint_dir(settings, query) / "_sink_marker.json"
 
 
-def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
-    """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``)."""
+def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
+    """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
+    ``offset``, ``value``), read from Kafka with ``opts``' offsets and batch size."""
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "subscribe": ",".join(plan.topics),
@@ -88,15 +89,24 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     }
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
-    raw = read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
+    return read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
+
+
+def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
+    """``raw`` records decoded as the worker decodes them (``jobs.decode.DECODED_SCHEMA``),
+    each with the stream keys of the partitions that evaluate it."""
     routes = router(plan.streams, settings.partitions, record_partitions=True)
-    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
-    decoded = decode(raw, decoder)
+    return decode(raw, Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes))
+
+
+def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
+    """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``)."""
+    events = decoded(records(spark, plan, settings, opts), plan, settings)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,
     )  # fmt: skip
-    return apply_lifecycle(tasks(decoded, plan), plan, streaming=True, streams=streams)
+    return apply_lifecycle(tasks(events, plan), plan, streaming=True, streams=streams)
 
 
 async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]:
