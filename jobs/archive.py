@@ -114,7 +114,7 @@ def start(spark: SparkSession, settings: Settings, opts: ArchiveOptions) -> Stre
 def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     """The ``archive`` role: run until ``stop`` (or, with ``once``, until caught up)."""
     from jobs import connector
-    from jobs.engine import _quietly, _wait_for_jvm, outcome, watch
+    from jobs.engine import _quietly, _wait_for_jvm, outcome, stop_between_batches, watch
     from jobs.kafka_source import kafka_format
     from jobs.session import session_unless_stopped
 
@@ -133,7 +133,7 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     try:
         failure = watch(query, stop)
     finally:
-        _quietly(query.stop)
+        _quietly(lambda: stop_between_batches(query))
         _quietly(spark.stop)
         if stop.is_set():
             _wait_for_jvm(jvm)

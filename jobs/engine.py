@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 #: how long a stopping role waits for its JVM to exit before killing it
 JVM_EXIT_TIMEOUT_S = 5.0
+#: how long a stop waits for the running micro-batch to end (:func:`stop_between_batches`): within
+#: the supervisor's 6 s grace, with the query's stop, the session's and the JVM's after it
+STOP_WAIT_S = 2.0
 
 QUERY = "rules"
 EVENTS = Counter("spark_events_total", "Records read by the Spark engine's query (valid or not)")
@@ -173,7 +176,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     try:
         failure = watch(query, stop)
     finally:
-        _quietly(query.stop)
+        _quietly(lambda: stop_between_batches(query))
         _quietly(sink.close)
         _quietly(spark.stop)
         if stop.is_set():
@@ -232,6 +235,18 @@ def _watch(query: StreamingQuery, stop: threading.Event) -> None:
                 "batch %s: %s rows, %s rows/s", p["batchId"], p["numInputRows"], p["processedRowsPerSecond"]
             )
             last_log = time.monotonic()
+
+
+def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop ``query`` between two micro-batches where it can: wait up to ``wait_s`` for the
+    running one to end. A stop interrupts what runs: a batch cut short is done again after a
+    restart (its offsets are not committed), but Spark logs the cut as errors and stack traces
+    of its own (a Parquet write aborted, a job cancelled), and a busy query's next batch may
+    start at once, so the wait is bounded. Between batches the stop is silent."""
+    deadline = time.monotonic() + wait_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
 
 
 def _wait_for_jvm(jvm: subprocess.Popen[bytes] | None, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:

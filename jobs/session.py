@@ -36,13 +36,33 @@ from jobs import connector, kafka_source, udfs
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
+ESCAPED_LITERALS = "spark.sql.parser.escapedStringLiterals"
+LOG4J2_CONFIG = Path(__file__).resolve().parent.parent / "config" / "spark-log4j2.properties"
 PANDAS_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
 
 
-def python_env() -> None:
-    """Point Spark's Python workers at this interpreter (idempotent)."""
+def python_env(master: str | None = DEFAULT_MASTER) -> None:
+    """Point Spark's Python workers at this interpreter, and a local master's JVMs at the
+    loopback interface (idempotent).
+
+    Left to itself, Spark binds the driver's RPC and block manager to the host's outward
+    address (warning "Your hostname ... resolves to a loopback address") and its web UI to
+    every interface: a one-machine run would listen on the network. ``SPARK_LOCAL_IP`` moves
+    them all to 127.0.0.1 for ``local[...]`` and ``local-cluster[...]`` (whose executors run
+    on this host); an operator's own value is kept, and a cluster master or spark-submit
+    (``master`` None) is left as it is configured."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if master and master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def _driver_logging(master: str | None) -> dict[str, str]:
+    """A local master's driver logs with ``config/spark-log4j2.properties`` (Spark's defaults
+    without its start-up chatter); under spark-submit or a cluster, the cluster's own."""
+    if not master or not master.startswith("local"):
+        return {}
+    return {"spark.driver.extraJavaOptions": f"'-Dlog4j2.configurationFile={LOG4J2_CONFIG}'"}
 
 
 def _executor_path(master: str | None) -> dict[str, str]:
@@ -77,7 +97,7 @@ def build_session(
     replace it. Like every setting here, the jars apply only to a session this
     call creates: an active session is returned as it is.
     """
-    python_env()
+    python_env(master)
     jars = connector.jars() if master else []  # under spark-submit, its --jars ship them
     builder = SparkSession.builder.appName(app_name)
     if master:
@@ -92,17 +112,23 @@ def build_session(
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.pythonUDF.arrow.enabled": "true",  # the geo UDFs: ~3x faster in batches
-        "spark.sql.parser.escapedStringLiterals": "false",  # app.rules.spark_sql.quote relies on it
         # pyspark's applyInPandasWithState pads its frames with all-NA rows, which makes pandas
         # warn at every micro-batch; nothing of ours: keep it out of the operators' logs
         "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_CONCAT_WARNING}:FutureWarning",
         **({"spark.jars": ",".join(str(j) for j in jars)} if jars else {}),
+        **({"spark.ui.port": ui_port} if (ui_port := os.environ.get("APP_SPARK_UI_PORT")) else {}),
+        **_driver_logging(master),
         **_executor_path(master),
         **(extra or {}),
     }
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    # app.rules.spark_sql.quote writes string literals for the parser's default escaping. Set
+    # only where a cluster's defaults changed it: Spark 4 warns at every session and query
+    # that carries this deprecated setting, even at its default value
+    if spark.conf.get(ESCAPED_LITERALS, "false") != "false":
+        spark.conf.set(ESCAPED_LITERALS, "false")
     spark.sparkContext.setLogLevel(os.environ.get("APP_SPARK_LOG_LEVEL", "WARN"))
     kafka_source.register(spark)
     udfs.register(spark)

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import orjson
 from prometheus_client import Counter, Histogram
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, Row
 
 from app.kafka.clients import make_producer
@@ -57,6 +58,38 @@ BATCH_SECONDS = Histogram("spark_sink_batch_seconds", "Time to produce one micro
 #: so its id, fingerprint and bytes) of an ``engine: both`` rule stays the Faust engine's,
 #: and the receivers' dedup on ``alert_id`` keeps whichever copy came first
 ENGINE_HEADER = [("engine", b"spark")]
+#: the Java exceptions by which Spark tells an interruption by ``query.stop()`` from a failure
+INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+)
+
+
+class BatchInterrupted(Exception):
+    """A micro-batch's job cut short by ``query.stop()``, told in two lines (:func:`collect`)."""
+
+
+def collect(df: DataFrame) -> list[Row]:
+    """``df.collect()``; the same error, in two lines, when ``query.stop()`` interrupted it.
+
+    Spark tells such a stop from a failure of the ``foreachBatch`` function by the Python
+    traceback it gets back: a regular expression looks in it for the ``Py4JJavaError`` and an
+    interruption's Java exception (``StreamExecution.PROXY_ERROR``). That expression recurses
+    once per character: on the whole traceback of a cancelled ``collect``, which holds the
+    Java stack, Spark's thread overflowed its stack (a ``StackOverflowError`` of a thousand
+    lines at a stop of the ``spark`` role) and the stop was taken for a failure. Said in
+    two lines (the error's first line and the interruption's name) Spark recognises it."""
+    try:
+        return df.collect()
+    except Py4JJavaError as exc:
+        text = str(exc)
+        cause = next((name for name in INTERRUPTIONS if name in text), None)
+        if cause is None:
+            raise
+        first = text.splitlines()[0] if text else ""
+        msg = f"py4j.protocol.Py4JJavaError: {first}\n: {cause}"
+        raise BatchInterrupted(msg) from None
 
 
 def _order(row: Row) -> tuple[int, int, int]:
@@ -130,7 +163,7 @@ class KafkaSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         # Always run the batch's plan to the end: its state stores must commit
         # (Spark 4 fails the query otherwise), and a re-run computes the same rows.
-        rows = sorted(df.collect(), key=_order)  # few rows: sorting here saves Spark a sampling job
+        rows = sorted(collect(df), key=_order)  # few rows: sorting here saves Spark a sampling job
         last = self.marker.last()
         if batch_id <= last:
             SKIPPED.inc()

@@ -77,6 +77,10 @@ class Role:
     stage: int = 1  # stop order: lower stages stop first
     url: str | None = None
     metrics: bool = True  # serves /metrics on APP_METRICS_PORT (mosquitto does not)
+    #: on SIGTERM the role stops its own children (a Spark JVM) in order: the signal goes to
+    #: its process alone, not to its group, so no child is stopped under it; a group still
+    #: running at the end of the grace is killed whole, as any other
+    stops_children: bool = False
     proc: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     next_start: float = 0.0
@@ -226,7 +230,10 @@ class Supervisor:
         procs = [r for r in self.roles if r.stage == stage and r.proc is not None]
         started = time.monotonic()
         for r in procs:
-            _signal_group(r.proc, signal.SIGTERM)
+            if r.stops_children:
+                _signal_process(r.proc, signal.SIGTERM)
+            else:
+                _signal_group(r.proc, signal.SIGTERM)
         deadline = started + grace_s
         for r in procs:
             assert r.proc is not None  # noqa: S101
@@ -268,6 +275,16 @@ def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:
         log_file.flush()
     stream.close()
     log_file.close()
+
+
+def _signal_process(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
+    """Signal a child's own process, not its group."""
+    if proc is None:
+        return
+    try:
+        os.kill(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:

@@ -227,11 +227,9 @@ def build_roles(
     )
     roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
     # the Spark engine runs the rules marked engine: spark|both; with none it idles without a JVM
-    roles.append(
-        Role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds"), stage=2)
-    )
+    roles.append(_spark_role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds")))
     # every event topic to Parquet (APP_ARCHIVE_PATH, default $APP_DATA_DIR/archive): jobs/archive.py
-    roles.append(Role("archive", _py("app", "archive", "--master", "local[1]"), stage=2))
+    roles.append(_spark_role("archive", _py("app", "archive", "--master", "local[1]")))
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join(
@@ -283,6 +281,16 @@ def build_roles(
         kafka_env = role_kafka_env(role.name, users) if settings.embedded else {}
         role.env = {**base_env, **kafka_env, **role.env, "APP_METRICS_PORT": str(free_port())}
     return roles
+
+
+def _spark_role(name: str, argv: list[str]) -> Role:
+    """A role that runs a Spark driver: its web UI on a port of its own (two drivers would
+    race for 4040), and it stops its own JVM on SIGTERM (``Role.stops_children``)."""
+    port = free_port()
+    return Role(
+        name, argv, env={"APP_SPARK_UI_PORT": str(port)}, stage=2, stops_children=True,
+        url=f"http://127.0.0.1:{port} (Spark UI, while its query runs)",
+    )  # fmt: skip
 
 
 def progress_path(settings: Settings, role: str) -> Path:

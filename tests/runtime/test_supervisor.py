@@ -206,3 +206,41 @@ def test_a_second_signal_kills_what_is_left_at_once(tmp_path: Path, caplog: pyte
         "killing stubborn3 (a second signal)",
     ]  # fmt: skip
     assert wait_for(lambda: processes_with_env(marker) == [] or None, timeout_s=5, what="no survivors")
+
+
+@pytest.mark.parametrize("stops_children", [True, False])
+def test_a_role_that_stops_its_own_children_gets_the_signal_alone(
+    tmp_path: Path, stops_children: bool
+) -> None:
+    """The Spark roles stop their query, then their JVM, on SIGTERM: the supervisor's signal
+    must not reach the JVM first (its shutdown hooks stop Spark under the running query). Any
+    other role gets it with its whole process group, children at once."""
+    order, ready = tmp_path / "order", tmp_path / "ready"
+    child_code = (
+        "import signal, sys, time\n"
+        f"def bye(*_):\n    open({str(order)!r}, 'a').write('child\\n'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"open({str(ready)!r}, 'w').write('1')\n"
+        "time.sleep(600)\n"
+    )
+    role_code = (
+        "import subprocess, sys, signal, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+        "def bye(*_):\n"
+        "    time.sleep(0.5)  # time enough for a signal to the group to reach the child\n"
+        "    state = 'running' if child.poll() is None else 'gone'\n"
+        f"    open({str(order)!r}, 'a').write('role: child ' + state + '\\n')\n"
+        "    child.terminate(); child.wait(5); raise SystemExit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "time.sleep(600)\n"
+    )
+    role = Role("engine", py(role_code), stage=1, stops_children=stops_children)
+    sup = supervisor(tmp_path, [role])
+    sup.start()
+    try:
+        wait_for(lambda: ready.exists() or None, timeout_s=20, what="the role's child")
+    finally:
+        sup.stop_stage(1, grace_s=5.0)
+    expected = ["role: child running", "child"] if stops_children else ["child", "role: child gone"]
+    assert order.read_text().splitlines() == expected
+    assert role.exit_code == 0

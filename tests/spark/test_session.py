@@ -1,0 +1,81 @@
+"""The session a local master gets: its JVM listens on the loopback interface only, it
+carries no deprecated setting (Spark 4 warns of one at every session and query), and its
+driver starts without Spark's start-up chatter."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+from app.runtime.settings import PROJECT_ROOT
+from jobs.session import ESCAPED_LITERALS
+from tests.conftest import child_env
+
+pytestmark = [pytest.mark.integration]
+
+LISTEN = "0A"  # the TCP state in /proc/net/tcp
+
+
+def _address(hex_addr: str) -> str:
+    """``/proc/net/tcp{,6}``'s local address, as text (an IPv4-mapped IPv6 one as IPv4)."""
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))  # each 32-bit word is host order
+    text = socket.inet_ntop(socket.AF_INET6, words)
+    return text.removeprefix("::ffff:")
+
+
+def listening(pid: int) -> set[str]:
+    """The local addresses of the TCP sockets process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == LISTEN and fields[9] in inodes:
+                found.add(_address(fields[1].split(":")[0]))
+    return found
+
+
+def test_a_local_session_listens_on_the_loopback_interface_only(spark: SparkSession) -> None:
+    jvm = SparkContext._gateway.proc  # the JVM pyspark launched
+    addresses = listening(jvm.pid)
+    assert addresses, "the driver listens on nothing?"
+    assert addresses == {"127.0.0.1"}, addresses  # the RPC, the block manager, the gateway
+
+
+def test_the_session_does_not_carry_the_deprecated_literal_setting(spark: SparkSession) -> None:
+    assert not spark.sparkContext.getConf().contains(ESCAPED_LITERALS)
+    assert spark.conf.get(ESCAPED_LITERALS) == "false"  # what app.rules.spark_sql.quote writes for
+
+
+def test_a_local_driver_starts_without_sparks_start_up_chatter(tmp_path: Path) -> None:
+    """Each `make run` starts two drivers and each Spark backtest one: their logs begin with
+    what matters, not with Spark's default-profile lines and Hadoop's native-library warning."""
+    code = (
+        "from jobs.session import build_session\n"
+        "s = build_session('local[1]', app_name='chatter', extra={'spark.ui.enabled': 'false'})\n"
+        "print('rows', s.range(3).count()); s.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "rows 3" in done.stdout, done.stderr[-3000:]
+    for chatter in ("Using Spark's default log4j profile", "Setting default log level", "NativeCodeLoader"):
+        assert chatter not in done.stderr, done.stderr[-3000:]
