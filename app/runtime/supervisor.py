@@ -230,10 +230,7 @@ class Supervisor:
         procs = [r for r in self.roles if r.stage == stage and r.proc is not None]
         started = time.monotonic()
         for r in procs:
-            if r.stops_children:
-                _signal_process(r.proc, signal.SIGTERM)
-            else:
-                _signal_group(r.proc, signal.SIGTERM)
+            _signal_group(r.proc, signal.SIGTERM, group=not r.stops_children)
         deadline = started + grace_s
         for r in procs:
             assert r.proc is not None  # noqa: S101
@@ -277,21 +274,15 @@ def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:
     log_file.close()
 
 
-def _signal_process(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
-    """Signal a child's own process, not its group."""
+def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals, *, group: bool = True) -> None:
+    """Signal a child's whole process group (its pgid is its pid: start_new_session), or
+    with ``group`` False its own process only."""
     if proc is None:
         return
     try:
-        os.kill(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
-    """Signal a child's whole process group (its pgid is its pid: start_new_session)."""
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
