@@ -87,6 +87,7 @@ def collect(df: DataFrame) -> list[Row]:
         cause = next((name for name in INTERRUPTIONS if name in text), None)
         if cause is None:
             raise
+        logger.debug("the micro-batch's collect was interrupted: %s", text)  # the whole error, kept
         first = text.splitlines()[0] if text else ""
         msg = f"py4j.protocol.Py4JJavaError: {first}\n: {cause}"
         raise BatchInterrupted(msg) from None
