@@ -114,9 +114,9 @@ def start(spark: SparkSession, settings: Settings, opts: ArchiveOptions) -> Stre
 def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     """The ``archive`` role: run until ``stop`` (or, with ``once``, until caught up)."""
     from jobs import connector
-    from jobs.engine import _quietly, _wait_for_jvm, outcome, stop_between_batches, watch
+    from jobs.engine import _quietly, outcome, stop_between_batches, watch
     from jobs.kafka_source import kafka_format
-    from jobs.session import session_unless_stopped
+    from jobs.session import launched_jvm, session_unless_stopped, wait_for_jvm
 
     if not settings.bootstrap_servers:
         logger.error("KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or set it")
@@ -126,9 +126,7 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     spark = session_unless_stopped(stop, opts.master, app_name="streamalert-archive", shuffle_partitions=1)
     if spark is None:
         return 0
-    from pyspark import SparkContext
-
-    jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
+    jvm = launched_jvm()
     query = start(spark, settings, opts)
     try:
         failure = watch(query, stop)
@@ -136,7 +134,7 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
         _quietly(lambda: stop_between_batches(query))
         _quietly(spark.stop)
         if stop.is_set():
-            _wait_for_jvm(jvm)
+            wait_for_jvm(jvm)
     return outcome(failure, stop, QUERY)
 
 

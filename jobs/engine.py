@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,6 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 from py4j.protocol import Py4JError
-from pyspark import SparkContext
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -42,15 +40,13 @@ from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
 from jobs.kafka_source import kafka_format, read_kafka
-from jobs.session import DEFAULT_MASTER, session_unless_stopped
+from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import apply_lifecycle
 from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
 
-#: how long a stopping role waits for its JVM to exit before killing it
-JVM_EXIT_TIMEOUT_S = 5.0
 #: how long a stop waits for the running micro-batch to end (:func:`stop_between_batches`): within
 #: the supervisor's 6 s grace, with the query's stop, the session's and the JVM's after it
 STOP_WAIT_S = 2.0
@@ -170,8 +166,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     spark = session_unless_stopped(stop, opts.master)
     if spark is None:
         return 0
-    # the JVM pyspark launched: launch_gateway keeps its Popen on the gateway
-    jvm = getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
+    jvm = launched_jvm()
     query, sink = start(spark, plan, settings, opts)
     try:
         failure = watch(query, stop)
@@ -180,7 +175,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         _quietly(sink.close)
         _quietly(spark.stop)
         if stop.is_set():
-            _wait_for_jvm(jvm)
+            wait_for_jvm(jvm)
     return outcome(failure, stop, opts.query)
 
 
@@ -247,25 +242,6 @@ def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> 
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
     query.stop()
-
-
-def _wait_for_jvm(jvm: subprocess.Popen[bytes] | None, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
-    """On shutdown, after ``spark.stop()``: stop the JVM (a signal to the process group already
-    did; a signal to this process alone did not) and return once it has exited, so the role's
-    exit means its checkpoint and ports are free and nothing of it is left running. A JVM
-    that outlives ``timeout_s`` is killed."""
-    if jvm is None:
-        return
-    if jvm.poll() is None:
-        jvm.terminate()
-    try:
-        jvm.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        logger.warning(
-            "the Spark JVM (pid %d) still runs %.0f s after the stop; killing it", jvm.pid, timeout_s
-        )
-        jvm.kill()
-        jvm.wait(timeout_s)
 
 
 def _quietly(step: Callable[[], object]) -> None:

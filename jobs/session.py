@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from jobs import connector, kafka_source, udfs
@@ -36,6 +38,8 @@ from jobs import connector, kafka_source, udfs
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[*]"
+#: how long a stopping role waits for its JVM to exit before killing it
+JVM_EXIT_TIMEOUT_S = 5.0
 ESCAPED_LITERALS = "spark.sql.parser.escapedStringLiterals"
 LOG4J2_CONFIG = Path(__file__).resolve().parent.parent / "config" / "spark-log4j2.properties"
 PANDAS_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
@@ -149,20 +153,54 @@ def session_unless_stopped(
 ) -> SparkSession | None:
     """:func:`build_session`, or None when a stop signal came while it started.
 
-    The supervisor signals a role's whole process group, so the JVM that pyspark is
-    starting gets the SIGTERM too and dies; pyspark then fails with py4j's connection
-    errors. That is a stop, not a crash: said in one line, exit 0. py4j's own record of
-    those errors (a traceback per call, at INFO) is kept out of the log
-    (:func:`quiet_py4j`), and so are its errors once ``stop`` is set.
+    A signal to the role's whole process group reaches the JVM that pyspark is starting too,
+    and it dies; pyspark then fails with py4j's connection errors. That is a stop, not a
+    crash: said in one line, exit 0. py4j's own record of those errors (a traceback per call,
+    at INFO) is kept out of the log (:func:`quiet_py4j`), and so are its errors once ``stop``
+    is set. A signal to the role alone (the supervisor's, ``Role.stops_children``) lets the
+    JVM start: the session is then stopped, and its JVM, before any query starts.
     """
     quiet_py4j(stop)
+    logger.info("starting the Spark session (master %s)", master or "of spark-submit")
     try:
-        return build_session(master, app_name, shuffle_partitions)
+        spark = build_session(master, app_name, shuffle_partitions)
     except Exception:
         if not stop.is_set():
             raise
         logger.info("stopped while Spark was starting")
         return None
+    if stop.is_set():
+        jvm = launched_jvm()
+        spark.stop()
+        wait_for_jvm(jvm)
+        logger.info("stopped while Spark was starting")
+        return None
+    return spark
+
+
+def launched_jvm() -> subprocess.Popen[bytes] | None:
+    """The JVM pyspark launched for this process (``launch_gateway`` keeps its Popen on the
+    gateway); None under spark-submit, which launched this process instead."""
+    return getattr(SparkContext._gateway, "proc", None)  # noqa: SLF001
+
+
+def wait_for_jvm(jvm: subprocess.Popen[bytes] | None, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
+    """On shutdown, after ``spark.stop()``: stop the JVM (a signal to the process group already
+    did; a signal to this process alone did not) and return once it has exited, so the role's
+    exit means its checkpoint and ports are free and nothing of it is left running. A JVM
+    that outlives ``timeout_s`` is killed."""
+    if jvm is None:
+        return
+    if jvm.poll() is None:
+        jvm.terminate()
+    try:
+        jvm.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning(
+            "the Spark JVM (pid %d) still runs %.0f s after the stop; killing it", jvm.pid, timeout_s
+        )
+        jvm.kill()
+        jvm.wait(timeout_s)
 
 
 class Py4jQuiet(logging.Filter):
