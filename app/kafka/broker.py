@@ -400,10 +400,13 @@ class KafkaBroker:
                     self._upsert_scram()
                 with _own_plain_login():
                     coordinator = group_coordinator_ready(
-                        self.bootstrap, self._plain_admin_auth, max(1.0, deadline - time.monotonic())
+                        self.bootstrap, self._plain_admin_auth, max(1.0, deadline - time.monotonic()), stop
                     )
-                    if not asyncio.run(coordinator):  # the roles would wait for it themselves
-                        logger.warning("the Kafka broker on %s has no group coordinator yet", self.bootstrap)
+                    coordinated = asyncio.run(coordinator)
+                if _set(stop):  # stopped while the coordinator loaded: running, maybe not ready
+                    return self
+                if not coordinated:  # the roles would wait for it themselves
+                    logger.warning("the Kafka broker on %s has no group coordinator yet", self.bootstrap)
                 self.ready_s = time.monotonic() - began
                 logger.info(
                     "Apache Kafka %s ready on %s in %.1f s (pid %d, log dir %s)",

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import signal
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -101,10 +102,13 @@ OFFSETS_TOPIC = "__consumer_offsets"
 STEADY_ANSWERS = 3
 
 
-async def group_coordinator_ready(bootstrap: str, auth: KafkaAuth, timeout_s: float) -> bool:
+async def group_coordinator_ready(
+    bootstrap: str, auth: KafkaAuth, timeout_s: float, stop: threading.Event | None = None
+) -> bool:
     """Ask for a consumer group's coordinator, then until every partition of the offsets
     topic has a leader, then for the groups until they answer ``STEADY_ANSWERS`` times in a
-    row (True), or ``timeout_s`` passes.
+    row (True), or ``timeout_s`` passes, or ``stop`` is set (a Ctrl-C while ``make run``
+    starts its broker: False at the next try, a tenth of a second apart).
 
     A new cluster creates its offsets topic (``__consumer_offsets``) at the first question for
     a coordinator, and answers "coordinator not available" until its partitions have leaders,
@@ -139,7 +143,7 @@ async def group_coordinator_ready(bootstrap: str, auth: KafkaAuth, timeout_s: fl
                     done = await ask()
                 if done:
                     break
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                     return False
                 await asyncio.sleep(0.1)
         return True

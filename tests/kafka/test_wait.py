@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 
 import pytest
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
+from app.kafka.auth import KafkaAuth
 from app.kafka.broker import free_port
-from app.kafka.wait import Probe, RepeatLimiter, broker_answers, wait_for_broker
+from app.kafka.wait import Probe, RepeatLimiter, broker_answers, group_coordinator_ready, wait_for_broker
 
 
 def answers_after(failures: int, calls: list[float]) -> Probe:
@@ -89,3 +92,38 @@ def test_the_limiter_passes_a_message_once_per_window_and_counts_the_rest() -> N
     passed = record("Unable connect to %s")
     assert limiter.filter(passed)
     assert passed.getMessage() == "Unable connect to x [3 more like this in the last 31 s]"
+
+
+class NoCoordinatorYet:
+    """An admin client of a broker whose offsets topic is still loading."""
+
+    asked = 0
+
+    def __init__(self, **_kwargs: object) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def find_coordinator(self, _group: str) -> int:
+        NoCoordinatorYet.asked += 1
+        raise GroupCoordinatorNotAvailableError
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_stop_ends_the_wait_for_the_group_coordinator(
+    monkeypatch: pytest.MonkeyPatch, stopped: bool
+) -> None:
+    """A Ctrl-C while `make run` starts its broker is not held until the coordinator loads."""
+    monkeypatch.setattr("app.kafka.wait.AIOKafkaAdminClient", NoCoordinatorYet)
+    NoCoordinatorYet.asked = 0
+    stop = threading.Event()
+    if stopped:
+        stop.set()
+    timeout_s = 0.5 if not stopped else 60.0
+    ready = asyncio.run(group_coordinator_ready("h:1", KafkaAuth(), timeout_s, stop))
+    assert not ready
+    assert NoCoordinatorYet.asked == 1 if stopped else NoCoordinatorYet.asked > 1
