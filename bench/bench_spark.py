@@ -141,16 +141,24 @@ def run_query(spark: Any, settings: Settings, per_batch: int, name: str) -> list
         spark, plan, settings, EngineOptions(once=True, max_offsets_per_trigger=per_batch, query=name)
     )
     try:
-        if not query.awaitTermination(900):
-            query.stop()
-            msg = f"bench: query {name} did not finish within 900 s"
-            raise SystemExit(msg)
+        return finished(query, name)
     finally:
         sink.close()
+
+
+def finished(query: Any, name: str) -> list[dict[str, Any]]:
+    """The progress of each micro-batch that read events, once ``query`` (``availableNow``)
+    has read everything; at most 900 s."""
+    if not query.awaitTermination(900):
+        query.stop()
+        msg = f"bench: query {name} did not finish within 900 s"
+        raise SystemExit(msg)
     return [p for p in query.recentProgress if p["numInputRows"]]
 
 
-def run_floor(spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool) -> list[Any]:
+def run_floor(
+    spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool
+) -> list[dict[str, Any]]:
     """The same source with no rule: Kafka's records alone, or decoded too, to Spark's
     ``noop`` sink, in batches of ``per_batch`` events: what Spark costs here before any rule."""
     from jobs.compile import plan_rules
@@ -167,11 +175,7 @@ def run_floor(spark: Any, settings: Settings, per_batch: int, name: str, *, deco
         .trigger(availableNow=True)
         .start()
     )
-    if not query.awaitTermination(900):
-        query.stop()
-        msg = f"bench: query {name} did not finish within 900 s"
-        raise SystemExit(msg)
-    return [p for p in query.recentProgress if p["numInputRows"]]
+    return finished(query, name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,22 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         build_registry(registry, args.devices)
         refused = spark_runnable_pack(rules)
         env = {**os.environ, "APP_DATA_DIR": str(scratch / "data"), "KAFKA_BOOTSTRAP_SERVERS": ""}
-        given = ["--input", str(events), "--table", f"devices={registry}"]
-        py = [sys.executable, "-m", "app", "backtest", "--rules", str(rules), *given]
+
+        def backtest(pack: Path, out: str, *engine: str) -> list[str]:
+            given = ["--input", str(events), "--table", f"devices={registry}", "--out", str(scratch / out)]
+            return [sys.executable, "-m", "app", "backtest", "--rules", str(pack), *given, *engine]
+
+        spark = ("--engine", "spark", "--master", args.master)
         print(f"backtest of the IoT pack ({len(load_rules([rules]).rules)} rules) over "
               f"{n:,} NAB events ({args.devices} devices), {os.cpu_count()} CPUs")  # fmt: skip
         print(f"  evaluator (both engines' processes): {native.status()}")
         for p in refused:
             print(f"  left out of both runs (Spark refuses it): {p}")
-        faust_s = timed([*py, "--out", str(scratch / "faust.jsonl")], env)
-        spark_cmd = [*py, "--engine", "spark", "--master", args.master]
-        spark_s = timed([*spark_cmd, "--out", str(scratch / "spark.jsonl")], env)
+        faust_s = timed(backtest(rules, "faust.jsonl"), env)
+        spark_s = timed(backtest(rules, "spark.jsonl", *spark), env)
         (scratch / "floor.yaml").write_text(FLOOR_PACK)
-        floor_s = timed(
-            [sys.executable, "-m", "app", "backtest", "--rules", str(scratch / "floor.yaml"), *given,
-             "--engine", "spark", "--master", args.master, "--out", str(scratch / "floor.jsonl")],
-            env,
-        )  # fmt: skip
+        floor_s = timed(backtest(scratch / "floor.yaml", "floor.jsonl", *spark), env)
         faust_lines = (scratch / "faust.jsonl").read_text().splitlines()
         spark_lines = (scratch / "spark.jsonl").read_text().splitlines()
     finally:

@@ -114,9 +114,9 @@ def start(spark: SparkSession, settings: Settings, opts: ArchiveOptions) -> Stre
 def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     """The ``archive`` role: run until ``stop`` (or, with ``once``, until caught up)."""
     from jobs import connector
-    from jobs.engine import _quietly, outcome, stop_between_batches, watch
+    from jobs.engine import outcome, shut_down, watch
     from jobs.kafka_source import kafka_format
-    from jobs.session import launched_jvm, session_unless_stopped, wait_for_jvm
+    from jobs.session import launched_jvm, session_unless_stopped
 
     if not settings.bootstrap_servers:
         logger.error("KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or set it")
@@ -131,10 +131,7 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     try:
         failure = watch(query, stop)
     finally:
-        _quietly(lambda: stop_between_batches(query))
-        _quietly(spark.stop)
-        if stop.is_set():
-            wait_for_jvm(jvm)
+        shut_down(query, spark, jvm, stop)
     return outcome(failure, stop, QUERY)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -171,11 +172,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     try:
         failure = watch(query, stop)
     finally:
-        _quietly(lambda: stop_between_batches(query))
-        _quietly(sink.close)
-        _quietly(spark.stop)
-        if stop.is_set():
-            wait_for_jvm(jvm)
+        shut_down(query, spark, jvm, stop, sink.close)
     return outcome(failure, stop, opts.query)
 
 
@@ -242,6 +239,21 @@ def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> 
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
     query.stop()
+
+
+def shut_down(
+    query: StreamingQuery, spark: SparkSession, jvm: subprocess.Popen[bytes] | None, stop: threading.Event,
+    *then: Callable[[], object],
+) -> None:  # fmt: skip
+    """The end of a streaming role: its query (between micro-batches where it can), then each
+    of ``then`` (a sink's close), the session, and on a stop the JVM (``wait_for_jvm``). Every
+    step runs, even once the JVM is gone."""
+    _quietly(lambda: stop_between_batches(query))
+    for step in then:
+        _quietly(step)
+    _quietly(spark.stop)
+    if stop.is_set():
+        wait_for_jvm(jvm)
 
 
 def _quietly(step: Callable[[], object]) -> None:

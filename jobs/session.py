@@ -57,14 +57,19 @@ def python_env(master: str | None = DEFAULT_MASTER) -> None:
     (``master`` None) is left as it is configured."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    if master and master.startswith("local"):
+    if _on_this_host(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def _on_this_host(master: str | None) -> bool:
+    """A ``local[...]`` or ``local-cluster[...]`` master: every JVM of it runs here."""
+    return bool(master) and str(master).startswith("local")
 
 
 def _driver_logging(master: str | None) -> dict[str, str]:
     """A local master's driver logs with ``config/spark-log4j2.properties`` (Spark's defaults
     without its start-up chatter); under spark-submit or a cluster, the cluster's own."""
-    if not master or not master.startswith("local"):
+    if not _on_this_host(master):
         return {}
     return {"spark.driver.extraJavaOptions": f"'-Dlog4j2.configurationFile={LOG4J2_CONFIG}'"}
 
