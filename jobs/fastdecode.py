@@ -138,6 +138,9 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
     text = F.col("value").cast("string")
     src, by_pattern = _source_of(decoder, F.col("topic"), text)
     df = raw.withColumn("__text", text).withColumn("__src", src).withColumn("__by_pattern", by_pattern)
+    # the field names, once per record: each source's test below reads them twice
+    df = df.withColumn("__names", F.regexp_extract_all(F.col("__text"), F.lit(_NAMES), 1))
+    names = F.col("__names")
     recognised: Column = F.lit(False)
     ts_ms: Column = F.lit(None).cast("bigint")
     streams: Column = F.lit(None).cast("array<string>")
@@ -151,7 +154,6 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
         stream_keys = _streams(decoder.router, source, typed) if decoder.router is not None else None
         if decoder.router is not None and stream_keys is None:
             continue  # a non-string group field: this source's records stay with the decoder
-        names = F.regexp_extract_all(F.col("__text"), F.lit(_NAMES), 1)
         # Spark's own ISO parser (a cast: no pattern to interpret per row) reads the canonical
         # form the pattern admits; a date or time out of range gives NULL
         ms = F.unix_millis(F.regexp_extract(F.col("__text"), f'"ts":"({_TS})"', 1).try_cast("timestamp"))
@@ -164,6 +166,10 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
             # a live record's topic-key stream is its own partition's: a partition beyond the
             # emulated count (a topic with more partitions) is the Python decoder's to name
             mine = mine & (F.col("partition") < decoder.router.partitions)
+        # a column of its own too: the three columns below read it, and inlined in each the
+        # pattern and the names' extraction ran two or three times per record
+        df = df.withColumn(f"__mine_{source}", mine)
+        mine = F.col(f"__mine_{source}")
         recognised = F.when(mine, F.lit(True)).otherwise(recognised)
         ts_ms = F.when(mine, ms).otherwise(ts_ms)
         if stream_keys is not None:
