@@ -1,6 +1,7 @@
 """The session a local master gets: its JVM listens on the loopback interface only, it
-carries no deprecated setting (Spark 4 warns of one at every session and query), and its
-driver starts without Spark's start-up chatter."""
+carries no deprecated setting (Spark 4 warns of one at every session and query), its
+driver starts without Spark's start-up chatter, and its streaming checkpoints are written
+without a subprocess per file."""
 
 from __future__ import annotations
 
@@ -79,3 +80,54 @@ def test_a_local_driver_starts_without_sparks_start_up_chatter(tmp_path: Path) -
     assert done.returncode == 0 and "rows 3" in done.stdout, done.stderr[-3000:]
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", "NativeCodeLoader"):
         assert chatter not in done.stderr, done.stderr[-3000:]
+
+
+#: a stateful streaming query for a few micro-batches, once with each checkpoint manager; prints
+#: how many ``readlink`` processes the JVM started during each (the fake below counts them)
+CHECKPOINTS = """
+import sys, time
+from jobs.session import CHECKPOINT_MANAGER, build_session
+log, base, default = sys.argv[1:4]
+s = build_session('local[1]', app_name='ck', shuffle_partitions=1, extra={'spark.ui.enabled': 'false'})
+def forks():
+    return len(open(log).read().splitlines())
+def batches(q):
+    return len([p for p in q.recentProgress if p['numInputRows']])
+for name, manager in (('ours', s.conf.get(CHECKPOINT_MANAGER)), ('context', default)):
+    s.conf.set(CHECKPOINT_MANAGER, manager)
+    before = forks()
+    counts = s.readStream.format('rate').option('rowsPerSecond', 50).load().groupBy('value').count()
+    q = (counts.writeStream.format('noop').outputMode('update').option('checkpointLocation', f'{base}/{name}')
+         .trigger(processingTime='100 milliseconds').start())
+    deadline = time.monotonic() + 60
+    while batches(q) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    q.stop()
+    print(name, batches(q), forks() - before)
+s.stop()
+"""
+
+
+def test_a_local_sessions_checkpoints_start_no_process_per_file(tmp_path: Path) -> None:
+    """Hadoop's FileContext renames a local file after reading its link status with a
+    ``readlink`` subprocess (no native library): one fork of the driver's JVM per renamed
+    checkpoint file, several per micro-batch. A ``readlink`` first on the JVM's PATH counts
+    them: none with the session's checkpoint manager, some with Spark's default."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "readlink.log"
+    log.write_text("")
+    real = next(p for d in os.environ["PATH"].split(os.pathsep) if (p := Path(d) / "readlink").is_file())
+    (fake / "readlink").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
+    (fake / "readlink").chmod(0o755)
+    default = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKPOINTS, str(log), str(tmp_path / "ck"), default], cwd=PROJECT_ROOT,
+        env=child_env(PATH=f"{fake}{os.pathsep}{os.environ['PATH']}"), capture_output=True, text=True,
+        timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {name: (int(n), int(forks)) for name, n, forks in (ln.split() for ln in done.stdout.splitlines())}
+    assert found["ours"][0] >= 4 and found["context"][0] >= 4, found  # both ran micro-batches
+    assert found["ours"][1] == 0, found
+    assert found["context"][1] >= found["context"][0], found  # at least one per micro-batch
