@@ -258,24 +258,12 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     # ``size(__tasks) > 0`` and pushes it below the projections, where it inlines the tasks'
     # expressions, so every native condition parsed the record's JSON once more per row
     # (``from_json`` four times for the windowed bench pack instead of once)
-    rows = df.select(
-        F.explode_outer("__tasks").alias("__t"),
-        "__part",
-        "__offset",
-        "__ts_ms",
-        "__fields",
-        "__dlq",
-        "__source",
-    )
+    carried = ("__part", "__offset", "__ts_ms", "__fields", "__dlq", "__source")
+    rows = df.select(F.explode_outer("__tasks").alias("__t"), *carried)
     return rows.where(F.col("__t").isNotNull()).select(
         F.col("__t.idx").alias("__idx"),
         F.col("__t.key").alias("__key"),
         F.col("__t.holds").alias("__holds"),
         F.col("__t.conds").alias("__conds"),
-        "__part",
-        "__offset",
-        "__ts_ms",
-        "__fields",
-        "__dlq",
-        "__source",
+        *carried,
     )
