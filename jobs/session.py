@@ -43,6 +43,11 @@ JVM_EXIT_TIMEOUT_S = 5.0
 ESCAPED_LITERALS = "spark.sql.parser.escapedStringLiterals"
 LOG4J2_CONFIG = Path(__file__).resolve().parent.parent / "config" / "spark-log4j2.properties"
 PANDAS_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
+#: renames with ``java.io`` (:func:`_checkpoint_files`)
+FILE_SYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 
 
 def python_env(master: str | None = DEFAULT_MASTER) -> None:
@@ -74,13 +79,6 @@ def _driver_logging(master: str | None) -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": f"'-Dlog4j2.configurationFile={LOG4J2_CONFIG}'"}
 
 
-#: renames with ``java.io`` (:func:`_checkpoint_files`)
-FILE_SYSTEM_CHECKPOINTS = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
-CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
-
-
 def _checkpoint_files(master: str | None) -> dict[str, str]:
     """A local master's streaming checkpoints are written through Hadoop's ``FileSystem``, not
     its ``FileContext`` (Spark's default).
@@ -88,13 +86,14 @@ def _checkpoint_files(master: str | None) -> dict[str, str]:
     Every micro-batch renames files into place: the offset log's entry, the commit log's, a
     delta file per state-store partition. On the local file system without Hadoop's native
     library (pyspark ships none) ``FileContext``'s rename reads the destination's link status
-    with a ``readlink`` subprocess: the JVM forked a process per rename, 25 to 35 ms each on
-    this host, and the query waited. ``FileSystem``'s rename is ``java.io``'s (a POSIX rename,
-    atomic on one host). What it gives up: it checks that the destination is absent and then
-    renames, in two steps, where ``FileContext`` refuses atomically; that matters only to two
-    runs of one query at once, which Spark refuses within a driver and the supervisor never
-    starts (a role's JVM has exited before the role restarts). A cluster or spark-submit,
-    whose checkpoints may be on HDFS or an object store, keeps Spark's default."""
+    with a ``readlink`` subprocess: the JVM forked a process per rename and the query waited
+    (the offset and commit logs took 35 to 40 ms per micro-batch each on this host).
+    ``FileSystem``'s rename is ``java.io``'s (a POSIX rename, atomic on one host). What it
+    gives up: it checks that the destination is absent and then renames, in two steps, where
+    ``FileContext`` refuses atomically; that matters only to two runs of one query at once,
+    which Spark refuses within a driver and the supervisor never starts (a role's JVM has
+    exited before the role restarts). A cluster or spark-submit, whose checkpoints may be on
+    HDFS or an object store, keeps Spark's default."""
     if not _on_this_host(master):
         return {}
     return {CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS}
