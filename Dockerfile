@@ -11,6 +11,15 @@ RUN pip install --no-cache-dir -r requirements-dev.txt
 COPY app ./app
 RUN python -c "from app.runtime import native; raise SystemExit(native.build())" \
  && python -c "from app.runtime import native; native.activate(); print(native.status())" | grep '^compiled'
+# ... and Spark's local file system (jobs/local_fs.py): Hadoop's, without a chmod process per
+# file it creates. Compiled with a JDK against this pyspark's Hadoop client; the runtime image
+# carries a JRE only, and the jar.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+ && rm -rf /var/lib/apt/lists/*
+COPY jobs ./jobs
+COPY deps/local-fs ./deps/local-fs
+RUN python -m jobs.local_fs && ls .cache/jars/local-fs/nio-local-fs-*.jar
 
 # Stage 2: the JVM artifacts from Maven Central (deps/*/pom.xml), fetched as `make jars`
 # does: Apache Kafka for the all-in-one `run` without KAFKA_BOOTSTRAP_SERVERS, and Spark's
@@ -53,6 +62,8 @@ COPY jobs ./jobs
 COPY config ./config
 COPY --from=native /opt/streamalert/build ./build
 COPY --from=jars /opt/streamalert/.cache/jars ./.cache/jars
+COPY --from=native /opt/streamalert/.cache/jars/local-fs ./.cache/jars/local-fs
+COPY deps/local-fs ./deps/local-fs
 
 USER streamalert
 ENV PYSPARK_PYTHON=/usr/local/bin/python \

@@ -25,8 +25,9 @@ venv: $(STAMP) ## Create .venv and install pinned requirements (idempotent)
 system-deps: ## Install the Debian packages the integration tests use, when missing
 	@bash scripts/system-deps.sh
 
-jars: ## Fetch Apache Kafka (the embedded broker) and Spark's Kafka connector from Maven (idempotent)
+jars: ## Fetch Apache Kafka (the embedded broker) and Spark's Kafka connector from Maven; compile Spark's local file system (idempotent)
 	@bash scripts/fetch-jars.sh kafka spark-kafka
+	@if [ -x $(PY) ]; then $(PY) -m jobs.local_fs; fi
 
 native: $(DEV_STAMP) ## Compile the evaluator's hot path with mypyc (idempotent; plain Python without a C compiler)
 	$(PY) -m app native build

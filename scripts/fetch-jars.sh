@@ -8,9 +8,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${APP_JARS_CACHE:-$root/.cache/jars}"
 if ! command -v mvn >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo -n"
-  echo "installing maven (and a Java 17 runtime) from Debian"
+  echo "installing maven (and a Java 17 JDK: javac builds jobs/local_fs.py's jar) from Debian"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends maven openjdk-17-jre-headless >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends maven openjdk-17-jdk-headless >/dev/null
 fi
 for name in "$@"; do
   pom="$root/deps/$name/pom.xml"

@@ -83,19 +83,20 @@ def test_a_local_driver_starts_without_sparks_start_up_chatter(tmp_path: Path) -
 
 
 #: a stateful streaming query for a few micro-batches, once with each checkpoint manager; prints
-#: how many ``readlink`` processes the JVM started during each (the fake below counts them)
+#: how many ``readlink`` and ``chmod`` processes the JVM started during each (the fakes below
+#: count them)
 CHECKPOINTS = """
 import sys, time
 from jobs.session import CHECKPOINT_MANAGER, build_session
 log, base, default = sys.argv[1:4]
 s = build_session('local[1]', app_name='ck', shuffle_partitions=1, extra={'spark.ui.enabled': 'false'})
-def forks():
-    return len(open(log).read().splitlines())
+def forks(tool):
+    return sum(line.split()[0] == tool for line in open(log).read().splitlines())
 def batches(q):
     return len([p for p in q.recentProgress if p['numInputRows']])
 for name, manager in (('ours', s.conf.get(CHECKPOINT_MANAGER)), ('context', default)):
     s.conf.set(CHECKPOINT_MANAGER, manager)
-    before = forks()
+    before = {tool: forks(tool) for tool in ('readlink', 'chmod')}
     counts = s.readStream.format('rate').option('rowsPerSecond', 50).load().groupBy('value').count()
     q = (counts.writeStream.format('noop').outputMode('update').option('checkpointLocation', f'{base}/{name}')
          .trigger(processingTime='100 milliseconds').start())
@@ -103,23 +104,26 @@ for name, manager in (('ours', s.conf.get(CHECKPOINT_MANAGER)), ('context', defa
     while batches(q) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
     q.stop()
-    print(name, batches(q), forks() - before)
+    print(name, batches(q), *(forks(tool) - n for tool, n in before.items()))
 s.stop()
 """
 
 
 def test_a_local_sessions_checkpoints_start_no_process_per_file(tmp_path: Path) -> None:
-    """Hadoop's FileContext renames a local file after reading its link status with a
-    ``readlink`` subprocess (no native library): one fork of the driver's JVM per renamed
-    checkpoint file, several per micro-batch. A ``readlink`` first on the JVM's PATH counts
-    them: none with the session's checkpoint manager, some with Spark's default."""
+    """Without Hadoop's native library, its local file system forks the driver's JVM for two
+    things each micro-batch does to its checkpoint files, several times per batch:
+    ``FileContext`` reads a file's link status with ``readlink`` before renaming it, and a new
+    file gets its permission from ``chmod``. Fakes first on the JVM's PATH count them: none
+    with the session's checkpoint manager and file system (``jobs.local_fs``), some with
+    Spark's default manager, whose ``FileContext`` also uses Hadoop's own file system."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    log = tmp_path / "readlink.log"
+    log = tmp_path / "forks.log"
     log.write_text("")
-    real = next(p for d in os.environ["PATH"].split(os.pathsep) if (p := Path(d) / "readlink").is_file())
-    (fake / "readlink").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
-    (fake / "readlink").chmod(0o755)
+    for tool in ("readlink", "chmod"):
+        real = next(p for d in os.environ["PATH"].split(os.pathsep) if (p := Path(d) / tool).is_file())
+        (fake / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {log}\nexec {real} "$@"\n')
+        (fake / tool).chmod(0o755)
     default = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
     done = subprocess.run(
         [sys.executable, "-c", CHECKPOINTS, str(log), str(tmp_path / "ck"), default], cwd=PROJECT_ROOT,
@@ -127,7 +131,9 @@ def test_a_local_sessions_checkpoints_start_no_process_per_file(tmp_path: Path) 
         timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    found = {name: (int(n), int(forks)) for name, n, forks in (ln.split() for ln in done.stdout.splitlines())}
-    assert found["ours"][0] >= 4 and found["context"][0] >= 4, found  # both ran micro-batches
-    assert found["ours"][1] == 0, found
-    assert found["context"][1] >= found["context"][0], found  # at least one per micro-batch
+    lines = (ln.split() for ln in done.stdout.splitlines())
+    found = {name: tuple(map(int, counts)) for name, *counts in lines}
+    (ours, ours_readlinks, ours_chmods), (theirs, readlinks, chmods) = found["ours"], found["context"]
+    assert ours >= 4 and theirs >= 4, found  # both ran micro-batches
+    assert ours_readlinks == 0 and ours_chmods == 0, found
+    assert readlinks >= theirs and chmods >= theirs, found  # at least one of each per micro-batch
