@@ -1,7 +1,7 @@
 """CPython's cyclic garbage collector, tuned for the processes that hold the evaluator's
-state: the Faust worker (``agents/__main__.py``) and the Faust-engine backtest
-(``python -m app backtest``). Spark's Python workers keep Python's defaults: they restore a
-stream's state per micro-batch, and the same thresholds there measured no change.
+state: the Faust worker (``agents/__main__.py``), the Faust-engine backtest
+(``python -m app backtest``) and Spark's Python workers (``jobs/pydaemon.py``), which
+restore a stream partition's state from JSON at every micro-batch.
 
 With Python's default thresholds (700, 10, 10) a young collection runs after every 700
 net new containers, and a full one, which walks every live object, whenever the
