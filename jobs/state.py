@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
@@ -57,6 +58,11 @@ STATE_SCHEMA = "json string"
 BUCKETS = 64
 HOLDS = "\x00holds"  # cannot clash with a schema field name
 Rows = list[tuple[Any, ...]]
+#: per Python worker process: each bucket's state as its last micro-batch here left it, as
+#: the JSON that batch stored and as the objects themselves (:func:`streaming_fn`)
+LIVE_STATES: dict[tuple[str, Any], tuple[str, dict[str, State]]] = {}
+#: more live buckets than that: the buckets moved to other workers; all are dropped
+MAX_LIVE_STATES = 256
 _ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds")
 
 
@@ -98,6 +104,8 @@ class GroupRunner:
     def __init__(self, plan: SparkPlan, streams: StreamRunner | None = None) -> None:
         self.rules = {r.rule.id: (r.idx, with_native_condition(r.rule)) for r in plan.rules}
         self.streams = streams
+        #: this runner and its copies on the executors: one query's live states (:func:`streaming_fn`)
+        self.token = uuid.uuid4().hex
 
     def run_key(
         self, key: str, rows: list[tuple[Any, ...]], state: State | None
@@ -174,17 +182,43 @@ def _frame(rows: Rows) -> pd.DataFrame:
 def streaming_fn(
     runner: GroupRunner,
 ) -> Callable[[Any, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
-    def fn(_bucket: Any, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+    def fn(bucket: Any, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         before = state.get[0] if state.exists else "{}"
-        states: dict[str, State] = orjson.loads(before)
+        slot = (runner.token, bucket)
+        states = take_live(slot, before)
+        if states is None:
+            states = orjson.loads(before)
         rows = runner.run_many(pdfs, states)
         after = orjson.dumps(states, option=orjson.OPT_SORT_KEYS).decode()
         if after != before:
             state.update((after,))
+        keep_live(slot, after, states)
         if rows:
             yield _frame(rows)
 
     return fn
+
+
+def take_live(slot: tuple[str, Any], stored: str) -> dict[str, State] | None:
+    """The states a bucket's last micro-batch in this worker left, if ``stored`` (the JSON
+    Spark's state store gives this batch) is what that batch stored; else None. Taken out of
+    :data:`LIVE_STATES`: a batch that fails midway leaves nothing behind to be reused.
+
+    A module function, not part of :func:`streaming_fn`'s closure: Spark ships the closure to
+    the workers by value, with a copy of the globals it reads, so a cache it read would be a
+    new empty one in every task."""
+    live = LIVE_STATES.pop(slot, None)
+    if live is not None and live[0] == stored:
+        return live[1]
+    return None
+
+
+def keep_live(slot: tuple[str, Any], stored: str, states: dict[str, State]) -> None:
+    """Keep the states a micro-batch leaves, with the JSON it stored, for the bucket's next
+    batch in this worker (:func:`take_live`)."""
+    if len(LIVE_STATES) >= MAX_LIVE_STATES:
+        LIVE_STATES.clear()  # buckets moved to other workers, or several queries ran here
+    LIVE_STATES[slot] = (stored, states)
 
 
 def bucket(key: Column) -> Column:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ import orjson
 
 from app.events import SCHEMAS, Event, dlq_record
 from app.placement import partition_for
-from app.rules.evaluator import LATE_TOPIC, Engine, Output, StreamEvaluator
+from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
@@ -157,6 +158,12 @@ def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: b
         return None
     return StreamRouter({k: tuple(v) for k, v in by_source.items()}, partitions, record_partitions)
 
+
+#: per Python worker process: each stream key's evaluator as its last micro-batch here left
+#: it, with the state object that batch returned for the key (:meth:`StreamRunner.run_key`)
+LIVE_EVALUATORS: dict[tuple[str, str], tuple[State, StreamEvaluator]] = {}
+#: more live evaluators than that: the keys moved to other workers; all are dropped
+MAX_LIVE_EVALUATORS = 256
 
 #: where an event's natively computed conditions travel in its fields (NUL: no schema field
 #: starts with it), so an event the evaluator holds for its time (docs/event-time.md), or
@@ -270,6 +277,9 @@ class StreamRunner:
         self.bootstrap = bootstrap
         self.security = dict(security or {})
         self._follower: RegistryFollower | None = None
+        #: this runner and its copies on the executors (a query's, or a backtest's): the
+        #: live evaluators of one never serve another
+        self.token = uuid.uuid4().hex
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_follower": None}
@@ -306,13 +316,23 @@ class StreamRunner:
         """One stream key's rows in (partition, offset) order -> (output rows, new state).
 
         A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``.
+
+        The evaluator is restored from ``state``, unless ``state`` is the very object this
+        worker's evaluator returned for the key at its last micro-batch (:func:`jobs.state.take_live`
+        hands it back when Spark's state store holds what that batch stored): then that
+        evaluator goes on, as the Faust worker's does between events.
         """
         name, partition = parse_stream_key(key)
         spec = self.specs[name]
-        evaluator = self._evaluator(spec, key)
+        live = LIVE_EVALUATORS.pop((self.token, key), None)  # taken: a failed batch leaves none
+        if live is not None and state is not None and state is live[0]:
+            evaluator, restore = live[1], False  # it holds this very state: nothing to restore
+            evaluator.stats = EvalStats()  # counts per micro-batch
+        else:
+            evaluator, restore = self._evaluator(spec, key), True
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
-        if state is not None:
+        if restore and state is not None:
             store.data = dict(state["s"])
             if state.get("c") is not None:
                 evaluator.clocks[partition] = int(state["c"])
@@ -354,7 +374,20 @@ class StreamRunner:
             out = [(*r[:6], r[6] - IDX_BASE + IDX_HELD, *r[7:]) if r[6] >= IDX_BASE else r for r in out]
         if not store.data and partition not in evaluator.clocks:
             return out, None
-        return out, {"c": evaluator.clocks.get(partition), "s": store.data}
+        after = {"c": evaluator.clocks.get(partition), "s": store.data}
+        if self._keeps_live(spec):
+            if len(LIVE_EVALUATORS) >= MAX_LIVE_EVALUATORS:
+                LIVE_EVALUATORS.clear()
+            LIVE_EVALUATORS[self.token, key] = (after, evaluator)
+        return out, after
+
+    def _keeps_live(self, spec: StreamSpec) -> bool:
+        """Whether the evaluator may serve the key's next micro-batch in this worker: in a
+        streaming query (a backtest has one batch), and with no registry table (a live
+        evaluator would keep the tables, and the joins it cached, of the task that built it)."""
+        if self.end_of_input or self.tables is not None:
+            return False
+        return not any(self.rules[r].rule.enrich or self.rules[r].rule.expect_from for r in spec.rule_ids)
 
 
 def refused_rows(result: Output, source: str, part: int, offset: int, seq: int) -> Rows:

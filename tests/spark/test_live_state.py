@@ -1,0 +1,132 @@
+"""A stream partition's evaluator kept live between micro-batches in a Python worker
+(``jobs.streams.LIVE_EVALUATORS``) gives what an evaluator restored from the stored JSON gives,
+batch by batch: the alerts, the late counts, the refused events and the state stored.
+
+The kinds suite's rules and input (sequences, changes, new terms, every window kind, absence,
+``keep_firing_for``, ``no_data``, event-time order), cut into micro-batches of several sizes;
+no Spark: :class:`jobs.streams.StreamRunner` is what the workers run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+from pyspark import cloudpickle
+
+from app.backtest import BacktestReport, read_events
+from app.rules.loader import load_rules
+from jobs.compile import plan_rules
+from jobs.state import LIVE_STATES, GroupRunner, streaming_fn, take_live
+from jobs.streams import LIVE_EVALUATORS, StreamRunner, stream_key
+from tests.conformance.kind_cases import RULES, lines_for_test
+
+Row = tuple[Any, ...]
+
+
+def rows_by_source() -> dict[str, list[Row]]:
+    """The suite's events as the stream path's task rows, per source, in input order."""
+    out: dict[str, list[Row]] = {}
+    for offset, (source, ev) in enumerate(read_events(lines_for_test(), "kinds", BacktestReport())):
+        row = (orjson.dumps(ev.fields).decode(), None, ev.ts_ms, 0, offset, source, None, None)
+        out.setdefault(source, []).append(row)
+    return out
+
+
+def stored(state: Any) -> Any:
+    """The state as the next micro-batch gets it from Spark's state store: through JSON."""
+    return None if state is None else orjson.loads(orjson.dumps(state, option=orjson.OPT_SORT_KEYS))
+
+
+def parsed(row: Row) -> Row:
+    """An output row with its alert's JSON parsed: a live state's dicts keep the order their
+    keys came in, as the Faust worker's do, where a restored one has JSON's sorted order, and
+    an alert's ``values`` come from them."""
+    return (*row[:3], orjson.loads(row[3]), *row[4:]) if row[0] == "alert" else row
+
+
+def comparable(state: Any) -> Any:
+    """A stored state without its sliding windows' ``generation`` numbers: they come from one
+    counter of the process (they tell a window kept in memory from a stale one), so two runs
+    in one process number their windows apart."""
+    if state is None:
+        return None
+    data = stored(state)
+    for st in data["s"].values():
+        st.pop("generation", None)
+    return data
+
+
+def through_batches(runner: StreamRunner, key: str, rows: list[Row], size: int, live: bool) -> list[Any]:
+    """Each micro-batch's output and stored state; ``live``: the next batch gets the very state
+    object the last one returned (as a worker that ran it does), else its stored JSON."""
+    state, seen = None, []
+    for i in range(0, len(rows), size):
+        out, after = runner.run_key(key, rows[i : i + size], state)
+        if live and after is not None:
+            assert LIVE_EVALUATORS[runner.token, key][0] is after  # kept for the next batch
+        seen.append(([parsed(r) for r in out], comparable(after)))
+        state = after if live else stored(after)
+    return seen
+
+
+@pytest.mark.parametrize("size", [9, 250])
+def test_a_live_evaluator_gives_what_a_restored_one_gives(size: int) -> None:
+    plan = plan_rules(load_rules([RULES]))
+    specs = [dataclasses.replace(s, native=()) for s in plan.streams]  # conditions in Python here
+    by_source = rows_by_source()
+    kept, alerts, late = 0, 0, 0
+    for spec in specs:
+        if any(r.rule.enrich or r.rule.expect_from for r in plan.stream_rules if r.id in spec.rule_ids):
+            continue  # an evaluator with registry tables is never kept live (their follower's)
+        rows = by_source.get(spec.source, [])
+        key = stream_key(spec.name, 0)
+        runner = StreamRunner(plan.stream_rules, specs, 1, max_skew_ms=-1)
+        restored = through_batches(runner, key, rows, size, live=False)
+        live = through_batches(runner, key, rows, size, live=True)
+        assert live == restored, spec.name
+        kept += 1
+        alerts += sum(r[0] == "alert" for out, _ in live for r in out)
+        late += sum(r[0] == "late" for out, _ in live for r in out)
+    assert kept >= 3 and alerts >= 20 and late >= 1, (kept, alerts, late)  # something was compared
+
+
+class StoredState:
+    """What the pandas function reads and writes of Spark's ``GroupState``."""
+
+    def __init__(self, json: str | None) -> None:
+        self.json = json
+
+    @property
+    def exists(self) -> bool:
+        return self.json is not None
+
+    @property
+    def get(self) -> tuple[str]:
+        assert self.json is not None
+        return (self.json,)
+
+    def update(self, value: tuple[str]) -> None:
+        self.json = value[0]
+
+
+def test_the_live_states_outlive_the_copy_of_the_function_spark_ships() -> None:
+    """Spark ships the stateful function to the workers by value, with a copy of the globals
+    it reads: the live states must be the module's, seen by every copy (a cache inside the
+    closure was empty in each task, and nothing was ever reused)."""
+    runner = GroupRunner(plan_rules(load_rules([RULES])))
+    first, second = (cloudpickle.loads(cloudpickle.dumps(streaming_fn(runner))) for _ in range(2))
+    state = StoredState(None)
+    assert list(first(("b",), iter([]), state)) == []
+    assert LIVE_STATES[runner.token, ("b",)][0] == "{}"  # kept where the next copy looks
+    list(second(("b",), iter([]), StoredState("{}")))
+    assert take_live((runner.token, ("b",)), "{}") == {}
+    assert (runner.token, ("b",)) not in LIVE_STATES  # taken
+
+
+def test_live_states_serve_only_the_json_they_stored() -> None:
+    slot = ("some-query", ("bucket",))
+    LIVE_STATES[slot] = ('{"k":1}', {"k": 1})
+    assert take_live(slot, '{"k":2}') is None  # the store holds another batch's state
+    assert slot not in LIVE_STATES  # and the stale one is gone
