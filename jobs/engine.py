@@ -17,6 +17,7 @@ it then stops the query, the sink's producer and the session.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import threading
@@ -31,6 +32,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
@@ -42,8 +44,8 @@ from jobs.decode import Decoder
 from jobs.fastdecode import decode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
-from jobs.sink import BatchMarker, KafkaSink
-from jobs.state import apply_lifecycle
+from jobs.sink import BatchMarker, KafkaSink, write_durably
+from jobs.state import LEGACY_STATE_BUCKETS, STATE_BUCKETS, apply_lifecycle
 from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,39 @@ def marker_path(settings: Settings, query: str = QUERY) -> Path:
     return checkpoint_dir(settings, query) / "_sink_marker.json"
 
 
+def layout_path(settings: Settings, query: str = QUERY) -> Path:
+    """The checkpoint's own record of how its state is laid out (:func:`state_buckets`)."""
+    return checkpoint_dir(settings, query) / "_layout.json"
+
+
+def state_buckets(settings: Settings, query: str = QUERY) -> int:
+    """How many buckets the query's checkpoint keeps the keyed path's state in.
+
+    Spark finds a bucket's state by its group key only: a query that hashed keys into another
+    number of buckets than its checkpoint's would not find the state of most keys, and their
+    alerts would start over. So the checkpoint records its count (``_layout.json``) and a
+    query always uses it: :data:`jobs.state.STATE_BUCKETS` for a new checkpoint, 64 for one
+    written before checkpoints recorded it (one with offsets and no record)."""
+    path = layout_path(settings, query)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        offsets = checkpoint_dir(settings, query) / "offsets"
+        legacy = offsets.is_dir() and any(offsets.iterdir())
+        buckets = LEGACY_STATE_BUCKETS if legacy else STATE_BUCKETS
+        write_durably(path, json.dumps({"state_buckets": buckets}).encode())
+        return buckets
+    try:
+        buckets = json.loads(raw)["state_buckets"]
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"{path}: not a checkpoint layout ({exc!r}); delete the checkpoint {path.parent} to start anew"
+        raise ConfigError(msg) from exc
+    if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
+        msg = f"{path}: state_buckets must be a positive integer, not {buckets!r}"
+        raise ConfigError(msg)
+    return buckets
+
+
 def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
     """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
     ``offset``, ``value``), read from Kafka with ``opts``' offsets and batch size."""
@@ -106,7 +141,8 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,
     )  # fmt: skip
-    return apply_lifecycle(tasks(events, plan), plan, streaming=True, streams=streams)
+    buckets = state_buckets(settings, opts.query)
+    return apply_lifecycle(tasks(events, plan), plan, streaming=True, streams=streams, buckets=buckets)
 
 
 async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]:

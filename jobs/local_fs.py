@@ -12,7 +12,7 @@ which Java 17's JDK has) into ``.cache/jars/local-fs/``, under a name that holds
 source's and that client's hash, so a new pyspark or a changed source builds it again.
 ``make jars`` builds it ahead (``python -m jobs.local_fs``); a session finds it there.
 Without ``javac`` there is no jar, and Spark keeps Hadoop's own file system: correct, with a
-process per file (logged once at INFO).
+process per file (said at INFO when a session starts).
 """
 
 from __future__ import annotations

@@ -114,13 +114,19 @@ class BatchMarker:
             return -1
 
     def commit(self, batch_id: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(orjson.dumps({"batch_id": batch_id}))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
+        write_durably(self.path, orjson.dumps({"batch_id": batch_id}))
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename: a kill -9 leaves
+    the old content or the new, never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 class _Loop:

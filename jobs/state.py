@@ -9,12 +9,12 @@ it through a stand-in ``where`` that returns that column, and still sees the
 full event row for annotations and values. Late events are skipped (and
 counted) exactly as by the evaluator.
 
-State: keys are hashed into :data:`BUCKETS` buckets, and
+State: keys are hashed into buckets (:data:`STATE_BUCKETS` for a new checkpoint), and
 ``applyInPandasWithState`` keeps one JSON object per bucket mapping state key
 -> the evaluator's state dict (stamped with the rule version, like the
 Faust engine's). One Python call per touched bucket, not per key: per-call
 overhead, not the rules, dominated with thousands of keys per micro-batch. The
-bucket count is part of the checkpoint; changing it needs a new checkpoint. A
+bucket count is part of the checkpoint, which records it (``jobs.engine.state_buckets``). A
 backtest runs the same code over ``mapInPandas`` with empty state.
 
 Output rows (:data:`OUTPUT_SCHEMA`): ``alert`` (topic ``alerts``, key =
@@ -55,7 +55,12 @@ OUTPUT_SCHEMA = (
 )
 OUTPUT_COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "json string"
-BUCKETS = 64
+#: the keyed path's state buckets of a new checkpoint. Each costs a Python call per micro-batch
+#: that touches it (with a thousand devices, every one): fewer took the threshold bench pack's
+#: 10,000-event micro-batches from 0.74-0.93 s (64) to 0.63-0.67 s (4) (docs/spark.md)
+STATE_BUCKETS = 8
+#: the buckets of a checkpoint written before checkpoints recorded theirs
+LEGACY_STATE_BUCKETS = 64
 HOLDS = "\x00holds"  # cannot clash with a schema field name
 Rows = list[tuple[Any, ...]]
 #: per Python worker process: each bucket's state as its last micro-batch here left it, as
@@ -221,30 +226,32 @@ def keep_live(slot: tuple[str, Any], stored: str, states: dict[str, State]) -> N
     LIVE_STATES[slot] = (stored, states)
 
 
-def bucket(key: Column) -> Column:
-    """The state group of a key: a keyed rule's bucket (Spark's murmur3 hash, stable across
-    runs and hosts), or a stream key itself (one evaluator stream partition per group)."""
+def bucket(key: Column, buckets: int) -> Column:
+    """The state group of a key: a keyed rule's bucket, one of ``buckets`` (Spark's murmur3
+    hash, stable across runs and hosts), or a stream key itself (one evaluator stream
+    partition per group)."""
     return (
         F.when(key == DLQ_KEY, F.lit("-1"))
         .when(key.startswith(STREAM_PREFIX), key)
-        .otherwise(F.pmod(F.hash(key), F.lit(BUCKETS)).cast("string"))
+        .otherwise(F.pmod(F.hash(key), F.lit(buckets)).cast("string"))
     )
 
 
 def apply_lifecycle(
-    tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None
-) -> DataFrame:
+    tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None,
+    buckets: int = STATE_BUCKETS,
+) -> DataFrame:  # fmt: skip
     """Run :class:`GroupRunner` on every key's rows.
 
-    Streaming: ``applyInPandasWithState`` per state group (:func:`bucket`),
-    state kept by Spark. Batch: a keyed rule's rows from its first TRUE
+    Streaming: ``applyInPandasWithState`` per state group (:func:`bucket`, keyed rules in
+    ``buckets`` groups: the checkpoint's), state kept by Spark. Batch: a keyed rule's rows from its first TRUE
     condition on (the earlier ones cannot change anything), a stream key's rows
     all, hash-partitioned by key, each partition's keys in one Python call.
     """
     runner = GroupRunner(plan, streams)
     if streaming:
         return (
-            tasks.withColumn("__bucket", bucket(F.col("__key")))
+            tasks.withColumn("__bucket", bucket(F.col("__key"), buckets))
             .groupBy("__bucket")
             .applyInPandasWithState(
                 streaming_fn(runner), OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+import jobs.engine
 from app.errors import IngestDecodeError
 from app.events import SENSORS
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import Settings
-from jobs.engine import checkpoint_dir, marker_path
+from jobs.engine import checkpoint_dir, layout_path, marker_path, state_buckets
 from jobs.sink import BatchMarker, KafkaSink
-from jobs.state import OUTPUT_SCHEMA
+from jobs.state import LEGACY_STATE_BUCKETS, OUTPUT_SCHEMA, STATE_BUCKETS
 from tests.kafka_helpers import consume_json, produce
 from tests.spark.conftest import FORMATS
 from tests.spark.helpers import both_engines, by_fingerprint, expected, nab_lines, run_once
@@ -41,7 +42,7 @@ def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
     monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", fmt)
     ruleset = both_engines()
     lines = nab_lines(6000)  # several overheat episodes and a cold streak
-    first, second = lines[:2600], lines[2600:]  # the cut falls inside the first overheat episode
+    first, second = lines[:2409], lines[2409:]  # the cut: inside an overheat episode (05:35-06:55)
     produce(
         broker.bootstrap,
         "events.sensors",
@@ -67,6 +68,30 @@ def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
         reasons.append((err.value.reason, err.value.field, raw.decode()))
     assert [(d["reason"], d["field"], d["raw"]) for d in dlq] == reasons
     assert {d["adapter"] for d in dlq} == {"spark-engine"} and {d["source"] for d in dlq} == {"sensors"}
+
+
+def test_a_checkpoint_written_before_the_layout_record_resumes_with_its_state(
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine of before the layout record hashed the keyed path's state into 64 buckets
+    and wrote no record: resumed by this one, the checkpoint keeps 64, and the overheat
+    episode the restart cuts goes on with the same alert ids (with 8 buckets its key's state
+    would be looked for in another group, and its alerts would start over)."""
+    ruleset = both_engines()
+    lines = nab_lines(6000)
+    first, second = lines[:2409], lines[2409:]  # the cut: inside an overheat episode (05:35-06:55)
+    produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in first])
+    with monkeypatch.context() as before:
+        before.setattr(jobs.engine, "STATE_BUCKETS", LEGACY_STATE_BUCKETS)  # the engine before
+        run_once(spark, settings, ruleset, per_trigger=700)
+    layout_path(settings).unlink()  # which recorded nothing
+    assert STATE_BUCKETS != LEGACY_STATE_BUCKETS
+
+    produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in second])
+    run_once(spark, settings, ruleset, per_trigger=1500)
+    assert state_buckets(settings) == LEGACY_STATE_BUCKETS  # found so, and now recorded
+    alerts = consume_json(broker.bootstrap, "alerts", timeout_s=3)
+    assert by_fingerprint(alerts) == expected(ruleset, lines)
 
 
 def test_the_sink_writes_a_batch_once_by_its_id(
