@@ -56,8 +56,8 @@ OUTPUT_SCHEMA = (
 OUTPUT_COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "json string"
 #: the keyed path's state buckets of a new checkpoint. Each costs a Python call per micro-batch
-#: that touches it (with a thousand devices, every one): fewer took the threshold bench pack's
-#: 10,000-event micro-batches from 0.74-0.93 s (64) to 0.63-0.67 s (4) (docs/spark.md)
+#: that touches it (with a thousand devices, every one): 8 rather than 64 took the threshold
+#: bench pack's 10,000-event micro-batches from 0.66-0.82 s to 0.55-0.64 s (docs/spark.md)
 STATE_BUCKETS = 8
 #: the buckets of a checkpoint written before checkpoints recorded theirs
 LEGACY_STATE_BUCKETS = 64
