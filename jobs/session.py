@@ -23,8 +23,10 @@ Decisions, written down once:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -192,18 +194,26 @@ def session_unless_stopped(
     and it dies; pyspark then fails with py4j's connection errors. That is a stop, not a
     crash: said in one line, exit 0. py4j's own record of those errors (a traceback per call,
     at INFO) is kept out of the log (:func:`quiet_py4j`), and so are its errors once ``stop``
-    is set. A signal to the role alone (the supervisor's, ``Role.stops_children``) lets the
-    JVM start: the session is then stopped, and its JVM, before any query starts.
+    is set. A signal to the role alone (the supervisor's, ``Role.stops_children``) ends the
+    same way: the JVM this process is starting is stopped (:func:`_end_a_starting_jvm`), so a
+    stop does not wait for a start that takes 10 s and more on a loaded host. A session that
+    was ready first is stopped, and its JVM, before any query starts.
     """
     quiet_py4j(stop)
     logger.info("starting the Spark session (master %s)", master or "of spark-submit")
+    starting = _Starting()
+    threading.Thread(
+        target=_end_a_starting_jvm, args=(stop, starting), name="spark-start-stop", daemon=True
+    ).start()
     try:
         spark = build_session(master, app_name, shuffle_partitions)
     except Exception:
+        starting.done()
         if not stop.is_set():
             raise
         logger.info("stopped while Spark was starting")
         return None
+    starting.done()
     if stop.is_set():
         jvm = launched_jvm()
         spark.stop()
@@ -211,6 +221,55 @@ def session_unless_stopped(
         logger.info("stopped while Spark was starting")
         return None
     return spark
+
+
+class _Starting:
+    """Whether :func:`session_unless_stopped` still waits for its session (under a lock, so the
+    JVM of a session already returned is never stopped from the side)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting = True
+
+    def done(self) -> None:
+        with self.lock:
+            self.waiting = False
+
+
+def _end_a_starting_jvm(stop: threading.Event, starting: _Starting) -> None:
+    """Once ``stop`` is set while the session still starts: terminate the JVM that pyspark
+    launched from this process (a child whose command line is Spark's launcher). pyspark
+    then fails to start, which :func:`session_unless_stopped` takes as the stop it is."""
+    while not stop.wait(0.1):
+        if not starting.waiting:
+            return
+    with starting.lock:
+        if not starting.waiting:
+            return
+        for pid in _spark_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                logger.info("stopping Spark's starting JVM, pid %d", pid)
+
+
+def _spark_children() -> list[int]:
+    """This process's children that run Spark's launcher or JVM (``/proc``; none elsewhere)."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rpartition(")")[2].split()[1])
+            if ppid != me:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if any(b"spark" in arg.lower() for arg in argv):
+            found.append(int(entry.name))
+    return found
 
 
 def launched_jvm() -> subprocess.Popen[bytes] | None:

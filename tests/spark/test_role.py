@@ -60,6 +60,8 @@ def test_sigterm_exits_zero_and_leaves_nothing(
         assert time.monotonic() - started < 10
         if engine == "both":  # the role returned only once its JVM had exited
             assert "the Spark JVM (pid" not in log.read_text(errors="replace")  # not killed: it stopped
+        if ready == "starting the Spark session" and not group:  # it did not wait for the JVM's start
+            assert "stopping Spark's starting JVM" in log.read_text(errors="replace")
     assert "Traceback" not in log.read_text(errors="replace")
     assert gone(str(data)) == []
     if engine == "faust":
