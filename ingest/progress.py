@@ -41,7 +41,7 @@ import orjson
 
 from app.errors import ConfigError
 from app.events import format_ts
-from ingest.statefile import read_json, write_json
+from app.runtime.statefile import read_json, write_json
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import load_rules
 from app.runtime.settings import Settings
+from app.runtime.statefile import write_json
 from app.topics import SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
@@ -44,7 +45,7 @@ from jobs.decode import Decoder
 from jobs.fastdecode import decode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
-from jobs.sink import BatchMarker, KafkaSink, write_durably
+from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import LEGACY_STATE_BUCKETS, STATE_BUCKETS, apply_lifecycle
 from jobs.streams import StreamRunner, router
 
@@ -100,7 +101,8 @@ def state_buckets(settings: Settings, query: str = QUERY) -> int:
         offsets = checkpoint_dir(settings, query) / "offsets"
         legacy = offsets.is_dir() and any(offsets.iterdir())
         buckets = LEGACY_STATE_BUCKETS if legacy else STATE_BUCKETS
-        write_durably(path, json.dumps({"state_buckets": buckets}).encode())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"state_buckets": buckets})
         return buckets
     try:
         buckets = json.loads(raw)["state_buckets"]

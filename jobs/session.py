@@ -95,14 +95,18 @@ def _checkpoint_files(master: str | None) -> dict[str, str]:
     ``FileContext`` refuses atomically; that matters only to two runs of one query at once,
     which Spark refuses within a driver and the supervisor never starts (a role's JVM has
     exited before the role restarts). A cluster or spark-submit, whose checkpoints may be on
-    HDFS or an object store, keeps Spark's default.
-
-    The same local file system set each new file's permission with a ``chmod`` subprocess:
-    :mod:`jobs.local_fs` sets it in the JVM (the offset and commit logs went from 11 to 14
-    ms per micro-batch each to 1 or 2)."""
+    HDFS or an object store, keeps Spark's default."""
     if not _on_this_host(master):
         return {}
-    return {CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS, **local_fs.conf()}
+    return {CHECKPOINT_MANAGER: FILE_SYSTEM_CHECKPOINTS}
+
+
+def _local_file_system(master: str | None) -> dict[str, str]:
+    """A local master's ``file:`` paths (checkpoints, the archive's Parquet files) go through
+    :mod:`jobs.local_fs`: Hadoop's local file system set each new file's permission with a
+    ``chmod`` subprocess, this one sets it in the JVM (the offset and commit logs went from 11
+    to 14 ms per micro-batch each to 1 or 2). A cluster or spark-submit keeps its own."""
+    return local_fs.conf() if _on_this_host(master) else {}
 
 
 def _executor_path(master: str | None) -> dict[str, str]:
@@ -159,6 +163,7 @@ def build_session(
         **({"spark.ui.port": ui_port} if (ui_port := os.environ.get("APP_SPARK_UI_PORT")) else {}),
         **_driver_logging(master),
         **_checkpoint_files(master),
+        **_local_file_system(master),
         **_executor_path(master),
         **(extra or {}),
     }

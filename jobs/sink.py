@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -37,6 +36,7 @@ from pyspark.sql import DataFrame, Row
 
 from app.kafka.clients import make_producer
 from app.runtime.settings import Settings
+from app.runtime.statefile import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -114,19 +114,8 @@ class BatchMarker:
             return -1
 
     def commit(self, batch_id: int) -> None:
-        write_durably(self.path, orjson.dumps({"batch_id": batch_id}))
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename: a kill -9 leaves
-    the old content or the new, never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"batch_id": batch_id})
 
 
 class _Loop:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from app.errors import ConfigError
 from app.events import format_ts
-from ingest.statefile import read_json, write_json
+from app.runtime.statefile import read_json, write_json
 
 logger = logging.getLogger(__name__)
 

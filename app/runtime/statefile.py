@@ -1,4 +1,5 @@
-"""The small JSON state files of the ingest commands (a tailer's position, a run's progress).
+"""Small JSON state files: the ingest commands' (a tailer's position, a run's progress) and
+the Spark engine's (the sink's batch marker, a checkpoint's layout record).
 
 :func:`write_json` replaces a file atomically and durably: a temporary file in the same
 directory, fsync, rename over the old one, fsync of the directory. A crash leaves the old
