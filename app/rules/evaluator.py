@@ -410,11 +410,24 @@ class StreamEvaluator:
             if self.scheduled.get(key) != due:
                 continue  # rescheduled or done since
             del self.scheduled[key]
-            try:
-                out.alerts += logic.on_timer(view, key, clock)
-            except Exception as exc:  # one rule's bug must not stop the others
-                self._failed(rule, exc)
-            self._after(heap, key, view)
+            self._fire(heap, view, key, clock, rule, logic, out)
+
+    def _fire(
+        self, heap: list[tuple[int, str]], view: VersionedStore, key: str, clock: int, rule: CompiledRule,
+        logic: Logic, out: Output,
+    ) -> None:  # fmt: skip
+        """Run ``key``'s timer at ``clock``, then re-arm it from its state. A timer that
+        raises is tried again once the partition's clock has passed ``clock``: its state
+        still says it is due, so re-armed from the state it would run, and fail, again and
+        again within this one event (one rule's bug must not stop the others, nor the
+        partition)."""
+        try:
+            out.alerts += logic.on_timer(view, key, clock)
+        except Exception as exc:
+            self._failed(rule, exc)
+            self._schedule(heap, key, clock + 1)
+            return
+        self._after(heap, key, view)
 
     def _failed(self, rule: CompiledRule, exc: Exception) -> None:
         self.stats.errors += 1
@@ -550,7 +563,14 @@ class StreamEvaluator:
             out.alerts += alerts
         touched: Any = view.touched
         if touched is not None:  # only a write can move the state's timer
-            if not touched or self.scheduled.get(key) != touched.get("due"):  # (else: the same timer)
+            due = touched.get("due") if touched else None
+            if due is not None and int(due) <= clock and (not heap or heap[0][0] > clock):
+                # the event made its own key's timer due at once (a sliding window's change
+                # point at the event, without lateness), and no other timer of the rule is
+                # due (they ran before the event): run it here, as _run_timers would, without
+                # a round trip through the heap
+                self._fire(heap, view, key, clock, rule, logic, out)
+            elif not touched or self.scheduled.get(key) != due:  # (else: the same timer)
                 self._rearm(heap, key, touched or None)
             if heap and heap[0][0] <= clock:
                 self._run_timers(heap, view, clock, rule, logic, out)

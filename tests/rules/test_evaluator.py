@@ -7,10 +7,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app.alerts import Alert, alert_id, fingerprint
 from app.events import SENSORS, Event
-from app.rules.evaluator import Engine, run_backtest
+from app.rules.evaluator import Engine, StreamEvaluator, run_backtest
 from app.rules.loader import load_rules
+from app.rules.logic.base import DictStore
+from app.rules.logic.windows import SlidingLogic
+from app.runtime import native
 from app.tables import Tables
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 from tests.rules.helpers import HOT, rules, sensor
@@ -196,3 +201,103 @@ def test_each_rule_counts_the_events_it_evaluated_and_those_its_where_matched(tm
     assert eng.take_rule_counts() == {}
     eng.process_batch([sensor(20, 130)])
     assert eng.take_rule_counts()["hot"] == (1, 1)
+
+
+#: a sliding window per device whose change point at each event is due at once (no lateness),
+#: or 10 s later (``LATENESS``)
+SPREAD = """  - id: spread
+    source: sensors
+    group_by: [device_id]
+    window: {type: sliding, size: 30s}
+    allowed_lateness: LATENESS
+    aggregate: {lo: min(temperature), hi: max(temperature)}
+    having: hi - lo > 5
+"""
+
+
+def _stream(tmp_path: Path, lateness: str) -> tuple[StreamEvaluator, Any, Any]:
+    """A stream evaluator of ``spread`` (with a test's logic in place of its own) and ``hot``."""
+    rs = rules(tmp_path, SPREAD.replace("LATENESS", lateness) + HOT)
+    spread, hot = rs.rules
+    return StreamEvaluator("sensors.device_id", [spread, hot], DictStore()), spread, hot
+
+
+class _Runaway(BaseException):
+    """Not an ``Exception``: the evaluator does not catch it."""
+
+
+_PLAIN_ONLY = pytest.mark.skipif(
+    native.active(),
+    reason="a compiled logic class cannot be subclassed in Python; make test runs this in its "
+    "plain-Python pass (APP_NATIVE=0)",
+)
+
+
+@_PLAIN_ONLY
+@pytest.mark.parametrize("lateness", ["0s", "10s"])
+def test_a_timer_that_raises_is_tried_again_when_the_clock_moves_not_in_a_loop(
+    tmp_path: Path, lateness: str
+) -> None:
+    """A rule whose timer raises (a bug) is counted, and tried again at a later clock; the
+    evaluator goes on, and the stream's other rules fire. Its state still says the timer is
+    due, so re-arming it from the state used to run it again within the same event, forever:
+    the partition hung, logging the error."""
+    evaluator, spread, _hot = _stream(tmp_path, lateness)
+    calls: list[int] = []
+
+    class Broken(SlidingLogic):
+        def on_timer(self, store: Any, key: str, clock_ms: int) -> list[Any]:
+            calls.append(clock_ms)
+            if len(calls) > 100:
+                raise _Runaway  # not caught by the evaluator: ends the loop, fails the test
+            raise RuntimeError("a bug in the rule's timer")
+
+    evaluator.use_logic(spread.id, Broken(spread))
+    temps = [90.0, 101.0, 102.0, 95.0, 96.0, 97.0]
+    fired = []
+    for minute, temp in enumerate(temps):
+        fired += evaluator.process(sensor(minute, temp)[1]).alerts
+    assert [(a.rule_id, a.status) for a in fired] == [("hot", "firing"), ("hot", "resolved")]
+    assert evaluator.stats.errors == len(calls)
+    assert "a bug in the rule's timer" in evaluator.stats.per_rule_errors[spread.id]
+    # tried at most twice per event (as the clock passes the failed time, and after the
+    # event's own write), and again as the clock moves on: not once and never again
+    assert len(temps) - 1 <= len(calls) <= 2 * len(temps)
+    assert calls == sorted(calls)
+
+
+@_PLAIN_ONLY
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_timer_an_event_makes_due_at_once_runs_at_that_event_once(tmp_path: Path, batch: bool) -> None:
+    """Each event of a sliding window without lateness is a change point due at once: its
+    timer runs at that event, once, after the timers due before it; a later event runs the
+    timers the clock passed (the events leaving the window) first, then its own."""
+    evaluator, spread, _hot = _stream(tmp_path, "0s")
+    runs: list[tuple[str, int]] = []
+
+    class Recording(SlidingLogic):
+        def on_timer(self, store: Any, key: str, clock_ms: int) -> list[Any]:
+            runs.append((key.rsplit("\x1f", 1)[-1], clock_ms))
+            return super().on_timer(store, key, clock_ms)
+
+    evaluator.use_logic(spread.id, Recording(spread))
+    t0 = sensor(0, 0.0)[1].ts_ms
+    events = [
+        sensor(0, 20.0, "d1")[1],
+        _at(sensor(0, 21.0, "d1")[1], t0 + 1_000),
+        _at(sensor(0, 30.0, "d1")[1], t0 + 2_000),
+        _at(sensor(0, 20.0, "d2")[1], t0 + 40_000),
+    ]
+    if batch:
+        alerts = evaluator.process_batch(events).alerts
+    else:
+        alerts = [a for ev in events for a in evaluator.process(ev).alerts]
+    keys = [r[0] for r in runs]
+    assert [r[1] - t0 for r in runs] == [0, 1_000, 2_000, 40_000, 40_000]
+    assert keys[:4] == [keys[0]] * 4 and keys[4] != keys[0]
+    # d1's spread went over 5 at 2 s (20 to 30), and back under as the values left (32 s)
+    assert [(a.status, a.labels["device_id"]) for a in alerts] == [("firing", "d1"), ("resolved", "d1")]
+
+
+def _at(ev: Event, ts_ms: int) -> Event:
+    return SENSORS.validate({**ev.fields, "ts": datetime.fromtimestamp(ts_ms / 1000, UTC).isoformat()})
