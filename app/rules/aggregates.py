@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +167,24 @@ MANY_ADDERS: dict[str, Callable[[Any, Sequence[Any]], Any]] = {
 }
 
 
-class _Count:
+class _Sliding:
+    """One aggregate of a sliding window: values enter newest last and leave oldest first.
+    The common base makes every call from :class:`SlidingAggregates` a native one when
+    compiled (typed as ``Any``, each was a Python method call)."""
+
+    __slots__ = ()
+
+    def add(self, ts: int, v: Any) -> None:
+        raise NotImplementedError
+
+    def remove(self, ts: int, v: Any) -> None:
+        raise NotImplementedError
+
+    def result(self) -> Any:
+        raise NotImplementedError
+
+
+class _Count(_Sliding):
     """count(*) (``star``) or count(x) of a sliding window."""
 
     __slots__ = ("n", "star")
@@ -203,7 +219,7 @@ def _grow(partials: list[float], x: float) -> None:
     partials[i:] = [x]
 
 
-class _Sum:
+class _Sum(_Sliding):
     """sum(x) or avg(x) of a sliding window, exact: integers as a Python int, floats
     as exact partials, so removing a value leaves no rounding behind. The result is
     the correctly rounded sum of the window's values (an int when they all are)."""
@@ -245,41 +261,49 @@ class _Sum:
         return total / self.n if self.avg else total
 
 
-class _Extreme:
+class _Extreme(_Sliding):
     """min(x) or max(x) of a sliding window: a monotonic queue of ``(ts, value)``
     candidates, the oldest first; among equal extremes the earliest wins, as in
-    :func:`_add_min`."""
+    :func:`_add_min`. The queue is a list from ``head`` on (a list's own operations are
+    native when compiled, a deque's are Python calls); the left part is cut off once it is
+    half the list, so each candidate is moved O(1) times."""
 
-    __slots__ = ("queue", "smallest")
+    __slots__ = ("head", "queue", "smallest")
 
     def __init__(self, smallest: bool) -> None:
-        self.queue: deque[tuple[int, Any]] = deque()
+        self.queue: list[tuple[int, Any]] = []
+        self.head = 0
         self.smallest = smallest
 
     def add(self, ts: int, v: Any) -> None:
         if v is None:
             return
-        q = self.queue
+        q, head = self.queue, self.head
         if self.smallest:
-            while q and q[-1][1] > v:
+            while len(q) > head and q[-1][1] > v:
                 q.pop()
         else:
-            while q and q[-1][1] < v:
+            while len(q) > head and q[-1][1] < v:
                 q.pop()
         q.append((ts, v))
 
     def remove(self, ts: int, v: Any) -> None:
         # the window's oldest value is either the queue's head or was dropped by a
         # later, strictly more extreme one (which is then ahead of any equal value)
-        q = self.queue
-        if v is not None and q and q[0][0] == ts and q[0][1] == v:
-            q.popleft()
+        q, head = self.queue, self.head
+        if v is not None and len(q) > head and q[head][0] == ts and q[head][1] == v:
+            head += 1
+            if head * 2 >= len(q):
+                del q[:head]
+                head = 0
+            self.head = head
 
     def result(self) -> Any:
-        return self.queue[0][1] if self.queue else None
+        q = self.queue
+        return q[self.head][1] if len(q) > self.head else None
 
 
-class _Distinct:
+class _Distinct(_Sliding):
     """count(distinct x) of a sliding window: a count per distinct value."""
 
     __slots__ = ("counts",)
@@ -305,7 +329,7 @@ class _Distinct:
         return min(len(self.counts), MAX_VALUES)  # as the capped list of first values
 
 
-class _Percentile:
+class _Percentile(_Sliding):
     """percentile(x, p) of a sliding window: its values kept sorted."""
 
     __slots__ = ("p", "values")
@@ -337,7 +361,7 @@ class SlidingAggregates:
     __slots__ = ("accs", "size")
 
     def __init__(self, specs: Sequence[AggSpec]) -> None:
-        self.accs: list[Any] = [_sliding(a) for a in specs]
+        self.accs: list[_Sliding] = [_sliding(a) for a in specs]
         self.size = 0
 
     def add(self, ts: int, inputs: Sequence[Any]) -> None:
@@ -357,7 +381,7 @@ class SlidingAggregates:
         return self.size > MAX_VALUES and any(isinstance(a, _Percentile) for a in self.accs)
 
 
-def _sliding(spec: AggSpec) -> Any:
+def _sliding(spec: AggSpec) -> _Sliding:
     func = spec.func
     if func in ("count_star", "count"):
         return _Count(star=func == "count_star")

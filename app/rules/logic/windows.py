@@ -80,6 +80,11 @@ class _Aggregating(Logic):
         #: each aggregate's name and its previous window's column in ``having`` (``prev(x)``),
         #: when ``having`` reads any (its only synthetic columns are ``prev.<name>``)
         self._prev_names = [(a.name, f"prev.{a.name}") for a in self.aggs] if self.having.synthetic else []
+        #: ``having`` reads aggregates only (no group field, no ``prev(x)``, no baseline): it
+        #: runs on the results as they are, without a row built for it at every evaluation
+        self._having_on_results = not self.having.synthetic and self.having.columns.isdisjoint(
+            rule.facts.group_by
+        )
         #: the results of an empty window (``prev(x)`` when the previous window had no event);
         #: shared, read only
         self._empty_results = self.results(self.empty())
@@ -128,6 +133,8 @@ class _Aggregating(Logic):
         self, group: tuple[str, ...], aggs: Mapping[str, Any], prev: Mapping[str, Any] | None,
         extra: Mapping[str, Any] | None = None,
     ) -> bool:  # fmt: skip
+        if self._having_on_results and not extra:
+            return self.having(aggs) is True
         row = group_row(self.rule, group)
         row.update(aggs)
         if extra:
@@ -588,7 +595,6 @@ class SlidingLogic(_Buffered):
         # ``t - size`` leave it (``gone``: the next to leave), merged
         lo = 0
         alerts: list[Alert] = []
-        row = group_row(self.rule, group)
         n = len(ev)
         while True:
             p = ev[hi][0] if hi < n and ev[hi][0] <= wm else _NO_POINT
@@ -607,15 +613,17 @@ class SlidingLogic(_Buffered):
             aggs = self.results(self._window(st, p)) if window.capped() else window.results(self.aggs)
             if self.active(group, aggs, None):
                 found = match(st, p, p, self.consecutive, self.for_ms)
-                if found == FIRES:
-                    alerts.append(
-                        build_alert(self.rule, "firing", group, row, st["streak_since"], None, p, aggs)
-                    )
+                if found == FIRES:  # the group row only for an alert: most change points raise none
+                    row = group_row(self.rule, group)
+                    since = st["streak_since"]
+                    alerts.append(build_alert(self.rule, "firing", group, row, since, None, p, aggs))
                 elif found == PENDS:  # for/consecutive not met yet: pending
+                    row = group_row(self.rule, group)
                     alerts.append(build_alert(self.rule, "pending", group, row, p, None, p, aggs))
             else:
                 status = ending(st)
                 if status is not None:  # resolved, or the streak broke before it fired: inactive
+                    row = group_row(self.rule, group)
                     alerts.append(build_alert(self.rule, status, group, row, started(st), p, p, aggs))
                 reset(st)
         # no change point lies between the last one and the new t: the window is as of t, and
