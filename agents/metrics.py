@@ -16,6 +16,12 @@ RULE_MATCHED = Counter(
     "Events a rule evaluated whose where was TRUE (all of them without where)",
     ["rule"],
 )
+RULE_ERRORS = Counter(
+    "worker_rule_errors_total",
+    "Evaluations of a rule that raised (a bug, or a state it cannot read): each is logged with its "
+    "traceback, and the rule goes on with the next event",
+    ["rule"],
+)
 DLQ_EVENTS = Counter("worker_dlq_total", "Invalid events sent to the dead-letter topic", ["source"])
 ALERTS_OUT = Counter("worker_alerts_total", "Alert transitions produced", ["rule", "status"])
 LATE = Counter("worker_late_events_total", "Events a stateful rule could not use (late)", ["source"])

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from agents.metrics import RELOADS, RULE_EVENTS, RULE_MATCHED, RULES
+from agents.metrics import RELOADS, RULE_ERRORS, RULE_EVENTS, RULE_MATCHED, RULES
 from agents.state_store import TableStore
 from agents.topics import extra_topics
 from app.errors import RuleConfigError
@@ -53,6 +53,7 @@ class Runtime:
                 for r in s.evaluator.rules:
                     RULE_EVENTS.labels(r.id)
                     RULE_MATCHED.labels(r.id)
+                    RULE_ERRORS.labels(r.id)
 
     def build(self, ruleset: RuleSet) -> Engine:
         def store_of(stream: str) -> DictStore:
@@ -73,15 +74,18 @@ class Runtime:
 
     def count_rules(self) -> dict[str, tuple[int, int]]:
         """Add the events each rule evaluated and matched since the last call to
-        ``worker_rule_events_total`` and ``worker_rule_matched_total`` (the engine counts them
-        per batch and rule; this runs once a second and before a reload, on the event loop
-        that runs the batches). Returns what it added."""
+        ``worker_rule_events_total`` and ``worker_rule_matched_total``, and its evaluations
+        that raised to ``worker_rule_errors_total`` (the engine counts them per batch and
+        rule; this runs once a second and before a reload, on the event loop that runs the
+        batches). Returns the events and matches it added."""
         counts = self.engine.take_rule_counts()
         for rule_id, (seen, matched) in counts.items():
             if seen:
                 RULE_EVENTS.labels(rule_id).inc(seen)
             if matched:
                 RULE_MATCHED.labels(rule_id).inc(matched)
+        for rule_id, failed in self.engine.take_rule_errors().items():
+            RULE_ERRORS.labels(rule_id).inc(failed)
         return counts
 
     def stream(self, source: str, name: str) -> Stream | None:

@@ -158,6 +158,9 @@ class EvalStats:
     #: per rule, those of :attr:`rule_events` whose ``where`` was TRUE (every one for a rule
     #: without ``where``)
     rule_matched: dict[str, int] = field(default_factory=dict)
+    #: per rule, its evaluations that raised (counted in :attr:`errors` too; the last one's
+    #: text in :attr:`per_rule_errors`), drained by :meth:`Engine.take_rule_errors`
+    rule_errors: dict[str, int] = field(default_factory=dict)
 
 
 def group_and_suffix(rule: CompiledRule, row: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
@@ -430,8 +433,10 @@ class StreamEvaluator:
         self._after(heap, key, view)
 
     def _failed(self, rule: CompiledRule, exc: Exception) -> None:
-        self.stats.errors += 1
-        self.stats.per_rule_errors[rule.id] = repr(exc)
+        stats = self.stats
+        stats.errors += 1
+        stats.per_rule_errors[rule.id] = repr(exc)
+        stats.rule_errors[rule.id] = stats.rule_errors.get(rule.id, 0) + 1
         logger.exception("rule %s failed", rule.id)
 
     def _expect_registry(self, partition: int, clock: int) -> None:
@@ -823,6 +828,18 @@ class Engine:
                     seen, matched = out.get(rid, (0, 0))
                     out[rid] = (seen + n, matched + st.rule_matched.get(rid, 0))
                 st.rule_events, st.rule_matched = {}, {}
+        return out
+
+    def take_rule_errors(self) -> dict[str, int]:
+        """Per rule, its evaluations that raised since the last call (see
+        :attr:`EvalStats.rule_errors`), summed over the rule's stream; they start again from zero."""
+        out: dict[str, int] = {}
+        for streams in self.streams.values():
+            for s in streams:
+                st = s.evaluator.stats
+                for rid, n in st.rule_errors.items():
+                    out[rid] = out.get(rid, 0) + n
+                st.rule_errors = {}
         return out
 
     @property

@@ -48,3 +48,28 @@ def test_rule_counts_reach_the_counters_per_rule_and_survive_a_reload(tmp_path: 
     rt.engine.process_batch([sensor(6, 150)])
     rt.count_rules()
     assert (sample("worker_rule_events_total", hot), sample("worker_rule_matched_total", hot)) == (5.0, 3.0)
+
+
+def test_a_rule_that_raises_is_counted_per_rule_and_the_worker_goes_on(tmp_path: Path) -> None:
+    """A state the rule cannot read (here a corrupted one) makes its evaluation raise: the
+    error is counted in ``worker_rule_errors_total{rule}`` (declared at 0 before), once, and
+    the next events still evaluate."""
+    hot = "hot-err-" + tmp_path.name
+    names = ("sensors", "sensors.regroup", "logs", "logs.regroup", "finance", "finance.regroup")
+    stores = {name: TableStore(fake_table(), 10_000) for name in names}
+    settings = SimpleNamespace(partitions=1, max_event_skew_ms=-1)
+    rt = Runtime(settings, rules(tmp_path, HOT.replace("id: hot", f"id: {hot}")), Tables(), stores)  # type: ignore[arg-type]
+    assert sample("worker_rule_errors_total", hot) == 0.0
+    rt.engine.process_batch([sensor(0, 101)])
+    (state,) = stores["sensors"].live.values()
+    state["firing_since"] = "not a time"
+    rt.engine.process_batch([sensor(1, 50)])  # resolving reads firing_since: raises
+    rt.count_rules()
+    assert sample("worker_rule_errors_total", hot) == 1.0
+    rt.count_rules()
+    assert sample("worker_rule_errors_total", hot) == 1.0  # nothing counted twice
+    fired = rt.engine.process_batch([sensor(2, 120, "d2")]).alerts  # another group: as before
+    assert [(a.status, a.labels["device_id"]) for a in fired] == [("firing", "d2")]
+    rt.count_rules()
+    assert sample("worker_rule_events_total", hot) == 3.0
+    assert sample("worker_rule_errors_total", hot) == 1.0
