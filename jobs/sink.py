@@ -47,6 +47,12 @@ ALERTS_OUT = Counter(
 )
 DLQ_OUT = Counter("spark_dlq_total", "Invalid events sent to the dead-letter topic by the Spark engine")
 LATE = Counter("spark_late_events_total", "Events skipped as late by a Spark threshold rule")
+RULE_ERRORS = Counter(
+    "spark_rule_errors_total",
+    "Evaluations of a rule that raised in Spark's Python workers (logged there with the traceback); "
+    "the rule goes on with the next event",
+    ["rule"],
+)
 ROUTED = Counter(
     "spark_routed_total", "Events copied to a branch topic or events.late by the Spark engine", ["kind"]
 )
@@ -172,6 +178,9 @@ class KafkaSink:
             for r in rows:
                 if r["kind"] == "late":
                     LATE.inc(int(r["value"]))
+                    continue
+                if r["kind"] == "error":
+                    RULE_ERRORS.labels(r["rule"]).inc(int(r["value"]))
                     continue
                 records.append((r["topic"], r["key"].encode(), r["value"].encode()))
                 if r["kind"] == "alert":

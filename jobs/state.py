@@ -19,7 +19,9 @@ backtest runs the same code over ``mapInPandas`` with empty state.
 
 Output rows (:data:`OUTPUT_SCHEMA`): ``alert`` (topic ``alerts``, key =
 fingerprint, value = the alert JSON), ``dlq`` (topic ``dlq.events``, key =
-source), ``late`` (value = how many events were skipped; not produced).
+source), ``late`` (value = how many events were skipped; not produced), ``error``
+(value = how many evaluations of the rule raised; logged where they ran, counted by the
+sink, not produced).
 """
 
 from __future__ import annotations
@@ -131,16 +133,21 @@ class GroupRunner:
         logic = ThresholdLogic(rule)
         store = _OneKeyStore(state, rule.version, key)
         out: Rows = []
-        late = 0
+        late = failed = 0
         for fields_json, holds, ts_ms, part, offset, _source, _dlq, _conds in rows:
             if store.value is None and holds is not True:
                 continue  # ThresholdLogic's quiet-key case: nothing to do, nothing to remember
             row = orjson.loads(fields_json)
             group = group_values(rule, row)
             row[HOLDS] = holds
-            alerts, was_late = logic.on_event(
-                store, state_key(rule, group), group, Event("", ts_ms, row), row
-            )
+            try:
+                alerts, was_late = logic.on_event(
+                    store, state_key(rule, group), group, Event("", ts_ms, row), row
+                )
+            except Exception:  # as the evaluator: one rule's bug must not stop the query
+                logger.exception("rule %s failed", rule.id)
+                failed += 1
+                continue
             late += was_late
             for a in alerts:
                 body = a.to_json().decode()
@@ -149,6 +156,8 @@ class GroupRunner:
                 )
         if late:
             out.append(("late", None, None, str(late), None, None, idx, rule.id, None, None))
+        if failed:
+            out.append(("error", None, None, str(failed), None, None, idx, rule.id, None, None))
         return out, store.value
 
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:

@@ -370,6 +370,8 @@ class StreamRunner:
             out.append(
                 ("late", None, None, str(evaluator.stats.late), None, None, IDX_BASE, None, None, None)
             )
+        for rule_id, failed in evaluator.stats.rule_errors.items():  # logged by the evaluator
+            out.append(("error", None, None, str(failed), None, None, IDX_BASE, rule_id, None, None))
         if held:
             out = [(*r[:6], r[6] - IDX_BASE + IDX_HELD, *r[7:]) if r[6] >= IDX_BASE else r for r in out]
         if not store.data and partition not in evaluator.clocks:

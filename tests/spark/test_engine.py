@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
 import jobs.engine
@@ -100,8 +101,10 @@ def test_the_sink_writes_a_batch_once_by_its_id(
     rows = [
         ("alert", "alerts", "fp1", '{"alert_id": "a1"}', 0, 5, 0, "r", "firing", "a1"),
         ("late", None, None, "2", None, None, 0, "r", None, None),
+        ("error", None, None, "3", None, None, 0, "r-err", None, None),
         ("dlq", "dlq.events", "sensors", '{"reason": "x"}', 0, 3, -1, None, None, None),
     ]
+    errors_before = REGISTRY.get_sample_value("spark_rule_errors_total", {"rule": "r-err"}) or 0.0
     df = spark.createDataFrame(rows, OUTPUT_SCHEMA)
     marker = BatchMarker(tmp_path / "marker.json")
     sink = KafkaSink(settings, marker)
@@ -112,5 +115,7 @@ def test_the_sink_writes_a_batch_once_by_its_id(
     finally:
         sink.close()
     assert marker.last() == 7
+    # counted once (the re-run and the older batch are not produced again), never produced
+    assert REGISTRY.get_sample_value("spark_rule_errors_total", {"rule": "r-err"}) == errors_before + 3
     assert consume_json(broker.bootstrap, "alerts", timeout_s=2) == [{"alert_id": "a1"}]
     assert consume_json(broker.bootstrap, "dlq.events", timeout_s=2) == [{"reason": "x"}]
