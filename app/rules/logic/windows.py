@@ -668,8 +668,11 @@ class SessionLogic(_Buffered):
         group = tuple(st["group"])
         wm = clock_ms - self.lateness
         alerts = self.oneshot.expire(st, group, clock_ms)
-        while st["buffer"] and st["buffer"][0][0] <= wm:
-            ts, inputs = st["buffer"].pop(0)
+        buffered: list[Any] = st["buffer"]
+        taken = 0  # the events at or before the watermark, cut from the buffer at once after
+        while taken < len(buffered) and buffered[taken][0] <= wm:
+            ts, inputs = buffered[taken]
+            taken += 1
             s = st["session"]
             if s is not None and ts - s[1] > self.gap:
                 alerts += self._close(st, group)
@@ -680,6 +683,7 @@ class SessionLogic(_Buffered):
             s[2] = [a.add_value(acc, v) for a, acc, v in zip(self.aggs, s[2], inputs)]
             st["session"] = s
             st["through"] = ts
+        del buffered[:taken]
         if st["session"] is not None and wm >= st["session"][1] + self.gap:
             alerts += self._close(st, group)
         alerts += self.oneshot.expire(st, group, clock_ms)
