@@ -159,7 +159,8 @@ class SlidingState(Envelope, Lifecycle, total=False):
     buffer: list[list[Any]]
     #: how far the buffer was evaluated (the watermark at the last timer)
     through: int | None
-    #: the in-memory window's generation (see ``SlidingLogic``)
+    #: written before 2026-11-27 to tell the window kept in memory apart; dropped at the
+    #: group's next timer (``SlidingLogic`` keeps the window for the state object itself)
     generation: int
 
 

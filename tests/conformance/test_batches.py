@@ -137,9 +137,7 @@ class ChangelogStore:
     def flush(self) -> None:
         for key in self.dirty:
             st = self.data.get(key)
-            # "generation" tags a sliding window's in-memory cache: unique per build, not part of the state
-            kept = None if st is None else {k: v for k, v in st.items() if k != "generation"}
-            self.log[key] = None if kept is None else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+            self.log[key] = None if st is None else orjson.dumps(st, option=orjson.OPT_SORT_KEYS)
         self.dirty.clear()
 
 

@@ -46,18 +46,6 @@ def parsed(row: Row) -> Row:
     return (*row[:3], orjson.loads(row[3]), *row[4:]) if row[0] == "alert" else row
 
 
-def comparable(state: Any) -> Any:
-    """A stored state without its sliding windows' ``generation`` numbers: they come from one
-    counter of the process (they tell a window kept in memory from a stale one), so two runs
-    in one process number their windows apart."""
-    if state is None:
-        return None
-    data = stored(state)
-    for st in data["s"].values():
-        st.pop("generation", None)
-    return data
-
-
 def through_batches(runner: StreamRunner, key: str, rows: list[Row], size: int, live: bool) -> list[Any]:
     """Each micro-batch's output and stored state; ``live``: the next batch gets the very state
     object the last one returned (as a worker that ran it does), else its stored JSON."""
@@ -66,7 +54,7 @@ def through_batches(runner: StreamRunner, key: str, rows: list[Row], size: int, 
         out, after = runner.run_key(key, rows[i : i + size], state)
         if live and after is not None:
             assert LIVE_EVALUATORS[runner.token, key][0] is after  # kept for the next batch
-        seen.append(([parsed(r) for r in out], comparable(after)))
+        seen.append(([parsed(r) for r in out], stored(after)))
         state = after if live else stored(after)
     return seen
 

@@ -23,8 +23,6 @@ Events older than the watermark for every window they belong to are late.
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,8 +55,6 @@ MAX_LIVE_WINDOWS = 100_000
 _NO_POINT = 2**62
 #: what a state without ``due`` (a fresh one) reads for it
 _UNKNOWN: Any = object()
-#: sliding-window generations: unique within this process, and (a random start) across processes
-_GENERATIONS = itertools.count(int.from_bytes(os.urandom(4), "big") << 20)  # < 2**53
 
 
 class _Aggregating(Logic):
@@ -516,8 +512,8 @@ class SlidingLogic(_Buffered):
     The window slides through the buffer (:class:`SlidingAggregates`): each event
     enters and leaves it once, so a burst of one group's events costs time in
     proportion to its events, not to their square. The window as of ``t`` stays in
-    memory between timer runs (``_live``, checked against the state's ``gen`` and
-    ``t``), with where the events after ``t`` and after ``t - size`` start in the buffer
+    memory between timer runs (``_live``, for the very state object it was built from,
+    as of the same ``t``), with where the events after ``t`` and after ``t - size`` start in the buffer
     (only events after ``t`` are added to it meanwhile, past both); after a restart, or
     with state restored from elsewhere, it is rebuilt from the buffer once.
     """
@@ -527,9 +523,9 @@ class SlidingLogic(_Buffered):
         self.size = int(self.window.size or 0)
         self.for_ms = rule.rule.for_ms
         self.consecutive = rule.rule.consecutive
-        #: per state key: (gen, t, the window (t - size, t] of its buffer, where the events
-        #: after t start in the buffer, where those after t - size start)
-        self._live: dict[str, tuple[int, int, SlidingAggregates, int, int]] = {}
+        #: per state key: (the state it was built from, t, the window (t - size, t] of its
+        #: buffer, where the events after t start in the buffer, where those after t - size start)
+        self._live: dict[str, tuple[State, int, SlidingAggregates, int, int]] = {}
 
     def fresh(self, group: tuple[str, ...]) -> State:
         return {
@@ -568,9 +564,14 @@ class SlidingLogic(_Buffered):
 
     def _at_t(self, key: str, st: State, t: int) -> tuple[SlidingAggregates, int, int]:
         """The window ending at ``t`` (every buffered event at or before ``t``: older ones were
-        dropped), and where the events after ``t`` and after ``t - size`` start in the buffer."""
+        dropped), and where the events after ``t`` and after ``t - size`` start in the buffer.
+
+        The window kept in memory serves the very state object it was built from (the
+        store's, between events), as of the same ``t``: the buffer's events up to ``t``
+        change only here. A state restored from its JSON is another object, and its window
+        is built again from its buffer, once."""
         live = self._live.pop(key, None)
-        if live is not None and live[0] == st.get("generation") and live[1] == t:
+        if live is not None and live[0] is st and live[1] == t:
             return live[2], live[3], live[4]
         window = SlidingAggregates(self.aggs)
         ev = st["buffer"]
@@ -634,10 +635,10 @@ class SlidingLogic(_Buffered):
         if not ev and not in_episode(st):
             store.delete(key)
             return alerts
-        st["generation"] = gen = next(_GENERATIONS)
+        st.pop("generation", None)  # how a state written before told its window apart: not needed
         if len(self._live) >= MAX_LIVE_WINDOWS:
             self._live.clear()  # groups moved away or gone quiet: rebuilt from their buffers if they return
-        self._live[key] = (gen, t, window, hi - lo, gone - lo)
+        self._live[key] = (st, t, window, hi - lo, gone - lo)
         store.put(key, st)
         return alerts
 
