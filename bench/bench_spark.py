@@ -1,7 +1,7 @@
 """Spark engine throughput (events/s) and micro-batch latency on local[2], against a target.
 
 Usage: ``python bench/bench_spark.py [--pack windowed|threshold] [--events N] [--devices D]
-[--batch B] [--small S]``
+[--batch B] [--small S] [--evaluator-only]``
 (``make bench`` runs it with the defaults). An embedded Apache Kafka broker is
 started here; N synthetic sensor events (D devices, random-walk temperatures, 1 s
 apart per device, seeded) go to ``events.sensors`` first, then the real job
@@ -214,7 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, default=1_000)
     ap.add_argument("--batch", type=int, default=50_000, help="events per micro-batch, throughput run")
     ap.add_argument("--small", type=int, default=10_000, help="events per micro-batch, latency run")
+    ap.add_argument(
+        "--evaluator-only", action="store_true",
+        help="only the windowed pack's evaluator alone (no broker, no Spark: seconds; run it in two "
+        "checkouts to compare them)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.evaluator_only:
+        us = evaluator_alone(WINDOWED, events(min(args.events, 100_000), args.devices))
+        print(f"the evaluator ({native.status()}): {us:.2f} µs of CPU per event, the windowed pack alone")
+        return 0
 
     from jobs.session import build_session
 
