@@ -324,11 +324,15 @@ class StreamEvaluator:
 
     def forget(self, partition: int) -> None:
         """Drop what memory holds of ``partition`` beside the store: its clock and held
-        events, its timers, its registry expectations. The rule worker calls it when the
-        partition moves to another worker, or before its state is restored again from the
-        changelog (then :meth:`restore` re-arms the timers from the restored states)."""
+        events, its timers, its registry expectations, and the rules' in-memory caches. The
+        rule worker calls it when the partition moves to another worker, or before its state
+        is restored again from the changelog (then :meth:`restore` re-arms the timers from
+        the restored states)."""
         self.bound.forget(partition)
         self._expected.pop(partition, None)
+        for logic in self.logics.values():
+            if logic is not None:
+                logic.forget_memory()  # all of it: rebuilt from the states that stay, once
         for rule_id in self.by_id:
             heap = self.timers.get((partition, rule_id))
             if heap:  # emptied in place: the partition's runners hold this list

@@ -200,3 +200,37 @@ def test_count_distinct_state_is_a_json_map_that_keeps_sql_distinctness(tmp_path
     assert spec.result(spec.add_value(restored, "b")) == 6
     assert spec.result(spec.add_value([2, "x"], 2.0)) == 2  # the former list state
     assert spec.result(spec.add_value([2, "x"], "y")) == 3
+
+
+def test_states_hold_nothing_of_the_process_and_a_forgotten_partition_no_window(tmp_path: Path) -> None:
+    """Two evaluators that took the same events (in one batch, and one by one) store the same
+    JSON: nothing of the process (a per-process number told the window kept in memory apart,
+    so the two differed). A partition forgotten (moved to another worker) leaves no window
+    in memory; its states restored from their JSON go on to the alerts of one whole run."""
+    rule = ruleset(tmp_path, spread=500).rules[0]
+    events = _events(4, 600)
+
+    def stored(evaluator: StreamEvaluator) -> dict[str, bytes]:
+        store = evaluator.store
+        assert isinstance(store, DictStore)
+        return {k: orjson.dumps(v, option=orjson.OPT_SORT_KEYS) for k, v in store.data.items()}
+
+    want = [
+        a.to_json()
+        for a in StreamEvaluator("logs.client_ip", [rule], DictStore()).process_batch(events).alerts
+    ]
+    first, other = (StreamEvaluator("logs.client_ip", [rule], DictStore()) for _ in range(2))
+    got = [a.to_json() for a in first.process_batch(events[:300]).alerts]
+    for ev in events[:300]:
+        other.process(ev)
+    assert stored(first) == stored(other) and stored(first)
+    logic = first.logics[rule.id]
+    assert isinstance(logic, SlidingLogic) and logic._live  # windows kept in memory
+    first.forget(0)
+    assert not logic._live
+    store = first.store
+    assert isinstance(store, DictStore)
+    store.data = {k: orjson.loads(v) for k, v in stored(first).items()}  # restored from the changelog
+    first.restore(store.items())
+    got += [a.to_json() for a in first.process_batch(events[300:]).alerts]
+    assert got == want and len(want) > 5

@@ -252,6 +252,12 @@ class Logic:
         """Start waiting for a registry key never seen; called only when :attr:`expects_registry`."""
         return
 
+    def forget_memory(self) -> None:
+        """Drop what the logic keeps in memory beside the store (derived from states, for
+        speed): the evaluator calls it when partitions' states leave memory, so that it
+        holds none of them."""
+        return
+
 
 def after(entries: list[list[Any]], ts: int) -> int:
     """Where the entries after ``ts`` start in a list of ``[ts, ...]`` sorted by time

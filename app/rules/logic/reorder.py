@@ -98,6 +98,9 @@ class EventTimeOrder(Logic):
         self._save(store, key, st, existed)
         return alerts, ON_TIME
 
+    def forget_memory(self) -> None:
+        self.inner.forget_memory()
+
     def on_timer(self, store: StateStore, key: str, clock_ms: int) -> list[Alert]:
         st = store.get(key)
         if st is None:

@@ -562,6 +562,9 @@ class SlidingLogic(_Buffered):
                 accs = [a.add_value(s, v) for a, s, v in zip(self.aggs, accs, inputs)]
         return accs
 
+    def forget_memory(self) -> None:
+        self._live.clear()  # the windows, and the states they were built from
+
     def _at_t(self, key: str, st: State, t: int) -> tuple[SlidingAggregates, int, int]:
         """The window ending at ``t`` (every buffered event at or before ``t``: older ones were
         dropped), and where the events after ``t`` and after ``t - size`` start in the buffer.
