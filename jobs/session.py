@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from pyspark import SparkContext
@@ -243,18 +244,24 @@ class _Starting:
 
 def _end_a_starting_jvm(stop: threading.Event, starting: _Starting) -> None:
     """Once ``stop`` is set while the session still starts: terminate the JVM that pyspark
-    launched from this process (a child whose command line is Spark's launcher). pyspark
-    then fails to start, which :func:`session_unless_stopped` takes as the stop it is."""
+    launched from this process (a child whose command line is Spark's launcher), waiting for
+    pyspark to launch it if the stop came first. pyspark then fails to start, which
+    :func:`session_unless_stopped` takes as the stop it is."""
     while not stop.wait(0.1):
         if not starting.waiting:
             return
-    with starting.lock:
-        if not starting.waiting:
+    while True:  # a stop right after the start's first line comes before pyspark launched the JVM
+        with starting.lock:
+            if not starting.waiting:
+                return
+            children = _spark_children()
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                    logger.info("stopping Spark's starting JVM, pid %d", pid)
+        if children:
             return
-        for pid in _spark_children():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                logger.info("stopping Spark's starting JVM, pid %d", pid)
+        time.sleep(0.05)
 
 
 def _spark_children() -> list[int]:

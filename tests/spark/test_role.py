@@ -4,9 +4,12 @@ starts, and without Spark rules it idles without a JVM."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +19,7 @@ import pytest
 from app.kafka.broker import KafkaBroker
 from jobs.session import PY4J_QUIET, quiet_py4j
 from tests.conftest import child_env
-from tests.procs import processes_with_env, role, wait_for
+from tests.procs import PROJECT_ROOT, processes_with_env, role, wait_for
 from tests.spark.helpers import RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -66,6 +69,37 @@ def test_sigterm_exits_zero_and_leaves_nothing(
     assert gone(str(data)) == []
     if engine == "faust":
         assert "spark session ready" not in log.read_text(errors="replace")  # no JVM was started
+
+
+#: a stop that comes before pyspark has even launched the JVM (the clean-clone run met one
+#: 27 ms after "starting the Spark session", and the role waited for the whole start)
+STOPPED_FIRST = """
+import logging, threading
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from jobs.session import session_unless_stopped
+stop = threading.Event()
+stop.set()
+print("session:", session_unless_stopped(stop, "local[2]"))
+"""
+
+
+def test_a_stop_before_the_jvm_is_launched_stops_it_as_soon_as_it_is(tmp_path: Path) -> None:
+    data = tmp_path / "data"  # the marker of this test's processes
+    env = child_env(APP_DATA_DIR=str(data))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_FIRST], env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = (b.decode(errors="replace") for b in proc.communicate(timeout=120))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "session: None" in out
+    assert "stopping Spark's starting JVM" in err, err[-3000:]
+    assert "spark session ready" not in err  # it did not wait for the start to finish
+    assert gone(str(data)) == []
 
 
 def test_the_kafka_format_without_the_connector_exits_with_the_fetch_command(
