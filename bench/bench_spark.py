@@ -22,10 +22,10 @@ stream path, the evaluator's own window logic per topic partition) or
 - Spark's floor: the same topic read with no rule, in ``B``-event batches, to Spark's
   ``noop`` sink: Kafka's records alone, then decoded as the job decodes them. No rule
   pack can run faster than the decode's rate; the bench prints the pack's share of it;
-- the evaluator alone: the pack's rules over (up to 100,000 of) the same events in this
-  process, without Spark, CPU µs per event (what the stream path runs per stream
-  partition), and the rate two stream partitions on two cores could not pass even if
-  Spark cost nothing.
+- the evaluator alone (the windowed pack; the threshold pack takes the keyed path): its
+  rules over (up to 100,000 of) the same events in this process, without Spark, CPU µs
+  per event (what the stream path runs per stream partition), and the rate two stream
+  partitions on two cores could not pass even if Spark cost nothing.
 
 Figures are for this host (shared, 2 cores), one driver with local executors,
 not a cluster.
