@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -75,15 +75,35 @@ class BacktestReport:
     refused: int = 0  # events refused for their time (APP_MAX_EVENT_SKEW, docs/event-time.md)
     problems: list[str] = field(default_factory=list)
     statuses: frozenset[str] = DEFAULT_STATUSES
+    #: per rule, its evaluations that raised (each logged with its traceback): the event was
+    #: skipped for that rule, so its output may lack transitions (:attr:`complete`)
+    rule_errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Every rule evaluated every event: no evaluation raised. The command exits 1 otherwise."""
+        return not self.rule_errors
+
+    def count_rule_errors(self, counts: Mapping[str, int]) -> None:
+        for rule_id, n in counts.items():
+            self.rule_errors[rule_id] = self.rule_errors.get(rule_id, 0) + n
 
     def print_summary(self, label: str = "backtest") -> None:
         """The first problems and the totals, on stderr (stdout may carry the alert lines)."""
         for line in self.problems[:50]:
             print(line, file=sys.stderr)
+        if self.rule_errors:
+            failed = ", ".join(f"{rid} ({n})" for rid, n in sorted(self.rule_errors.items()))
+            print(
+                f"{label}: incomplete: rule evaluations raised, each logged with its error, and "
+                f"those events were skipped for the rule: {failed}",
+                file=sys.stderr,
+            )
         print(
             f"{label}: {self.events} events, {self.alerts} alert transitions, "
             f"{self.skipped} invalid lines skipped"
-            + (f", {self.refused} events refused for their time" if self.refused else ""),
+            + (f", {self.refused} events refused for their time" if self.refused else "")
+            + (f", {sum(self.rule_errors.values())} rule errors" if self.rule_errors else ""),
             file=sys.stderr,
         )
 
@@ -164,6 +184,7 @@ def backtest(
             alerts.append(a)
             report.emit(out, a)
     report.refuse(eng.finish().refused)
+    report.count_rule_errors(eng.take_rule_errors())
     return alerts
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -37,7 +37,7 @@ from app.topics import SOURCE_TOPICS
 from jobs import absence, event_alerts, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
-from jobs.fastdecode import decode
+from jobs.fastdecode import decode, decode_mode
 from jobs.held import holding
 from jobs.kafka_source import read_kafka
 from jobs.state import apply_lifecycle
@@ -155,7 +155,7 @@ def run_backtest(
     native_thresholds: bool = True,
     native_absence: bool = True,
     native_event_alerts: bool = True,
-    native_decode: bool = True,
+    native_decode: bool | None = None,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -172,8 +172,9 @@ def run_backtest(
     or the stream path, as planned); ``native_absence`` the same for absence rules
     (``jobs.absence``; False: the stream path), ``native_event_alerts`` for new-term and change
     rules (``jobs.event_alerts``). ``native_decode``: the records the worker's decoder
-    keeps unchanged are decoded in the JVM (``jobs.fastdecode``; False: every record
-    through the Python decoder).
+    keeps unchanged are decoded in the JVM (``jobs.fastdecode``); None: as
+    ``APP_SPARK_DECODE`` says (default ``python``: every record through the compiled
+    Python decoder, which a one-shot command's cold JVM does not beat, docs/spark.md).
     """
     lo = parse_ts(time_from, "--from") if time_from else None
     hi = parse_ts(time_to, "--to") if time_to else None
@@ -193,6 +194,8 @@ def run_backtest(
     plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
     decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
+    if native_decode is None:
+        native_decode = decode_mode() == "jvm"
     decoded = decode(raw, decoder, native=native_decode)
     valid = F.col("__dlq").isNull()
     in_range = F.lit(True)
@@ -253,6 +256,16 @@ def run_backtest(
             result = result.unionByName(novel)
         # one order for the rows of every plan: the evaluator's at each event (jobs.transitions)
         rows = result.orderBy("part", "offset", *AT_EVENT).collect()
+    return report_rows(rows, out, report, name, lines=lines)
+
+
+def report_rows(
+    rows: Iterable[Any], out: TextIO, report: BacktestReport, name: str, *, lines: bool = True
+) -> list[Alert]:
+    """The output rows (``jobs.state.OUTPUT_SCHEMA``: Spark rows, or mappings, by column name),
+    in order, into ``report``: each alert written to ``out`` (if its status is shown); routed
+    copies, late copies, refused events, dead letters and rule errors counted, the dead
+    letters and refusals as problems (``name``, ``lines``: as :func:`run_backtest`'s)."""
     alerts: list[Alert] = []
     for r in rows:
         if r["kind"] == "alert":
@@ -263,6 +276,8 @@ def run_backtest(
             report.routed += 1
         elif r["kind"] == "side":
             report.late += 1
+        elif r["kind"] == "error":  # a rule's evaluations that raised on the stream or keyed path
+            report.count_rule_errors({r["rule"]: int(r["value"])})
         elif r["kind"] == "refused":
             record = orjson.loads(r["value"])
             fields = orjson.loads(record["raw"])

@@ -195,4 +195,4 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         if owned:
             spark.stop()
     report.print_summary("backtest (spark)")
-    return 0
+    return 0 if report.complete else 1

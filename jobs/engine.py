@@ -42,7 +42,7 @@ from app.topics import SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
-from jobs.fastdecode import decode
+from jobs.fastdecode import decode, decode_mode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
 from jobs.sink import BatchMarker, KafkaSink
@@ -131,9 +131,11 @@ def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: Engi
 
 def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
     """``raw`` records decoded as the worker decodes them (``jobs.decode.DECODED_SCHEMA``),
-    each with the stream keys of the partitions that evaluate it."""
+    each with the stream keys of the partitions that evaluate it; in the JVM where it can be
+    and ``APP_SPARK_DECODE=jvm`` (``jobs.fastdecode``)."""
     routes = router(plan.streams, settings.partitions, record_partitions=True)
-    return decode(raw, Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes))
+    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
+    return decode(raw, decoder, native=decode_mode() == "jvm")
 
 
 def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:

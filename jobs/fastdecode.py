@@ -21,7 +21,11 @@ here without Python (:func:`decode`):
   whole Python decoder); in the streaming query (``record_partitions``) the topic-key
   stream is the record's own partition, as the worker evaluates it.
 
-The streaming query (``jobs.engine``) and backtests both decode this way.
+The streaming query (``jobs.engine``) and backtests decode this way when
+``APP_SPARK_DECODE=jvm`` (:func:`decode_mode`). The default, ``python``, sends every record
+through the compiled Python decoder: measured on two cores, the JVM path did not beat it
+(a one-shot backtest's cold JVM interprets the patterns and ``from_json`` for seconds;
+warm, Java's regular expressions cost what orjson's parse does), docs/spark.md.
 
 A record the pattern does not take (a number where a float should be, an escape, a space,
 a field of another source, anything invalid) goes to the Python decoder, so the output is
@@ -39,8 +43,9 @@ write the same way for numbers.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -49,11 +54,26 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 
+from app.errors import ConfigError
 from app.events import MAX_KEY_LEN, MAX_STRING_LEN, SCHEMAS, TS_RANGE_MS, Schema
 from app.placement import partition_for
 from app.rules.statekey import SEPARATOR
 from jobs.decode import DECODED_ARROW, DECODED_SCHEMA, Decoder
 from jobs.streams import StreamRouter, stream_key
+
+DECODE_ENV = "APP_SPARK_DECODE"
+DECODERS = ("python", "jvm")
+
+
+def decode_mode(env: Mapping[str, str] | None = None) -> str:
+    """``python`` (default: every record through the worker's decoder) or ``jvm`` (the records
+    it keeps unchanged decoded in Spark SQL, :func:`decode`), from the environment."""
+    value = (env if env is not None else os.environ).get(DECODE_ENV, DECODERS[0]).strip() or DECODERS[0]
+    if value not in DECODERS:
+        msg = f"{DECODE_ENV}={value!r}: expected python (the worker's decoder) or jvm (Spark SQL)"
+        raise ConfigError(msg)
+    return value
+
 
 #: a character a recognised string may hold: printable ASCII but ``"`` and ``\\`` (so its
 #: JSON text is the string itself, one byte per character)

@@ -155,7 +155,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         if out is not sys.stdout:
             out.close()
     report.print_summary()
-    return 0
+    return 0 if report.complete else 1
 
 
 Command = Callable[[argparse.Namespace, Settings], int]

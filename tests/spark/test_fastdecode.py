@@ -15,12 +15,15 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from app.errors import ConfigError
 from app.events import MAX_KEY_LEN, MAX_STRING_LEN
 from app.rules.loader import load_rules
+from app.runtime.settings import Settings
 from ingest.adapters.nab import nab_events
+from jobs import engine
 from jobs.compile import plan_rules
 from jobs.decode import DECODED_SCHEMA, Decoder
-from jobs.fastdecode import decode, recognise
+from jobs.fastdecode import decode, decode_mode, recognise
 from jobs.streams import router
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 
@@ -231,3 +234,26 @@ def test_live_records_take_their_own_partition_for_the_topic_key_stream(
     takes = [jvm for _, jvm in CASES] + [True] * 8
     assert {i for i, jvm in fast.items() if jvm} == {i for i, jvm in enumerate(takes) if jvm and i % 4 < 3}
     same_rows(raw, decoder)
+
+
+def test_app_spark_decode_picks_the_streaming_querys_decoder(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python`` by default (the worker's decoder for every record, no pattern in the plan),
+    ``jvm`` on request (the patterns in the plan); the rows are the same either way; a wrong
+    value is refused naming the variable."""
+    assert decode_mode({}) == "python" and decode_mode({"APP_SPARK_DECODE": " jvm "}) == "jvm"
+    with pytest.raises(ConfigError, match="APP_SPARK_DECODE='java'"):
+        decode_mode({"APP_SPARK_DECODE": "java"})
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    plan = plan_rules(load_rules([path]), every_rule=True)
+    raw = raw_frame(spark, [r for r, _ in CASES])
+    settings = Settings.from_env({"APP_DATA_DIR": str(tmp_path)})
+    found = {}
+    for mode in ("python", "jvm"):
+        monkeypatch.setenv("APP_SPARK_DECODE", mode)
+        df = engine.decoded(raw, plan, settings)
+        found[mode] = "rlike" in df._jdf.queryExecution().analyzed().toString().lower(), rows_of(df)
+    assert found["python"][0] is False and found["jvm"][0] is True
+    assert found["python"][1] == found["jvm"][1]

@@ -6,15 +6,18 @@ and :class:`jobs.streams.StreamRunner` are what the workers run."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from app.backtest import BacktestReport
 from app.rules.loader import load_rules
+from jobs.backtest import report_rows
 from jobs.compile import KEY_SEPARATOR, plan_rules
-from jobs.state import GroupRunner
+from jobs.state import OUTPUT_COLUMNS, GroupRunner
 from jobs.streams import StreamRunner, stream_key
 from tests.rules.helpers import sensor
 
@@ -83,3 +86,8 @@ def test_a_stream_path_rule_that_raises_is_counted_and_the_others_go_on(tmp_path
     assert errors(out) == [("spread", "3")]
     d2 = next(st for st in after["s"].values() if st["group"] == ["d2"])
     assert [v for _ts, (_lo, v) in d2["buffer"]] == [31.0]  # d2 went on being evaluated
+    # a backtest (`backtest --engine spark`) reads the same rows: the report is incomplete,
+    # which makes the command exit 1 naming the rule
+    report = BacktestReport()
+    report_rows([dict(zip(OUTPUT_COLUMNS, r, strict=True)) for r in out], io.StringIO(), report, "in")
+    assert report.rule_errors == {"spread": 3} and not report.complete
