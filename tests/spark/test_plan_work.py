@@ -63,12 +63,13 @@ def pack(tmp_path: Path) -> SparkPlan:
     return plan_rules(load_rules([path]))
 
 
-def decoded(spark: SparkSession, plan: SparkPlan) -> DataFrame:
-    """The live query's decode of ``RECORDS`` (topic given, each record's own partition)."""
+def decoded(spark: SparkSession, plan: SparkPlan, *, native: bool = True) -> DataFrame:
+    """The live query's decode of ``RECORDS`` (topic given, each record's own partition); in
+    the JVM where it can be (``APP_SPARK_DECODE=jvm``), else by the Python decoder alone."""
     rows = [("events.sensors", i % 2, i, r.encode()) for i, r in enumerate(RECORDS)]
     raw = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
     routes = router(plan.streams, 2, record_partitions=True)
-    return decode(raw, Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes))
+    return decode(raw, Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes), native=native)
 
 
 def physical(df: DataFrame, capsys: pytest.CaptureFixture[str]) -> str:
@@ -77,13 +78,14 @@ def physical(df: DataFrame, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["python-decode", "jvm-decode"])
 def test_the_conditions_parse_each_record_once(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], native: bool
 ) -> None:
     """With ``explode`` Spark inferred ``size(tasks) > 0``, pushed it below the projection that
     parses the record, and parsed it again for each condition there: four ``from_json`` here."""
     plan = pack(tmp_path)
-    out = tasks(decoded(spark, plan), plan)
+    out = tasks(decoded(spark, plan, native=native), plan)
     assert physical(out, capsys).count("from_json(") == 1
     rows = out.collect()
     # one stream task per valid record (the topic-key stream), one DLQ task for the bad one
