@@ -130,6 +130,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from jobs.archive import archive_records
     from jobs.backtest import file_records, ordered_records, run_backtest, topic_records
     from jobs.compile import plan_rules
+    from jobs.fastdecode import decode_mode
     from jobs.session import build_session
 
     topics = list(getattr(args, "topic", None) or [])
@@ -161,6 +162,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts (ConfigError: exit 2)
     owned = SparkSession.getActiveSession() is None  # stop only a session this command started
     spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
     report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))

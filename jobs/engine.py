@@ -203,6 +203,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         return 0
     if opts.master:  # under spark-submit (master None) its --jars bring the connector
         connector.require(kafka_format())
+    decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts
     asyncio.run(ensure_output_topics(plan, settings))
     spark = session_unless_stopped(stop, opts.master)
     if spark is None:

@@ -112,3 +112,18 @@ def test_backtest_on_spark_runs_expect_from_with_the_given_registry(
     silent = {orjson.loads(line)["labels"]["device_id"] for line in lines["spark"] if '"silent"' in line}
     assert "never-seen-7" in silent
     assert lines["spark"] == lines["faust"]  # the same lines in the same order
+
+
+def test_a_wrong_app_spark_decode_is_refused_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the variable, before the session (whose start takes seconds) and before
+    the output file is opened."""
+    events = tmp_path / "in.jsonl"
+    events.write_bytes(b"\n".join(orjson.dumps(e) for e in crafted()) + b"\n")
+    monkeypatch.setenv("APP_SPARK_DECODE", "java")
+    out = tmp_path / "out.jsonl"
+    args = ["backtest", "--rules", str(RULES), "--input", str(events), "--out", str(out), "--engine", "spark"]
+    assert main(args) == 2
+    assert "APP_SPARK_DECODE='java': expected python" in capsys.readouterr().err
+    assert not out.exists()

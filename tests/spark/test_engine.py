@@ -4,6 +4,7 @@ to the worker's, and an idempotent sink."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
 import jobs.engine
-from app.errors import IngestDecodeError
+from app.errors import ConfigError, IngestDecodeError
 from app.events import SENSORS
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import Settings
@@ -119,3 +120,16 @@ def test_the_sink_writes_a_batch_once_by_its_id(
     assert REGISTRY.get_sample_value("spark_rule_errors_total", {"rule": "r-err"}) == errors_before + 3
     assert consume_json(broker.bootstrap, "alerts", timeout_s=2) == [{"alert_id": "a1"}]
     assert consume_json(broker.bootstrap, "dlq.events", timeout_s=2) == [{"reason": "x"}]
+
+
+def test_a_wrong_app_spark_decode_stops_the_role_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused with the variable named (the role exits 2) before the output topics are made
+    and the session is started: the broker given here does not exist."""
+    rules = tmp_path / "r.yaml"
+    rules.write_text("engine: spark\nrules:\n  - {id: hot, source: sensors, where: temperature > 100}\n")
+    settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "APP_DATA_DIR": str(tmp_path)})
+    monkeypatch.setenv("APP_SPARK_DECODE", "java")
+    with pytest.raises(ConfigError, match="APP_SPARK_DECODE='java'"):
+        jobs.engine.run(settings, jobs.engine.EngineOptions(rules=(rules,)), threading.Event())
