@@ -36,6 +36,9 @@ def test_file_and_topic_backtests_on_spark_print_the_faust_engines_lines(
     faust = backtest(tmp_path, "faust", "--input", str(path))
     on_spark = backtest(tmp_path, "spark", "--input", str(path), "--engine", "spark")
     assert len(faust) >= 4 and sorted(on_spark) == sorted(faust)
+    monkeypatch.setenv("APP_SPARK_DECODE", "jvm")  # the records decoded in Spark SQL: the same lines
+    assert backtest(tmp_path, "spark-jvm", "--input", str(path), "--engine", "spark") == on_spark
+    monkeypatch.delenv("APP_SPARK_DECODE")
 
     produce(broker.bootstrap, "events.sensors", [(orjson.loads(e)["device_id"].encode(), e) for e in events])
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)

@@ -32,7 +32,11 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+#: each Kafka source with the default decoder, and Spark's connector with the JVM decode too
+SOURCES_AND_DECODERS = [*((fmt, "python") for fmt in FORMATS), ("kafka", "jvm")]
+
+
+@pytest.mark.parametrize(("fmt", "decoder"), SOURCES_AND_DECODERS)
 def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
     spark: SparkSession,
     broker: KafkaBroker,
@@ -40,8 +44,10 @@ def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     fmt: str,
+    decoder: str,
 ) -> None:
     monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", fmt)
+    monkeypatch.setenv("APP_SPARK_DECODE", decoder)
     ruleset = both_engines()
     lines = nab_lines(6000)  # several overheat episodes and a cold streak
     first, second = lines[:2409], lines[2409:]  # the cut: inside an overheat episode (05:35-06:55)
