@@ -128,16 +128,21 @@ class Decoder:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            cols = batch.to_pydict()
+            partitions = batch.column("partition")
             out = [
                 self.decode_one(t, v, p)
-                for t, v, p in zip(cols["topic"], cols["value"], cols["partition"], strict=True)
+                for t, v, p in zip(
+                    batch.column("topic").to_pylist(),
+                    batch.column("value").to_pylist(),
+                    partitions.to_pylist(),
+                    strict=True,
+                )
             ]
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array([o[0] for o in out], pa.string()),
-                    pa.array(cols["partition"], pa.int32()),
-                    pa.array(cols["offset"], pa.int64()),
+                    partitions.cast(pa.int32()),  # as they came: no round trip through Python
+                    batch.column("offset").cast(pa.int64()),
                     pa.array([o[1] for o in out], pa.int64()),
                     pa.array([o[2] for o in out], pa.string()),
                     pa.array([o[3] for o in out], pa.string()),

@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -132,9 +132,21 @@ class StreamRouter:
     streams: Mapping[str, tuple[tuple[str, tuple[str, ...] | None], ...]]
     partitions: int = 1
     record_partitions: bool = False
+    #: (source, record partition) -> the stream keys of every record there, for a source whose
+    #: streams are all the topic key's in a live query (they depend on nothing else)
+    _by_record: dict[tuple[str, int], list[str]] = field(default_factory=dict, compare=False, repr=False)
+    #: (stream name, partition) -> its stream key (:func:`stream_key`: a few per router)
+    _names: dict[tuple[str, int], str] = field(default_factory=dict, compare=False, repr=False)
 
     def keys(self, source: str, record_partition: int, ev: Event) -> list[str]:
+        """The stream keys of ``ev`` (of ``source``, from ``record_partition``). The list may be
+        shared with other events: the caller must not change it."""
+        if self.record_partitions:
+            found = self._by_record.get((source, record_partition))
+            if found is not None:
+                return found
         out = []
+        topic_keys_only = True
         for name, fields in self.streams.get(source, ()):
             if fields is None:
                 part = (
@@ -143,10 +155,16 @@ class StreamRouter:
                     else partition_for(ev.key.encode(), self.partitions)
                 )
             else:
+                topic_keys_only = False
                 values = ev.fields
                 value = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
                 part = partition_for(value.encode(), self.partitions)
-            out.append(stream_key(name, part))
+            known = self._names.get((name, part))
+            if known is None:
+                known = self._names[(name, part)] = stream_key(name, part)
+            out.append(known)
+        if self.record_partitions and topic_keys_only:
+            self._by_record[(source, record_partition)] = out
         return out
 
 

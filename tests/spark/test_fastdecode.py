@@ -16,15 +16,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from app.errors import ConfigError
-from app.events import MAX_KEY_LEN, MAX_STRING_LEN
+from app.events import LOGS, MAX_KEY_LEN, MAX_STRING_LEN, SENSORS, Event
+from app.placement import partition_for
 from app.rules.loader import load_rules
+from app.rules.statekey import group_text
 from app.runtime.settings import Settings
 from ingest.adapters.nab import nab_events
 from jobs import engine
 from jobs.compile import plan_rules
 from jobs.decode import DECODED_SCHEMA, Decoder
 from jobs.fastdecode import decode, decode_mode, recognise
-from jobs.streams import router
+from jobs.streams import StreamRouter, router, stream_key
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 
 pytestmark = [pytest.mark.integration]  # a real Spark
@@ -257,3 +259,30 @@ def test_app_spark_decode_picks_the_streaming_querys_decoder(
         found[mode] = "rlike" in df._jdf.queryExecution().analyzed().toString().lower(), rows_of(df)
     assert found["python"][0] is False and found["jvm"][0] is True
     assert found["python"][1] == found["jvm"][1]
+
+
+def test_the_router_reuses_a_live_records_topic_keys_and_never_a_regrouped_streams() -> None:
+    """A live record's topic-key streams depend on its partition only: their keys are made
+    once per partition and shared. A regrouped stream's key hashes each event's own values,
+    so a source with one is worked out per event. A backtest places the topic key by its
+    hash, whatever partition the record came from."""
+
+    def sensor(device: str) -> Event:
+        return SENSORS.validate({"device_id": device, "ts": "2024-01-01T00:00:00Z", "temperature": 1.0})
+
+    def log(status: int) -> Event:
+        return LOGS.validate({"host": "web-1", "ts": "2024-01-01T00:00:00Z", "status": status})
+
+    streams = {"sensors": (("sensors", None),), "logs": (("logs", None), ("logs.status", ("status",)))}
+    live = StreamRouter(streams, 3, record_partitions=True)
+    first = live.keys("sensors", 1, sensor("d1"))
+    assert first == [stream_key("sensors", 1)] and live.keys("sensors", 1, sensor("d2")) is first
+    assert live.keys("sensors", 2, sensor("d1")) == [stream_key("sensors", 2)]
+    by_status = {s: partition_for(group_text([str(s)]).encode(), 3) for s in range(200, 220)}
+    a, b = next((x, y) for x in by_status for y in by_status if by_status[x] != by_status[y])
+    for status in (a, b, a):
+        keys = live.keys("logs", 0, log(status))
+        assert keys == [stream_key("logs", 0), stream_key("logs.status", by_status[status])]
+    replay = StreamRouter(streams, 3, record_partitions=False)
+    for part in (0, 1, 2):
+        assert replay.keys("sensors", part, sensor("d1")) == [stream_key("sensors", partition_for(b"d1", 3))]
