@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import zlib
-from functools import lru_cache
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +68,10 @@ def shuffle_partition(key: str, partitions: int) -> int:
     return spark_hash(key) % partitions
 
 
-@lru_cache(maxsize=4096)
 def placed(key: str, name: str, partition: int) -> str:
     """``key`` + a salt so that it lands on shuffle partition ``(crc32(name) + partition)
-    mod n`` for every ``n`` dividing :data:`SPREAD`. About 840 hashes, once per key."""
+    mod n`` for every ``n`` dividing :data:`SPREAD`. About 840 hashes: its caller,
+    :func:`jobs.streams.stream_key`, makes each key once."""
     target = (zlib.crc32(name.encode()) + partition) % SPREAD
     salt = 0
     while spark_hash(f"{key}{_SALT_SEP}{salt}") % SPREAD != target:

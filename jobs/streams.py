@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -81,9 +82,11 @@ class StreamSpec:
     native: tuple[tuple[str, str], ...]
 
 
+@lru_cache(maxsize=4096)
 def stream_key(name: str, partition: int) -> str:
     """The state group of one stream partition, salted to spread over the cores
-    (:func:`jobs.placement.placed`)."""
+    (:func:`jobs.placement.placed`); made once per stream and partition (the decoder asks
+    for it at every record)."""
     return placed(f"{STREAM_PREFIX}{name}{_SEP}{partition}", name, partition)
 
 
@@ -135,8 +138,6 @@ class StreamRouter:
     #: (source, record partition) -> the stream keys of every record there, for a source whose
     #: streams are all the topic key's in a live query (they depend on nothing else)
     _by_record: dict[tuple[str, int], list[str]] = field(default_factory=dict, compare=False, repr=False)
-    #: (stream name, partition) -> its stream key (:func:`stream_key`: a few per router)
-    _names: dict[tuple[str, int], str] = field(default_factory=dict, compare=False, repr=False)
 
     def keys(self, source: str, record_partition: int, ev: Event) -> list[str]:
         """The stream keys of ``ev`` (of ``source``, from ``record_partition``). The list may be
@@ -159,10 +160,7 @@ class StreamRouter:
                 values = ev.fields
                 value = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
                 part = partition_for(value.encode(), self.partitions)
-            known = self._names.get((name, part))
-            if known is None:
-                known = self._names[(name, part)] = stream_key(name, part)
-            out.append(known)
+            out.append(stream_key(name, part))
         if self.record_partitions and topic_keys_only:
             self._by_record[(source, record_partition)] = out
         return out
