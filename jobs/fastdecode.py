@@ -43,7 +43,6 @@ write the same way for numbers.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -54,25 +53,21 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 
-from app.errors import ConfigError
 from app.events import MAX_KEY_LEN, MAX_STRING_LEN, SCHEMAS, TS_RANGE_MS, Schema
 from app.placement import partition_for
 from app.rules.statekey import SEPARATOR
+from app.runtime.settings import env_choice
 from jobs.decode import DECODED_ARROW, DECODED_SCHEMA, Decoder
 from jobs.streams import StreamRouter, stream_key
 
 DECODE_ENV = "APP_SPARK_DECODE"
-DECODERS = ("python", "jvm")
+DECODERS = {"python": "the worker's decoder", "jvm": "Spark SQL"}
 
 
 def decode_mode(env: Mapping[str, str] | None = None) -> str:
     """``python`` (default: every record through the worker's decoder) or ``jvm`` (the records
     it keeps unchanged decoded in Spark SQL, :func:`decode`), from the environment."""
-    value = (env if env is not None else os.environ).get(DECODE_ENV, DECODERS[0]).strip() or DECODERS[0]
-    if value not in DECODERS:
-        msg = f"{DECODE_ENV}={value!r}: expected python (the worker's decoder) or jvm (Spark SQL)"
-        raise ConfigError(msg)
-    return value
+    return env_choice(DECODE_ENV, DECODERS, env)
 
 
 #: a character a recognised string may hold: printable ASCII but ``"`` and ``\\`` (so its

@@ -35,7 +35,6 @@ seen when it started.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +60,7 @@ from pyspark.sql.types import (
 )
 
 from app.errors import ConfigError
+from app.runtime.settings import env_choice
 from jobs import connector, kafka_client
 from jobs.kafka_offsets import KafkaSourceOptions, Offsets, from_json, rate_limit, resolve, to_json
 
@@ -91,11 +91,7 @@ NOT_FOUND = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source")
 
 def kafka_format(env: Mapping[str, str] | None = None) -> str:
     """``kafka`` (default, Spark's connector) or ``kafka_py`` (this module) from the environment."""
-    value = (env if env is not None else os.environ).get(FORMAT_ENV, CONNECTOR).strip() or CONNECTOR
-    if value not in FORMATS:
-        msg = f"{FORMAT_ENV}={value!r}: expected kafka (Spark's connector) or kafka_py (built in)"
-        raise ConfigError(msg)
-    return value
+    return env_choice(FORMAT_ENV, {CONNECTOR: "Spark's connector", SHORT_NAME: "built in"}, env)
 
 
 def register(spark: SparkSession) -> None:

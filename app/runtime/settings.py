@@ -142,6 +142,18 @@ def _get(env: Mapping[str, str], name: str) -> str:
     return env.get(name, ENV_DOCS[name][0])
 
 
+def env_choice(name: str, choices: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
+    """``name``'s value in ``env`` (default: the process environment; unset or blank: its
+    documented default), one of ``choices`` (value -> what it means); any other is refused
+    with a :class:`ConfigError` naming the variable and each choice."""
+    value = (os.environ if env is None else env).get(name, "").strip() or ENV_DOCS[name][0]
+    if value not in choices:
+        expected = " or ".join(f"{choice} ({meaning})" for choice, meaning in choices.items())
+        msg = f"{name}={value!r}: expected {expected}"
+        raise ConfigError(msg)
+    return value
+
+
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
     raw = _get(env, name)
     try:
