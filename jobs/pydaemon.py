@@ -42,7 +42,7 @@ class YoungCollections:
 def main() -> None:
     heap.tune_collector()
     native.activate()
-    daemon.gc = YoungCollections()  # type: ignore[attr-defined]  # read by the forked workers' loop
+    daemon.gc = YoungCollections()  # type: ignore[assignment]  # read by the forked workers' loop
     daemon.manager()
 
 
