@@ -46,7 +46,14 @@ from jobs.fastdecode import decode, decode_mode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
 from jobs.sink import BatchMarker, KafkaSink
-from jobs.state import LEGACY_STATE_BUCKETS, STATE_BUCKETS, apply_lifecycle
+from jobs.state import (
+    LEGACY_STATE_BUCKETS,
+    LEGACY_STATE_CODEC,
+    STATE_BUCKETS,
+    STATE_CODEC,
+    STATE_SCHEMAS,
+    apply_lifecycle,
+)
 from jobs.streams import StreamRunner, router
 
 logger = logging.getLogger(__name__)
@@ -82,37 +89,55 @@ def marker_path(settings: Settings, query: str = QUERY) -> Path:
 
 
 def layout_path(settings: Settings, query: str = QUERY) -> Path:
-    """The checkpoint's own record of how its state is laid out (:func:`state_buckets`)."""
+    """The checkpoint's own record of how its state is laid out (:func:`state_layout`)."""
     return checkpoint_dir(settings, query) / "_layout.json"
 
 
-def state_buckets(settings: Settings, query: str = QUERY) -> int:
-    """How many buckets the query's checkpoint keeps the keyed path's state in.
+@dataclass(frozen=True)
+class StateLayout:
+    """How a query's checkpoint keeps its state: the keyed path's buckets and the codec of each
+    state group's value (``jobs.state.STATE_SCHEMAS``)."""
+
+    buckets: int
+    codec: str
+
+
+def state_layout(settings: Settings, query: str = QUERY) -> StateLayout:
+    """How the query's checkpoint keeps its state, which a query must follow.
 
     Spark finds a bucket's state by its group key only: a query that hashed keys into another
     number of buckets than its checkpoint's would not find the state of most keys, and their
-    alerts would start over. So the checkpoint records its count (``_layout.json``) and a
-    query always uses it: :data:`jobs.state.STATE_BUCKETS` for a new checkpoint, 64 for one
-    written before checkpoints recorded it (one with offsets and no record)."""
+    alerts would start over; and it checks a state group's value against the schema it was
+    written with. So the checkpoint records both (``_layout.json``) and a query always uses
+    them: :data:`jobs.state.STATE_BUCKETS` and :data:`jobs.state.STATE_CODEC` for a new
+    checkpoint; 64 buckets and JSON text for one written before checkpoints recorded a layout
+    (one with offsets and no record); JSON text for a record with no codec (written before
+    the codec was recorded)."""
     path = layout_path(settings, query)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         offsets = checkpoint_dir(settings, query) / "offsets"
-        legacy = offsets.is_dir() and any(offsets.iterdir())
-        buckets = LEGACY_STATE_BUCKETS if legacy else STATE_BUCKETS
+        if offsets.is_dir() and any(offsets.iterdir()):
+            layout = StateLayout(LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC)
+        else:
+            layout = StateLayout(STATE_BUCKETS, STATE_CODEC)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"state_buckets": buckets})
-        return buckets
+        write_json(path, {"state_buckets": layout.buckets, "state_codec": layout.codec})
+        return layout
     try:
-        buckets = json.loads(raw)["state_buckets"]
-    except (ValueError, KeyError, TypeError) as exc:
+        record = json.loads(raw)
+        buckets, codec = record["state_buckets"], record.get("state_codec", LEGACY_STATE_CODEC)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         msg = f"{path}: not a checkpoint layout ({exc!r}); delete the checkpoint {path.parent} to start anew"
         raise ConfigError(msg) from exc
     if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
         msg = f"{path}: state_buckets must be a positive integer, not {buckets!r}"
         raise ConfigError(msg)
-    return buckets
+    if codec not in STATE_SCHEMAS:
+        msg = f"{path}: state_codec must be one of {', '.join(sorted(STATE_SCHEMAS))}, not {codec!r}"
+        raise ConfigError(msg)
+    return StateLayout(buckets, codec)
 
 
 def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
@@ -145,8 +170,10 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,
     )  # fmt: skip
-    buckets = state_buckets(settings, opts.query)
-    return apply_lifecycle(tasks(events, plan), plan, streaming=True, streams=streams, buckets=buckets)
+    layout = state_layout(settings, opts.query)
+    return apply_lifecycle(
+        tasks(events, plan), plan, streaming=True, streams=streams, buckets=layout.buckets, codec=layout.codec
+    )
 
 
 async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]:

@@ -12,10 +12,11 @@ counted) exactly as by the evaluator.
 State: keys are hashed into buckets (:data:`STATE_BUCKETS` for a new checkpoint), and
 ``applyInPandasWithState`` keeps one JSON object per bucket mapping state key
 -> the evaluator's state dict (stamped with the rule version, like the
-Faust engine's). One Python call per touched bucket, not per key: per-call
-overhead, not the rules, dominated with thousands of keys per micro-batch. The
-bucket count is part of the checkpoint, which records it (``jobs.engine.state_buckets``). A
-backtest runs the same code over ``mapInPandas`` with empty state.
+Faust engine's), compressed (:data:`STATE_CODEC`). One Python call per touched bucket, not per
+key: per-call overhead, not the rules, dominated with thousands of keys per micro-batch. The
+bucket count and the codec are part of the checkpoint, which records them
+(``jobs.engine.state_layout``). A backtest runs the same code over ``mapInPandas`` with empty
+state.
 
 Output rows (:data:`OUTPUT_SCHEMA`): ``alert`` (topic ``alerts``, key =
 fingerprint, value = the alert JSON), ``dlq`` (topic ``dlq.events``, key =
@@ -27,6 +28,7 @@ sink, not produced).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
@@ -56,7 +59,15 @@ OUTPUT_SCHEMA = (
     "status string, alert_id string"
 )
 OUTPUT_COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
-STATE_SCHEMA = "json string"
+#: each state group's value in Spark's state store, per codec: ``json``, the JSON text (checkpoints
+#: written before checkpoints recorded their codec), or ``zstd``, that JSON compressed (level 1,
+#: after the JSON's length in 8 bytes): about an eighth of the text, where every micro-batch
+#: keeps each touched group's whole value in the JVM, stores it and hands it to Python
+STATE_SCHEMAS = {"json": "json string", "zstd": "zjson binary"}
+#: the codec of a new checkpoint (``jobs.engine.state_layout`` records it)
+STATE_CODEC = "zstd"
+#: the codec of a checkpoint written before checkpoints recorded theirs
+LEGACY_STATE_CODEC = "json"
 #: the keyed path's state buckets of a new checkpoint. Each costs a Python call per micro-batch
 #: that touches it (with a thousand devices, every one): 8 rather than 64 took the threshold
 #: bench pack's 10,000-event micro-batches from 0.66-0.82 s to 0.55-0.64 s (docs/spark.md)
@@ -67,7 +78,7 @@ HOLDS = "\x00holds"  # cannot clash with a schema field name
 Rows = list[tuple[Any, ...]]
 #: per Python worker process: each bucket's state as its last micro-batch here left it, as
 #: the JSON that batch stored and as the objects themselves (:func:`streaming_fn`)
-LIVE_STATES: dict[tuple[str, Any], tuple[str, dict[str, State]]] = {}
+LIVE_STATES: dict[tuple[str, Any], tuple[str | bytes, dict[str, State]]] = {}
 #: more live buckets than that: the buckets moved to other workers; all are dropped
 MAX_LIVE_STATES = 256
 _ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds")
@@ -189,21 +200,47 @@ class GroupRunner:
         return out
 
 
+@functools.cache
+def _zstd() -> pa.Codec:
+    return pa.Codec("zstd", compression_level=1)
+
+
+def encode_states(states: dict[str, State], codec: str) -> str | bytes:
+    """A state group's states as its value in the state store (:data:`STATE_SCHEMAS`): the same
+    states give the same value (sorted keys; zstd is deterministic at one level)."""
+    text = orjson.dumps(states, option=orjson.OPT_SORT_KEYS)
+    if codec == "json":
+        return text.decode()
+    return len(text).to_bytes(8, "little") + _zstd().compress(text, asbytes=True)
+
+
+def decode_states(stored: str | bytes | bytearray) -> dict[str, State]:
+    """The states of a value :func:`encode_states` made (the codec's value type tells it)."""
+    if isinstance(stored, str):  # the json codec's
+        return orjson.loads(stored)
+    raw = bytes(stored)  # Spark may hand a bytearray
+    size = int.from_bytes(raw[:8], "little")
+    states: dict[str, State] = orjson.loads(_zstd().decompress(raw[8:], decompressed_size=size, asbytes=True))
+    return states
+
+
 def _frame(rows: Rows) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=OUTPUT_COLUMNS)
 
 
 def streaming_fn(
-    runner: GroupRunner,
+    runner: GroupRunner, codec: str = STATE_CODEC
 ) -> Callable[[Any, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
+    empty = encode_states({}, codec)
+
     def fn(bucket: Any, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        before = state.get[0] if state.exists else "{}"
+        before = state.get[0] if state.exists else empty
         slot = (runner.token, bucket)
         states = take_live(slot, before)
         if states is None:
-            states = orjson.loads(before)
+            states = decode_states(before)
         rows = runner.run_many(pdfs, states)
-        after = orjson.dumps(states, option=orjson.OPT_SORT_KEYS).decode()
+        after = encode_states(states, codec)
         if after != before:
             state.update((after,))
         keep_live(slot, after, states)
@@ -213,7 +250,7 @@ def streaming_fn(
     return fn
 
 
-def take_live(slot: tuple[str, Any], stored: str) -> dict[str, State] | None:
+def take_live(slot: tuple[str, Any], stored: str | bytes) -> dict[str, State] | None:
     """The states a bucket's last micro-batch in this worker left, if ``stored`` (the JSON
     Spark's state store gives this batch) is what that batch stored; else None. Taken out of
     :data:`LIVE_STATES`: a batch that fails midway leaves nothing behind to be reused.
@@ -227,7 +264,7 @@ def take_live(slot: tuple[str, Any], stored: str) -> dict[str, State] | None:
     return None
 
 
-def keep_live(slot: tuple[str, Any], stored: str, states: dict[str, State]) -> None:
+def keep_live(slot: tuple[str, Any], stored: str | bytes, states: dict[str, State]) -> None:
     """Keep the states a micro-batch leaves, with the JSON it stored, for the bucket's next
     batch in this worker (:func:`take_live`)."""
     if len(LIVE_STATES) >= MAX_LIVE_STATES:
@@ -248,14 +285,15 @@ def bucket(key: Column, buckets: int) -> Column:
 
 def apply_lifecycle(
     tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None,
-    buckets: int = STATE_BUCKETS,
+    buckets: int = STATE_BUCKETS, codec: str = STATE_CODEC,
 ) -> DataFrame:  # fmt: skip
     """Run :class:`GroupRunner` on every key's rows.
 
     Streaming: ``applyInPandasWithState`` per state group (:func:`bucket`, keyed rules in
-    ``buckets`` groups: the checkpoint's), state kept by Spark. Batch: a keyed rule's rows from its first TRUE
-    condition on (the earlier ones cannot change anything), a stream key's rows
-    all, hash-partitioned by key, each partition's keys in one Python call.
+    ``buckets`` groups: the checkpoint's), state kept by Spark in the checkpoint's ``codec``.
+    Batch: a keyed rule's rows from its first TRUE condition on (the earlier ones cannot change
+    anything), a stream key's rows all, hash-partitioned by key, each partition's keys in one
+    Python call.
     """
     runner = GroupRunner(plan, streams)
     if streaming:
@@ -263,7 +301,11 @@ def apply_lifecycle(
             tasks.withColumn("__bucket", bucket(F.col("__key"), buckets))
             .groupBy("__bucket")
             .applyInPandasWithState(
-                streaming_fn(runner), OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+                streaming_fn(runner, codec),
+                OUTPUT_SCHEMA,
+                STATE_SCHEMAS[codec],
+                "append",
+                GroupStateTimeout.NoTimeout,
             )
         )
 

@@ -16,9 +16,9 @@ from app.errors import ConfigError, IngestDecodeError
 from app.events import SENSORS
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import Settings
-from jobs.engine import checkpoint_dir, layout_path, marker_path, state_buckets
+from jobs.engine import StateLayout, checkpoint_dir, layout_path, marker_path, state_layout
 from jobs.sink import BatchMarker, KafkaSink
-from jobs.state import LEGACY_STATE_BUCKETS, OUTPUT_SCHEMA, STATE_BUCKETS
+from jobs.state import LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC, OUTPUT_SCHEMA, STATE_BUCKETS, STATE_CODEC
 from tests.kafka_helpers import consume_json, produce
 from tests.spark.conftest import FORMATS
 from tests.spark.helpers import both_engines, by_fingerprint, expected, nab_lines, run_once
@@ -81,23 +81,27 @@ def test_alert_ids_match_the_backtest_across_batches_and_a_restart(
 def test_a_checkpoint_written_before_the_layout_record_resumes_with_its_state(
     spark: SparkSession, broker: KafkaBroker, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An engine of before the layout record hashed the keyed path's state into 64 buckets
-    and wrote no record: resumed by this one, the checkpoint keeps 64, and the overheat
-    episode the restart cuts goes on with the same alert ids (with 8 buckets its key's state
-    would be looked for in another group, and its alerts would start over)."""
+    """An engine of before the layout record hashed the keyed path's state into 64 buckets,
+    stored it as JSON text and wrote no record: resumed by this one, the checkpoint keeps 64
+    and JSON, and the overheat episode the restart cuts goes on with the same alert ids (with
+    8 buckets its key's state would be looked for in another group, and its alerts would
+    start over; with the compressed state Spark refuses the checkpoint's state schema)."""
     ruleset = both_engines()
     lines = nab_lines(6000)
     first, second = lines[:2409], lines[2409:]  # the cut: inside an overheat episode (05:35-06:55)
     produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in first])
     with monkeypatch.context() as before:
         before.setattr(jobs.engine, "STATE_BUCKETS", LEGACY_STATE_BUCKETS)  # the engine before
+        before.setattr(jobs.engine, "STATE_CODEC", LEGACY_STATE_CODEC)
         run_once(spark, settings, ruleset, per_trigger=700)
     layout_path(settings).unlink()  # which recorded nothing
-    assert STATE_BUCKETS != LEGACY_STATE_BUCKETS
+    assert (STATE_BUCKETS, STATE_CODEC) != (LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC)
 
     produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in second])
     run_once(spark, settings, ruleset, per_trigger=1500)
-    assert state_buckets(settings) == LEGACY_STATE_BUCKETS  # found so, and now recorded
+    assert state_layout(settings) == StateLayout(
+        LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC
+    )  # found so, recorded
     alerts = consume_json(broker.bootstrap, "alerts", timeout_s=3)
     assert by_fingerprint(alerts) == expected(ruleset, lines)
 

@@ -18,7 +18,7 @@ from pyspark import cloudpickle
 from app.backtest import BacktestReport, read_events
 from app.rules.loader import load_rules
 from jobs.compile import plan_rules
-from jobs.state import LIVE_STATES, GroupRunner, streaming_fn, take_live
+from jobs.state import LIVE_STATES, STATE_CODEC, GroupRunner, encode_states, streaming_fn, take_live
 from jobs.streams import LIVE_EVALUATORS, StreamRunner, stream_key
 from tests.conformance.kind_cases import RULES, lines_for_test
 
@@ -83,20 +83,20 @@ def test_a_live_evaluator_gives_what_a_restored_one_gives(size: int) -> None:
 class StoredState:
     """What the pandas function reads and writes of Spark's ``GroupState``."""
 
-    def __init__(self, json: str | None) -> None:
-        self.json = json
+    def __init__(self, value: str | bytes | None) -> None:
+        self.value = value
 
     @property
     def exists(self) -> bool:
-        return self.json is not None
+        return self.value is not None
 
     @property
-    def get(self) -> tuple[str]:
-        assert self.json is not None
-        return (self.json,)
+    def get(self) -> tuple[str | bytes]:
+        assert self.value is not None
+        return (self.value,)
 
-    def update(self, value: tuple[str]) -> None:
-        self.json = value[0]
+    def update(self, value: tuple[str | bytes]) -> None:
+        self.value = value[0]
 
 
 def test_the_live_states_outlive_the_copy_of_the_function_spark_ships() -> None:
@@ -105,11 +105,12 @@ def test_the_live_states_outlive_the_copy_of_the_function_spark_ships() -> None:
     closure was empty in each task, and nothing was ever reused)."""
     runner = GroupRunner(plan_rules(load_rules([RULES])))
     first, second = (cloudpickle.loads(cloudpickle.dumps(streaming_fn(runner))) for _ in range(2))
+    empty = encode_states({}, STATE_CODEC)
     state = StoredState(None)
     assert list(first(("b",), iter([]), state)) == []
-    assert LIVE_STATES[runner.token, ("b",)][0] == "{}"  # kept where the next copy looks
-    list(second(("b",), iter([]), StoredState("{}")))
-    assert take_live((runner.token, ("b",)), "{}") == {}
+    assert LIVE_STATES[runner.token, ("b",)][0] == empty  # kept where the next copy looks
+    list(second(("b",), iter([]), StoredState(empty)))
+    assert take_live((runner.token, ("b",)), empty) == {}
     assert (runner.token, ("b",)) not in LIVE_STATES  # taken
 
 
