@@ -77,7 +77,8 @@ LEGACY_STATE_BUCKETS = 64
 HOLDS = "\x00holds"  # cannot clash with a schema field name
 Rows = list[tuple[Any, ...]]
 #: per Python worker process: each bucket's state as its last micro-batch here left it, as
-#: the JSON that batch stored and as the objects themselves (:func:`streaming_fn`)
+#: the value that batch stored (:func:`encode_states`) and as the objects themselves
+#: (:func:`streaming_fn`)
 LIVE_STATES: dict[tuple[str, Any], tuple[str | bytes, dict[str, State]]] = {}
 #: more live buckets than that: the buckets moved to other workers; all are dropped
 MAX_LIVE_STATES = 256
@@ -251,7 +252,7 @@ def streaming_fn(
 
 
 def take_live(slot: tuple[str, Any], stored: str | bytes) -> dict[str, State] | None:
-    """The states a bucket's last micro-batch in this worker left, if ``stored`` (the JSON
+    """The states a bucket's last micro-batch in this worker left, if ``stored`` (the value
     Spark's state store gives this batch) is what that batch stored; else None. Taken out of
     :data:`LIVE_STATES`: a batch that fails midway leaves nothing behind to be reused.
 
