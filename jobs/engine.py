@@ -44,7 +44,7 @@ from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode, decode_mode
 from jobs.kafka_source import kafka_format, read_kafka
-from jobs.session import DEFAULT_MASTER, launched_jvm, session_unless_stopped, wait_for_jvm
+from jobs.session import DEFAULT_MASTER, launched_jvm, quiet_spark, session_unless_stopped, wait_for_jvm
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import (
     LEGACY_STATE_BUCKETS,
@@ -299,13 +299,23 @@ def _watch(query: StreamingQuery, stop: threading.Event) -> None:
 
 def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> None:
     """Stop ``query`` between two micro-batches where it can: wait up to ``wait_s`` for the
-    running one to end. A stop interrupts what runs: a batch cut short is done again after a
-    restart (its offsets are not committed), but Spark logs the cut as errors and stack traces
-    of its own (a Parquet write aborted, a job cancelled), and a busy query's next batch may
-    start at once, so the wait is bounded. Between batches the stop is silent."""
+    running one to end. Between batches the stop is silent. A busy query's next batch may
+    start at once, so the wait is bounded: then the stop cuts the running batch short, which
+    is done again after a restart (its offsets are not committed). Spark would tell the cut as
+    errors with stack traces (a Parquet write's job and each of its tasks aborted, their
+    completion listeners after the session stopped); the role says it in one line instead and
+    turns Spark's own logging off for the rest of its JVM's life (:func:`quiet_spark`)."""
     deadline = time.monotonic() + wait_s
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)
+    if query.isActive and query.status["isTriggerActive"]:
+        last = query.lastProgress
+        batch = f"micro-batch {last['batchId'] + 1}" if last else "its first micro-batch"
+        logger.info(
+            "query %r still ran %s after %.1f s: the stop cuts it short, and it is done again at the "
+            "next start (Spark's logging off from here)", query.name, batch, wait_s,
+        )  # fmt: skip
+        quiet_spark()
     query.stop()
 
 

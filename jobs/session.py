@@ -309,6 +309,18 @@ def wait_for_jvm(jvm: subprocess.Popen[bytes] | None, timeout_s: float = JVM_EXI
         jvm.wait(timeout_s)
 
 
+def quiet_spark() -> None:
+    """Turn off the driver JVM's Spark loggers (``org.apache.spark``, with a local master its
+    executors' too) for the rest of its life: for a stop that cuts a micro-batch short,
+    whose every abort Spark logs as an error (:func:`jobs.engine.stop_between_batches`).
+    Other loggers (Kafka's client, Hadoop's) keep their levels. No JVM: nothing to do."""
+    jvm = SparkContext._jvm  # noqa: SLF001 - pyspark offers no per-logger level
+    if jvm is None:
+        return
+    log4j = jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setLevel("org.apache.spark", log4j.Level.OFF)
+
+
 class Py4jQuiet(logging.Filter):
     """Drops py4j's records: its INFO ones always (a traceback for each call that meets the
     JVM gone), its warnings and errors once ``stopping`` is set (the JVM, signalled with its
