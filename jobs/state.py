@@ -172,14 +172,6 @@ class GroupRunner:
             out.append(("error", None, None, str(failed), None, None, idx, rule.id, None, None))
         return out, store.value
 
-    def json_of(self, states: dict[str, State]) -> bytes | None:
-        """The JSON of a stream partition's states made by pieces, where this worker's live
-        evaluator made them (:meth:`jobs.streams.StreamRunner.json_of`); else None."""
-        if self.streams is None or len(states) != 1:
-            return None
-        ((key, after),) = states.items()
-        return self.streams.json_of(key, after) if is_stream_key(key) else None
-
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:
         """Rows of any keys; ``states`` (key -> state) is read and updated in place.
 
@@ -214,12 +206,10 @@ def _zstd() -> pa.Codec:
     return pa.Codec("zstd", compression_level=1)
 
 
-def encode_states(states: dict[str, State], codec: str, text: bytes | None = None) -> str | bytes:
+def encode_states(states: dict[str, State], codec: str) -> str | bytes:
     """A state group's states as its value in the state store (:data:`STATE_SCHEMAS`): the same
-    states give the same value (sorted keys; zstd is deterministic at one level). ``text``:
-    their JSON, already made (:meth:`GroupRunner.json_of`)."""
-    if text is None:
-        text = orjson.dumps(states, option=orjson.OPT_SORT_KEYS)
+    states give the same value (sorted keys; zstd is deterministic at one level)."""
+    text = orjson.dumps(states, option=orjson.OPT_SORT_KEYS)
     if codec == "json":
         return text.decode()
     return len(text).to_bytes(8, "little") + _zstd().compress(text, asbytes=True)
@@ -251,7 +241,7 @@ def streaming_fn(
         if states is None:
             states = decode_states(before)
         rows = runner.run_many(pdfs, states)
-        after = encode_states(states, codec, runner.json_of(states))
+        after = encode_states(states, codec)
         if after != before:
             state.update((after,))
         keep_live(slot, after, states)

@@ -176,15 +176,10 @@ def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: b
 
 
 #: per Python worker process: each stream key's evaluator as its last micro-batch here left
-#: it, with the state object that batch returned for the key (:meth:`StreamRunner.run_key`) and
-#: the JSON of each of its states as the last value stored had it (:meth:`StreamRunner.json_of`)
-LIVE_EVALUATORS: dict[tuple[str, str], tuple[State, StreamEvaluator, dict[str, bytes]]] = {}
+#: it, with the state object that batch returned for the key (:meth:`StreamRunner.run_key`)
+LIVE_EVALUATORS: dict[tuple[str, str], tuple[State, StreamEvaluator]] = {}
 #: more live evaluators than that: the keys moved to other workers; all are dropped
 MAX_LIVE_EVALUATORS = 256
-#: a live stream partition's JSON is made by pieces where a micro-batch touched at most this
-#: share of its states, else all at once (:meth:`StreamRunner.json_of`): with most touched, the
-#: one call costs less than the pieces (the same at 1,000 devices, bench/bench_spark_state.py)
-PIECES_UP_TO = 0.5
 
 #: where an event's natively computed conditions travel in its fields (NUL: no schema field
 #: starts with it), so an event the evaluator holds for its time (docs/event-time.md), or
@@ -347,10 +342,10 @@ class StreamRunner:
         spec = self.specs[name]
         live = LIVE_EVALUATORS.pop((self.token, key), None)  # taken: a failed batch leaves none
         if live is not None and state is not None and state is live[0]:
-            evaluator, restore, pieces = live[1], False, live[2]  # it holds this very state
+            evaluator, restore = live[1], False  # it holds this very state: nothing to restore
             evaluator.stats = EvalStats()  # counts per micro-batch
         else:
-            evaluator, restore, pieces = self._evaluator(spec, key), True, {}
+            evaluator, restore = self._evaluator(spec, key), True
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
         if restore and state is not None:
@@ -401,45 +396,8 @@ class StreamRunner:
         if self._keeps_live(spec):
             if len(LIVE_EVALUATORS) >= MAX_LIVE_EVALUATORS:
                 LIVE_EVALUATORS.clear()
-            LIVE_EVALUATORS[self.token, key] = (after, evaluator, pieces)
+            LIVE_EVALUATORS[self.token, key] = (after, evaluator)
         return out, after
-
-    def json_of(self, key: str, after: State) -> bytes | None:
-        """The JSON of the one-key states ``{key: after}``, as :func:`jobs.state.encode_states`
-        stores them, where ``after`` is what this worker's live evaluator for ``key`` returned
-        (:meth:`run_key`) and made by pieces; else None, for an encoding of them all at once.
-
-        A fleet's states are tens of MB per stream partition, most untouched by a micro-batch.
-        Each of the evaluator's states keeps its JSON, and only those written, deleted or read
-        since the last value are encoded again. The store records them (``changed``, as the
-        Faust worker's does for its changelog, and ``read``): a kind may change a state it read
-        in place, without a write (:class:`app.rules.logic.base.DictStore`). Where a batch
-        touched most states (a small fleet), or the evaluator is new or restored, None. The
-        states are in the order their pieces came (a key deleted and written again moves to
-        the end): the same input gives the same value, as it must."""
-        live = LIVE_EVALUATORS.get((self.token, key))
-        if live is None or live[0] is not after or after.keys() != {"c", "s"}:
-            return None
-        store, pieces = live[1].store, live[2]
-        assert isinstance(store, DictStore)  # noqa: S101
-        data, changed, read = store.data, store.changed, store.read
-        store.changed, store.read = {}, set()  # from here on (a new or restored evaluator: from now)
-        touched = None if changed is None or read is None else read.union(changed)
-        if touched is None or len(touched) > len(data) * PIECES_UP_TO:
-            pieces.clear()  # most states touched: one encoding of them all costs less
-            return None
-        if not pieces:
-            for k, v in data.items():
-                pieces[k] = _piece(k, v)
-        else:
-            for k in touched:
-                st = data.get(k)
-                if st is None:
-                    pieces.pop(k, None)
-                else:
-                    pieces[k] = _piece(k, st)
-        head = orjson.dumps(key) + b':{"c":' + orjson.dumps(after["c"]) + b',"s":{'
-        return b"{" + head + b",".join(pieces.values()) + b"}}}"
 
     def _keeps_live(self, spec: StreamSpec) -> bool:
         """Whether the evaluator may serve the key's next micro-batch in this worker: in a
@@ -448,11 +406,6 @@ class StreamRunner:
         if self.end_of_input or self.tables is not None:
             return False
         return not any(self.rules[r].rule.enrich or self.rules[r].rule.expect_from for r in spec.rule_ids)
-
-
-def _piece(key: str, state: State) -> bytes:
-    """``"key":{state}``, one member of a stream partition's states in its stored JSON."""
-    return orjson.dumps(key) + b":" + orjson.dumps(state, option=orjson.OPT_SORT_KEYS)
 
 
 def refused_rows(result: Output, source: str, part: int, offset: int, seq: int) -> Rows:

@@ -1,7 +1,6 @@
 """A stream partition's evaluator kept live between micro-batches in a Python worker
 (``jobs.streams.LIVE_EVALUATORS``) gives what an evaluator restored from the stored JSON gives,
-batch by batch: the alerts, the late counts, the refused events and the state stored; the
-value it stores, made by pieces, holds exactly its states.
+batch by batch: the alerts, the late counts, the refused events and the state stored.
 
 The kinds suite's rules and input (sequences, changes, new terms, every window kind, absence,
 ``keep_firing_for``, ``no_data``, event-time order), cut into micro-batches of several sizes;
@@ -13,23 +12,13 @@ import dataclasses
 from typing import Any
 
 import orjson
-import pandas as pd
 import pytest
 from pyspark import cloudpickle
 
 from app.backtest import BacktestReport, read_events
 from app.rules.loader import load_rules
-from jobs import streams
 from jobs.compile import plan_rules
-from jobs.state import (
-    LIVE_STATES,
-    STATE_CODEC,
-    GroupRunner,
-    decode_states,
-    encode_states,
-    streaming_fn,
-    take_live,
-)
+from jobs.state import LIVE_STATES, STATE_CODEC, GroupRunner, encode_states, streaming_fn, take_live
 from jobs.streams import LIVE_EVALUATORS, StreamRunner, stream_key
 from tests.conformance.kind_cases import RULES, lines_for_test
 
@@ -130,44 +119,3 @@ def test_live_states_serve_only_the_json_they_stored() -> None:
     LIVE_STATES[slot] = ('{"k":1}', {"k": 1})
     assert take_live(slot, '{"k":2}') is None  # the store holds another batch's state
     assert slot not in LIVE_STATES  # and the stale one is gone
-
-
-def frame(key: str, rows: list[Row]) -> pd.DataFrame:
-    """A micro-batch's task rows for one stream key, as the stateful function gets them."""
-    columns = ["__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds"]
-    by_column = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
-    return pd.DataFrame({"__key": [key] * len(rows), **by_column})
-
-
-@pytest.mark.parametrize(("size", "share"), [(9, 1.0), (40, streams.PIECES_UP_TO)])
-def test_a_live_stream_partitions_value_is_made_by_pieces_and_holds_its_states(
-    size: int, share: float, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Only the states a micro-batch wrote or deleted are encoded again
-    (:meth:`jobs.streams.StreamRunner.json_of`), or all at once where a batch touched most: the
-    value must still hold every state as it is, after writes, deletions (windows closed,
-    alerts resolved), keys written again, and states changed in place. A share of 1.0: every
-    batch's by pieces (but the first), as a large fleet's are."""
-    monkeypatch.setattr(streams, "PIECES_UP_TO", share)
-    plan = plan_rules(load_rules([RULES]))
-    specs = [dataclasses.replace(s, native=()) for s in plan.streams]
-    by_source = rows_by_source()
-    pieced = batches = 0
-    for spec in specs:
-        if any(r.rule.enrich or r.rule.expect_from for r in plan.stream_rules if r.id in spec.rule_ids):
-            continue  # never kept live: its value is encoded whole
-        key = stream_key(spec.name, 0)
-        runner = GroupRunner(plan, StreamRunner(plan.stream_rules, specs, 1, max_skew_ms=-1))
-        fn, state = streaming_fn(runner), StoredState(None)
-        rows = by_source.get(spec.source, [])
-        for i in range(0, len(rows), size):
-            list(fn(key, iter([frame(key, rows[i : i + size])]), state))
-            states = LIVE_STATES[runner.token, key][1]
-            assert state.value == LIVE_STATES[runner.token, key][0]
-            assert decode_states(state.value) == stored(states), (spec.name, i)
-            pieced += bool(LIVE_EVALUATORS[runner.streams.token, key][2])
-            batches += 1
-    if share == 1.0:
-        assert pieced > batches * 0.9
-    else:  # by pieces, and whole where a batch touched most states
-        assert batches > pieced > batches // 10

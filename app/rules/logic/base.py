@@ -82,27 +82,17 @@ class DictStore:
     With ``changed``, it also records each key written or deleted, with the partition
     its state is stamped with (``partition``, see the evaluator's version view): the live
     worker's store (``agents.wiring.TableStore``) holds its Faust table's dict here and
-    turns the changed keys into changelog records at each commit. With ``read``, it records
-    each key whose state was read, which the reader may have changed in place without a
-    write (a threshold's last event time, the streak of a firing one): the Spark engine's
-    live stream partitions encode again only the states read or changed
-    (``jobs.streams.StreamRunner.json_of``). Compiled with the evaluator, it takes the
-    evaluator's reads and writes as native calls.
+    turns the changed keys into changelog records at each commit. Compiled with the
+    evaluator, it takes the evaluator's reads and writes as native calls.
     """
 
     def __init__(self, data: dict[str, State] | None = None, changed: dict[str, int] | None = None) -> None:
         self.data: dict[str, State] = {} if data is None else data
         #: written or deleted keys and their states' partitions, when tracked
         self.changed: dict[str, int] | None = changed
-        #: keys of the states read, when tracked
-        self.read: set[str] | None = None
 
     def get(self, key: str) -> State | None:
-        st = self.data.get(key)
-        read = self.read
-        if read is not None and st is not None:
-            read.add(key)
-        return st
+        return self.data.get(key)
 
     def put(self, key: str, value: State) -> None:
         self.data[key] = value
@@ -167,7 +157,7 @@ class VersionedStore:
 
     def get(self, key: str) -> State | None:
         dict_base = self.dict_base
-        st = dict_base.get(key) if dict_base is not None else self.base.get(key)
+        st = dict_base.data.get(key) if dict_base is not None else self.base.get(key)
         return st if st is not None and st.get("version") == self.version else None
 
     def put(self, key: str, value: State) -> None:
