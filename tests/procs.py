@@ -41,6 +41,20 @@ def role(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess
         stop(proc)
 
 
+def run_script(code: str, *args: str, env: dict[str, str], timeout_s: float = 120) -> tuple[int, str, str]:
+    """Run ``python -c code args`` from the project root in its own process group, to its end
+    or ``timeout_s``; kill whatever of the group is left. The exit code, stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = (b.decode(errors="replace") for b in proc.communicate(timeout=timeout_s))
+    finally:
+        _killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
 def print_tail(log: Path, lines: int = 60) -> None:
     """Print the last ``lines`` lines of a role's log, under its name."""
     text = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]

@@ -4,12 +4,9 @@ starts, and without Spark rules it idles without a JVM."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 from app.kafka.broker import KafkaBroker
 from jobs.session import PY4J_QUIET, quiet_py4j
 from tests.conftest import child_env
-from tests.procs import PROJECT_ROOT, processes_with_env, role, wait_for
+from tests.procs import processes_with_env, role, run_script, wait_for
 from tests.spark.helpers import RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -85,17 +82,8 @@ print("session:", session_unless_stopped(stop, "local[2]"))
 
 def test_a_stop_before_the_jvm_is_launched_stops_it_as_soon_as_it_is(tmp_path: Path) -> None:
     data = tmp_path / "data"  # the marker of this test's processes
-    env = child_env(APP_DATA_DIR=str(data))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STOPPED_FIRST], env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = (b.decode(errors="replace") for b in proc.communicate(timeout=120))
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err = run_script(STOPPED_FIRST, env=child_env(APP_DATA_DIR=str(data)))
+    assert code == 0, err[-3000:]
     assert "session: None" in out
     assert "stopping Spark's starting JVM" in err, err[-3000:]
     assert "spark session ready" not in err  # it did not wait for the start to finish

@@ -5,11 +5,6 @@ in one line, not in Spark's errors, and the batch is done again at the next star
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +16,7 @@ from pyspark.sql import functions as F
 from jobs.engine import stop_between_batches
 from jobs.sink import BatchInterrupted, collect
 from tests.conftest import child_env
-from tests.procs import PROJECT_ROOT
+from tests.procs import run_script
 
 pytestmark = [
     pytest.mark.slow,
@@ -125,16 +120,8 @@ ROWS = 150  # 3 s of UDF time
 def test_a_batch_the_stop_cuts_short_is_told_in_one_line_and_done_again_at_the_next_start(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CUT_SHORT.replace("ROWS", str(ROWS)), str(tmp_path)], env=child_env(),
-        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = (b.decode(errors="replace") for b in proc.communicate(timeout=120))
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err = run_script(CUT_SHORT.replace("ROWS", str(ROWS)), str(tmp_path), env=child_env())
+    assert code == 0, err[-3000:]
     assert "exception: None" in out  # a stop, not a failure
     said = [line for line in err.splitlines() if "jobs.engine" in line]
     assert said == [
