@@ -306,9 +306,9 @@ def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> 
     completion listeners after the session stopped); the role says it in one line instead and
     turns Spark's own logging off for the rest of its JVM's life (:func:`quiet_spark`)."""
     deadline = time.monotonic() + wait_s
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+    while _in_a_batch(query) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if query.isActive and query.status["isTriggerActive"]:
+    if _in_a_batch(query):
         last = query.lastProgress
         batch = f"micro-batch {last['batchId'] + 1}" if last else "its first micro-batch"
         logger.info(
@@ -317,6 +317,11 @@ def stop_between_batches(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> 
         )  # fmt: skip
         quiet_spark()
     query.stop()
+
+
+def _in_a_batch(query: StreamingQuery) -> bool:
+    """Whether ``query`` runs and is within a micro-batch."""
+    return bool(query.isActive and query.status["isTriggerActive"])
 
 
 def shut_down(
