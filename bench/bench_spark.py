@@ -19,6 +19,9 @@ stream path, the evaluator's own window logic per topic partition) or
 - latency: a second query with ``S`` events per micro-batch (default 10,000, the
   target's batch: p50 of 1 s or less); p50/p95 of the
   trigger times (read, decode, evaluate, produce alerts, commit);
+- the state groups: the latency run's stateful group runs, by where each found its state:
+  live in the Python worker that got the task, at the worker that holds it live (a peer,
+  ``jobs.peers``), restored from the state store, or new;
 - Spark's floor: the same topic read with no rule, in ``B``-event batches, to Spark's
   ``noop`` sink: Kafka's records alone, then decoded as the job decodes them. No rule
   pack can run faster than the decode's rate; the bench prints the pack's share of it;
@@ -160,6 +163,15 @@ def finished(query: Any, name: str) -> list[dict[str, Any]]:
     return [p for p in query.recentProgress if p["numInputRows"]]
 
 
+def state_groups() -> dict[str, float]:
+    """The Spark sink's count of stateful group runs so far in this process, by where their
+    state came from: the worker's own live state, another worker's, restored, or new."""
+    from prometheus_client import REGISTRY
+
+    where = ("live", "peer", "stored", "new")
+    return {w: REGISTRY.get_sample_value("spark_state_groups_total", {"found": w}) or 0.0 for w in where}
+
+
 def run_floor(
     spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool
 ) -> list[dict[str, Any]]:
@@ -241,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             spark = build_session("local[2]", app_name="bench-spark", shuffle_partitions=2)
             try:
                 big = run_query(spark, settings, args.batch, "bench-throughput")
+                before = state_groups()
                 small = run_query(spark, settings, args.small, "bench-latency")[:30]
+                groups = {k: int(n - before[k]) for k, n in state_groups().items()}
                 read = run_floor(spark, settings, args.batch, "bench-read", decode=False)
                 dec = run_floor(spark, settings, args.batch, "bench-decode", decode=True)
             finally:
@@ -282,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the evaluator   {eval_us:.1f} µs of CPU per event alone (the pack's rules without Spark,"
               f" best of 3 over {min(len(items), 100_000):,} events): two stream partitions on two"
               f" cores could not pass {ceiling:,.0f} events/s with no Spark work at all")  # fmt: skip
+    found = ", ".join(f"{k} {n}" for k, n in groups.items())
+    print(f"  state groups    the latency run's stateful group runs, by where their state came from:"
+          f" {found} (spark_state_groups_total, docs/spark.md)")  # fmt: skip
     measured = small[1:] or small
     parts = {k for p in measured for k in p["durationMs"] if k != "triggerExecution"}
     medians = {k: statistics.median(float(p["durationMs"].get(k, 0)) for p in measured) for k in parts}
@@ -300,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "evaluator_us_per_event": None if eval_us is None else round(eval_us, 2),
         "events": args.events,
         "devices": args.devices,
+        "state_groups": groups,
     }
     print(orjson.dumps(summary).decode())
     return 0

@@ -56,6 +56,12 @@ RULE_ERRORS = Counter(
 ROUTED = Counter(
     "spark_routed_total", "Events copied to a branch topic or events.late by the Spark engine", ["kind"]
 )
+STATE_GROUPS = Counter(
+    "spark_state_groups_total",
+    "State groups a micro-batch of the Spark engine ran, by where their state came from: the "
+    "worker's own live state, another worker's (live), restored from the state store, or new",
+    ["found"],
+)
 SKIPPED = Counter("spark_batches_skipped_total", "Micro-batches already produced before a restart")
 BATCH_SECONDS = Histogram("spark_sink_batch_seconds", "Time to produce one micro-batch's output")
 
@@ -178,6 +184,9 @@ class KafkaSink:
             for r in rows:
                 if r["kind"] == "late":
                     LATE.inc(int(r["value"]))
+                    continue
+                if r["kind"] == "state":
+                    STATE_GROUPS.labels(r["value"]).inc()
                     continue
                 if r["kind"] == "error":
                     RULE_ERRORS.labels(r["rule"]).inc(int(r["value"]))

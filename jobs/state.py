@@ -22,7 +22,9 @@ Output rows (:data:`OUTPUT_SCHEMA`): ``alert`` (topic ``alerts``, key =
 fingerprint, value = the alert JSON), ``dlq`` (topic ``dlq.events``, key =
 source), ``late`` (value = how many events were skipped; not produced), ``error``
 (value = how many evaluations of the rule raised; logged where they ran, counted by the
-sink, not produced).
+sink, not produced), ``state`` (value = where a stateful group's micro-batch found its state:
+``live`` in its worker, at a ``peer`` worker that holds it live, ``stored``, or ``new``; counted
+by the sink).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from itertools import groupby
@@ -49,8 +52,9 @@ from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
 from app.rules.state import migrate, stamp
 from app.topics import ALERTS, DLQ
+from jobs import peers
 from jobs.compile import DLQ_KEY, SparkPlan, rule_of_key
-from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key
+from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key, make_room
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +84,7 @@ Rows = list[tuple[Any, ...]]
 #: the value that batch stored (:func:`encode_states`) and as the objects themselves
 #: (:func:`streaming_fn`)
 LIVE_STATES: dict[tuple[str, Any], tuple[str | bytes, dict[str, State]]] = {}
-#: more live buckets than that: the buckets moved to other workers; all are dropped
+#: more live buckets than that: those of other queries are dropped (all, if there are none)
 MAX_LIVE_STATES = 256
 _ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds")
 
@@ -125,6 +129,8 @@ class GroupRunner:
         self.streams = streams
         #: this runner and its copies on the executors: one query's live states (:func:`streaming_fn`)
         self.token = uuid.uuid4().hex
+        #: signs what its copies send each other about their live states (:mod:`jobs.peers`)
+        self.secret = os.urandom(32)
 
     def run_key(
         self, key: str, rows: list[tuple[Any, ...]], state: State | None
@@ -173,15 +179,17 @@ class GroupRunner:
         return out, store.value
 
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:
-        """Rows of any keys; ``states`` (key -> state) is read and updated in place.
+        """Rows of any keys; ``states`` (key -> state) is read and updated in place."""
+        return self.run_frame(one_frame(pdfs), states)
+
+    def run_frame(self, pdf: pd.DataFrame | None, states: dict[str, State]) -> Rows:
+        """:meth:`run_many` over the rows of one frame (None: none).
 
         Plain Python lists, not pandas groups: per-group pandas calls cost more
         than the rules when a micro-batch touches thousands of keys.
         """
-        frames = [p for p in pdfs if len(p)]
-        if not frames:
+        if pdf is None:
             return []
-        pdf = pd.concat(frames, ignore_index=True)
         keys = pdf["__key"].tolist()
         rows = list(zip(*(pdf[c].tolist() for c in _ROW_COLUMNS), strict=True))
         # each key's rows in (partition, offset) order: the distinct keys sorted in Python, the
@@ -229,26 +237,76 @@ def _frame(rows: Rows) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=OUTPUT_COLUMNS)
 
 
+def one_frame(pdfs: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
+    """The task rows pyspark hands a group, in one frame; None when there are none."""
+    frames = [p for p in pdfs if len(p)]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def streaming_fn(
     runner: GroupRunner, codec: str = STATE_CODEC
 ) -> Callable[[Any, Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
     empty = encode_states({}, codec)
 
     def fn(bucket: Any, pdfs: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        before = state.get[0] if state.exists else empty
-        slot = (runner.token, bucket)
-        states = take_live(slot, before)
-        if states is None:
-            states = decode_states(before)
-        rows = runner.run_many(pdfs, states)
-        after = encode_states(states, codec)
+        exists = state.exists
+        before = state.get[0] if exists else empty
+        rows, after, found = evaluate(runner, codec, (runner.token, bucket), before, one_frame(pdfs))
         if after != before:
             state.update((after,))
-        keep_live(slot, after, states)
-        if rows:
-            yield _frame(rows)
+        yield _frame([*rows, ("state", None, None, found if exists else "new", *_NO_PLACE)])
 
     return fn
+
+
+#: a ``state`` row's columns after its value: it says where its group's state came from
+_NO_PLACE = (None, None, -1, None, None, None)
+
+
+def evaluate(
+    runner: GroupRunner, codec: str, slot: tuple[str, Any], before: str | bytes, pdf: pd.DataFrame | None
+) -> tuple[Rows, str | bytes, str]:
+    """A state group's micro-batch: (output rows, the value to store, where the state came
+    from). ``before`` is the value Spark's state store holds for the group.
+
+    The state is this worker's own live one (``live``), else that of the worker that holds it
+    live (``peer``: :mod:`jobs.peers` sends it the rows), else restored from ``before``
+    (``stored``), after which this worker holds it and answers for it."""
+    states = take_live(slot, before)
+    if states is not None:
+        return (*_run(runner, codec, slot, states, pdf), "live")
+    mine = peers.owner()
+    if peers.ENABLED and not mine.owns(slot):
+        reply = peers.ask(slot, runner.secret, peers.digest(before), pdf)
+        if reply is not None:
+            rows, after = reply
+            return rows, after, "peer"
+    result = _run(runner, codec, slot, decode_states(before), pdf)
+    if peers.ENABLED:
+        mine.own(slot, runner.secret, functools.partial(_serve, runner, codec))
+    return (*result, "stored")
+
+
+def _run(
+    runner: GroupRunner, codec: str, slot: tuple[str, Any], states: dict[str, State], pdf: pd.DataFrame | None
+) -> tuple[Rows, str | bytes]:
+    rows = runner.run_frame(pdf, states)
+    after = encode_states(states, codec)
+    keep_live(slot, after, states)
+    return rows, after
+
+
+def _serve(
+    runner: GroupRunner, codec: str, slot: tuple[str, Any], stored_digest: bytes, pdf: pd.DataFrame | None
+) -> tuple[Rows, str | bytes] | None:
+    """An owner's answer to another worker's task (:func:`jobs.peers.ask`): the micro-batch
+    run by its live state, or None if that state did not leave the value the task got."""
+    live = LIVE_STATES.get(slot)
+    if live is None or peers.digest(live[0]) != stored_digest:
+        LIVE_STATES.pop(slot, None)
+        return None
+    states = take_live(slot, live[0])
+    return None if states is None else _run(runner, codec, slot, states, pdf)
 
 
 def take_live(slot: tuple[str, Any], stored: str | bytes) -> dict[str, State] | None:
@@ -268,8 +326,8 @@ def take_live(slot: tuple[str, Any], stored: str | bytes) -> dict[str, State] | 
 def keep_live(slot: tuple[str, Any], stored: str | bytes, states: dict[str, State]) -> None:
     """Keep the states a micro-batch leaves, with the JSON it stored, for the bucket's next
     batch in this worker (:func:`take_live`)."""
-    if len(LIVE_STATES) >= MAX_LIVE_STATES:
-        LIVE_STATES.clear()  # buckets moved to other workers, or several queries ran here
+    for dropped in make_room(LIVE_STATES, slot[0], MAX_LIVE_STATES):  # other queries' first
+        peers.owner().release(dropped)
     LIVE_STATES[slot] = (stored, states)
 
 

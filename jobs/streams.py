@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -178,8 +178,23 @@ def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: b
 #: per Python worker process: each stream key's evaluator as its last micro-batch here left
 #: it, with the state object that batch returned for the key (:meth:`StreamRunner.run_key`)
 LIVE_EVALUATORS: dict[tuple[str, str], tuple[State, StreamEvaluator]] = {}
-#: more live evaluators than that: the keys moved to other workers; all are dropped
+#: more live evaluators than that: those of other queries are dropped (all, if there are none)
 MAX_LIVE_EVALUATORS = 256
+
+K = TypeVar("K", bound=tuple[Any, ...])
+
+
+def make_room(cache: dict[K, Any], token: str, most: int) -> list[K]:
+    """Drop the entries of a per-worker cache keyed by (query token, ...) when it holds ``most``:
+    those of other queries (stopped, or run before in this worker), or all when every one is
+    ``token``'s. The keys dropped."""
+    if len(cache) < most:
+        return []
+    dropped = [k for k in cache if k[0] != token] or list(cache)
+    for k in dropped:
+        del cache[k]
+    return dropped
+
 
 #: where an event's natively computed conditions travel in its fields (NUL: no schema field
 #: starts with it), so an event the evaluator holds for its time (docs/event-time.md), or
@@ -394,8 +409,7 @@ class StreamRunner:
             return out, None
         after = {"c": evaluator.clocks.get(partition), "s": store.data}
         if self._keeps_live(spec):
-            if len(LIVE_EVALUATORS) >= MAX_LIVE_EVALUATORS:
-                LIVE_EVALUATORS.clear()
+            make_room(LIVE_EVALUATORS, self.token, MAX_LIVE_EVALUATORS)
             LIVE_EVALUATORS[self.token, key] = (after, evaluator)
         return out, after
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
@@ -37,6 +38,12 @@ def ids_by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]
     return out
 
 
+def found() -> dict[str, float]:
+    """The Spark sink's count of state groups run, by where their state came from."""
+    where = ("new", "live", "peer", "stored")
+    return {w: REGISTRY.get_sample_value("spark_state_groups_total", {"found": w}) or 0.0 for w in where}
+
+
 def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     spark: SparkSession, broker: KafkaBroker, settings: Settings
 ) -> None:
@@ -48,7 +55,12 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     asyncio.run(ensure_output_topics(plan_rules(ruleset), settings))  # as `jobs.engine.run` does
     first, second = sensors[:3040], sensors[3040:]  # the cut falls inside the crafted windows
     produce(broker.bootstrap, "events.sensors", first)
+    before = found()
     run_once(spark, settings, ruleset, per_trigger=400)
+    groups = {k: n - before[k] for k, n in found().items()}
+    # each stateful group's state, after its first micro-batch, is live in the worker that got
+    # its task or in the one that ran it last (jobs.peers): none restored from the store
+    assert groups["new"] >= 2 and groups["live"] + groups["peer"] >= 8 and groups["stored"] == 0, groups
     produce(broker.bootstrap, "events.sensors", second)
     run_once(spark, settings, ruleset, per_trigger=25)  # same checkpoint: state, clocks, offsets resume
     got = consume_json(broker.bootstrap, "alerts", timeout_s=3)
