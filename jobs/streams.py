@@ -190,9 +190,10 @@ def make_room(cache: dict[K, Any], token: str, most: int) -> list[K]:
     ``token``'s. The keys dropped."""
     if len(cache) < most:
         return []
-    dropped = [k for k in cache if k[0] != token] or list(cache)
+    keys = list(cache)  # one step: a worker's owner thread (jobs.peers) takes and keeps entries too
+    dropped = [k for k in keys if k[0] != token] or keys
     for k in dropped:
-        del cache[k]
+        cache.pop(k, None)
     return dropped
 
 

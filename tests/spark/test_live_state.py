@@ -21,7 +21,7 @@ from app.backtest import BacktestReport, read_events
 from app.rules.loader import load_rules
 from jobs.compile import plan_rules
 from jobs.state import LIVE_STATES, STATE_CODEC, GroupRunner, encode_states, streaming_fn, take_live
-from jobs.streams import LIVE_EVALUATORS, StreamRunner, stream_key
+from jobs.streams import LIVE_EVALUATORS, StreamRunner, make_room, stream_key
 from tests.conformance.kind_cases import RULES, lines_for_test
 
 Row = tuple[Any, ...]
@@ -128,3 +128,14 @@ def test_live_states_serve_only_the_json_they_stored() -> None:
     LIVE_STATES[slot] = ('{"k":1}', {"k": 1})
     assert take_live(slot, '{"k":2}') is None  # the store holds another batch's state
     assert slot not in LIVE_STATES  # and the stale one is gone
+
+
+def test_a_full_worker_drops_the_live_states_of_other_queries_first() -> None:
+    """A worker keeps at most so many groups live (``jobs.state.MAX_LIVE_STATES``): when full,
+    it drops those of other queries (stopped, or run before in the same worker) and keeps the
+    running one's; only when all are the running query's are all dropped."""
+    cache = {("old", 1): "a", ("new", 1): "b", ("old", 2): "c", ("new", 2): "d"}
+    assert make_room(cache, "new", 5) == [] and len(cache) == 4  # not full
+    assert make_room(cache, "new", 4) == [("old", 1), ("old", 2)]
+    assert cache == {("new", 1): "b", ("new", 2): "d"}
+    assert make_room(cache, "new", 2) == [("new", 1), ("new", 2)] and cache == {}
