@@ -17,35 +17,17 @@ import pandas as pd
 import pytest
 from pyspark import cloudpickle
 
-from app.backtest import BacktestReport, read_events
 from app.rules.loader import load_rules
 from jobs.compile import plan_rules
 from jobs.state import LIVE_STATES, STATE_CODEC, GroupRunner, encode_states, streaming_fn, take_live
 from jobs.streams import LIVE_EVALUATORS, StreamRunner, make_room, stream_key
-from tests.conformance.kind_cases import RULES, lines_for_test
-
-Row = tuple[Any, ...]
-
-
-def rows_by_source() -> dict[str, list[Row]]:
-    """The suite's events as the stream path's task rows, per source, in input order."""
-    out: dict[str, list[Row]] = {}
-    for offset, (source, ev) in enumerate(read_events(lines_for_test(), "kinds", BacktestReport())):
-        row = (orjson.dumps(ev.fields).decode(), None, ev.ts_ms, 0, offset, source, None, None)
-        out.setdefault(source, []).append(row)
-    return out
+from tests.conformance.kind_cases import RULES
+from tests.spark.live import Row, StoredState, parsed, rows_by_source
 
 
 def stored(state: Any) -> Any:
     """The state as the next micro-batch gets it from Spark's state store: through JSON."""
     return None if state is None else orjson.loads(orjson.dumps(state, option=orjson.OPT_SORT_KEYS))
-
-
-def parsed(row: Row) -> Row:
-    """An output row with its alert's JSON parsed: a live state's dicts keep the order their
-    keys came in, as the Faust worker's do, where a restored one has JSON's sorted order, and
-    an alert's ``values`` come from them."""
-    return (*row[:3], orjson.loads(row[3]), *row[4:]) if row[0] == "alert" else row
 
 
 def through_batches(runner: StreamRunner, key: str, rows: list[Row], size: int, live: bool) -> list[Any]:
@@ -80,25 +62,6 @@ def test_a_live_evaluator_gives_what_a_restored_one_gives(size: int) -> None:
         alerts += sum(r[0] == "alert" for out, _ in live for r in out)
         late += sum(r[0] == "late" for out, _ in live for r in out)
     assert kept >= 3 and alerts >= 20 and late >= 1, (kept, alerts, late)  # something was compared
-
-
-class StoredState:
-    """What the pandas function reads and writes of Spark's ``GroupState``."""
-
-    def __init__(self, value: str | bytes | None) -> None:
-        self.value = value
-
-    @property
-    def exists(self) -> bool:
-        return self.value is not None
-
-    @property
-    def get(self) -> tuple[str | bytes]:
-        assert self.value is not None
-        return (self.value,)
-
-    def update(self, value: tuple[str | bytes]) -> None:
-        self.value = value[0]
 
 
 def found(frames: Iterator[pd.DataFrame]) -> list[str]:

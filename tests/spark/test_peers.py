@@ -30,7 +30,7 @@ from jobs.state import GroupRunner, streaming_fn
 from jobs.streams import StreamRunner, stream_key
 from tests.conformance.kind_cases import RULES
 from tests.procs import stop
-from tests.spark.test_live_state import StoredState, parsed, rows_by_source
+from tests.spark.live import StoredState, parsed, rows_by_source
 
 pytestmark = pytest.mark.skipif(not peers.ENABLED, reason="abstract socket names: Linux only")
 
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(not peers.ENABLED, reason="abstract socket names
 OWNER = """
 import sys
 from pyspark import cloudpickle
-from tests.spark.test_live_state import StoredState
+from tests.spark.live import StoredState
 fn, bucket, first = cloudpickle.loads(open(sys.argv[1], "rb").read())
 state = StoredState(None)
 found = [r.value for f in fn(bucket, iter([first]), state) for r in f.itertuples() if r.kind == "state"]
