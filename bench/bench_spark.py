@@ -163,15 +163,6 @@ def finished(query: Any, name: str) -> list[dict[str, Any]]:
     return [p for p in query.recentProgress if p["numInputRows"]]
 
 
-def state_groups() -> dict[str, float]:
-    """The Spark sink's count of stateful group runs so far in this process, by where their
-    state came from: the worker's own live state, another worker's, restored, or new."""
-    from prometheus_client import REGISTRY
-
-    where = ("live", "peer", "stored", "new")
-    return {w: REGISTRY.get_sample_value("spark_state_groups_total", {"found": w}) or 0.0 for w in where}
-
-
 def run_floor(
     spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool
 ) -> list[dict[str, Any]]:
@@ -238,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from jobs.session import build_session
+    from jobs.sink import state_groups
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:

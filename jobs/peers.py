@@ -105,25 +105,25 @@ class Owner:
     def owns(self, slot: Slot) -> bool:
         return slot in self._listening
 
-    def own(self, slot: Slot, secret: bytes, serve: Serve) -> bool:
-        """Listen at ``slot``'s name; False if another process holds it."""
+    def own(self, slot: Slot, secret: bytes, serve: Serve) -> None:
+        """Listen at ``slot``'s name, unless another process holds it (its state is then kept
+        here for this process's own tasks only)."""
         with self._lock:
             if slot in self._listening:
                 self._listening[slot] = (self._listening[slot][0], secret, serve)
-                return True
+                return
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.bind(_name(slot))
                 sock.listen(4)
             except OSError:
                 sock.close()
-                return False
+                return
             self._listening[slot] = (sock, secret, serve)
             self._selector.register(sock, selectors.EVENT_READ, slot)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._answer_forever, name="live-states", daemon=True)
                 self._thread.start()
-            return True
 
     def release(self, slot: Slot) -> None:
         """Stop listening at ``slot``'s name: this process no longer holds its live state."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, Row
 
@@ -62,6 +62,15 @@ STATE_GROUPS = Counter(
     "worker's own live state, another worker's (live), restored from the state store, or new",
     ["found"],
 )
+#: where a stateful group's micro-batch found its state (``jobs.state.evaluate``)
+FOUND = ("live", "peer", "stored", "new")
+
+
+def state_groups() -> dict[str, float]:
+    """:data:`STATE_GROUPS` so far in this process, by where the states came from."""
+    return {w: REGISTRY.get_sample_value("spark_state_groups_total", {"found": w}) or 0.0 for w in FOUND}
+
+
 SKIPPED = Counter("spark_batches_skipped_total", "Micro-batches already produced before a restart")
 BATCH_SECONDS = Histogram("spark_sink_batch_seconds", "Time to produce one micro-batch's output")
 

@@ -301,12 +301,10 @@ def _serve(
 ) -> tuple[Rows, str | bytes] | None:
     """An owner's answer to another worker's task (:func:`jobs.peers.ask`): the micro-batch
     run by its live state, or None if that state did not leave the value the task got."""
-    live = LIVE_STATES.get(slot)
+    live = LIVE_STATES.pop(slot, None)  # taken, as by take_live: a failed batch leaves none
     if live is None or peers.digest(live[0]) != stored_digest:
-        LIVE_STATES.pop(slot, None)
         return None
-    states = take_live(slot, live[0])
-    return None if states is None else _run(runner, codec, slot, states, from_wire(wire))
+    return _run(runner, codec, slot, live[1], from_wire(wire))
 
 
 def to_wire(pdf: pd.DataFrame | None) -> bytes | None:

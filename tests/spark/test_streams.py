@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport, backtest, read_events
@@ -22,6 +21,7 @@ from app.runtime.settings import Settings
 from app.topics import DEVICES_TABLE
 from jobs.compile import plan_rules
 from jobs.engine import ensure_output_topics
+from jobs.sink import state_groups
 from jobs.streams import RegistryFollower
 from tests.conformance.kind_cases import DEVICES, RULES, crafted_windows, tables
 from tests.conftest import reset_topics
@@ -38,12 +38,6 @@ def ids_by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]
     return out
 
 
-def found() -> dict[str, float]:
-    """The Spark sink's count of state groups run, by where their state came from."""
-    where = ("new", "live", "peer", "stored")
-    return {w: REGISTRY.get_sample_value("spark_state_groups_total", {"found": w}) or 0.0 for w in where}
-
-
 def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     spark: SparkSession, broker: KafkaBroker, settings: Settings
 ) -> None:
@@ -55,9 +49,9 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     asyncio.run(ensure_output_topics(plan_rules(ruleset), settings))  # as `jobs.engine.run` does
     first, second = sensors[:3040], sensors[3040:]  # the cut falls inside the crafted windows
     produce(broker.bootstrap, "events.sensors", first)
-    before = found()
+    before = state_groups()
     run_once(spark, settings, ruleset, per_trigger=400)
-    groups = {k: n - before[k] for k, n in found().items()}
+    groups = {k: n - before[k] for k, n in state_groups().items()}
     # each stateful group's state, after its first micro-batch, is live in the worker that got
     # its task or in the one that ran it last (jobs.peers): none restored from the store
     assert groups["new"] >= 2 and groups["live"] + groups["peer"] >= 8 and groups["stored"] == 0, groups
