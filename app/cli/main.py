@@ -110,6 +110,23 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    # the worker's rules: ``faust`` and ``both``. The others are named, never skipped silently,
+    # and a set with none of them is refused (no silent "0 alert transitions")
+    elsewhere = [r.id for r in ruleset.rules if not r.runs_on("faust")]
+    if len(elsewhere) == len(ruleset.rules):
+        what = f"{len(elsewhere)} rule(s) with engine: spark" if elsewhere else "no rule"
+        print(
+            f"error: no rule to run on the faust engine in {' '.join(map(str, args.rules))} ({what}); "
+            "--engine spark runs every rule",
+            file=sys.stderr,
+        )
+        return 1
+    if elsewhere:
+        print(
+            f"backtest: not run on the faust engine (engine: spark): {', '.join(elsewhere)}; "
+            "--engine spark runs every rule",
+            file=sys.stderr,
+        )
     report = BacktestReport(statuses=parse_statuses(args.statuses))
     try:
         tables = load_tables(args.table or ())

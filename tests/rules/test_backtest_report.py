@@ -82,3 +82,26 @@ def test_a_rule_that_raises_is_counted_the_others_go_on_and_the_command_exits_1(
     assert main(args) == 1
     assert "incomplete: rule evaluations raised" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl").read_text() == out.getvalue()
+
+
+def test_rules_for_the_spark_engine_only_are_named_and_a_set_of_only_those_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Faust-engine backtest runs the worker's rules (``faust``, ``both``). A rule with
+    ``engine: spark`` is named on stderr, not skipped silently; a set with no rule it runs
+    exits 1 (it printed "0 alert transitions" and exited 0)."""
+    ruleset = rules(tmp_path, HOT + WARM.replace("    group_by", "    engine: spark\n    group_by"))
+    assert [r.engine for r in ruleset.rules] == ["faust", "spark"]
+    events = [sensor(minute, temp, device) for minute, (device, temp) in enumerate(TEMPS)]
+    (tmp_path / "events.jsonl").write_bytes(b"".join(orjson.dumps(e.fields) + b"\n" for _, e in events))
+    args = ["backtest", "--rules", str(tmp_path / "r.yaml"), "--input", str(tmp_path / "events.jsonl")]
+    args += ["--out", str(tmp_path / "out.jsonl")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "not run on the faust engine (engine: spark): warm; --engine spark runs every rule" in err
+    assert {orjson.loads(x)["rule"] for x in (tmp_path / "out.jsonl").read_text().splitlines()} == {"hot"}
+
+    (tmp_path / "r.yaml").write_text("engine: spark\nrules:\n" + HOT + WARM)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: no rule to run on the faust engine in" in err and "(2 rule(s) with engine: spark)" in err
