@@ -11,9 +11,12 @@ pending, inactive and no_data. The ids are the same either way.
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import logging
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -261,8 +264,57 @@ def read_topic_events(
     return [(source, ev) for _, _, source, ev in stamped]
 
 
+#: compressed input, by the file name's suffix: both backtests read these (Spark's text reader
+#: decompresses them itself, with Hadoop's codecs)
+COMPRESSED: dict[str, Callable[[Path], io.BufferedIOBase]] = {
+    ".gz": lambda p: gzip.open(p, "rb"),
+    ".bz2": lambda p: bz2.open(p, "rb"),
+}
+#: the other suffixes Hadoop's codecs decompress: Spark would read the events and the Faust
+#: engine the compressed bytes, so neither reads them
+OTHER_CODECS = (".deflate", ".lz4", ".snappy", ".zst")
+
+
+def input_file(path: Path) -> Path:
+    """``path`` if a backtest can read it (a file of JSON lines, plain, ``.gz`` or ``.bz2``),
+    else :class:`ValueError` naming it and why; checked before any work starts."""
+    if path.suffix in OTHER_CODECS:
+        msg = f"--input {path}: compressed as {path.suffix}; a backtest reads JSON lines, plain, .gz or .bz2"
+        raise ValueError(msg)
+    if path.is_dir():
+        msg = f"--input {path}: a directory, not a file of JSON lines"
+        raise ValueError(msg)
+    if not path.exists():
+        msg = f"--input {path}: no such file"
+        raise ValueError(msg)
+    return path
+
+
+def open_input(path: Path) -> io.BufferedIOBase:
+    """The file's bytes, decompressed when its name says ``.gz`` or ``.bz2``."""
+    opener = COMPRESSED.get(path.suffix)
+    return opener(path) if opener is not None else path.open("rb")
+
+
+class InputError(ValueError):
+    """The input file could not be read to its end (a damaged ``.gz``, a disk error)."""
+
+
+def _read_lines(f: io.BufferedIOBase, path: Path) -> Iterator[bytes]:
+    n = 0
+    try:
+        for n, line in enumerate(f, 1):  # noqa: B007  # n: the lines read, for the error
+            yield line
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        msg = f"--input {path}: unreadable after line {n}: {exc}"
+        raise InputError(msg) from exc
+
+
 def backtest_file(
     ruleset: RuleSet, path: Path, out: TextIO, report: BacktestReport, **kw: Any
 ) -> list[Alert]:
-    with path.open("rb") as f:
-        return backtest(ruleset, read_events(f, str(path), report, kw.pop("source", None)), out, report, **kw)
+    """The backtest of the JSON lines of ``path`` (plain, ``.gz`` or ``.bz2``); a file that cannot
+    be read to its end raises :class:`InputError` once the lines before the damage are done."""
+    with open_input(path) as f:
+        events = read_events(_read_lines(f, path), str(path), report, kw.pop("source", None))
+        return backtest(ruleset, events, out, report, **kw)

@@ -86,6 +86,16 @@ def file_records(spark: SparkSession, path: Path) -> DataFrame:
     return _spread(spark, raw)
 
 
+def unreadable_file(exc: BaseException) -> str | None:
+    """Why Spark could not read the input file (a damaged ``.gz``: its first job fails with
+    ``FAILED_READ_FILE``), as the deepest cause's one line; None for any other error."""
+    text = str(exc)
+    if "FAILED_READ_FILE" not in text:
+        return None
+    causes = [line for line in text.splitlines() if line.startswith("Caused by: ")]
+    return causes[-1].removeprefix("Caused by: ") if causes else text.splitlines()[0]
+
+
 def _spread(spark: SparkSession, raw: DataFrame) -> DataFrame:
     """Spread the records over every core for the decoder (a file of less than one split is
     one partition); order does not matter past this point: every stateful step sorts its

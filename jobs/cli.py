@@ -124,11 +124,11 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     plus ``--topic`` (repeatable) to read a topic range instead of ``--input``."""
     from pyspark.sql import SparkSession
 
-    from app.backtest import BacktestReport, load_tables, parse_statuses
+    from app.backtest import BacktestReport, input_file, load_tables, parse_statuses
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
     from jobs.archive import archive_records
-    from jobs.backtest import file_records, ordered_records, run_backtest, topic_records
+    from jobs.backtest import file_records, ordered_records, run_backtest, topic_records, unreadable_file
     from jobs.compile import plan_rules
     from jobs.fastdecode import decode_mode
     from jobs.session import build_session
@@ -140,6 +140,8 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     try:
         tables = load_tables(getattr(args, "table", None) or ())
+        if getattr(args, "input", None):
+            input_file(Path(args.input))  # before a JVM starts, as the Faust backtest checks it
     except (ValueError, IngestDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -191,6 +193,12 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             tables=tables,
             max_skew_ms=settings.max_event_skew_ms,
         )
+    except Exception as exc:
+        cause = unreadable_file(exc) if not (topics or archive) else None
+        if cause is None:
+            raise
+        print(f"error: --input {args.input}: unreadable: {cause}", file=sys.stderr)  # nothing was written
+        return 2
     finally:
         if out is not sys.stdout:
             out.close()

@@ -93,8 +93,10 @@ def _statuses_arg(text: str) -> str:
 def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from app.backtest import (
         BacktestReport,
+        InputError,
         backtest,
         backtest_file,
+        input_file,
         load_tables,
         parse_statuses,
         read_topic_events,
@@ -130,6 +132,8 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     report = BacktestReport(statuses=parse_statuses(args.statuses))
     try:
         tables = load_tables(args.table or ())
+        if args.input:
+            input_file(Path(args.input))
         if args.topic:
             from app.runtime.credentials import operator_settings
 
@@ -168,6 +172,10 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 tables=tables,
                 max_skew_ms=settings.max_event_skew_ms,
             )
+    except InputError as exc:
+        report.print_summary()  # what was read before the damage
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if out is not sys.stdout:
             out.close()

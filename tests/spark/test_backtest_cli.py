@@ -3,6 +3,8 @@ and from a topic range on the real broker."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 from pathlib import Path
 
 import orjson
@@ -180,3 +182,53 @@ def test_a_file_backtest_on_spark_reads_the_lines_the_faust_backtest_reads(
     assert [orjson.loads(a)["labels"]["device_id"] for a in alerts] == ["a", "é", "d"]
     assert [p.split(":")[1] for p in problems] == ["6", "7", "9", "10"]
     assert seen["spark"] == seen["faust"]
+
+
+def test_gz_and_bz2_input_on_spark_and_a_damaged_or_missing_file(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Spark's text reader decompresses ``.gz`` and ``.bz2`` itself: the plain file's lines
+    and report. A damaged ``.gz`` fails Spark's first job: one line naming the file and the
+    cause, exit 2 (a Java stack and exit 1 before); a missing file is refused before Spark
+    reads anything, as by the Faust backtest."""
+    events = [orjson.dumps(e) for e in crafted()]
+    data = b"\n".join([*events, b"{broken"]) + b"\n"
+    seen = {}
+    for name, packed in [
+        ("c.jsonl", data),
+        ("c.jsonl.gz", gzip.compress(data)),
+        ("c.jsonl.bz2", bz2.compress(data)),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(packed)
+        out = tmp_path / f"{name}.out"
+        assert (
+            main(
+                [
+                    "backtest",
+                    "--rules",
+                    str(RULES),
+                    "--input",
+                    str(path),
+                    "--out",
+                    str(out),
+                    "--engine",
+                    "spark",
+                ]
+            )
+            == 0
+        )
+        summary = capsys.readouterr().err.splitlines()
+        seen[name] = (out.read_text(), [line for line in summary if line.startswith("backtest (spark):")])
+    assert len(seen["c.jsonl"][0].splitlines()) >= 4 and "1 invalid lines skipped" in seen["c.jsonl"][1][0]
+    assert seen["c.jsonl.gz"] == seen["c.jsonl.bz2"] == seen["c.jsonl"]
+
+    packed = gzip.compress(data * 20)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    args = ["backtest", "--rules", str(RULES), "--out", str(tmp_path / "o.jsonl"), "--engine", "spark"]
+    assert main([*args, "--input", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --input {cut}: unreadable: java.io.EOFException: Unexpected end of input stream" in err
+    assert main([*args, "--input", str(tmp_path / "missing.jsonl")]) == 2
+    assert capsys.readouterr().err == f"error: --input {tmp_path / 'missing.jsonl'}: no such file\n"
