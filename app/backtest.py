@@ -64,7 +64,15 @@ def load_tables(specs: Iterable[str]) -> Tables:
         if name not in TABLES or not file:
             msg = f"--table {spec!r}: expected NAME=FILE with NAME one of {', '.join(TABLES)}"
             raise ValueError(msg)
-        tables.load_rows(name, read_table_file(name, Path(file)))
+        try:
+            rows = read_table_file(name, Path(file))
+        except UnicodeDecodeError as exc:  # a ValueError, but one that names no file
+            msg = f"--table {spec}: {file} is not UTF-8 ({exc.reason} at byte {exc.start})"
+            raise ValueError(msg) from None
+        except OSError as exc:  # missing, a directory, unreadable: one line, not a traceback
+            msg = f"--table {spec}: cannot read {file}: {exc.strerror or exc}"
+            raise ValueError(msg) from None
+        tables.load_rows(name, rows)
     return tables
 
 

@@ -91,3 +91,16 @@ def test_registry_tables_from_csv_and_bad_table_arguments(tmp_path: Path) -> Non
     bad.write_text("device_id,max_temp\nd1,hot\n")
     code, _, err = run_backtest("--rules", str(rules), "--input", str(events), "--table", f"devices={bad}")
     assert code == 2 and "bad.csv:2: column 'max_temp' must be a number" in err
+    # a file it cannot read, or not UTF-8: one line naming it (tracebacks before)
+    missing = tmp_path / "missing.csv"
+    code, _, err = run_backtest(
+        "--rules", str(rules), "--input", str(events), "--table", f"devices={missing}"
+    )
+    assert (code, err) == (
+        2,
+        f"error: --table devices={missing}: cannot read {missing}: No such file or directory\n",
+    )
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("device_id,site\nd1,Düsseldorf\n".encode("latin-1"))
+    code, _, err = run_backtest("--rules", str(rules), "--input", str(events), "--table", f"devices={latin}")
+    assert code == 2 and f"error: --table devices={latin}: {latin} is not UTF-8 (invalid" in err
