@@ -231,7 +231,7 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     """Step 2 and 3: one row per (valid event, rule of its source) and per DLQ record.
 
     Columns: ``__idx``, ``__key``, ``__holds``, ``__conds``, ``__part``, ``__offset``,
-    ``__ts_ms``, ``__fields``, ``__dlq``, ``__source``.
+    ``__ts_ms``, ``__fields``, ``__dlq``, ``__source``, ``__arrival``.
     """
     df = decoded
     for source in plan.sources:
@@ -258,7 +258,7 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     # ``size(__tasks) > 0`` and pushes it below the projections, where it inlines the tasks'
     # expressions, so every native condition parsed the record's JSON once more per row
     # (``from_json`` four times for the windowed bench pack instead of once)
-    carried = ("__part", "__offset", "__ts_ms", "__fields", "__dlq", "__source")
+    carried = ("__part", "__offset", "__ts_ms", "__fields", "__dlq", "__source", "__arrival")
     rows = df.select(F.explode_outer("__tasks").alias("__t"), *carried)
     return rows.where(F.col("__t").isNotNull()).select(
         F.col("__t.idx").alias("__idx"),

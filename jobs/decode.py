@@ -55,6 +55,7 @@ DECODED_SCHEMA = StructType(
         StructField("__fields", StringType()),
         StructField("__dlq", StringType()),
         StructField("__streams", ArrayType(StringType())),
+        StructField("__arrival", LongType()),
     ]
 )
 DECODED_ARROW = pa.schema(
@@ -66,6 +67,7 @@ DECODED_ARROW = pa.schema(
         ("__fields", pa.string()),
         ("__dlq", pa.string()),
         ("__streams", pa.list_(pa.string())),
+        ("__arrival", pa.int64()),
     ]
 )
 _SPARK_TYPES: dict[str, DataType] = {
@@ -87,6 +89,19 @@ def source_struct(source: str, only: Collection[str] | None = None) -> StructTyp
             if only is None or n in only
         ]
     )
+
+
+#: a raw record's column: when the record reached its topic (Kafka's timestamp, in milliseconds);
+#: absent from a file's lines, which have one partition and its order
+ARRIVAL = "arrival"
+
+
+def arrival(batch: pa.RecordBatch) -> pa.Array:
+    """``__arrival``: the records' :data:`ARRIVAL` as they came (no round trip through Python),
+    or NULLs where the raw records have none."""
+    if ARRIVAL in batch.schema.names:
+        return batch.column(ARRIVAL).cast(pa.int64())
+    return pa.nulls(batch.num_rows, pa.int64())
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,7 @@ class Decoder:
                     pa.array([o[2] for o in out], pa.string()),
                     pa.array([o[3] for o in out], pa.string()),
                     pa.array([o[4] for o in out], pa.list_(pa.string())),
+                    arrival(batch),
                 ],
                 schema=DECODED_ARROW,
             )

@@ -30,6 +30,7 @@ from prometheus_client import Counter, Gauge
 from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from app.errors import ConfigError
@@ -41,7 +42,7 @@ from app.runtime.statefile import write_json
 from app.topics import SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
-from jobs.decode import Decoder
+from jobs.decode import ARRIVAL, Decoder
 from jobs.fastdecode import decode, decode_mode
 from jobs.kafka_source import kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, quiet_spark, session_unless_stopped, wait_for_jvm
@@ -142,7 +143,9 @@ def state_layout(settings: Settings, query: str = QUERY) -> StateLayout:
 
 def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
     """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
-    ``offset``, ``value``), read from Kafka with ``opts``' offsets and batch size."""
+    ``offset``, ``value``, and ``arrival``: Kafka's timestamp in milliseconds, the order in
+    which a stream merges its events from several partitions, ``jobs.state``), read from
+    Kafka with ``opts``' offsets and batch size."""
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "subscribe": ",".join(plan.topics),
@@ -151,7 +154,8 @@ def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: Engi
     }
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
-    return read_kafka(spark, options, streaming=True).select("topic", "partition", "offset", "value")
+    kafka = read_kafka(spark, options, streaming=True)
+    return kafka.select("topic", "partition", "offset", "value", F.unix_millis("timestamp").alias(ARRIVAL))
 
 
 def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:

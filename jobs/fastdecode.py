@@ -57,7 +57,7 @@ from app.events import MAX_KEY_LEN, MAX_STRING_LEN, SCHEMAS, TS_RANGE_MS, Schema
 from app.placement import partition_for
 from app.rules.statekey import SEPARATOR
 from app.runtime.settings import env_choice
-from jobs.decode import DECODED_ARROW, DECODED_SCHEMA, Decoder
+from jobs.decode import ARRIVAL, DECODED_ARROW, DECODED_SCHEMA, Decoder, arrival
 from jobs.streams import StreamRouter, stream_key
 
 DECODE_ENV = "APP_SPARK_DECODE"
@@ -218,12 +218,15 @@ class _Finish:
                         done.column("__text"),
                         pa.nulls(done.num_rows, pa.string()),
                         done.column("__stream_keys"),
+                        arrival(done),
                     ],
                     schema=DECODED_ARROW,
                 )
             rest = batch.filter(pc.invert(fast))
             if rest.num_rows:
-                yield from self.decoder(iter([rest.select(["topic", "partition", "offset", "value"])]))
+                raw = ["topic", "partition", "offset", "value"]
+                raw += [ARRIVAL] if ARRIVAL in batch.schema.names else []
+                yield from self.decoder(iter([rest.select(raw)]))
 
 
 def decode(raw: DataFrame, decoder: Decoder, *, native: bool = True) -> DataFrame:
@@ -247,6 +250,7 @@ def decode(raw: DataFrame, decoder: Decoder, *, native: bool = True) -> DataFram
         F.when(fast, F.col("__ms")).alias("__ms"),
         F.when(fast, F.col("__text")).alias("__text"),
         F.when(fast, F.col("__stream_keys")).alias("__stream_keys"),
+        *([ARRIVAL] if ARRIVAL in raw.columns else []),
     )
     return df.mapInArrow(_Finish(decoder), DECODED_SCHEMA)
 

@@ -135,7 +135,7 @@ class GroupRunner:
     def run_key(
         self, key: str, rows: list[tuple[Any, ...]], state: State | None
     ) -> tuple[Rows, State | None]:
-        """One state key's rows, in (partition, offset) order -> (output rows, new state or None).
+        """One state key's rows, in arrival order (:func:`arrival_order`) -> (output rows, new state or None).
 
         A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``; a
         stream key's rows go to :class:`jobs.streams.StreamRunner`.
@@ -192,12 +192,14 @@ class GroupRunner:
             return []
         keys = pdf["__key"].tolist()
         rows = list(zip(*(pdf[c].tolist() for c in _ROW_COLUMNS), strict=True))
-        # each key's rows in (partition, offset) order: the distinct keys sorted in Python, the
-        # rows by numpy (pandas' own sort would not do: it hashes strings up to their first
-        # NUL, and every stream key starts with one)
+        # each key's rows in arrival order (:func:`arrival_order`): the distinct keys sorted in
+        # Python, the rows by numpy (pandas' own sort would not do: it hashes strings up to their
+        # first NUL, and every stream key starts with one)
         rank = {k: i for i, k in enumerate(sorted(set(keys)))}
         codes = np.fromiter((rank[k] for k in keys), dtype=np.int64, count=len(keys))
-        order = np.lexsort((pdf["__offset"].to_numpy(), pdf["__part"].to_numpy(), codes)).tolist()
+        arrival = pdf["__arrival"] if "__arrival" in pdf.columns else None
+        part, offset, ts = pdf["__part"].to_numpy(), pdf["__offset"].to_numpy(), pdf["__ts_ms"].to_numpy()
+        order = arrival_order(codes, part, offset, arrival, ts)
         out: Rows = []
         for key, members in groupby(order, key=keys.__getitem__):
             produced, after = self.run_key(key, [rows[i] for i in members], states.get(key))
@@ -207,6 +209,46 @@ class GroupRunner:
             else:
                 states[key] = after
         return out
+
+
+def arrival_order(codes: Any, part: Any, offset: Any, arrival: pd.Series | None, ts: Any = None) -> list[int]:
+    """The rows of each key (``codes``, ascending) in the order they reached their topic.
+
+    Each Kafka partition's rows keep their offset order. A key whose rows come from several
+    partitions (a stream regrouped by other fields than the topic key, ``group_by: [client_ip]``
+    or none; a threshold rule grouped so; the dead letters) has them merged: by arrival,
+    Kafka's timestamp, then by event time (``ts``) among rows that arrived in the same
+    millisecond (a replay or a burst puts many there, minutes of event time apart), then
+    partition and offset; both times made non-decreasing along each partition (their running
+    maximum there), so that no partition's rows change order. The live worker meets them in
+    the order its regroup topic received them. Before, such a key took one partition's rows of
+    the micro-batch, then the next one's: each partition after the first went back in time by
+    up to the batch's span, and windows, absence and sequences took its events for late ones
+    (most alerts of such rules were lost while the query caught up).
+
+    Rows with no arrival (a file's lines: one partition) keep (partition, offset) order."""
+    by_offset = np.lexsort((offset, part, codes))
+    if arrival is None or len(by_offset) < 2 or not arrival.notna().any():
+        return list(by_offset.tolist())
+    c, p = codes[by_offset], part[by_offset]
+    starts = np.ones(len(by_offset), dtype=np.int64)
+    starts[1:] = (c[1:] != c[:-1]) | (p[1:] != p[:-1])
+    segment = np.cumsum(starts)  # one per (key, partition), in offset order
+    keys = [_running(arrival.to_numpy(dtype="float64", na_value=-1.0), by_offset, segment)]
+    if ts is not None:
+        keys.insert(0, _running(np.nan_to_num(np.asarray(ts, dtype="float64"), nan=-1.0), by_offset, segment))
+    return list(np.lexsort((offset, part, *keys, codes)).tolist())
+
+
+def _running(values: Any, by_offset: Any, segment: Any) -> Any:
+    """``values``' running maximum along each segment of the rows in ``by_offset`` order, per
+    row (as dense ranks: the sums below stay small)."""
+    ranks = np.unique(values, return_inverse=True)[1].astype(np.int64)[by_offset]
+    span = int(ranks.max()) + 1
+    running = np.maximum.accumulate(ranks + segment * span) - segment * span
+    out = np.empty_like(running)
+    out[by_offset] = running
+    return out
 
 
 @functools.cache

@@ -32,7 +32,9 @@ def test_file_records_number_every_line_in_file_order_across_many_splits(
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", before or "128m")
     got = sorted((r["offset"], r["value"].decode()) for r in rows)
-    assert got == list(enumerate(lines))
+    # every line but the blank one, which is skipped (as by the Faust backtest) and keeps its number
+    assert got == [(i, line) for i, line in enumerate(lines) if line]
+    assert len(got) == len(lines) - 1
     assert {(r["topic"], r["partition"]) for r in rows} == {(None, 0)}
 
 
@@ -61,10 +63,10 @@ def test_the_evaluator_gets_no_task_on_an_idle_stream_key_and_every_invalid_reco
     assert len(keys) == 2
     event = '{"device_id":"%s","ts":"2026-01-01T00:00:0%d.000Z","temperature":1.5}'
     rows = [
-        ("sensors", 0, 0, 1_000, event % ("a", 1), None, [keys[0]]),
-        ("sensors", 1, 0, 2_000, event % ("b", 2), None, [keys[1]]),
-        ("sensors", 0, 1, None, None, '{"reason": "bad ts"}', None),
-    ]
+        ("sensors", 0, 0, 1_000, event % ("a", 1), None, [keys[0]], None),
+        ("sensors", 1, 0, 2_000, event % ("b", 2), None, [keys[1]], None),
+        ("sensors", 0, 1, None, None, '{"reason": "bad ts"}', None, None),
+    ]  # a file's lines: no arrival
     decoded = spark.createDataFrame(rows, DECODED_SCHEMA)
 
     def left(idle: set[str]) -> list[tuple[str, int, int]]:

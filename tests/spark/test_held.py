@@ -19,7 +19,7 @@ def test_inside_holding_a_streams_clocks_are_computed_once_then_released(
     answer is persisted and a later, separately built equal plan reads it from Spark's
     cache; at the exit it is released, with what the caller handed over; outside, nothing
     is persisted."""
-    rows = [("sensors", p, o, 1_000 * o, "{}", None, ["a"]) for p in (0, 1) for o in range(20)]
+    rows = [("sensors", p, o, 1_000 * o, "{}", None, ["a"], None) for p in (0, 1) for o in range(20)]
     decoded = spark.createDataFrame(rows, DECODED_SCHEMA)
     stream = windows.NativeStream("sensors", "sensors", 0)
     mine = spark.range(3).cache()  # the caller's own (a backtest's cached decode)
@@ -43,7 +43,7 @@ def test_inside_holding_a_streams_clocks_are_computed_once_then_released(
 def test_holding_leaves_a_plan_someone_else_persisted_to_them(spark: SparkSession) -> None:
     """Clocks already persisted outside the context (an equal plan) are served from that
     cache, not persisted again, and still there after the exit."""
-    rows = [("sensors", 0, o, 1_000 * o, "{}", None, ["a"]) for o in range(10)]
+    rows = [("sensors", 0, o, 1_000 * o, "{}", None, ["a"], None) for o in range(10)]
     decoded = spark.createDataFrame(rows, DECODED_SCHEMA)
     stream = windows.NativeStream("sensors", "sensors", 0)
     theirs = windows.clocked(decoded, stream, 0).cache()
