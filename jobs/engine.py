@@ -33,10 +33,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.errors import ConfigError
+from app.errors import ConfigError, RuleConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
-from app.rules.loader import load_rules
+from app.rules.loader import RuleSet, file_digest, load_rules, rule_files
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_TOPICS, TopicSpec
@@ -66,6 +66,7 @@ STOP_WAIT_S = 2.0
 QUERY = "rules"
 EVENTS = Counter("spark_events_total", "Records read by the Spark engine's query (valid or not)")
 BATCH_SECONDS = Gauge("spark_last_batch_seconds", "Trigger time of the last micro-batch")
+RELOADS = Counter("spark_rule_reloads_total", "Rule file changes the Spark query followed", ["outcome"])
 
 
 @dataclass(frozen=True)
@@ -145,16 +146,22 @@ def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: Engi
     """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
     ``offset``, ``value``, and ``arrival``: Kafka's timestamp in milliseconds, the order in
     which a stream merges its events from several partitions, ``jobs.state``), read from
-    Kafka with ``opts``' offsets and batch size."""
+    Kafka with ``opts``' offsets and batch size.
+
+    The query subscribes to every source topic, whatever the rules read, and drops the
+    records of the others in the JVM (before any decode): a checkpoint whose query read a
+    topic fails a query that no longer subscribes to it (Spark takes its partitions for
+    deleted ones: "Some data may have been lost"), so a rule set that stopped reading a
+    source (an edit, a reload) could not resume its checkpoint."""
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
-        "subscribe": ",".join(plan.topics),
+        "subscribe": ",".join(sorted(SOURCE_TOPICS.values())),
         "startingOffsets": opts.starting_offsets,
         **settings.kafka_auth.spark_options(),
     }
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
-    kafka = read_kafka(spark, options, streaming=True)
+    kafka = read_kafka(spark, options, streaming=True).where(F.col("topic").isin(plan.topics))
     return kafka.select("topic", "partition", "offset", "value", F.unix_millis("timestamp").alias(ARRIVAL))
 
 
@@ -217,21 +224,94 @@ def start(
     return query, sink
 
 
+def spark_rules(ruleset: RuleSet) -> list[tuple[str, str]]:
+    """What the Spark engine runs of ``ruleset``: its rules for ``spark`` or ``both``, by id and
+    version, in order."""
+    return [(r.id, r.version) for r in ruleset.rules if r.runs_on("spark")]
+
+
+class RuleFollower:
+    """The rule files of a streaming query, checked as the worker checks them (every second
+    of :func:`_watch`): a valid change that changes what Spark runs is a new plan; an invalid
+    one is logged, once, and the last good rules keep running (``docs/spark.md``)."""
+
+    def __init__(self, paths: list[Path], keyed_path: bool) -> None:
+        self.paths = paths
+        self.keyed_path = keyed_path
+        self.running = load_rules(paths)  # at start, a problem is the command's (exit 1)
+        #: the files' hashes of the last rejected change (not parsed again until one changes)
+        self.rejected: dict[str, str] | None = None
+        #: the plan of a change to follow, until :meth:`take`
+        self.pending: SparkPlan | None = None
+
+    def plan(self) -> SparkPlan:
+        return plan_rules(self.running, keyed_path=self.keyed_path)
+
+    def changed(self) -> bool:
+        """Whether the files changed what Spark runs (the new plan is :attr:`pending`, which a
+        postponed reload leaves there: then True until it is taken)."""
+        if self.pending is not None:
+            return True
+        try:
+            current = {str(f): file_digest(f) for f in rule_files(self.paths)}
+        except OSError:
+            return False  # a file vanished between listing and reading: next tick
+        if current == dict(self.running.files):
+            self.rejected = None  # back to the rules running: a bad edit made again is logged again
+            return False
+        if current == self.rejected:
+            return False
+        try:
+            ruleset = load_rules(self.paths)
+        except Exception as exc:  # any failure to load is a rejection, never the query's end
+            RELOADS.labels("rejected").inc()
+            self.rejected = current
+            if isinstance(exc, RuleConfigError):
+                logger.error("rule files rejected, the spark query keeps the last good rules:\n%s", exc)
+            else:
+                logger.exception("rule files could not be loaded, the spark query keeps the last good rules")
+            return False
+        before, self.running, self.rejected = spark_rules(self.running), ruleset, None
+        if spark_rules(ruleset) == before:
+            return False  # a Faust-only rule or a comment: nothing for Spark
+        self.pending = self.plan()
+        return True
+
+    def take(self) -> SparkPlan | None:
+        plan, self.pending = self.pending, None
+        return plan
+
+    def wait_for_rules(self, stop: threading.Event) -> SparkPlan | None:
+        """Block until the files give Spark a rule (its plan) or ``stop`` (None)."""
+        while not stop.wait(1):
+            if self.changed():
+                plan = self.take()
+                if plan is not None and plan.rule_count:
+                    return plan
+        return None
+
+
 def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
-    """Run the engine until ``stop`` (or, with ``once``, until caught up). Returns an exit code."""
+    """Run the engine until ``stop`` (or, with ``once``, until caught up). Returns an exit code.
+
+    A streaming run follows the rule files (:class:`RuleFollower`): a valid change to what
+    Spark runs stops the query between micro-batches and starts it again on the same
+    checkpoint with the new rules; with no rule left for Spark it waits for one."""
     if not settings.bootstrap_servers:
         logger.error(
             "KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run` or point it at Kafka"
         )
         return 2
-    plan = plan_rules(
-        load_rules(list(opts.rules) or [settings.rules_dir]), keyed_path=settings.max_event_skew_ms < 0
-    )
-    if not plan.rule_count:
+    paths = list(opts.rules) or [settings.rules_dir]
+    follower = RuleFollower(paths, keyed_path=settings.max_event_skew_ms < 0)
+    plan: SparkPlan | None = follower.plan()
+    if plan is None or not plan.rule_count:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
-        if not opts.once:
-            stop.wait()
-        return 0
+        if opts.once:
+            return 0
+        plan = follower.wait_for_rules(stop)
+        if plan is None:
+            return 0
     if opts.master:  # under spark-submit (master None) its --jars bring the connector
         connector.require(kafka_format())
     decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts
@@ -242,13 +322,51 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     jvm = launched_jvm()
     query, sink = start(spark, plan, settings, opts)
     try:
-        failure = watch(query, stop)
+        while True:
+            failure = watch(query, stop, None if opts.once else follower)
+            if failure is not None or stop.is_set() or follower.pending is None:
+                break
+            query, sink = _reload(spark, settings, opts, follower, query, sink, stop)
     finally:
         shut_down(query, spark, jvm, stop, sink.close)
     return outcome(failure, stop, opts.query)
 
 
-def watch(query: StreamingQuery, stop: threading.Event) -> BaseException | None:
+def _reload(
+    spark: SparkSession, settings: Settings, opts: EngineOptions, follower: RuleFollower,
+    query: StreamingQuery, sink: KafkaSink, stop: threading.Event,
+) -> tuple[StreamingQuery, KafkaSink]:  # fmt: skip
+    """The query again with :attr:`RuleFollower.pending`'s rules, on the same checkpoint (state,
+    offsets and the sink's marker go on): the old one stopped between micro-batches first."""
+    plan = follower.take()
+    assert plan is not None  # noqa: S101 - run() calls this for a pending plan only
+    try:
+        asyncio.run(ensure_output_topics(plan, settings))  # before the stop: a failure keeps it running
+    except Exception as exc:  # the broker's trouble, not the files': tried again at the next tick
+        logger.warning("rules reload postponed, the new rules' topics could not be created: %r", exc)
+        follower.pending = plan
+        return query, sink
+    stop_between_batches(query)
+    sink.close()
+    if not plan.rule_count:
+        logger.warning("no rule has engine: spark or both any more; the query waits for one")
+        found = follower.wait_for_rules(stop)
+        if found is None:
+            return query, sink  # both stopped; shut_down's calls do nothing
+        plan = found
+        asyncio.run(ensure_output_topics(plan, settings))
+    query, sink = start(spark, plan, settings, opts)
+    RELOADS.labels("applied").inc()
+    logger.info(
+        "reloaded the spark query's rules: %s",
+        ", ".join(f"{rid}@{version}" for rid, version in spark_rules(follower.running)),
+    )
+    return query, sink
+
+
+def watch(
+    query: StreamingQuery, stop: threading.Event, follower: RuleFollower | None = None
+) -> BaseException | None:
     """Block while the query runs (:func:`_watch`); return how it failed, or None.
 
     A failure may surface as the query's ``exception()`` or raised by
@@ -257,7 +375,7 @@ def watch(query: StreamingQuery, stop: threading.Event) -> BaseException | None:
     A JVM gone with the signal is no failure; gone without one it raises.
     """
     try:
-        _watch(query, stop)
+        _watch(query, stop, follower)
         return query.exception()
     except StreamingQueryException as exc:
         return exc
@@ -283,11 +401,14 @@ def outcome(failure: BaseException | None, stop: threading.Event, query: str = Q
     return 0
 
 
-def _watch(query: StreamingQuery, stop: threading.Event) -> None:
-    """Block while the query runs; export progress as metrics and a log line every 30 s."""
+def _watch(query: StreamingQuery, stop: threading.Event, follower: RuleFollower | None = None) -> None:
+    """Block while the query runs; export progress as metrics and a log line every 30 s. With
+    a ``follower``, return too when the rule files change what Spark runs."""
     last_log, last_batch = time.monotonic(), -1
     while query.isActive and not stop.is_set():
         query.awaitTermination(1)
+        if follower is not None and query.isActive and follower.changed():
+            return
         for p in query.recentProgress:
             if p["batchId"] > last_batch:
                 last_batch = p["batchId"]

@@ -160,6 +160,7 @@ class KafkaSink:
         self._loop = _Loop()
         self._producer = self._loop.run(self._start())
         self.produced = 0
+        self.closed = False
 
     async def _start(self) -> Any:
         producer = make_producer(self.settings)
@@ -215,6 +216,11 @@ class KafkaSink:
             logger.info("batch %d: produced %d record(s)", batch_id, len(records))
 
     def close(self) -> None:
+        """Stop the producer and its loop; a second call does nothing (a query stopped for a
+        rules reload that found no rule left keeps its closed sink until the role stops)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self._loop.run(self._producer.stop(), timeout_s=15)
         finally:

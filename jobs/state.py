@@ -178,6 +178,12 @@ class GroupRunner:
             out.append(("error", None, None, str(failed), None, None, idx, rule.id, None, None))
         return out, store.value
 
+    def current(self, states: dict[str, State]) -> dict[str, State]:
+        """A restored group's ``states`` less the keyed rules' that no longer run here (removed
+        by an edit the query followed, ``jobs.engine.RuleFollower``); stream keys keep theirs
+        (:class:`jobs.streams.StreamRunner` drops its rules' own at its restore)."""
+        return {k: v for k, v in states.items() if is_stream_key(k) or rule_of_key(k) in self.rules}
+
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:
         """Rows of any keys; ``states`` (key -> state) is read and updated in place."""
         return self.run_frame(one_frame(pdfs), states)
@@ -323,7 +329,7 @@ def evaluate(
         if reply is not None:
             rows, after = reply
             return rows, after, "peer"
-    result = _run(runner, codec, slot, decode_states(before), pdf)
+    result = _run(runner, codec, slot, runner.current(decode_states(before)), pdf)
     if peers.ENABLED:
         mine.own(slot, runner.secret, functools.partial(_serve, runner, codec))
     return (*result, "stored")

@@ -52,7 +52,7 @@ from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEva
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
-from app.rules.statekey import SEPARATOR, group_text
+from app.rules.statekey import SEPARATOR, StateKey, group_text
 from app.tables import Tables
 from app.topics import ALERTS, DLQ
 from jobs.placement import placed, unplaced
@@ -365,7 +365,10 @@ class StreamRunner:
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
         if restore and state is not None:
-            store.data = dict(state["s"])
+            # a rule that no longer runs (removed by an edit the query followed) leaves its
+            # states behind: dropped here, where a restarted query restores the partition
+            kept = state["s"].items()
+            store.data = {k: v for k, v in kept if k[:1] == "\x00" or StateKey.rule_of(k) in self.rules}
             if state.get("c") is not None:
                 evaluator.clocks[partition] = int(state["c"])
             evaluator.restore(store.items())

@@ -126,3 +126,12 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def gone(marker: str, timeout_s: float = 5.0) -> list[int]:
+    """The processes still running with ``marker`` in their environment once ``timeout_s`` has
+    passed (Spark's Python workers, which the signal reached too, may take a moment to exit)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

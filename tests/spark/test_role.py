@@ -16,19 +16,10 @@ import pytest
 from app.kafka.broker import KafkaBroker
 from jobs.session import PY4J_QUIET, quiet_py4j
 from tests.conftest import child_env
-from tests.procs import processes_with_env, role, run_script, wait_for
+from tests.procs import gone, role, run_script, wait_for
 from tests.spark.helpers import RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-def gone(marker: str, timeout_s: float = 5.0) -> list[int]:
-    """The processes still running with ``marker`` in their environment once ``timeout_s`` has
-    passed (Spark's Python workers, which the signal reached too, may take a moment to exit)."""
-    deadline = time.monotonic() + timeout_s
-    while (left := processes_with_env(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 @pytest.mark.parametrize(
