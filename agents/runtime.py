@@ -17,7 +17,7 @@ from agents.topics import extra_topics
 from app.errors import RuleConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import DictStore, Engine, Stream
-from app.rules.loader import RuleSet, file_digest, load_rules, rule_files
+from app.rules.loader import RuleSet, file_digest, load_rules, load_what_loads, rule_files
 from app.rules.state import partition_of
 from app.runtime.settings import Settings
 from app.tables import Tables
@@ -120,32 +120,17 @@ def initial_rules(settings: Settings) -> tuple[RuleSet, dict[str, str] | None]:
 
     A worker never dies on a rule file: when the directory does not load as a whole, the
     problems are logged and the worker starts with the files that load on their own (and
-    together; else with none), as a hot reload keeps the last good rules. Fixing a file
-    brings the whole set in at the next reload tick."""
-    try:
-        return load_rules([settings.rules_dir]), None
-    except Exception as exc:  # any failure to load is a rejection, never the worker's end
-        if isinstance(exc, RuleConfigError):
-            logger.error("rule files rejected at start; starting with the valid files only:\n%s", exc)
-        else:
-            logger.exception("rule files could not be loaded at start; starting with the valid files only")
-    files = rule_files([settings.rules_dir])
-    good = []
-    for f in files:
-        try:
-            load_rules([f])
-        except Exception:  # noqa: S112 - reported above with the whole set's problems
-            continue
-        good.append(f)
-    try:
-        ruleset = load_rules(good) if good else RuleSet()
-    except Exception:  # the valid files clash with one another (duplicate ids): start with none
-        logger.exception("the valid rule files do not load together; starting with no rules")
-        ruleset = RuleSet()
-    try:
-        rejected = {str(f): file_digest(f) for f in files}
-    except OSError:
-        rejected = None
+    together; else with none, :func:`app.rules.loader.load_what_loads`), as a hot reload keeps
+    the last good rules. Fixing a file brings the whole set in at the next reload tick."""
+    ruleset, rejected, error = load_what_loads([settings.rules_dir])
+    if error is None:
+        return ruleset, None
+    if isinstance(error, RuleConfigError):
+        logger.error("rule files rejected at start; starting with the valid files only:\n%s", error)
+    else:
+        logger.error(
+            "rule files could not be loaded at start; starting with the valid files only", exc_info=error
+        )
     RELOADS.labels("rejected").inc()
     return ruleset, rejected
 

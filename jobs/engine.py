@@ -36,7 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 from app.errors import ConfigError, RuleConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
-from app.rules.loader import RuleSet, file_digest, load_rules, rule_files
+from app.rules.loader import RuleSet, file_digest, load_rules, load_what_loads, rule_files
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_TOPICS, TopicSpec
@@ -238,9 +238,15 @@ class RuleFollower:
     def __init__(self, paths: list[Path], keyed_path: bool) -> None:
         self.paths = paths
         self.keyed_path = keyed_path
-        self.running = load_rules(paths)  # at start, a problem is the command's (exit 1)
+        # as the worker starts: with the files that load, if not all do; fixing one brings the
+        # whole set in at the next check (the role crashed, and the supervisor gave it up)
+        self.running, rejected, error = load_what_loads(paths)
         #: the files' hashes of the last rejected change (not parsed again until one changes)
-        self.rejected: dict[str, str] | None = None
+        self.rejected: dict[str, str] | None = rejected
+        if error is not None:
+            RELOADS.labels("rejected").inc()
+            what = f":\n{error}" if isinstance(error, RuleConfigError) else f": {error!r}"
+            logger.error("rule files rejected at start; the spark query starts with the valid ones%s", what)
         #: the plan of a change to follow, until :meth:`take`
         self.pending: SparkPlan | None = None
 

@@ -285,3 +285,32 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
     if problems:
         raise RuleConfigError(problems)
     return RuleSet(tuple(rules), files)
+
+
+def load_what_loads(paths: list[Path]) -> tuple[RuleSet, dict[str, str] | None, Exception | None]:
+    """The rules an engine starts with: those of ``paths`` if they load, else the files that
+    load on their own and together (else none), with the files' hashes (the rejected set, not
+    parsed again until one changes) and why the whole set did not load. An engine never stops
+    on a rule file; fixing it brings the whole set in at the next reload."""
+    try:
+        return load_rules(paths), None, None
+    except Exception as exc:  # any failure to load is a rejection, never the engine's end
+        error = exc
+    files = rule_files(paths)
+    good = []
+    for f in files:
+        try:
+            load_rules([f])
+        except Exception:  # noqa: S112 - the whole set's problems are the caller's to report
+            continue
+        good.append(f)
+    try:
+        ruleset = load_rules(good) if good else RuleSet()
+    except Exception:  # the valid files clash with one another (duplicate ids): start with none
+        logger.exception("the valid rule files do not load together; starting with no rules")
+        ruleset = RuleSet()
+    try:
+        rejected: dict[str, str] | None = {str(f): file_digest(f) for f in files}
+    except OSError:
+        rejected = None
+    return ruleset, rejected, error

@@ -5,6 +5,7 @@ raises nothing more), an invalid one is logged and the last good rules keep runn
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -24,6 +25,13 @@ HOT = """\
 engine: spark
 rules:
   - {id: hot, source: sensors, where: "temperature > %d", group_by: [device_id]}
+  - {id: cold, source: sensors, where: "temperature < -40", group_by: [device_id]}
+"""
+
+
+COLD = """\
+engine: spark
+rules:
   - {id: cold, source: sensors, where: "temperature < -40", group_by: [device_id]}
 """
 
@@ -76,10 +84,7 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
         assert [a["labels"]["device_id"] for a in third] == ["d1", "d2", "d4"]
         assert third[2]["rule_version"] != first[0]["rule_version"]
 
-        pack.write_text(
-            HOT.split("  - {id: hot")[0]
-            + '  - {id: cold, source: sensors, where: "temperature < -40", group_by: [device_id]}\n'
-        )
+        pack.write_text(COLD)  # hot removed
         wait_for(
             lambda: text().count("reloaded the spark query's rules") == 2,
             timeout_s=60,
@@ -94,6 +99,47 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
             ("cold", "d6"),
         ]
         assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 4
+        proc.terminate()
+        assert proc.wait(15) == 0, text()[-3000:]
+    assert "Traceback" not in text()
+    assert gone(str(data)) == []
+
+
+def test_the_role_starts_with_the_files_that_load_and_takes_the_others_once_fixed(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """As the worker: an invalid file at the start is logged, the role runs the valid ones (it
+    exited 1, and under ``make run`` the supervisor gave it up after five starts), and the
+    fixed file comes in at the next check."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "hot.yaml").write_text((HOT % 100).split("  - {id: cold")[0])
+    broken = rules / "cold.yaml"
+    broken.write_text("engine: spark\nrules: [{id: cold, source: sensors, where: temperature <\n")
+    data = tmp_path / "data"
+    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(data))
+    log = tmp_path / "spark.log"
+
+    def text() -> str:
+        return log.read_text(errors="replace")
+
+    def rules_of(n: int) -> list[str]:
+        def enough() -> list[str] | None:
+            got = consume_json(broker.bootstrap, "alerts", timeout_s=1)
+            return [a["rule_id"] for a in got] if len(got) >= n else None
+
+        return wait_for(enough, timeout_s=90, what=f"{n} alerts")
+
+    with role(["app", "spark", "--master", "local[2]", "--rules", str(rules)], env, log) as proc:
+        wait_for(lambda: "spark query 'rules' started" in text(), timeout_s=120, what="the query")
+        assert "rule files rejected at start; the spark query starts with the valid ones" in text()
+        assert "cold.yaml" in text()  # the problem names the file
+        produce(broker.bootstrap, "events.sensors", [reading("d1", 1, 105.0), reading("d2", 2, -50.0)])
+        assert rules_of(1) == ["hot"]
+        broken.write_text(COLD)
+        wait_for(lambda: "reloaded the spark query's rules" in text(), timeout_s=60, what="the reload")
+        produce(broker.bootstrap, "events.sensors", [reading("d3", 3, -60.0)])
+        assert rules_of(2) == ["hot", "cold"]
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
     assert "Traceback" not in text()
@@ -127,7 +173,11 @@ def test_a_restarted_query_drops_the_states_of_rules_that_no_longer_run(tmp_path
     assert {r.rule.id for r in after.rules} == {"hot"}
 
     stream = stream_key("sensors", 0)
-    keyed = {"hot\x1fok": {"version": "x"}, "cold\x1fok": {"version": "y"}, stream: {"s": {}}}
+    keyed: dict[str, dict[str, Any]] = {
+        "hot\x1fok": {"version": "x"},
+        "cold\x1fok": {"version": "y"},
+        stream: {"s": {}},
+    }
     assert set(GroupRunner(after).current(keyed)) == {"hot\x1fok", stream}
 
     spec = after.streams[0]
