@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from agents.metrics import RELOADS, RULE_ERRORS, RULE_EVENTS, RULE_MATCHED, RULES
 from agents.state_store import TableStore
 from agents.topics import extra_topics
-from app.errors import RuleConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import DictStore, Engine, Stream
-from app.rules.loader import RuleSet, file_digest, load_rules, load_what_loads, rule_files
+from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
 from app.rules.state import partition_of
 from app.runtime.settings import Settings
 from app.tables import Tables
@@ -125,12 +124,7 @@ def initial_rules(settings: Settings) -> tuple[RuleSet, dict[str, str] | None]:
     ruleset, rejected, error = load_what_loads([settings.rules_dir])
     if error is None:
         return ruleset, None
-    if isinstance(error, RuleConfigError):
-        logger.error("rule files rejected at start; starting with the valid files only:\n%s", error)
-    else:
-        logger.error(
-            "rule files could not be loaded at start; starting with the valid files only", exc_info=error
-        )
+    log_rejection(logger, " at start; starting with the valid files only", error)
     RELOADS.labels("rejected").inc()
     return ruleset, rejected
 
@@ -144,24 +138,14 @@ async def maybe_reload(settings: Settings, rt: Runtime) -> None:
     nothing it raises stops the worker (the rule limits bound its time, see
     docs/rule-limits.md). Should the new rules' topics fail to be created, the next tick
     tries again."""
-    try:
-        current = {str(f): file_digest(f) for f in rule_files([settings.rules_dir])}
-    except OSError:
-        return  # a file vanished between listing and reading: next tick
-    if current == dict(rt.ruleset.files):
-        rt.rejected = None  # back to the rules running: a bad edit made again is logged again
-        return
-    if current == rt.rejected:
-        return
-    try:
-        ruleset = await asyncio.to_thread(load_rules, [settings.rules_dir])
-    except Exception as exc:  # any failure to load is a rejection, never the worker's end
+    check = await asyncio.to_thread(check_rule_files, [settings.rules_dir], rt.ruleset, rt.rejected)
+    rt.rejected = check.rejected
+    if check.error is not None:
         RELOADS.labels("rejected").inc()
-        rt.rejected = current
-        if isinstance(exc, RuleConfigError):
-            logger.error("rule files rejected, keeping the last good rules:\n%s", exc)
-        else:
-            logger.exception("rule files could not be loaded, keeping the last good rules")
+        log_rejection(logger, ", keeping the last good rules", check.error)
+        return
+    ruleset = check.ruleset
+    if ruleset is None:
         return
     try:
         await ensure_topics(settings, settings.partitions, settings.replication_factor,

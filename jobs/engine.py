@@ -33,10 +33,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.errors import ConfigError, RuleConfigError
+from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
-from app.rules.loader import RuleSet, file_digest, load_rules, load_what_loads, rule_files
+from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_TOPICS, TopicSpec
@@ -245,8 +245,7 @@ class RuleFollower:
         self.rejected: dict[str, str] | None = rejected
         if error is not None:
             RELOADS.labels("rejected").inc()
-            what = f":\n{error}" if isinstance(error, RuleConfigError) else f": {error!r}"
-            logger.error("rule files rejected at start; the spark query starts with the valid ones%s", what)
+            log_rejection(logger, " at start; the spark query starts with the valid ones", error)
         #: the plan of a change to follow, until :meth:`take`
         self.pending: SparkPlan | None = None
 
@@ -258,24 +257,14 @@ class RuleFollower:
         postponed reload leaves there: then True until it is taken)."""
         if self.pending is not None:
             return True
-        try:
-            current = {str(f): file_digest(f) for f in rule_files(self.paths)}
-        except OSError:
-            return False  # a file vanished between listing and reading: next tick
-        if current == dict(self.running.files):
-            self.rejected = None  # back to the rules running: a bad edit made again is logged again
-            return False
-        if current == self.rejected:
-            return False
-        try:
-            ruleset = load_rules(self.paths)
-        except Exception as exc:  # any failure to load is a rejection, never the query's end
+        check = check_rule_files(self.paths, self.running, self.rejected)
+        self.rejected = check.rejected
+        if check.error is not None:
             RELOADS.labels("rejected").inc()
-            self.rejected = current
-            if isinstance(exc, RuleConfigError):
-                logger.error("rule files rejected, the spark query keeps the last good rules:\n%s", exc)
-            else:
-                logger.exception("rule files could not be loaded, the spark query keeps the last good rules")
+            log_rejection(logger, ", the spark query keeps the last good rules", check.error)
+            return False
+        ruleset = check.ruleset
+        if ruleset is None:
             return False
         before, self.running, self.rejected = spark_rules(self.running), ruleset, None
         if spark_rules(ruleset) == before:

@@ -314,3 +314,44 @@ def load_what_loads(paths: list[Path]) -> tuple[RuleSet, dict[str, str] | None, 
     except OSError:
         rejected = None
     return ruleset, rejected, error
+
+
+@dataclass(frozen=True)
+class RuleFilesCheck:
+    """One check of the rule files against the rules running (:func:`check_rule_files`):
+    ``ruleset`` when they changed and load; ``error`` when they changed and do not;
+    ``rejected``, the hashes of a rejected set to remember (None once the files are back to
+    the rules running or load)."""
+
+    ruleset: RuleSet | None
+    rejected: dict[str, str] | None
+    error: Exception | None = None
+
+
+def check_rule_files(paths: list[Path], running: RuleSet, rejected: dict[str, str] | None) -> RuleFilesCheck:
+    """What the files under ``paths`` say now, for an engine's hot reload: a rejected set is
+    not parsed again until one of its files changes, and a set back to the rules running
+    clears it (a bad edit made again is reported again). Nothing it meets raises: a file that
+    vanished between listing and reading is the next check's."""
+    try:
+        current = {str(f): file_digest(f) for f in rule_files(paths)}
+    except OSError:
+        return RuleFilesCheck(None, rejected)
+    if current == dict(running.files):
+        return RuleFilesCheck(None, None)
+    if current == rejected:
+        return RuleFilesCheck(None, rejected)
+    try:
+        return RuleFilesCheck(load_rules(paths), None)
+    except Exception as exc:  # any failure to load is a rejection, never the engine's end
+        return RuleFilesCheck(None, current, exc)
+
+
+def log_rejection(log: logging.Logger, outcome: str, error: Exception) -> None:
+    """At ERROR on ``log``, ``rule files rejected`` + ``outcome`` (e.g. ``, keeping the last
+    good rules``) with every problem of a :class:`RuleConfigError` (file, line, column, rule),
+    or ``rule files could not be loaded`` + ``outcome`` with the traceback of any other failure."""
+    if isinstance(error, RuleConfigError):
+        log.error("rule files rejected%s:\n%s", outcome, error)
+    else:
+        log.error("rule files could not be loaded%s", outcome, exc_info=error)

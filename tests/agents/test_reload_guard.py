@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agents import runtime
+from app.rules import loader
 from app.rules.loader import RuleSet, load_rules
 
 GOOD = "rules:\n  - id: r\n    source: logs\n    where: status = 1\n"
@@ -39,7 +40,7 @@ class Reloads:
             if self.broker_down:
                 raise ConnectionError("the broker is gone")
 
-        monkeypatch.setattr(runtime, "load_rules", counted)
+        monkeypatch.setattr(loader, "load_rules", counted)  # what check_rule_files calls
         monkeypatch.setattr(runtime, "ensure_topics", no_topics)
 
     def swap(self, ruleset: RuleSet) -> None:

@@ -41,6 +41,16 @@ def reading(device: str, minute: int, temperature: float) -> tuple[bytes, bytes]
     return device.encode(), orjson.dumps(event)
 
 
+def alerts_when(broker: KafkaBroker, n: int) -> list[dict]:
+    """The ``alerts`` topic once it holds ``n`` records (at most 90 s)."""
+
+    def enough() -> list[dict] | None:
+        got = consume_json(broker.bootstrap, "alerts", timeout_s=1)
+        return got if len(got) >= n else None
+
+    return wait_for(enough, timeout_s=90, what=f"{n} alerts")
+
+
 def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
@@ -56,11 +66,7 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
         return log.read_text(errors="replace")
 
     def alerts(n: int) -> list[dict]:
-        def enough() -> list[dict] | None:
-            got = consume_json(broker.bootstrap, "alerts", timeout_s=1)
-            return got if len(got) >= n else None
-
-        return wait_for(enough, timeout_s=90, what=f"{n} alerts")
+        return alerts_when(broker, n)
 
     with role(["app", "spark", "--master", "local[2]", "--rules", str(rules)], env, log) as proc:
         wait_for(lambda: "spark query 'rules' started" in text(), timeout_s=120, what="the query")
@@ -124,11 +130,7 @@ def test_the_role_starts_with_the_files_that_load_and_takes_the_others_once_fixe
         return log.read_text(errors="replace")
 
     def rules_of(n: int) -> list[str]:
-        def enough() -> list[str] | None:
-            got = consume_json(broker.bootstrap, "alerts", timeout_s=1)
-            return [a["rule_id"] for a in got] if len(got) >= n else None
-
-        return wait_for(enough, timeout_s=90, what=f"{n} alerts")
+        return [a["rule_id"] for a in alerts_when(broker, n)]
 
     with role(["app", "spark", "--master", "local[2]", "--rules", str(rules)], env, log) as proc:
         wait_for(lambda: "spark query 'rules' started" in text(), timeout_s=120, what="the query")
