@@ -299,14 +299,13 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         return 2
     paths = list(opts.rules) or [settings.rules_dir]
     follower = RuleFollower(paths, keyed_path=settings.max_event_skew_ms < 0)
-    plan: SparkPlan | None = follower.plan()
-    if plan is None or not plan.rule_count:
+    plan = follower.plan()
+    if not plan.rule_count:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
-        if opts.once:
+        found = None if opts.once else follower.wait_for_rules(stop)
+        if found is None:
             return 0
-        plan = follower.wait_for_rules(stop)
-        if plan is None:
-            return 0
+        plan = found
     if opts.master:  # under spark-submit (master None) its --jars bring the connector
         connector.require(kafka_format())
     decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts

@@ -217,7 +217,7 @@ class GroupRunner:
         return out
 
 
-def arrival_order(codes: Any, part: Any, offset: Any, arrival: pd.Series | None, ts: Any = None) -> list[int]:
+def arrival_order(codes: Any, part: Any, offset: Any, arrival: pd.Series | None, ts: Any) -> list[int]:
     """The rows of each key (``codes``, ascending) in the order they reached their topic.
 
     Each Kafka partition's rows keep their offset order. A key whose rows come from several
@@ -237,13 +237,15 @@ def arrival_order(codes: Any, part: Any, offset: Any, arrival: pd.Series | None,
     if arrival is None or len(by_offset) < 2 or not arrival.notna().any():
         return list(by_offset.tolist())
     c, p = codes[by_offset], part[by_offset]
+    new_key = c[1:] != c[:-1]
     starts = np.ones(len(by_offset), dtype=np.int64)
-    starts[1:] = (c[1:] != c[:-1]) | (p[1:] != p[:-1])
+    starts[1:] = new_key | (p[1:] != p[:-1])
     segment = np.cumsum(starts)  # one per (key, partition), in offset order
-    keys = [_running(arrival.to_numpy(dtype="float64", na_value=-1.0), by_offset, segment)]
-    if ts is not None:
-        keys.insert(0, _running(np.nan_to_num(np.asarray(ts, dtype="float64"), nan=-1.0), by_offset, segment))
-    return list(np.lexsort((offset, part, *keys, codes)).tolist())
+    if segment[-1] == 1 + np.count_nonzero(new_key):
+        return list(by_offset.tolist())  # every key from one partition (a topic-key stream): as is
+    arrived = _running(arrival.to_numpy(dtype="float64", na_value=-1.0), by_offset, segment)
+    timed = _running(np.nan_to_num(np.asarray(ts, dtype="float64"), nan=-1.0), by_offset, segment)
+    return list(np.lexsort((offset, part, timed, arrived, codes)).tolist())
 
 
 def _running(values: Any, by_offset: Any, segment: Any) -> Any:

@@ -23,7 +23,7 @@ def _order(
         np.array(part, dtype=np.int64),
         np.array(offset, dtype=np.int64),
         None if arrival is None else pd.Series(arrival, dtype="float64"),
-        None if ts is None else np.array(ts, dtype="float64"),
+        np.zeros(len(codes)) if ts is None else np.array(ts, dtype="float64"),
     )
 
 
