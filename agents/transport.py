@@ -26,7 +26,10 @@ under it a commit takes the offsets and hands the changed states to the producer
 running again, it flushes and checks every delivery (``commit_delivery``) and
 commits the offsets. So delivery stays at least once, and the changelog holds the
 states of exactly the batches the offsets cover. Every other topic (table
-changelogs in recovery, other agents) takes Faust's path unchanged.
+changelogs in recovery, other agents) takes Faust's path unchanged. A topic registered with
+:meth:`RulesApp.round_agent` instead waits in a :class:`agents.merge.TimeMerge` and goes to its
+handler a round at a time: its partitions merged by record time (the rule worker's source
+topics, so that its regroup topics get their events in the order they happened).
 
 **Exactly-once** (``RulesApp.transactions``, :mod:`agents.transactions`). Not
 Faust's own mode, whose transaction errors are logged and passed over. The
@@ -67,6 +70,7 @@ from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
 from faust.types import TP, ConsumerT, TransportT
 
+from agents.merge import TimeMerge
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, TrackingProducer, connection
@@ -75,6 +79,9 @@ logger = logging.getLogger(__name__)
 
 #: A batch agent's handler: the partition and its records, in offset order.
 BatchHandler = Callable[[TP, list[Any]], Awaitable[None]]
+#: A merged topic's handler (:meth:`RulesApp.round_agent`): a round of its partitions' records,
+#: each partition's in offset order (:mod:`agents.merge`).
+RoundHandler = Callable[[list[tuple[TP, list[Any]]]], Awaitable[None]]
 
 
 #: Longest wait for the consumer's thread to stop (mode's default: 60 s). Its stop only stops
@@ -126,6 +133,8 @@ class BatchConsumer(Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batch_acked = {}
+        #: per merged topic (:meth:`RulesApp.round_agent`), its fetched records not yet handled
+        self._merges: dict[str, TimeMerge] = {}
 
     def _transactions(self) -> PartitionTransactions | None:
         found: PartitionTransactions | None = getattr(self.app, "transactions", None)
@@ -161,6 +170,8 @@ class BatchConsumer(Consumer):
             handlers: Mapping[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
             if records and handlers:
                 records = await self._deliver_batches(records, active, handlers)
+            if getattr(self.app, "round_handlers", None) and (records or self._waiting()):
+                records = await self._deliver_rounds(records or {}, active)
             return records, active
         finally:
             self._fetches_in_flight -= 1
@@ -208,6 +219,80 @@ class BatchConsumer(Consumer):
                 await asyncio.sleep(0)  # let timers (the commit each second) and other tasks run
         return rest
 
+    async def _deliver_rounds(
+        self, records: Mapping[TP, list[Any]], active: set[TP] | None
+    ) -> dict[TP, list[Any]]:
+        """Take the merged topics' records in ``records`` into their :class:`TimeMerge`, run
+        their handlers on each round that is ready; return the other partitions' records.
+
+        Stops, as :meth:`_deliver_batches` does, when flow control is off, the generation
+        changed, the worker stops or (exactly-once) no transaction is open: what waits stays
+        until a seek or a revocation drops it (the committed offsets stop before it)."""
+        rounds: Mapping[str, RoundHandler] = getattr(self.app, "round_handlers", {})
+        rest: dict[TP, list[Any]] = {}
+        now = time.monotonic()
+        for tp, batch in records.items():
+            if tp.topic not in rounds:
+                rest[tp] = batch
+                continue
+            merge = self._merges.setdefault(tp.topic, TimeMerge())
+            expected = merge.next_offset(tp)
+            if expected is None:
+                expected = self._read_offset[tp]
+            if expected is not None and batch and batch[0].offset < expected:
+                batch = [r for r in batch if r.offset >= expected]  # re-fetched after a seek
+            merge.add(tp, batch, now)
+        generation = self.app.consumer_generation_id
+        size = max(1, int(getattr(self.app, "batch_size", 500)))
+        gate, transactions, monitor = self.gate, self._transactions(), self.app.monitor
+        hold: Callable[[str], bool] | None = getattr(self.app, "hold_for_time", None)
+        for topic, handler in rounds.items():
+            waiting = self._merges.get(topic)
+            while waiting is not None and waiting.waiting:
+                if not self.flow_active or self.should_stop or self.app.consumer_generation_id != generation:
+                    return rest
+                mine = [tp for tp in self.assignment() if tp.topic == topic]
+                skip = [tp for tp in mine if active is not None and tp not in active]
+                wait = hold is not None and hold(topic)
+                lagging = [tp for tp in mine if not self._caught_up(tp)] if wait else []
+                parts = waiting.take(size, lagging, time.monotonic(), skip)
+                if not parts:
+                    break
+                async with gate:
+                    if transactions is not None and (not transactions.open or self.should_stop):
+                        waiting.drop()  # read again from the committed offsets
+                        return rest
+                    await handler(parts)
+                    for tp, chunk in parts:
+                        self._batch_done(tp, chunk[-1].offset + 1)
+                if monitor is not None:
+                    for tp, _ in parts:
+                        monitor.stream_inbound_time[tp] = time.monotonic()
+                await asyncio.sleep(0)
+        return rest
+
+    def _caught_up(self, tp: TP) -> bool:
+        """Whether ``tp``'s fetch position has reached its end (the last stable offset, read
+        committed; the high watermark as the last fetch saw them): it has no earlier records
+        to bring. Unknown (no fetch answered yet) counts as behind."""
+        try:
+            consumer = self._thread._ensure_consumer()  # noqa: SLF001
+            state = consumer._subscription.subscription.assignment.state_value(tp)  # noqa: SLF001
+        except Exception:  # no consumer or no assignment yet: nothing to wait for
+            return True
+        if state is None or not state.has_valid_position:
+            return False
+        end = state.lso if state.lso is not None and state.lso >= 0 else state.highwater
+        return end is not None and state.position >= end
+
+    def _waiting(self) -> bool:
+        return any(m.waiting for m in self._merges.values())
+
+    def _drop_waiting(self, tps: Collection[TP] | None = None) -> None:
+        """Forget the merged topics' waiting records of ``tps`` (all: None)."""
+        for merge in self._merges.values():
+            merge.drop(tps)
+
     def _batch_done(self, tp: TP, after: int) -> None:
         self._read_offset[tp] = after
         self._acked.setdefault(tp, [])  # lists tp in Faust's commit loop
@@ -243,6 +328,7 @@ class BatchConsumer(Consumer):
             self._clean_revoke = await self._commit_before_revoke()
         for tp in revoked:
             self._batch_acked.pop(tp, None)
+        self._drop_waiting()  # the next owner, or this worker after the seek, reads them again
         await super().on_partitions_revoked(revoked)
 
     async def _commit_before_revoke(self) -> bool:
@@ -286,6 +372,7 @@ class BatchConsumer(Consumer):
         for tp in [tp for tp in self._read_offset if tp.topic in self._batch_topics()]:
             self._read_offset.pop(tp, None)  # set by a batch that outlived the revoke
         self._batch_acked.clear()
+        self._drop_waiting()
         if moved:
             restart = getattr(self.app, "restore_from_start", None)
             if restart is not None:
@@ -307,8 +394,10 @@ class BatchConsumer(Consumer):
         await super().on_partitions_assigned(assigned, generation_id)
 
     def _batch_topics(self) -> Collection[str]:
+        """The topics this consumer hands to handlers: the batch agents' and the merged ones'."""
         handlers: Mapping[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
-        return handlers.keys()
+        rounds: Mapping[str, RoundHandler] = getattr(self.app, "round_handlers", {})
+        return {*handlers, *rounds}
 
     def _batch_numbers(self, assigned: Collection[TP]) -> set[int]:
         """The partition numbers of the batch-agent topics in ``assigned`` (Faust's assignor
@@ -327,7 +416,7 @@ class BatchConsumer(Consumer):
         """The partition numbers of the batch-agent topics in ``assigned``; an error unless each
         comes with every batch-agent topic's partition of that number (one transaction covers
         them all: see :mod:`agents.transactions`)."""
-        topics = set(getattr(self.app, "batch_handlers", {}))
+        topics = set(self._batch_topics())
         ours = {(tp.topic, tp.partition) for tp in assigned if tp.topic in topics}
         numbers = {p for _, p in ours}
         missing = sorted({(t, p) for t in topics for p in numbers} - ours)
@@ -426,6 +515,7 @@ class BatchConsumer(Consumer):
         self.pause_partitions(streams)
         self._held = self._held | streams
         await self._idle_event().wait()
+        self._drop_waiting()  # the seek goes back to the committed offsets, before them
         await super().perform_seek()
 
     def release_held(self) -> None:
@@ -592,7 +682,8 @@ class RulesApp(faust.App):
     ``commit_snapshot``: callables run under the gate before every offset commit (the state
     stores' changes handed to the producer); ``commit_delivery``: then, outside it (the flush
     and the check of every delivery; none exactly once, the transactions do it).
-    ``batch_handlers``: per topic, the handler of a :meth:`batch_agent`.
+    ``batch_handlers``: per topic, the handler of a :meth:`batch_agent`; ``round_handlers``:
+    of a :meth:`round_agent`.
     ``early_tasks``: coroutine functions started with the app, before table recovery.
     Faust starts its own tasks (``@app.task``) only once recovery is complete, and
     recovery ends with a seek that waits for the fetch under way (see
@@ -616,11 +707,15 @@ class RulesApp(faust.App):
     #: called at each rebalance, before the tables are restored, with the partition numbers
     #: that left this worker or came to it (memory drops what it holds of them)
     on_partitions_moved: Callable[[set[int]], None] | None = None
+    #: whether a merged topic's records wait for its lagging partitions (:mod:`agents.merge`):
+    #: the rule worker's do while the source has a regrouped stream
+    hold_for_time: Callable[[str], bool] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("TableManager", WorkerTableManager)
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
+        self.round_handlers: dict[str, RoundHandler] = {}
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -661,14 +756,29 @@ class RulesApp(faust.App):
         """Subscribe to ``topic`` and have ``handler(tp, records)`` process it a batch at a time."""
 
         def register(handler: BatchHandler) -> BatchHandler:
-            if topic in self.batch_handlers:
-                msg = f"topic {topic} already has a batch agent"
-                raise ValueError(msg)
+            self._subscribe(topic)
             self.batch_handlers[topic] = handler
-            self.topics.add(self.topic(topic, key_serializer="raw", value_serializer="raw"))
             return handler
 
         return register
+
+    def round_agent(self, topic: str) -> Callable[[RoundHandler], RoundHandler]:
+        """Subscribe to ``topic`` and have ``handler(parts)`` process it a round at a time: its
+        partitions' records merged by record time while :attr:`hold_for_time` says so
+        (:mod:`agents.merge`), each partition's in offset order."""
+
+        def register(handler: RoundHandler) -> RoundHandler:
+            self._subscribe(topic)
+            self.round_handlers[topic] = handler
+            return handler
+
+        return register
+
+    def _subscribe(self, topic: str) -> None:
+        if topic in self.batch_handlers or topic in self.round_handlers:
+            msg = f"topic {topic} already has a batch agent"
+            raise ValueError(msg)
+        self.topics.add(self.topic(topic, key_serializer="raw", value_serializer="raw"))
 
     def on_rebalance_end(self) -> None:
         super().on_rebalance_end()

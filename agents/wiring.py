@@ -10,6 +10,11 @@ Per source (sensors, logs, finance) two agents:
 * ``regroup-<source>`` reads that topic and runs those rules, so one group's
   events always meet on one partition.
 
+The source topic is a *round agent* (:meth:`RulesApp.round_agent`): while the source has a
+regrouped stream, the partitions this worker owns are merged by record time
+(:mod:`agents.merge`), and each round forwards its events in that order, so a regrouped
+stream meets them as they happened after a backlog too, not one partition's backlog first.
+
 Each topic's per-key rule state lives in its own Faust table, co-partitioned
 with it; a restarted or rebalanced worker resumes the state (windows,
 pending ``for:``, absences) of the partitions it owns and re-arms their
@@ -52,9 +57,11 @@ Delivery guarantee (``APP_PROCESSING_GUARANTEE``):
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import faust
@@ -119,38 +126,50 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
     lag_c = CONSUME_LAG.labels(source)
     direct_name = stream_name(source, None)
 
-    async def evaluate(tp: TP, records: list[Any]) -> None:
-        """A batch of the source topic: decode, run the direct stream, forward to the regroup topic."""
+    async def evaluate(parts: list[tuple[TP, list[Any]]]) -> None:
+        """A round of the source topic (:mod:`agents.merge`): per partition, decode and run the
+        direct stream; then forward the events to the regroup topic merged by record time,
+        then event time (each partition's in offset order)."""
         await rt.tables_ready.wait()
-        events_c.inc(len(records))
-        out = Output()
         started = time.perf_counter()
-        lag_c.observe(max(0.0, time.time() - records[0].timestamp / 1000))
-        partition = tp.partition
         streams = [s for s in rt.engine.streams.get(source, ()) if s.evaluator.rules]
         direct = next((s for s in streams if s.name == direct_name), None)
         others = [s for s in streams if s is not direct]
-        if direct is not None:
-            rt.ensure_restored(direct, direct_store, partition)
         decode = schema.decode
-        events: list[Event] = []
-        sends: list[tuple[str, bytes, bytes]] = []  # DLQ and regroup records, in order
-        for record in records:
-            raw = record.value
-            try:
-                ev = decode(raw)
-            except IngestDecodeError as exc:
-                dlq_c.inc()
-                dead = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
-                sends.append((DLQ, source.encode(), dead))
-                continue
-            events.append(ev)
-            for s in others:
-                sends.append((regroup, s.key_of(ev), orjson.dumps({"s": s.name, "e": ev.fields})))
-        if direct is not None:
-            out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
+        forwards: list[tuple[int, list[Forward]]] = []  # per partition, in offset order
+        for tp, records in parts:
+            events_c.inc(len(records))
+            lag_c.observe(max(0.0, time.time() - records[0].timestamp / 1000))
+            partition = tp.partition
+            if direct is not None:
+                rt.ensure_restored(direct, direct_store, partition)
+            events: list[Event] = []
+            sends: list[tuple[str, bytes, bytes]] = []  # the dead letters, in order
+            mine: list[Forward] = []
+            arrived = event_time = -(2**63)  # both made non-decreasing along the partition
+            for record in records:
+                raw = record.value
+                try:
+                    ev = decode(raw)
+                except IngestDecodeError as exc:
+                    dlq_c.inc()
+                    dead = dlq_record(source, exc.reason, raw, adapter="rule-worker", field=exc.field)
+                    sends.append((DLQ, source.encode(), dead))
+                    continue
+                events.append(ev)
+                if others:
+                    arrived, event_time = max(arrived, record.timestamp or 0), max(event_time, ev.ts_ms)
+                    order = (arrived, event_time, partition, record.offset)
+                    for s in others:
+                        message = orjson.dumps({"s": s.name, "e": ev.fields})
+                        mine.append((order, (regroup, s.key_of(ev), message)))
+            out = Output()
+            if direct is not None:
+                out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
+            await outbox.send_all(sends + outbox.records(out, source), partition)
+            forwards.append((partition, mine))
+        await forward(outbox, forwards)
         timer.observe(time.perf_counter() - started)
-        await outbox.send_all(sends + outbox.records(out, source), partition)
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
         """A batch of the regroup topic: each event runs the stream it was re-keyed for."""
@@ -171,8 +190,35 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(outbox.records(out, source), partition)
 
-    app.batch_agent(topic_name)(evaluate)
+    app.round_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
+
+
+#: an event forwarded to a regroup topic: its merge order (record time and event time, each
+#: non-decreasing along its partition, then partition and offset) and its record
+Forward = tuple[tuple[int, int, int, int], tuple[str, bytes, bytes]]
+
+
+async def forward(outbox: Outbox, forwards: list[tuple[int, list[Forward]]]) -> None:
+    """Hand a round's forwarded events to the producer: merged by their order, so a regrouped
+    stream meets them as they happened, whichever source partition each came from (at least
+    once: one producer keeps the order it is given). Exactly-once, each partition's go into
+    its own transaction, whose producers do not keep an order between them: there a
+    regrouped stream meets a round's events one source partition after the other."""
+    if getattr(outbox.app, "transactions", None) is not None:
+        for partition, mine in forwards:
+            await outbox.send_all([record for _, record in mine], partition)
+        return
+    merged = heapq.merge(*(mine for _, mine in forwards), key=itemgetter(0))
+    await outbox.send_all([record for _, record in merged])
+
+
+def regroups(rt: Runtime, topic: str) -> bool:
+    """Whether source ``topic`` has a regrouped stream with rules: then its partitions are
+    merged by record time (:mod:`agents.merge`); otherwise each runs on its own, no need to wait."""
+    source = next((s for s, t in SOURCE_TOPICS.items() if t == topic), None)
+    streams = rt.engine.streams.get(source, ()) if source is not None else ()
+    return any(s.fields is not None and s.evaluator.rules for s in streams)
 
 
 async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, int]], now_ms: int) -> None:
@@ -267,6 +313,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     RULES.set(len(ruleset.rules))
     for source, topic_name in SOURCE_TOPICS.items():
         _register_source(app, rt, outbox, source, topic_name)
+    app.hold_for_time = partial(regroups, rt)
     attach_state_server(app, rt)  # interactive queries, when APP_STATE_PORT is set
 
     @app.task

@@ -226,8 +226,8 @@ def arrival_order(codes: Any, part: Any, offset: Any, arrival: pd.Series | None,
     Kafka's timestamp, then by event time (``ts``) among rows that arrived in the same
     millisecond (a replay or a burst puts many there, minutes of event time apart), then
     partition and offset; both times made non-decreasing along each partition (their running
-    maximum there), so that no partition's rows change order. The live worker meets them in
-    the order its regroup topic received them. Before, such a key took one partition's rows of
+    maximum there), so that no partition's rows change order. The live worker forwards them
+    to its regroup topic in the same order (``agents.merge``). Before, such a key took one partition's rows of
     the micro-batch, then the next one's: each partition after the first went back in time by
     up to the batch's span, and windows, absence and sequences took its events for late ones
     (most alerts of such rules were lost while the query caught up).

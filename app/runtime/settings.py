@@ -47,9 +47,10 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
     "APP_REPLICATION_FACTOR": ("1", "Replication factor for created topics."),
     "APP_WORKER_BATCH": (
         "2000",
-        "Most records of one fetched partition batch the rule worker evaluates before it sends "
-        "their alerts (a fetch can hold thousands; smaller keeps alert latency lower under backlog, "
-        "larger costs less per event: 500 took 5-20 % more CPU per event than 2,000).",
+        "Most records the rule worker evaluates in one call before it sends their alerts: of one "
+        "fetched partition batch, or of a source's partitions merged by time (a fetch can hold "
+        "thousands; smaller keeps alert latency lower under backlog, larger costs less per event: "
+        "500 took 5-20 % more CPU per event than 2,000).",
     ),
     "APP_STATE_RECORD_MAX_BYTES": (
         "998976",

@@ -27,6 +27,7 @@ from jobs.streams import RegistryFollower
 from tests.conformance.kind_cases import DEVICES, RULES, crafted_windows, tables
 from tests.conftest import reset_topics
 from tests.kafka_helpers import consume_json, produce
+from tests.regrouped import REGROUPED, regrouped_logs
 from tests.spark.helpers import nab_lines, run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -87,45 +88,6 @@ def test_the_registry_follower_reads_a_recreated_table_topic_again(broker: Kafka
     assert follower.poll().get("devices", "d-9") == new  # not skipped as already read
 
 
-REGROUPED = """\
-engine: spark
-rules:
-  - id: burst-403
-    source: logs
-    where: status = 403
-    group_by: [client_ip]
-    window: {type: sliding, size: 1m}
-    aggregate: {n: count(*)}
-    having: n >= 5
-  - id: per-ip-minute
-    source: logs
-    group_by: [client_ip]
-    window: {type: tumbling, size: 1m}
-    aggregate: {n: count(*)}
-    having: n >= 8
-  - id: forbidden-streak
-    source: logs
-    where: status = 403
-    group_by: [client_ip]
-    consecutive: 4
-"""
-
-
-def regrouped_logs(n: int) -> list[tuple[bytes, bytes]]:
-    """``n`` access-log lines from six hosts (on both partitions of ``events.logs``), one per
-    second in time order, from three client IPs; every fifth second's IP sends 403s for a while."""
-    hosts = [f"web-{i}" for i in range(6)]
-    ips = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
-    out = []
-    for i in range(n):
-        ip = ips[(i // 7) % 3]
-        status = 403 if (i // 20) % 3 == 0 else 200
-        ts = f"2026-03-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"
-        event = {"host": hosts[i * 5 % 6], "ts": ts, "client_ip": ip, "status": status, "path": "/"}
-        out.append((event["host"].encode(), orjson.dumps(event)))
-    return out
-
-
 def test_a_stream_regrouped_from_two_partitions_runs_its_events_in_time_order(
     spark: SparkSession, broker: KafkaBroker, settings: Settings, tmp_path: Path
 ) -> None:
@@ -138,7 +100,7 @@ def test_a_stream_regrouped_from_two_partitions_runs_its_events_in_time_order(
     no ``burst-403`` at all (50), 22 ``per-ip-minute`` (3: flapping) and 120 of the 180 streak
     transitions."""
     rules = tmp_path / "regrouped.yaml"
-    rules.write_text(REGROUPED)
+    rules.write_text("engine: spark\n" + REGROUPED)
     ruleset = load_rules([rules])
     records = regrouped_logs(1200)
     produce(broker.bootstrap, "events.logs", records)

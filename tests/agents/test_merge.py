@@ -1,0 +1,128 @@
+"""agents.merge: a source topic's partitions merged by record time, waiting for the partitions
+that may still bring earlier records."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+from agents.merge import TimeMerge
+from agents.wiring import forward
+
+P0, P1 = ("events.logs", 0), ("events.logs", 1)
+
+
+def recs(*pairs: tuple[int, int]) -> list[Any]:
+    """Records of (offset, timestamp)."""
+    return [SimpleNamespace(offset=o, timestamp=t) for o, t in pairs]
+
+
+def taken(parts: list[tuple[Any, list[Any]]]) -> dict[Any, list[int]]:
+    return {tp: [r.offset for r in chunk] for tp, chunk in parts}
+
+
+def test_a_round_takes_every_partition_up_to_the_batchs_cut_and_never_splits_a_time() -> None:
+    merge = TimeMerge()
+    merge.add(P0, recs((0, 10), (1, 20), (2, 30), (3, 40)), now=0.0)
+    merge.add(P1, recs((0, 15), (1, 20), (2, 35)), now=0.0)
+    # caught up (nothing lagging): rounds of about 3 records, cut at the 3rd earliest time (20),
+    # and both records at 20 go together
+    assert taken(merge.take(3, lagging=(), now=0.0)) == {P0: [0, 1], P1: [0, 1]}
+    assert taken(merge.take(3, lagging=(), now=0.0)) == {P0: [2, 3], P1: [2]}
+    assert merge.waiting == 0 and merge.take(3, lagging=(), now=0.0) == []
+
+
+def test_records_wait_for_a_lagging_partition_until_it_shows_their_time() -> None:
+    merge = TimeMerge(hold_s=5.0)
+    merge.add(P0, recs((0, 100), (1, 200), (2, 300)), now=0.0)
+    merge.add(P1, recs((0, 50), (1, 150)), now=0.0)
+    # both lagging: nothing past the earlier of what they have shown (150) leaves
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P0: [0], P1: [0, 1]}
+    assert merge.take(100, lagging=(P0, P1), now=0.2) == []
+    merge.add(P1, recs((2, 250)), now=0.3)
+    # up to 250: P1 has shown it, and P0 brings nothing before 300
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.3)) == {P0: [1], P1: [2]}
+    merge.add(P1, recs((3, 400)), now=0.4)
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.4)) == {P0: [2]}
+    assert merge.take(100, lagging=(P0, P1), now=0.5) == []  # P0 may still bring 300..400
+    # P0 caught up: it brings nothing earlier
+    assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P1: [3]}
+    assert merge.next_offset(P0) is None
+
+
+def test_a_lagging_partition_that_showed_nothing_holds_the_others_at_most_hold_s() -> None:
+    merge = TimeMerge(hold_s=1.0)
+    merge.add(P0, recs((0, 10), (1, 20)), now=0.0)
+    assert merge.take(10, lagging=(P1,), now=0.5) == []
+    merge.add(P0, recs((2, 30)), now=0.8)
+    # the first fetch's records waited their second; the later one waits on
+    assert taken(merge.take(10, lagging=(P1,), now=1.2)) == {P0: [0, 1]}
+    assert taken(merge.take(10, lagging=(P1,), now=1.9)) == {P0: [2]}
+
+
+def test_past_max_held_the_oldest_leave_without_waiting() -> None:
+    merge = TimeMerge(hold_s=60.0, max_held=3)
+    merge.add(P0, recs((0, 1), (1, 2), (2, 3)), now=0.0)
+    merge.add(P1, recs((0, 1), (1, 5)), now=0.0)
+    parts = taken(merge.take(10, lagging=(P0, P1, ("events.logs", 2)), now=0.0))
+    assert parts == {P0: [0], P1: [0]} and merge.waiting == 3
+
+
+def test_a_paused_partition_neither_leaves_nor_holds_the_others() -> None:
+    merge = TimeMerge(hold_s=60.0)
+    merge.add(P0, recs((0, 10)), now=0.0)
+    merge.add(P1, recs((0, 5)), now=0.0)
+    assert taken(merge.take(10, lagging=(P1,), now=0.0, skip=(P1,))) == {P0: [0]}
+    assert merge.next_offset(P1) == 1
+    merge.drop([P1])
+    assert merge.waiting == 0 and merge.next_offset(P1) is None
+
+
+def test_a_partitions_records_keep_their_offset_order_when_a_timestamp_goes_back() -> None:
+    """Record timestamps are the producers' clocks: one may go back. The merge time is their
+    running maximum along the partition, so no partition's records change order."""
+    merge = TimeMerge()
+    merge.add(P0, recs((0, 100), (1, 90), (2, 95), (3, 120)), now=0.0)
+    merge.add(P1, recs((0, 99)), now=0.0)
+    # P0's 90 and 95 count as 100, so they stay behind its offset 0, and P1's 99 goes before all three
+    assert taken(merge.take(1, lagging=(), now=0.0)) == {P1: [0]}
+    assert taken(merge.take(1, lagging=(), now=0.0)) == {P0: [0, 1, 2]}
+    assert taken(merge.take(1, lagging=(), now=0.0)) == {P0: [3]}
+
+
+def test_compaction_keeps_what_waits() -> None:
+    merge = TimeMerge()
+    merge.add(P0, recs(*((o, o) for o in range(10_000))), now=0.0)
+    got: list[int] = []
+    while parts := merge.take(3000, lagging=(), now=0.0):
+        got += taken(parts)[P0]
+    assert got == list(range(10_000))
+    merge.add(P0, recs((10_000, 10_000)), now=0.0)
+    assert merge.next_offset(P0) == 10_001
+
+
+class _Outbox:
+    """What ``agents.wiring.forward`` uses of an Outbox: its app and ``send_all``."""
+
+    def __init__(self, transactions: object | None) -> None:
+        self.app = SimpleNamespace(transactions=transactions)
+        self.sent: list[tuple[int, list[Any]]] = []
+
+    async def send_all(self, records: list[Any], source_partition: int = 0) -> None:
+        self.sent.append((source_partition, list(records)))
+
+
+def test_a_rounds_forwards_go_merged_by_arrival_then_event_time_through_one_producer() -> None:
+    a0, a1, b0, b1 = (("streamalert-rules-logs-regroup", k.encode(), b"{}") for k in ("a0", "a1", "b0", "b1"))
+    forwards = [
+        (0, [((5, 100, 0, 0), a0), ((7, 100, 0, 1), a1)]),
+        (1, [((5, 90, 1, 0), b0), ((6, 300, 1, 1), b1)]),
+    ]
+    at_least_once = _Outbox(None)
+    asyncio.run(forward(cast("Any", at_least_once), forwards))
+    # same arrival (5): the earlier event time first; then arrival order
+    assert at_least_once.sent == [(0, [b0, a0, b1, a1])]
+    exactly_once = _Outbox(object())  # each partition's into its own transaction, in its order
+    asyncio.run(forward(cast("Any", exactly_once), forwards))
+    assert exactly_once.sent == [(0, [a0, a1]), (1, [b0, b1])]
