@@ -125,6 +125,8 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c = CONSUME_LAG.labels(source)
     direct_name = stream_name(source, None)
+    #: per source partition, the last forward's record and event times (:data:`Forward`)
+    marks: dict[int, tuple[int, int]] = {}
 
     async def evaluate(parts: list[tuple[TP, list[Any]]]) -> None:
         """A round of the source topic (:mod:`agents.merge`): per partition, decode and run the
@@ -146,7 +148,9 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             events: list[Event] = []
             sends: list[tuple[str, bytes, bytes]] = []  # the dead letters, in order
             mine: list[Forward] = []
-            arrived = event_time = -(2**63)  # both made non-decreasing along the partition
+            # both times made non-decreasing along the partition, across rounds too
+            arrived, event_time = marks.get(partition, (-(2**63), -(2**63)))
+            ordered = getattr(outbox.app, "transactions", None) is not None  # sorted again there
             for record in records:
                 raw = record.value
                 try:
@@ -161,8 +165,13 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
                     arrived, event_time = max(arrived, record.timestamp or 0), max(event_time, ev.ts_ms)
                     order = (arrived, event_time, partition, record.offset)
                     for s in others:
-                        message = orjson.dumps({"s": s.name, "e": ev.fields})
-                        mine.append((order, (regroup, s.key_of(ev), message)))
+                        body = (
+                            {"s": s.name, "e": ev.fields, "o": order}
+                            if ordered
+                            else {"s": s.name, "e": ev.fields}
+                        )
+                        mine.append((order, (regroup, s.key_of(ev), orjson.dumps(body))))
+            marks[partition] = (arrived, event_time)
             out = Output()
             if direct is not None:
                 out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
@@ -178,8 +187,13 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         started = time.perf_counter()
         partition = tp.partition
         runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
-        for record in records:
-            msg = orjson.loads(record.value)
+        messages = [orjson.loads(record.value) for record in records]
+        if len(messages) > 1 and all("o" in m for m in messages):
+            # exactly-once: each source partition's forwards came in its own transaction, and a
+            # commit makes them visible together; merged again here by their order (stable:
+            # each source partition's keep theirs)
+            messages.sort(key=itemgetter("o"))
+        for msg in messages:
             runs.setdefault(msg["s"], []).append(schema.validate(msg["e"]))
         for name, events in runs.items():
             s = rt.stream(source, name)
@@ -203,8 +217,8 @@ async def forward(outbox: Outbox, forwards: list[tuple[int, list[Forward]]]) -> 
     """Hand a round's forwarded events to the producer: merged by their order, so a regrouped
     stream meets them as they happened, whichever source partition each came from (at least
     once: one producer keeps the order it is given). Exactly-once, each partition's go into
-    its own transaction, whose producers do not keep an order between them: there a
-    regrouped stream meets a round's events one source partition after the other."""
+    its own transaction, whose producers do not keep an order between them: there the
+    forwards carry their order (``"o"``), and the regroup handler sorts each batch by it."""
     if getattr(outbox.app, "transactions", None) is not None:
         for partition, mine in forwards:
             await outbox.send_all([record for _, record in mine], partition)
