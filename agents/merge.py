@@ -84,6 +84,8 @@ class TimeMerge:
         #: per partition, the newest record time fetched (waiting or gone): what a lagging
         #: partition has shown so far, none earlier is still to come
         self._last: dict[Hashable, int] = {}
+        #: records let go past the lagging partitions' time (held too long, or too many)
+        self.forced = 0
 
     @property
     def waiting(self) -> int:
@@ -140,6 +142,8 @@ class TimeMerge:
         out = []
         for tp, p in parts.items():
             count = bisect_right(p.times, cut, p.start) - p.start
+            if bound is not None and cut > bound:
+                self.forced += count - (bisect_right(p.times, bound, p.start) - p.start)
             if count:
                 out.append((tp, p.take(count)))
         return out

@@ -28,6 +28,17 @@ LATE = Counter("worker_late_events_total", "Events a stateful rule could not use
 ROUTED = Counter("worker_routed_total", "Events routed by branch rules", ["topic"])
 RELOADS = Counter("worker_rule_reloads_total", "Rule reloads", ["outcome"])
 RULES = Gauge("worker_rules", "Rules loaded")
+MERGE_WAITING = Gauge(
+    "worker_merge_waiting_records",
+    "Fetched records of a source topic waiting for its lagging partitions (agents.merge)",
+    ["topic"],
+)
+MERGE_FORCED = Counter(
+    "worker_merge_forced_total",
+    "Records a source topic's merge let go before its lagging partitions showed their time "
+    "(held 1 s, or past 50,000 waiting): a regrouped stream may meet them out of order",
+    ["topic"],
+)
 CONSUME_LAG = Histogram(
     "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
     ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

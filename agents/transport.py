@@ -71,6 +71,7 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, P
 from faust.types import TP, ConsumerT, TransportT
 
 from agents.merge import TimeMerge
+from agents.metrics import MERGE_FORCED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, TrackingProducer, connection
@@ -255,7 +256,10 @@ class BatchConsumer(Consumer):
                 skip = [tp for tp in mine if active is not None and tp not in active]
                 wait = hold is not None and hold(topic)
                 lagging = [tp for tp in mine if not self._caught_up(tp)] if wait else []
+                forced = waiting.forced
                 parts = waiting.take(size, lagging, time.monotonic(), skip)
+                if waiting.forced > forced:
+                    MERGE_FORCED.labels(topic).inc(waiting.forced - forced)
                 if not parts:
                     break
                 async with gate:
@@ -269,6 +273,8 @@ class BatchConsumer(Consumer):
                     for tp, _ in parts:
                         monitor.stream_inbound_time[tp] = time.monotonic()
                 await asyncio.sleep(0)
+            if waiting is not None:
+                MERGE_WAITING.labels(topic).set(waiting.waiting)
         return rest
 
     def _caught_up(self, tp: TP) -> bool:

@@ -48,6 +48,7 @@ def test_records_wait_for_a_lagging_partition_until_it_shows_their_time() -> Non
     assert merge.take(100, lagging=(P0, P1), now=0.5) == []  # P0 may still bring 300..400
     # P0 caught up: it brings nothing earlier
     assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P1: [3]}
+    assert merge.forced == 0  # every record left in time order
     assert merge.next_offset(P0) is None
 
 
@@ -59,6 +60,7 @@ def test_a_lagging_partition_that_showed_nothing_holds_the_others_at_most_hold_s
     # the first fetch's records waited their second; the later one waits on
     assert taken(merge.take(10, lagging=(P1,), now=1.2)) == {P0: [0, 1]}
     assert taken(merge.take(10, lagging=(P1,), now=1.9)) == {P0: [2]}
+    assert merge.forced == 3  # each let go before P1 showed its time: counted for the metric
 
 
 def test_past_max_held_the_oldest_leave_without_waiting() -> None:
@@ -66,7 +68,7 @@ def test_past_max_held_the_oldest_leave_without_waiting() -> None:
     merge.add(P0, recs((0, 1), (1, 2), (2, 3)), now=0.0)
     merge.add(P1, recs((0, 1), (1, 5)), now=0.0)
     parts = taken(merge.take(10, lagging=(P0, P1, ("events.logs", 2)), now=0.0))
-    assert parts == {P0: [0], P1: [0]} and merge.waiting == 3
+    assert parts == {P0: [0], P1: [0]} and merge.waiting == 3 and merge.forced == 2
 
 
 def test_a_paused_partition_neither_leaves_nor_holds_the_others() -> None:
