@@ -34,7 +34,8 @@ from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: longest a fetched record waits for a lagging partition, in seconds
+#: how long a fetched record waits for a lagging partition, in seconds; checked as each fetch
+#: returns, and Faust's fetch loop returns at least once a second, so a wait ends within 2 s
 HOLD_S = 1.0
 #: most records waiting per topic; past it the oldest leave without waiting
 MAX_HELD = 50_000
