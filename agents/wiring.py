@@ -187,13 +187,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         started = time.perf_counter()
         partition = tp.partition
         runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
-        messages = [orjson.loads(record.value) for record in records]
-        if len(messages) > 1 and all("o" in m for m in messages):
-            # exactly-once: each source partition's forwards came in its own transaction, and a
-            # commit makes them visible together; merged again here by their order (stable:
-            # each source partition's keep theirs)
-            messages.sort(key=itemgetter("o"))
-        for msg in messages:
+        for msg in in_forward_order([orjson.loads(record.value) for record in records]):
             runs.setdefault(msg["s"], []).append(schema.validate(msg["e"]))
         for name, events in runs.items():
             s = rt.stream(source, name)
@@ -225,6 +219,16 @@ async def forward(outbox: Outbox, forwards: list[tuple[int, list[Forward]]]) -> 
         return
     merged = heapq.merge(*(mine for _, mine in forwards), key=itemgetter(0))
     await outbox.send_all([record for _, record in merged])
+
+
+def in_forward_order(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A regroup batch's messages, sorted by the merge order they carry (``"o"``: exactly-once
+    only) when all carry one; as they came otherwise. Exactly-once, each source partition's
+    forwards came in its own transaction, and a commit makes them visible about together: the
+    sort (stable, so each source partition's keep their order) merges what one batch holds."""
+    if len(messages) > 1 and all("o" in m for m in messages):
+        messages.sort(key=itemgetter("o"))
+    return messages
 
 
 def regroups(rt: Runtime, topic: str) -> bool:

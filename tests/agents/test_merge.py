@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from agents.merge import TimeMerge
-from agents.wiring import forward
+from agents.wiring import forward, in_forward_order
 
 P0, P1 = ("events.logs", 0), ("events.logs", 1)
 
@@ -128,3 +128,15 @@ def test_a_rounds_forwards_go_merged_by_arrival_then_event_time_through_one_prod
     exactly_once = _Outbox(object())  # each partition's into its own transaction, in its order
     asyncio.run(forward(cast("Any", exactly_once), forwards))
     assert exactly_once.sent == [(0, [a0, a1]), (1, [b0, b1])]
+
+
+def test_a_regroup_batch_is_sorted_by_the_order_its_forwards_carry_when_all_carry_one() -> None:
+    """Exactly-once forwards carry their merge order ("o"); a batch holding two source
+    partitions' transactions one after the other is merged again, each partition's in its order."""
+    p0 = [{"s": "x", "e": {"n": n}, "o": [10 * n, 0, 0, n]} for n in range(3)]
+    p1 = [{"s": "x", "e": {"n": 10 + n}, "o": [10 * n + 5, 0, 1, n]} for n in range(3)]
+    merged = in_forward_order([*p0, *p1])
+    assert [m["e"]["n"] for m in merged] == [0, 10, 1, 11, 2, 12]
+    # at least once, or a batch with an older worker's forwards: as they came
+    plain = [{"s": "x", "e": {"n": 1}}, {"s": "x", "e": {"n": 0}, "o": [0, 0, 0, 0]}]
+    assert in_forward_order(list(plain)) == plain
