@@ -98,6 +98,11 @@ class Outbox:
             for batch in batches:
                 await self._send_batch(producers[partition], batch, topic, partition)
 
+    @property
+    def exactly_once(self) -> bool:
+        """Whether each input partition's outputs go into its own transaction (:meth:`producer_for`)."""
+        return getattr(self.app, "transactions", None) is not None
+
     def producer_for(self, source_partition: int) -> Any:
         """The aiokafka producer for the outputs of ``source_partition``: Faust's (at least once),
         or that partition's transactional producer (exactly-once)."""

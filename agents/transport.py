@@ -109,6 +109,14 @@ class WorkerConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+def _from(batch: list[Any], offset: int | None) -> list[Any]:
+    """``batch``'s records at or after ``offset`` (all of them when None): a fetch after a seek
+    brings again records that were already processed or are already waiting."""
+    if offset is not None and batch and batch[0].offset < offset:
+        return [r for r in batch if r.offset >= offset]
+    return batch
+
+
 #: Longest wait, at a rebalance, for the batch under evaluation before the commit that hands
 #: the partitions over (a batch of ``APP_WORKER_BATCH`` events takes milliseconds; the group
 #: waits up to the rebalance timeout, 10 s, for this worker to rejoin)
@@ -201,9 +209,7 @@ class BatchConsumer(Consumer):
             if handler is None:
                 rest[tp] = batch
                 continue
-            read = self._read_offset[tp]
-            if read is not None and batch and batch[0].offset < read:
-                batch = [r for r in batch if r.offset >= read]  # already processed: re-fetched after a seek
+            batch = _from(batch, self._read_offset[tp])  # already processed: re-fetched after a seek
             for start in range(0, len(batch), size):
                 if not self.flow_active or self.should_stop or self.app.consumer_generation_id != generation:
                     return rest
@@ -237,12 +243,8 @@ class BatchConsumer(Consumer):
                 rest[tp] = batch
                 continue
             merge = self._merges.setdefault(tp.topic, TimeMerge())
-            expected = merge.next_offset(tp)
-            if expected is None:
-                expected = self._read_offset[tp]
-            if expected is not None and batch and batch[0].offset < expected:
-                batch = [r for r in batch if r.offset >= expected]  # re-fetched after a seek
-            merge.add(tp, batch, now)
+            waiting_end = merge.next_offset(tp)  # past what waits, else past what was processed
+            merge.add(tp, _from(batch, self._read_offset[tp] if waiting_end is None else waiting_end), now)
         generation = self.app.consumer_generation_id
         size = max(1, int(getattr(self.app, "batch_size", 500)))
         gate, transactions, monitor = self.gate, self._transactions(), self.app.monitor
@@ -294,10 +296,10 @@ class BatchConsumer(Consumer):
     def _waiting(self) -> bool:
         return any(m.waiting for m in self._merges.values())
 
-    def _drop_waiting(self, tps: Collection[TP] | None = None) -> None:
-        """Forget the merged topics' waiting records of ``tps`` (all: None)."""
+    def _drop_waiting(self) -> None:
+        """Forget the merged topics' waiting records (they are fetched again after the seek)."""
         for merge in self._merges.values():
-            merge.drop(tps)
+            merge.drop()
 
     def _batch_done(self, tp: TP, after: int) -> None:
         self._read_offset[tp] = after

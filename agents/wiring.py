@@ -138,6 +138,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         direct = next((s for s in streams if s.name == direct_name), None)
         others = [s for s in streams if s is not direct]
         decode = schema.decode
+        ordered = outbox.exactly_once  # the forwards carry their order, sorted again there
         forwards: list[tuple[int, list[Forward]]] = []  # per partition, in offset order
         for tp, records in parts:
             events_c.inc(len(records))
@@ -150,7 +151,6 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
             mine: list[Forward] = []
             # both times made non-decreasing along the partition, across rounds too
             arrived, event_time = marks.get(partition, (-(2**63), -(2**63)))
-            ordered = getattr(outbox.app, "transactions", None) is not None  # sorted again there
             for record in records:
                 raw = record.value
                 try:
@@ -213,7 +213,7 @@ async def forward(outbox: Outbox, forwards: list[tuple[int, list[Forward]]]) -> 
     once: one producer keeps the order it is given). Exactly-once, each partition's go into
     its own transaction, whose producers do not keep an order between them: there the
     forwards carry their order (``"o"``), and the regroup handler sorts each batch by it."""
-    if getattr(outbox.app, "transactions", None) is not None:
+    if outbox.exactly_once:
         for partition, mine in forwards:
             await outbox.send_all([record for _, record in mine], partition)
         return

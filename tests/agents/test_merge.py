@@ -105,10 +105,10 @@ def test_compaction_keeps_what_waits() -> None:
 
 
 class _Outbox:
-    """What ``agents.wiring.forward`` uses of an Outbox: its app and ``send_all``."""
+    """What ``agents.wiring.forward`` uses of an Outbox: ``exactly_once`` and ``send_all``."""
 
     def __init__(self, transactions: object | None) -> None:
-        self.app = SimpleNamespace(transactions=transactions)
+        self.exactly_once = transactions is not None
         self.sent: list[tuple[int, list[Any]]] = []
 
     async def send_all(self, records: list[Any], source_partition: int = 0) -> None:
