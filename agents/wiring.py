@@ -86,7 +86,7 @@ from app.rules.loader import RuleSet
 from app.runtime import metrics, native
 from app.runtime.settings import Settings
 from app.tables import Tables
-from app.topics import DLQ, SOURCE_TOPICS, TopicSpec
+from app.topics import DLQ, SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def in_forward_order(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def regroups(rt: Runtime, topic: str) -> bool:
     """Whether source ``topic`` has a regrouped stream with rules: then its partitions are
     merged by record time (:mod:`agents.merge`); otherwise each runs on its own, no need to wait."""
-    source = next((s for s, t in SOURCE_TOPICS.items() if t == topic), None)
+    source = SOURCE_OF_TOPIC.get(topic)
     streams = rt.engine.streams.get(source, ()) if source is not None else ()
     return any(s.fields is not None and s.evaluator.rules for s in streams)
 

@@ -253,14 +253,13 @@ def read_topic_events(
     records are reported with their topic and position, never silently dropped."""
     import asyncio
 
-    from app.topics import SOURCE_TOPICS
+    from app.topics import SOURCE_OF_TOPIC
 
-    by_topic = {t: s for s, t in SOURCE_TOPICS.items()}
     stamped: list[tuple[int, int, str, Event]] = []
     for topic in topics:
-        source = by_topic.get(topic)
+        source = SOURCE_OF_TOPIC.get(topic)
         if source is None:
-            msg = f"--topic {topic}: expected one of {', '.join(by_topic)}"
+            msg = f"--topic {topic}: expected one of {', '.join(SOURCE_OF_TOPIC)}"
             raise ValueError(msg)
         for n, (ts, value) in enumerate(asyncio.run(_read_topics(bootstrap, [topic]))):
             try:

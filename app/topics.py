@@ -20,6 +20,8 @@ WATCHLISTS_TABLE = "tables.watchlists"
 
 #: Event source name -> its topic.
 SOURCE_TOPICS: dict[str, str] = {"sensors": SENSORS, "logs": LOGS, "finance": FINANCE}
+#: the source of each source topic
+SOURCE_OF_TOPIC: dict[str, str] = {t: s for s, t in SOURCE_TOPICS.items()}
 
 #: The system's own topics, which no rule may branch events to (the engines write only
 #: alerts and dead letters there, never a rule's copies), and the prefixes of such topics

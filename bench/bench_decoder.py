@@ -27,7 +27,7 @@ native.activate()  # as the Spark workers do (jobs.pydaemon)
 import pyarrow as pa  # noqa: E402
 from bench_spark import events  # noqa: E402
 
-from app.topics import SOURCE_TOPICS  # noqa: E402
+from app.topics import SOURCE_OF_TOPIC, SOURCE_TOPICS  # noqa: E402
 from jobs.decode import Decoder  # noqa: E402
 from jobs.streams import StreamRouter  # noqa: E402
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the Spark engine's Python decoder, {args.records:,} records, {native.status()}")
     for live in (True, False):
         router = StreamRouter({"sensors": (("sensors", None),)}, 2, record_partitions=live)
-        decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=router)
+        decoder = Decoder(topics=SOURCE_OF_TOPIC, router=router)
         best = float("inf")
         for _ in range(args.rounds):
             t0 = time.process_time()

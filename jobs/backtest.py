@@ -33,7 +33,7 @@ from app.backtest import BacktestReport
 from app.events import SCHEMAS, parse_ts
 from app.rules.loader import RuleSet
 from app.tables import Tables
-from app.topics import SOURCE_TOPICS
+from app.topics import SOURCE_OF_TOPIC
 from jobs import absence, event_alerts, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
@@ -216,7 +216,7 @@ def run_backtest(
     first = {rid: min(thr_idx[r] for r in s.rule_ids) for s in plan.streams for rid in s.rule_ids}
     plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
-    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, source=source, router=routes)
+    decoder = Decoder(topics=SOURCE_OF_TOPIC, source=source, router=routes)
     if native_decode is None:
         native_decode = decode_mode() == "jvm"
     decoded = decode(raw, decoder, native=native_decode)

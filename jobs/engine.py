@@ -39,7 +39,7 @@ from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
-from app.topics import SOURCE_TOPICS, TopicSpec
+from app.topics import SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import ARRIVAL, Decoder
@@ -170,7 +170,7 @@ def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
     each with the stream keys of the partitions that evaluate it; in the JVM where it can be
     and ``APP_SPARK_DECODE=jvm`` (``jobs.fastdecode``)."""
     routes = router(plan.streams, settings.partitions, record_partitions=True)
-    decoder = Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes)
+    decoder = Decoder(topics=SOURCE_OF_TOPIC, router=routes)
     return decode(raw, decoder, native=decode_mode() == "jvm")
 
 

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from app.events import SCHEMAS
 from app.rules.loader import load_rules
-from app.topics import SOURCE_TOPICS
+from app.topics import SOURCE_OF_TOPIC
 from jobs.compile import SparkPlan, plan_rules, tasks
 from jobs.decode import Decoder
 from jobs.fastdecode import decode
@@ -69,7 +69,7 @@ def decoded(spark: SparkSession, plan: SparkPlan, *, native: bool = True) -> Dat
     rows = [("events.sensors", i % 2, i, r.encode()) for i, r in enumerate(RECORDS)]
     raw = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
     routes = router(plan.streams, 2, record_partitions=True)
-    return decode(raw, Decoder(topics={t: s for s, t in SOURCE_TOPICS.items()}, router=routes), native=native)
+    return decode(raw, Decoder(topics=SOURCE_OF_TOPIC, router=routes), native=native)
 
 
 def physical(df: DataFrame, capsys: pytest.CaptureFixture[str]) -> str:
