@@ -39,6 +39,12 @@ MERGE_FORCED = Counter(
     "(held 1 s, or past 50,000 waiting): a regrouped stream may meet them out of order",
     ["topic"],
 )
+REFORWARDED = Counter(
+    "worker_regroup_replayed_total",
+    "Events a regrouped stream dropped because it had evaluated them already: forwarded again "
+    "when their source batch was read again after a crash (agents.wiring)",
+    ["source"],
+)
 CONSUME_LAG = Histogram(
     "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
     ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

@@ -42,10 +42,9 @@ Delivery guarantee (``APP_PROCESSING_GUARANTEE``):
   any output or state record could not be delivered; only then does Faust
   commit. A crash re-processes the uncommitted batches from the state as of the
   last commit; alert ids are deterministic, so the replay re-emits the same
-  ids, which downstream dedups. One thing the replay can change: events it
-  forwards to a regroup topic a second time are counted again by the regrouped
-  rules' state there (a window's aggregates, a threshold's streak), so a crash
-  within a commit interval can move those rules' values; ``exactly_once`` does not.
+  ids, which downstream dedups. The events it forwards to a regroup topic a
+  second time, beside their first copies, are dropped there
+  (:func:`first_forwards`), so the regrouped rules count each event once too.
 * ``exactly_once``. Each input partition's outputs go to that partition's
   transactional producer (:mod:`agents.transactions`); each commit, with no
   handler running, writes the changed states into the same transactions and
@@ -60,6 +59,7 @@ import asyncio
 import heapq
 import logging
 import time
+from collections.abc import Iterator
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -67,8 +67,9 @@ from typing import Any
 import faust
 import orjson
 from faust.types import TP
+from prometheus_client import Counter
 
-from agents.metrics import BATCH_SECONDS, CONSUME_LAG, DLQ_EVENTS, EVENTS, RULES
+from agents.metrics import BATCH_SECONDS, CONSUME_LAG, DLQ_EVENTS, EVENTS, REFORWARDED, RULES
 from agents.outbox import Outbox, commit_hooks
 from agents.registry import follow_tables
 from agents.runtime import RELOAD_INTERVAL_S, Runtime, initial_rules, maybe_reload
@@ -81,8 +82,9 @@ from app.events import Event, dlq_record, schema_for
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import CachedPartitioner
-from app.rules.evaluator import Output, stream_name
+from app.rules.evaluator import DictStore, Output, stream_name
 from app.rules.loader import RuleSet
+from app.rules.statekey import forwarded_key
 from app.runtime import metrics, native
 from app.runtime.settings import Settings
 from app.tables import Tables
@@ -123,7 +125,7 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
     regroup = regroup_topic(source)
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
-    lag_c = CONSUME_LAG.labels(source)
+    lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
     marks: dict[int, tuple[int, int]] = {}
@@ -164,11 +166,12 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
                 if others:
                     arrived, event_time = max(arrived, record.timestamp or 0), max(event_time, ev.ts_ms)
                     order = (arrived, event_time, partition, record.offset)
+                    sent = (partition, record.offset)
                     for s in others:
                         body = (
-                            {"s": s.name, "e": ev.fields, "o": order}
+                            {"s": s.name, "e": ev.fields, "f": sent, "o": order}
                             if ordered
-                            else {"s": s.name, "e": ev.fields}
+                            else {"s": s.name, "e": ev.fields, "f": sent}
                         )
                         mine.append((order, (regroup, s.key_of(ev), orjson.dumps(body))))
             marks[partition] = (arrived, event_time)
@@ -181,13 +184,15 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         timer.observe(time.perf_counter() - started)
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
-        """A batch of the regroup topic: each event runs the stream it was re-keyed for."""
+        """A batch of the regroup topic: each event runs the stream it was re-keyed for, once
+        (:func:`first_forwards`)."""
         await rt.tables_ready.wait()
         out = Output()
         started = time.perf_counter()
         partition = tp.partition
         runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
-        for msg in in_forward_order([orjson.loads(record.value) for record in records]):
+        messages = in_forward_order([orjson.loads(record.value) for record in records])
+        for msg in first_forwards(regroup_store.store, partition, messages, replayed_c):
             runs.setdefault(msg["s"], []).append(schema.validate(msg["e"]))
         for name, events in runs.items():
             s = rt.stream(source, name)
@@ -229,6 +234,45 @@ def in_forward_order(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(messages) > 1 and all("o" in m for m in messages):
         messages.sort(key=itemgetter("o"))
     return messages
+
+
+def first_forwards(
+    store: DictStore, partition: int, messages: list[dict[str, Any]], replayed: Counter
+) -> Iterator[dict[str, Any]]:
+    """The regroup batch's ``messages`` that ``partition`` has not evaluated yet.
+
+    At least once, a crash makes the source partitions read again from their committed
+    offsets, and the worker forwards those events a second time; the first copies were
+    delivered too, and were not committed here either. Each forward carries its source
+    partition and offset (``"f"``), and ``partition`` keeps, per regrouped stream and source
+    partition, the last offset it evaluated (:func:`app.rules.statekey.forwarded_key`, in the
+    state store, so the changelog holds it with the states that counted it): a forward at or
+    before it is a copy, dropped and counted in ``replayed``. A source partition's forwards
+    reach a regroup partition in offset order (one idempotent producer; exactly-once, one
+    transaction each, sorted back by :func:`in_forward_order`). A forward without ``"f"`` (an
+    older worker's) is taken as it is."""
+    last: dict[tuple[str, int], int] = {}
+    dropped = 0
+    for msg in messages:
+        sent = msg.get("f")
+        if sent is None:
+            yield msg
+            continue
+        where = (msg["s"], sent[0])
+        done = last.get(where)
+        if done is None:
+            record = store.get(forwarded_key(where[0], partition, where[1]))
+            done = -1 if record is None else int(record["offset"])
+        if sent[1] <= done:
+            dropped += 1
+            last[where] = done
+            continue
+        last[where] = sent[1]
+        yield msg
+    for (stream, source), offset in last.items():
+        store.put(forwarded_key(stream, partition, source), {"partition": partition, "offset": offset})
+    if dropped:
+        replayed.inc(dropped)
 
 
 def regroups(rt: Runtime, topic: str) -> bool:

@@ -8,8 +8,10 @@ of an event's partition key on a regrouped stream (:func:`group_text`).
 
 Beside the rule states, a store holds records of other kinds under keys that
 start with NUL, so they never parse as a rule's: a stream partition's event-time
-clock (:func:`clock_key`, see :mod:`app.rules.timebound`) and, on the Spark engine,
-a stream partition's evaluator (``jobs.streams``).
+clock (:func:`clock_key`, see :mod:`app.rules.timebound`), on the rule worker a
+regrouped stream partition's last forwarded offset of each source partition
+(:func:`forwarded_key`), and, on the Spark engine, a stream partition's evaluator
+(``jobs.streams``).
 
 The hot paths build a key as ``rule_id + suffix`` (:meth:`StateKey.suffix`), with
 the suffix computed once per event and shared by every rule of one grouping;
@@ -28,6 +30,9 @@ logger = logging.getLogger(__name__)
 SEPARATOR: Final = "\x1f"
 #: the head of a stream partition's clock record's key (no rule id starts with NUL)
 CLOCK_PREFIX: Final = "\x00clock" + SEPARATOR
+#: the head of the key of a regrouped stream partition's last forwarded source offset
+#: (:func:`forwarded_key`)
+FORWARDED_PREFIX: Final = "\x00fwd" + SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,10 @@ def clock_key(stream: str, partition: int) -> str:
 
 def is_clock_key(key: str) -> bool:
     return key.startswith(CLOCK_PREFIX)
+
+
+def forwarded_key(stream: str, partition: int, source_partition: int) -> str:
+    """The key of the record of the last source offset of ``source_partition`` that
+    ``partition`` of regrouped ``stream`` evaluated (the rule worker's, ``agents.wiring``: a
+    replayed source batch forwards its events again, and they are dropped there)."""
+    return FORWARDED_PREFIX + stream + SEPARATOR + str(partition) + SEPARATOR + str(source_partition)

@@ -1,5 +1,5 @@
 """agents.merge: a source topic's partitions merged by record time, waiting for the partitions
-that may still bring earlier records."""
+that may still bring earlier records; and the regroup side's order and its drop of replayed forwards."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+from prometheus_client import CollectorRegistry, Counter
+
 from agents.merge import TimeMerge
-from agents.wiring import forward, in_forward_order
+from agents.wiring import first_forwards, forward, in_forward_order
+from app.rules.evaluator import DictStore
+from app.rules.statekey import forwarded_key
 
 P0, P1 = ("events.logs", 0), ("events.logs", 1)
 
@@ -140,3 +144,32 @@ def test_a_regroup_batch_is_sorted_by_the_order_its_forwards_carry_when_all_carr
     # at least once, or a batch with an older worker's forwards: as they came
     plain = [{"s": "x", "e": {"n": 1}}, {"s": "x", "e": {"n": 0}, "o": [0, 0, 0, 0]}]
     assert in_forward_order(list(plain)) == plain
+
+
+def test_a_regroup_partition_evaluates_each_forwarded_source_offset_once() -> None:
+    """After a crash the source partitions are read again from their committed offsets and their
+    events forwarded a second time, beside the first copies: each regrouped stream partition
+    keeps, per source partition, the last offset it evaluated, in its state store, and drops
+    the copies (per stream: one event forwarded to two streams is two forwards)."""
+    store = DictStore({}, {})
+    registry = CollectorRegistry()
+    replayed = Counter("test_replayed", "test", registry=registry)
+
+    def fwd(stream: str, source: int, offset: int) -> dict[str, Any]:
+        return {"s": stream, "e": {"n": offset}, "f": [source, offset]}
+
+    first = [fwd("ip", 0, 5), fwd("all", 0, 5), fwd("ip", 1, 2), fwd("ip", 0, 6)]
+    assert list(first_forwards(store, 1, first, replayed)) == first
+    assert store.get(forwarded_key("ip", 1, 0)) == {"partition": 1, "offset": 6}
+    assert store.changed == {forwarded_key(s, 1, p): 1 for s, p in (("ip", 0), ("all", 0), ("ip", 1))}
+    # the replay: offsets 5 and 6 of source partition 0 again, then new ones; 2 of partition 1
+    again = [fwd("ip", 0, 5), fwd("all", 0, 5), fwd("ip", 0, 6), fwd("all", 0, 6)]
+    again += [fwd("ip", 1, 2), fwd("ip", 0, 7)]
+    kept = list(first_forwards(store, 1, again, replayed))
+    assert [(m["s"], m["f"]) for m in kept] == [("all", [0, 6]), ("ip", [0, 7])]
+    assert registry.get_sample_value("test_replayed_total") == 4
+    # another regroup partition keeps its own; an older worker's forward (no "f") is taken
+    assert list(first_forwards(store, 0, [fwd("ip", 0, 5), {"s": "ip", "e": {}}], replayed)) == [
+        fwd("ip", 0, 5),
+        {"s": "ip", "e": {}},
+    ]

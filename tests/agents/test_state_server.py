@@ -194,10 +194,9 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
             code, cold, _ = get(f"{urls[0]}/state/rules/hot/groups/dev-1")
             assert code == 404 and cold["error"] == "no state for this group"
 
-            # at least once, a kill -9 replays what was not committed: a sensors event forwarded
-            # to the regroup topic again is counted twice there, by design (exactly-once mode
-            # prevents it). The takeover is checked from a committed point: every input the
-            # group reads, the regroup topic included, committed to its end (at most a second)
+            # the takeover is checked from a committed point, so that worker 2's answers are the
+            # backtest's from the first on: every input the group reads, the regroup topic
+            # included, committed to its end (at most a second)
             wait_for(
                 lambda: inputs_committed(broker.bootstrap), 30, interval_s=0.5, what="every input committed"
             )
