@@ -31,6 +31,7 @@ Rules the engine cannot run are refused here, all at once, with
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -93,12 +94,33 @@ class SparkPlan:
     def topics(self) -> list[str]:
         return [SOURCE_TOPICS[s] for s in self.sources]
 
+    def placement(self) -> dict[str, str]:
+        """Where each rule runs, by :func:`placed_as`: ``keyed`` or ``stream`` (the path its
+        state lives on; a streaming query's checkpoint records it, ``jobs.engine``)."""
+        return {
+            **{placed_as(r.rule): KEYED for r in self.rules},
+            **{placed_as(r): STREAM for r in self.stream_rules},
+        }
+
+
+#: the two paths a rule's state can live on (:meth:`SparkPlan.placement`)
+KEYED, STREAM = "keyed", "stream"
+
+
+def placed_as(rule: CompiledRule) -> str:
+    """A rule's key in a placement: its id and version (a new version starts with fresh state
+    wherever it runs)."""
+    return f"{rule.id}@{rule.version}"
+
 
 def _struct_column(source: str) -> str:
     return f"__{source}"
 
 
-def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True, every_rule: bool = False) -> SparkPlan:
+def plan_rules(
+    ruleset: RuleSet, *, keyed_path: bool = True, every_rule: bool = False,
+    placed: Mapping[str, str] | None = None,
+) -> SparkPlan:  # fmt: skip
     """The rules that run on Spark (``engine: spark`` or ``both``), translated; with
     ``every_rule`` (a backtest: ``backtest --engine spark`` runs what it is given) every
     rule of ``ruleset``, whatever its ``engine:`` says.
@@ -107,6 +129,13 @@ def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True, every_rule: bool = 
     partition clock, so it cannot bound event time (APP_MAX_EVENT_SKEW) as the Faust
     engine does. Raises :class:`RuleConfigError` naming every rule and feature Spark
     cannot run.
+
+    ``placed``: where a streaming query's rules ran until now (:meth:`SparkPlan.placement`).
+    A rule it names, in the same version, stays on its path whenever it still can: which
+    path a threshold rule takes depends on the other rules (it rides its source's topic-key
+    stream when that stream runs anyway, :func:`_riders`), and its state lives on that path
+    only, so an edit that added or removed a window rule of the same source started every
+    such threshold rule again from fresh state (a firing alert then never resolved).
     """
     problems: list[RuleProblem] = []
     runs: list[CompiledRule] = []
@@ -121,7 +150,9 @@ def plan_rules(ruleset: RuleSet, *, keyed_path: bool = True, every_rule: bool = 
             keyed.add(r.id)
     if problems:
         raise RuleConfigError(problems)
-    keyed -= _riders(runs, keyed)
+    pinned = {r.id: placed[placed_as(r)] for r in runs if placed and placed_as(r) in placed}
+    keyed -= {rid for rid, path in pinned.items() if path == STREAM}
+    keyed -= {rid for rid in _riders(runs, keyed) if pinned.get(rid) != KEYED}
     planned: list[SparkRule] = []
     needed: dict[str, set[str]] = {}
     for r in (r for r in runs if r.id in keyed):

@@ -41,7 +41,7 @@ from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
 from jobs import connector
-from jobs.compile import SparkPlan, plan_rules, tasks
+from jobs.compile import KEYED, STREAM, SparkPlan, plan_rules, tasks
 from jobs.decode import ARRIVAL, Decoder
 from jobs.fastdecode import decode, decode_mode
 from jobs.kafka_source import kafka_format, read_kafka
@@ -93,6 +93,35 @@ def marker_path(settings: Settings, query: str = QUERY) -> Path:
 def layout_path(settings: Settings, query: str = QUERY) -> Path:
     """The checkpoint's own record of how its state is laid out (:func:`state_layout`)."""
     return checkpoint_dir(settings, query) / "_layout.json"
+
+
+def placement_path(settings: Settings, query: str = QUERY) -> Path:
+    """The checkpoint's record of the path each rule's state lives on (:func:`read_placement`)."""
+    return checkpoint_dir(settings, query) / "_placement.json"
+
+
+def read_placement(settings: Settings, query: str = QUERY) -> dict[str, str]:
+    """Where the query's rules ran until now (``jobs.compile.SparkPlan.placement``), which the
+    next plan keeps for each rule in the same version (``jobs.compile.plan_rules``); empty for
+    a checkpoint without the record (a new one, or one written before 2026-11-28: its rules
+    take the paths their set gives them)."""
+    path = placement_path(settings, query)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        rules = json.loads(raw)["rules"]
+        if not isinstance(rules, dict) or any(p not in (KEYED, STREAM) for p in rules.values()):
+            msg = f"expected {{rule@version: {KEYED!r} or {STREAM!r}}}"
+            raise TypeError(msg)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        msg = (
+            f"{path}: not a rule placement ({exc}); delete the file: the rules then take the paths "
+            "their set gives them (a threshold rule that changes path starts from fresh state)"
+        )
+        raise ConfigError(msg) from exc
+    return {str(k): str(v) for k, v in rules.items()}
 
 
 @dataclass(frozen=True)
@@ -199,7 +228,11 @@ async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]
 def start(
     spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions
 ) -> tuple[StreamingQuery, KafkaSink]:
-    """Start the query; the caller owns both results and must stop them."""
+    """Start the query; the caller owns both results and must stop them. The checkpoint records
+    where the plan's rules run (:func:`read_placement`)."""
+    path = placement_path(settings, opts.query)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"rules": plan.placement()})
     sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
     writer = (
         build_stream(spark, plan, settings, opts)
@@ -235,9 +268,11 @@ class RuleFollower:
     of :func:`_watch`): a valid change that changes what Spark runs is a new plan; an invalid
     one is logged, once, and the last good rules keep running (``docs/spark.md``)."""
 
-    def __init__(self, paths: list[Path], keyed_path: bool) -> None:
+    def __init__(self, paths: list[Path], keyed_path: bool, placed: dict[str, str] | None = None) -> None:
         self.paths = paths
         self.keyed_path = keyed_path
+        #: where the running query's rules run (the checkpoint's record): the next plan keeps it
+        self.placed: dict[str, str] = placed or {}
         # as the worker starts: with the files that load, if not all do; fixing one brings the
         # whole set in at the next check (the role crashed, and the supervisor gave it up)
         self.running, rejected, error = load_what_loads(paths)
@@ -250,7 +285,7 @@ class RuleFollower:
         self.pending: SparkPlan | None = None
 
     def plan(self) -> SparkPlan:
-        return plan_rules(self.running, keyed_path=self.keyed_path)
+        return plan_rules(self.running, keyed_path=self.keyed_path, placed=self.placed)
 
     def changed(self) -> bool:
         """Whether the files changed what Spark runs (the new plan is :attr:`pending`, which a
@@ -298,7 +333,9 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         )
         return 2
     paths = list(opts.rules) or [settings.rules_dir]
-    follower = RuleFollower(paths, keyed_path=settings.max_event_skew_ms < 0)
+    follower = RuleFollower(
+        paths, keyed_path=settings.max_event_skew_ms < 0, placed=read_placement(settings, opts.query)
+    )
     plan = follower.plan()
     if not plan.rule_count:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
@@ -315,6 +352,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         return 0
     jvm = launched_jvm()
     query, sink = start(spark, plan, settings, opts)
+    follower.placed = plan.placement()
     try:
         while True:
             failure = watch(query, stop, None if opts.once else follower)
@@ -350,6 +388,7 @@ def _reload(
         plan = found
         asyncio.run(ensure_output_topics(plan, settings))
     query, sink = start(spark, plan, settings, opts)
+    follower.placed = plan.placement()
     RELOADS.labels("applied").inc()
     logger.info(
         "reloaded the spark query's rules: %s",

@@ -9,7 +9,7 @@ import pytest
 from app.errors import RuleConfigError
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
-from jobs.compile import plan_rules
+from jobs.compile import KEYED, STREAM, plan_rules
 
 GOLDEN = PROJECT_ROOT / "tests/rules/golden/issue-examples.good.yaml"
 
@@ -120,3 +120,32 @@ def test_a_threshold_rule_stays_keyed_unless_its_topic_key_stream_runs_anyway(tm
     assert [r.rule.id for r in mixed.rules] == ["by-kind"]  # another grouping: its own stream
     assert [(s.name, s.rule_ids) for s in mixed.streams] == [("sensors", ("hot", "w"))]
     assert mixed.streams[0].native == (("hot", "(`__sensors`.`temperature` > 99L)"),)
+
+
+def test_a_rule_keeps_the_path_its_state_lives_on_while_its_version_stays(tmp_path: Path) -> None:
+    """A streaming query's checkpoint records where each rule ran (``SparkPlan.placement``); the
+    next plan keeps an unchanged rule there, although the other rules would now place it
+    elsewhere: its state lives on that path only. A new version goes where its set puts it."""
+    hot = "  - {id: hot, source: sensors, where: temperature > 99, for: 5m, group_by: [device_id]}\n"
+    window = (
+        "  - {id: w, source: sensors, group_by: [device_id], window: {type: tumbling, size: 1m},"
+        " aggregate: {n: 'count(*)'}, having: n > 1}\n"
+    )
+    alone = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot)]))
+    placed = alone.placement()
+    assert list(placed.values()) == [KEYED] and next(iter(placed)).startswith("hot@")
+    # a window rule of the same source: hot would ride its stream, but stays keyed
+    added = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot + window)]), placed=placed)
+    assert ([r.rule.id for r in added.rules], [r.id for r in added.stream_rules]) == (["hot"], ["w"])
+    # hot rode the stream: with the window rule gone it stays there, on a stream of its own
+    riding = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot + window)]))
+    assert riding.placement()[next(iter(placed))] == STREAM
+    removed = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot)]), placed=riding.placement())
+    assert (removed.rules, [(s.name, s.rule_ids) for s in removed.streams]) == ((), [("sensors", ("hot",))])
+    # a new version of hot starts fresh anyway: where its set puts it
+    edited = hot.replace("> 99", "> 98")
+    moved = plan_rules(load_rules([both(tmp_path, "rules:\n" + edited + window)]), placed=placed)
+    assert (moved.rules, [r.id for r in moved.stream_rules]) == ((), ["hot", "w"])
+    # without the event-time bound's keyed path, a rule placed keyed goes to the stream path
+    unbound = plan_rules(load_rules([both(tmp_path, "rules:\n" + hot)]), keyed_path=False, placed=placed)
+    assert (unbound.rules, [r.id for r in unbound.stream_rules]) == ((), ["hot"])

@@ -12,7 +12,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.runtime.settings import Settings
-from jobs.engine import StateLayout, checkpoint_dir, layout_path, state_layout
+from jobs.engine import StateLayout, checkpoint_dir, layout_path, placement_path, read_placement, state_layout
 from jobs.state import (
     LEGACY_STATE_BUCKETS,
     LEGACY_STATE_CODEC,
@@ -99,3 +99,19 @@ def test_the_compressed_value_is_a_fraction_of_the_text() -> None:
         for d in range(200)
     }  # fmt: skip
     assert len(encode_states(states, "zstd")) * 4 < len(encode_states(states, "json"))
+
+
+def test_the_rule_placement_record_reads_back_and_a_broken_one_names_its_file(settings: Settings) -> None:
+    """The checkpoint's record of where each rule's state lives (``jobs.engine.read_placement``):
+    none before a query wrote one; what was written; a broken one refused, with the file named
+    and what deleting it does."""
+    assert read_placement(settings) == {}
+    path = placement_path(settings)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"rules": {"hot@abc": "keyed", "w@def": "stream"}}))
+    assert read_placement(settings) == {"hot@abc": "keyed", "w@def": "stream"}
+    for text in ("{not json", '{"rules": ["hot"]}', '{"rules": {"hot@abc": "elsewhere"}}', "[1]"):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="not a rule placement") as err:
+            read_placement(settings)
+        assert str(path) in str(err.value) and "delete the file" in str(err.value)

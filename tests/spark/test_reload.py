@@ -111,6 +111,52 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
     assert gone(str(data)) == []
 
 
+def test_a_rule_that_an_edit_would_move_to_another_path_keeps_its_state(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """With the event-time bound off (``APP_MAX_EVENT_SKEW=off``: the keyed path has no partition
+    clock, so with the bound on every rule takes the stream path), ``hot`` alone runs on the
+    keyed path. An edit adds a window rule of the same source, whose
+    topic-key stream a threshold rule grouped by the same key rides (``jobs.compile._riders``):
+    hot's state lives on the keyed path, so the reloaded query keeps it there (the checkpoint's
+    ``_placement.json``), and d1's firing alert resolves (its fingerprint, its episode's start).
+    Before, hot started from fresh state on the stream path, and the alert was never resolved."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    pack = rules / "hot.yaml"
+    hot = '  - {id: hot, source: sensors, where: "temperature > 100", group_by: [device_id]}\n'
+    window = (
+        "  - {id: busy, source: sensors, group_by: [device_id], window: {type: tumbling, size: 1h},"
+        " aggregate: {n: 'count(*)'}, having: n > 100}\n"
+    )
+    pack.write_text("engine: spark\nrules:\n" + hot)
+    data = tmp_path / "data"
+    env = child_env(
+        KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(data), APP_MAX_EVENT_SKEW="off"
+    )
+    log = tmp_path / "spark.log"
+
+    def text() -> str:
+        return log.read_text(errors="replace")
+
+    with role(["app", "spark", "--master", "local[2]", "--rules", str(rules)], env, log) as proc:
+        wait_for(lambda: "spark query 'rules' started" in text(), timeout_s=120, what="the query")
+        produce(broker.bootstrap, "events.sensors", [reading("d1", 1, 105.0)])
+        (fired,) = alerts_when(broker, 1)
+        assert (fired["rule_id"], fired["status"]) == ("hot", "firing")
+        pack.write_text("engine: spark\nrules:\n" + hot + window)
+        wait_for(lambda: "reloaded the spark query's rules" in text(), timeout_s=60, what="the reload")
+        produce(broker.bootstrap, "events.sensors", [reading("d1", 2, 50.0)])
+        resolved = alerts_when(broker, 2)[1]
+        assert (resolved["rule_id"], resolved["status"]) == ("hot", "resolved")
+        assert (resolved["fingerprint"], resolved["starts_at"]) == (fired["fingerprint"], fired["starts_at"])
+        placed = orjson.loads((data / "spark" / "checkpoints" / "rules" / "_placement.json").read_bytes())
+        assert sorted(placed["rules"].values()) == ["keyed", "stream"]
+        proc.terminate()
+        assert proc.wait(15) == 0, text()[-3000:]
+    assert gone(str(data)) == []
+
+
 def test_the_role_starts_with_the_files_that_load_and_takes_the_others_once_fixed(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
