@@ -30,7 +30,7 @@ them, reads them again.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Collection, Hashable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,18 @@ from typing import Any
 HOLD_S = 1.0
 #: most records waiting per topic; past it the oldest leave without waiting
 MAX_HELD = 50_000
+#: records a partition is behind its end for a catch-up (a fetch brings a few thousand)
+BACKLOG_RECORDS = 1_000
+
+
+def split_catch_up(owned: int, total: int, behind: Iterable[int]) -> bool:
+    """Whether this worker catches up a backlog (one of its ``owned`` partitions ``behind`` its
+    end by :data:`BACKLOG_RECORDS` or more) of a source with a regrouped stream while other
+    workers own the rest of its ``total`` partitions. Each worker merges only its own
+    partitions by time and forwards at its own pace, so the regrouped rules then take the
+    workers' forwards out of time order, and lose and invent alerts (docs/rules.md,
+    Partitioning: catch up with one worker, then scale out)."""
+    return 0 < owned < total and any(n >= BACKLOG_RECORDS for n in behind)
 
 
 @dataclass
@@ -96,6 +108,11 @@ class TimeMerge:
         """The offset after ``tp``'s last waiting record (None when none waits)."""
         part = self._parts.get(tp)
         return part.records[-1].offset + 1 if part is not None and part.waiting else None
+
+    def first_offset(self, tp: Hashable) -> int | None:
+        """The offset of ``tp``'s first waiting record (None when none waits)."""
+        part = self._parts.get(tp)
+        return part.records[part.start].offset if part is not None and part.waiting else None
 
     def add(self, tp: Hashable, records: list[Any], now: float) -> None:
         """``tp``'s fetched ``records`` (offset order, after those waiting) arrive at ``now``."""

@@ -70,7 +70,7 @@ from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
 from faust.types import TP, ConsumerT, TransportT
 
-from agents.merge import TimeMerge
+from agents.merge import TimeMerge, split_catch_up
 from agents.metrics import MERGE_FORCED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
@@ -109,6 +109,12 @@ class WorkerConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+def _end(state: Any) -> int | None:
+    """A partition's end in aiokafka's fetch ``state``: the last stable offset (read committed),
+    else the high watermark, as the last fetch saw them."""
+    return state.lso if state.lso is not None and state.lso >= 0 else state.highwater
+
+
 def _from(batch: list[Any], offset: int | None) -> list[Any]:
     """``batch``'s records at or after ``offset`` (all of them when None): a fetch after a seek
     brings again records that were already processed or are already waiting."""
@@ -144,6 +150,8 @@ class BatchConsumer(Consumer):
         self._batch_acked = {}
         #: per merged topic (:meth:`RulesApp.round_agent`), its fetched records not yet handled
         self._merges: dict[str, TimeMerge] = {}
+        #: merged topics this worker catches up on with only some of their partitions (warned)
+        self._split: set[str] = set()
 
     def _transactions(self) -> PartitionTransactions | None:
         found: PartitionTransactions | None = getattr(self.app, "transactions", None)
@@ -258,6 +266,8 @@ class BatchConsumer(Consumer):
                 skip = [tp for tp in mine if active is not None and tp not in active]
                 wait = hold is not None and hold(topic)
                 lagging = [tp for tp in mine if not self._caught_up(tp)] if wait else []
+                if wait:
+                    self._warn_split(topic, mine, waiting)
                 forced = waiting.forced
                 parts = waiting.take(size, lagging, time.monotonic(), skip)
                 if waiting.forced > forced:
@@ -279,18 +289,52 @@ class BatchConsumer(Consumer):
                 MERGE_WAITING.labels(topic).set(waiting.waiting)
         return rest
 
+    def _warn_split(self, topic: str, mine: list[TP], waiting: TimeMerge) -> None:
+        """Log once per catch-up that this worker catches up ``topic`` with only ``mine`` of its
+        partitions (:func:`agents.merge.split_catch_up`); again at the next one."""
+        behind = [self._behind(tp, waiting.first_offset(tp)) for tp in mine]
+        split = split_catch_up(len(mine), int(self.app.conf.topic_partitions), behind)
+        if split and topic not in self._split:
+            self._split.add(topic)
+            logger.warning(
+                "catching up a backlog of %s with %d of its %d partitions, the others on other "
+                "workers: its rules grouped by another field than the topic key take the workers' "
+                "events out of time order until all have caught up, and may lose and invent alerts "
+                "(catch up with one worker, then scale out: docs/rules.md, Partitioning)",
+                topic, len(mine), self.app.conf.topic_partitions,
+            )  # fmt: skip
+        elif not split:
+            self._split.discard(topic)
+
+    def _behind(self, tp: TP, first_waiting: int | None) -> int:
+        """How many records of ``tp`` are still to be processed: from its first waiting record
+        (else past the last batch processed, else its fetch position) to its end (0: unknown)."""
+        try:
+            state = self._fetch_state(tp)
+        except Exception:  # no consumer or no assignment yet
+            return 0
+        if state is None or not state.has_valid_position:
+            return 0
+        end = _end(state)
+        done = next((o for o in (first_waiting, self._read_offset.get(tp)) if o is not None), state.position)
+        return max(0, end - done) if end is not None else 0
+
+    def _fetch_state(self, tp: TP) -> Any:
+        """aiokafka's fetch state of ``tp`` (None: unknown there); raises without a consumer."""
+        consumer = self._thread._ensure_consumer()  # noqa: SLF001
+        return consumer._subscription.subscription.assignment.state_value(tp)  # noqa: SLF001
+
     def _caught_up(self, tp: TP) -> bool:
         """Whether ``tp``'s fetch position has reached its end (the last stable offset, read
         committed; the high watermark as the last fetch saw them): it has no earlier records
         to bring. Unknown (no fetch answered yet) counts as behind."""
         try:
-            consumer = self._thread._ensure_consumer()  # noqa: SLF001
-            state = consumer._subscription.subscription.assignment.state_value(tp)  # noqa: SLF001
+            state = self._fetch_state(tp)
         except Exception:  # no consumer or no assignment yet: nothing to wait for
             return True
         if state is None or not state.has_valid_position:
             return False
-        end = state.lso if state.lso is not None and state.lso >= 0 else state.highwater
+        end = _end(state)
         return end is not None and state.position >= end
 
     def _waiting(self) -> bool:

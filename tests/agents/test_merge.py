@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter
 
-from agents.merge import TimeMerge
+from agents.merge import BACKLOG_RECORDS, TimeMerge, split_catch_up
 from agents.wiring import first_forwards, forward, in_forward_order
 from app.rules.evaluator import DictStore
 from app.rules.statekey import forwarded_key
@@ -173,3 +173,20 @@ def test_a_regroup_partition_evaluates_each_forwarded_source_offset_once() -> No
         fwd("ip", 0, 5),
         {"s": "ip", "e": {}},
     ]
+
+
+def test_a_catch_up_with_only_some_of_a_sources_partitions_is_told_apart() -> None:
+    """The worker warns when it catches up a backlog of a regrouped source while other workers own
+    some of its partitions (their forwards then meet out of time order): not when it owns them
+    all, owns none, or is within a fetch of the end."""
+    assert split_catch_up(1, 2, [BACKLOG_RECORDS])
+    assert split_catch_up(2, 4, [0, BACKLOG_RECORDS * 20])
+    assert not split_catch_up(2, 2, [BACKLOG_RECORDS * 20])  # one worker merges them all
+    assert not split_catch_up(1, 2, [BACKLOG_RECORDS - 1])  # live: within a fetch of the end
+    assert not split_catch_up(0, 2, [])
+    # where the records still to process start: the first waiting one
+    merge = TimeMerge()
+    merge.add(P0, recs((7, 1), (8, 2)), 0.0)
+    assert (merge.first_offset(P0), merge.first_offset(P1)) == (7, None)
+    merge.take(1, [], 0.0)
+    assert merge.first_offset(P0) == 8
