@@ -17,6 +17,7 @@ it then stops the query, the sink's producer and the session.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import subprocess
@@ -226,13 +227,15 @@ async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]
 
 
 def start(
-    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions, *, placement: bool = True
 ) -> tuple[StreamingQuery, KafkaSink]:
     """Start the query; the caller owns both results and must stop them. The checkpoint records
-    where the plan's rules run (:func:`read_placement`)."""
+    where the plan's rules run (:func:`read_placement`), unless ``placement`` is False (the
+    query of no rule that :func:`skip_unruled` runs leaves the record of the rules before it)."""
     path = placement_path(settings, opts.query)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"rules": plan.placement()})
+    if placement:
+        write_json(path, {"rules": plan.placement()})
     sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
     writer = (
         build_stream(spark, plan, settings, opts)
@@ -247,6 +250,12 @@ def start(
     except Exception:
         sink.close()
         raise
+    if not plan.rule_count:
+        logger.info(
+            "spark query %r started with no rule, to read past what came while there was none",
+            opts.query,
+        )
+        return query, sink
     logger.info(
         "spark query %r started: %d rule(s) on %s, checkpoint %s",
         opts.query,
@@ -337,7 +346,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
         paths, keyed_path=settings.max_event_skew_ms < 0, placed=read_placement(settings, opts.query)
     )
     plan = follower.plan()
-    if not plan.rule_count:
+    idle = not plan.rule_count
+    if idle:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
         found = None if opts.once else follower.wait_for_rules(stop)
         if found is None:
@@ -351,6 +361,10 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     if spark is None:
         return 0
     jvm = launched_jvm()
+    failure = skip_unruled(spark, settings, opts, stop) if idle else None
+    if failure is not None or stop.is_set():
+        shut_down(None, spark, jvm, stop)
+        return outcome(failure, stop, opts.query)
     query, sink = start(spark, plan, settings, opts)
     follower.placed = plan.placement()
     try:
@@ -358,18 +372,55 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
             failure = watch(query, stop, None if opts.once else follower)
             if failure is not None or stop.is_set() or follower.pending is None:
                 break
-            query, sink = _reload(spark, settings, opts, follower, query, sink, stop)
+            query, sink, failure = _reload(spark, settings, opts, follower, query, sink, stop)
+            if failure is not None:
+                break
     finally:
         shut_down(query, spark, jvm, stop, sink.close)
     return outcome(failure, stop, opts.query)
 
 
+def skip_unruled(
+    spark: SparkSession, settings: Settings, opts: EngineOptions, stop: threading.Event
+) -> BaseException | None:
+    """Read past the records that came while Spark had no rule, as a worker with no rules reads
+    past them: rules that come back evaluate what arrives from then on, not a backlog of events
+    no rule ran on (with old event times: their alerts would be raised, and mostly resolved, late).
+
+    The query of no rule runs once on the checkpoint (``Trigger.AvailableNow``): it reads every
+    source topic up to its end and drops each record in the JVM, before any decode, and commits
+    that; the rules' query then resumes there. A checkpoint that has read nothing yet has nothing
+    to read past: a new query starts at ``startingOffsets``, as a worker's new consumer group
+    does. Returns how the query of no rule failed, or None (also when a stop cut it short)."""
+    offsets = checkpoint_dir(settings, opts.query) / "offsets"
+    if not offsets.is_dir() or not any(offsets.iterdir()):
+        return None
+    query, sink = start(
+        spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True),
+        placement=False,
+    )  # fmt: skip
+    try:
+        failure = watch(query, stop)
+    finally:
+        _quietly(lambda: stop_between_batches(query))
+        sink.close()
+    if failure is None and not stop.is_set():
+        skipped = sum(p["numInputRows"] for p in query.recentProgress)
+        logger.info(
+            "read past %d record(s) that came while the Spark engine had no rule: its rules evaluate "
+            "the events that arrive from now on, as a worker with no rules skips them", skipped,
+        )  # fmt: skip
+    return failure
+
+
 def _reload(
     spark: SparkSession, settings: Settings, opts: EngineOptions, follower: RuleFollower,
     query: StreamingQuery, sink: KafkaSink, stop: threading.Event,
-) -> tuple[StreamingQuery, KafkaSink]:  # fmt: skip
+) -> tuple[StreamingQuery, KafkaSink, BaseException | None]:  # fmt: skip
     """The query again with :attr:`RuleFollower.pending`'s rules, on the same checkpoint (state,
-    offsets and the sink's marker go on): the old one stopped between micro-batches first."""
+    offsets and the sink's marker go on): the old one stopped between micro-batches first. With
+    no rule left, it waits for one, then reads past what came meanwhile (:func:`skip_unruled`:
+    its failure is the third result)."""
     plan = follower.take()
     assert plan is not None  # noqa: S101 - run() calls this for a pending plan only
     try:
@@ -377,15 +428,18 @@ def _reload(
     except Exception as exc:  # the broker's trouble, not the files': tried again at the next tick
         logger.warning("rules reload postponed, the new rules' topics could not be created: %r", exc)
         follower.pending = plan
-        return query, sink
+        return query, sink, None
     stop_between_batches(query)
     sink.close()
     if not plan.rule_count:
         logger.warning("no rule has engine: spark or both any more; the query waits for one")
         found = follower.wait_for_rules(stop)
         if found is None:
-            return query, sink  # both stopped; shut_down's calls do nothing
+            return query, sink, None  # both stopped; shut_down's calls do nothing
         plan = found
+        failure = skip_unruled(spark, settings, opts, stop)
+        if failure is not None or stop.is_set():
+            return query, sink, failure
         asyncio.run(ensure_output_topics(plan, settings))
     query, sink = start(spark, plan, settings, opts)
     follower.placed = plan.placement()
@@ -394,7 +448,7 @@ def _reload(
         "reloaded the spark query's rules: %s",
         ", ".join(f"{rid}@{version}" for rid, version in spark_rules(follower.running)),
     )
-    return query, sink
+    return query, sink, None
 
 
 def watch(
@@ -483,13 +537,14 @@ def _in_a_batch(query: StreamingQuery) -> bool:
 
 
 def shut_down(
-    query: StreamingQuery, spark: SparkSession, jvm: subprocess.Popen[bytes] | None, stop: threading.Event,
-    *then: Callable[[], object],
+    query: StreamingQuery | None, spark: SparkSession, jvm: subprocess.Popen[bytes] | None,
+    stop: threading.Event, *then: Callable[[], object],
 ) -> None:  # fmt: skip
     """The end of a streaming role: its query (between micro-batches where it can), then each
     of ``then`` (a sink's close), the session, and on a stop the JVM (``wait_for_jvm``). Every
     step runs, even once the JVM is gone."""
-    _quietly(lambda: stop_between_batches(query))
+    if query is not None:
+        _quietly(lambda: stop_between_batches(query))
     for step in then:
         _quietly(step)
     _quietly(spark.stop)

@@ -194,6 +194,62 @@ def test_the_role_starts_with_the_files_that_load_and_takes_the_others_once_fixe
     assert gone(str(data)) == []
 
 
+def test_records_that_came_while_spark_had_no_rule_are_read_past_as_a_worker_reads_past_them(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A worker with no rules consumes and commits what comes; rules that come back evaluate
+    what arrives from then on. The Spark role did not read while it had no rule, so the rules
+    that came back evaluated that backlog: here d2's reading, which no rule ran on, raised an
+    alert, late. Both ways to have no rule: an edit that removes the last one (the query stops and
+    waits), and a role started with none (no JVM until a rule comes)."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    pack = rules / "hot.yaml"
+    hot = (HOT % 100).split("  - {id: cold")[0]
+    pack.write_text(hot)
+    data = tmp_path / "data"
+    env = child_env(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, APP_DATA_DIR=str(data))
+    log = tmp_path / "spark.log"
+
+    def text() -> str:
+        return log.read_text(errors="replace")
+
+    def devices(n: int) -> list[str]:  # the alerts topic's partitions, in any order
+        return sorted(a["labels"]["device_id"] for a in alerts_when(broker, n))
+
+    args = ["app", "spark", "--master", "local[2]", "--rules", str(rules)]
+    with role(args, env, log) as proc:
+        wait_for(lambda: "spark query 'rules' started" in text(), timeout_s=120, what="the query")
+        produce(broker.bootstrap, "events.sensors", [reading("d1", 1, 105.0)])
+        assert devices(1) == ["d1"]
+        pack.write_text(hot.replace("engine: spark", "engine: faust"))  # no rule left for Spark
+        wait_for(lambda: "the query waits for one" in text(), timeout_s=60, what="the stop")
+        produce(broker.bootstrap, "events.sensors", [reading("d2", 2, 105.0)])
+        pack.write_text(hot)
+        wait_for(lambda: "reloaded the spark query's rules" in text(), timeout_s=60, what="the reload")
+        produce(broker.bootstrap, "events.sensors", [reading("d3", 3, 105.0)])
+        assert devices(2) == ["d1", "d3"]
+        assert "read past 1 record(s) that came while the Spark engine had no rule" in text()
+        proc.terminate()
+        assert proc.wait(15) == 0, text()[-3000:]
+
+    pack.write_text(hot.replace("engine: spark", "engine: faust"))
+    log = tmp_path / "spark-again.log"
+    with role(args, env, log) as proc:
+        wait_for(lambda: "the Spark engine has nothing to do" in text(), timeout_s=60, what="the idle role")
+        produce(broker.bootstrap, "events.sensors", [reading("d4", 4, 105.0), reading("d5", 5, 105.0)])
+        pack.write_text(hot)
+        wait_for(lambda: "spark query 'rules' started: 1 rule(s)" in text(), timeout_s=120, what="the query")
+        produce(broker.bootstrap, "events.sensors", [reading("d6", 6, 105.0)])
+        assert devices(3) == ["d1", "d3", "d6"]
+        assert "read past 2 record(s) that came while the Spark engine had no rule" in text()
+        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 3
+        proc.terminate()
+        assert proc.wait(15) == 0, text()[-3000:]
+    assert "Traceback" not in text()
+    assert gone(str(data)) == []
+
+
 SLIDING = """\
 engine: spark
 rules:
