@@ -123,7 +123,14 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from app.errors import IngestDecodeError
     from app.rules.loader import load_rules
     from jobs.archive import archive_records
-    from jobs.backtest import file_records, ordered_records, run_backtest, topic_records, unreadable_file
+    from jobs.backtest import (
+        file_records,
+        ordered_records,
+        plans_mode,
+        run_backtest,
+        topic_records,
+        unreadable_file,
+    )
     from jobs.compile import plan_rules
     from jobs.fastdecode import decode_mode
     from jobs.session import build_session
@@ -160,6 +167,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             print(problem, file=sys.stderr)
         return 1
     decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts (ConfigError: exit 2)
+    native = plans_mode() == "native"  # a wrong APP_SPARK_BACKTEST_PLANS too
     owned = SparkSession.getActiveSession() is None  # stop only a session this command started
     spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
     report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
@@ -187,6 +195,10 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             partitions=getattr(args, "partitions", 0) or settings.partitions,
             tables=tables,
             max_skew_ms=settings.max_event_skew_ms,
+            native_windows=native,
+            native_thresholds=native,
+            native_absence=native,
+            native_event_alerts=native,
         )
     except Exception as exc:
         cause = unreadable_file(exc) if not (topics or archive) else None

@@ -438,8 +438,11 @@ def apply_lifecycle(
         if rows:
             yield _frame(rows)
 
-    keyed = (F.col("__key") != DLQ_KEY) & ~F.col("__key").startswith(STREAM_PREFIX)
-    useful = tasks.where(~keyed).unionByName(change_points(tasks.where(keyed), plan))
+    if plan.rules:
+        keyed = (F.col("__key") != DLQ_KEY) & ~F.col("__key").startswith(STREAM_PREFIX)
+        useful = tasks.where(~keyed).unionByName(change_points(tasks.where(keyed), plan))
+    else:  # no keyed rule, so no keyed row: the change points' window would shuffle every task for none
+        useful = tasks
     partitions = tasks.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2"
     return useful.repartition(int(partitions), "__key").mapInPandas(batch, OUTPUT_SCHEMA)
 

@@ -9,10 +9,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.rules.loader import load_rules
-from jobs.backtest import file_records, lifecycle_tasks
+from jobs.backtest import file_records, in_output_order, lifecycle_tasks
 from jobs.compile import DLQ_KEY, plan_rules
 from jobs.decode import DECODED_SCHEMA
 from jobs.streams import stream_key
+from jobs.transitions import AT_EVENT
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -76,3 +77,28 @@ def test_the_evaluator_gets_no_task_on_an_idle_stream_key_and_every_invalid_reco
     assert left(set()) == sorted([(keys[0], 0, 0), (keys[1], 1, 0), (DLQ_KEY, 0, 1)])
     assert left({keys[0]}) == sorted([(keys[1], 1, 0), (DLQ_KEY, 0, 1)])
     assert left(set(keys)) == [(DLQ_KEY, 0, 1)]
+
+
+def test_the_output_rows_are_sorted_on_the_driver_as_sparks_order_by_sorts_them(spark: SparkSession) -> None:
+    """``in_output_order`` replaces a global ``orderBy`` (whose sampling job ran the whole plan a
+    second time): NULL first in every column, strings by code point, past the ASCII range too."""
+    schema = "part int, offset bigint, __r int, __ph int, __due bigint, __key string, __seq int, n int"
+    values = [
+        (0, 5, 1, 2, 0, "b", 0),
+        (0, 5, 1, 2, 0, "a", 1),
+        (0, 5, 1, 2, 0, "a", 0),
+        (0, 5, 1, 1, 9, "z", 0),
+        (0, 5, 0, 2, 0, "z", 0),
+        (0, 4, 3, 0, 0, "é", 0),
+        (0, 4, 3, 0, 0, "z", 0),
+        (0, 4, 3, 0, 0, "\U0001f600", 0),
+        (0, 4, 3, 0, 0, "\uffff", 0),
+        (None, None, None, None, None, None, None),
+        (1, 0, 0, 0, 0, "", 0),
+        (0, None, 0, 0, 0, "", 0),
+        (0, 4, 3, 0, None, "a", 0),
+    ]
+    df = spark.createDataFrame([(*v, i) for i, v in enumerate(values)], schema)
+    by_spark = [r["n"] for r in df.orderBy("part", "offset", *AT_EVENT).collect()]
+    assert [r["n"] for r in in_output_order(df.collect())] == by_spark
+    assert by_spark[0] == 9 and by_spark[-1] == 10

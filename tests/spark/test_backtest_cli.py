@@ -41,6 +41,9 @@ def test_file_and_topic_backtests_on_spark_print_the_faust_engines_lines(
     monkeypatch.setenv("APP_SPARK_DECODE", "jvm")  # the records decoded in Spark SQL: the same lines
     assert backtest(tmp_path, "spark-jvm", "--input", str(path), "--engine", "spark") == on_spark
     monkeypatch.delenv("APP_SPARK_DECODE")
+    monkeypatch.setenv("APP_SPARK_BACKTEST_PLANS", "native")  # the native plans: the same lines
+    assert backtest(tmp_path, "spark-native", "--input", str(path), "--engine", "spark") == on_spark
+    monkeypatch.delenv("APP_SPARK_BACKTEST_PLANS")
 
     produce(broker.bootstrap, "events.sensors", [(orjson.loads(e)["device_id"].encode(), e) for e in events])
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
@@ -119,7 +122,7 @@ def test_backtest_on_spark_runs_expect_from_with_the_given_registry(
     assert lines["spark"] == lines["faust"]  # the same lines in the same order
 
 
-def test_a_wrong_app_spark_decode_is_refused_before_spark_starts(
+def test_a_wrong_app_spark_decode_or_backtest_plans_is_refused_before_spark_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Exit 2 naming the variable, before the session (whose start takes seconds) and before
@@ -131,6 +134,11 @@ def test_a_wrong_app_spark_decode_is_refused_before_spark_starts(
     args = ["backtest", "--rules", str(RULES), "--input", str(events), "--out", str(out), "--engine", "spark"]
     assert main(args) == 2
     assert "APP_SPARK_DECODE='java': expected python" in capsys.readouterr().err
+    assert not out.exists()
+    monkeypatch.delenv("APP_SPARK_DECODE")
+    monkeypatch.setenv("APP_SPARK_BACKTEST_PLANS", "sql")
+    assert main(args) == 2
+    assert "APP_SPARK_BACKTEST_PLANS='sql': expected evaluator" in capsys.readouterr().err
     assert not out.exists()
 
 
