@@ -30,7 +30,10 @@ stream path, the evaluator's own window logic per topic partition) or
 - the evaluator alone (the windowed pack; the threshold pack takes the keyed path): its
   rules over (up to 100,000 of) the same events in this process, without Spark, CPU µs
   per event (what the stream path runs per stream partition), and the rate two stream
-  partitions on two cores could not pass even if Spark cost nothing.
+  partitions on two cores could not pass even if Spark cost nothing;
+- the ceiling: the decode's rate and the evaluator's, one after the other (a micro-batch's
+  stages run in turn), what the pack could reach if Spark cost nothing beyond its read and
+  decode.
 
 Figures are for this host (shared, 2 cores), one driver with local executors,
 not a cluster.
@@ -297,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the evaluator   {eval_us:.1f} µs of CPU per event alone (the pack's rules without Spark,"
               f" best of 3 over {min(len(items), 100_000):,} events): two stream partitions on two"
               f" cores could not pass {ceiling:,.0f} events/s with no Spark work at all")  # fmt: skip
+        # a micro-batch's stages run one after the other: the read and decode on both cores,
+        # then the stream partitions' evaluators on both cores
+        both = 1 / (1 / decode_rate + 1 / ceiling)
+        print(f"  the ceiling     {both:>10,.0f} events/s  the decode's rate and the evaluator's alone,"
+              f" one after the other as a micro-batch runs them; the pack: {rate / both:.0%}")  # fmt: skip
     found = ", ".join(f"{k} {n}" for k, n in groups.items())
     print(f"  state groups    the latency run's stateful group runs, by where their state came from:"
           f" {found} (spark_state_groups_total, docs/spark.md)")  # fmt: skip
@@ -317,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_events_per_s": round(read_rate),
         "decode_events_per_s": round(decode_rate),
         "evaluator_us_per_event": None if eval_us is None else round(eval_us, 2),
+        "ceiling_events_per_s": None if eval_us is None else round(1 / (1 / decode_rate + eval_us / 2e6)),
         "events": args.events,
         "devices": args.devices,
         "state_groups": groups,
