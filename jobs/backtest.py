@@ -173,7 +173,7 @@ def plans_mode(env: Mapping[str, str] | None = None) -> str:
     evaluator's own code per stream partition (or on the keyed path); ``native`` runs tumbling and
     hopping windows, thresholds, absence, new terms and changes as Spark SQL where that is exact
     (``jobs.windows``, ``jobs.thresholds``, ``jobs.absence``, ``jobs.event_alerts``). Both give
-    the same output. On two cores the native plans took about twice as long (each is its
+    the same output. On two cores the native plans took 1.5 to 1.8 times as long (each is its
     own shuffles and sorts over every event, against one pass through the compiled evaluator);
     they spread over every core, where the evaluator runs each stream partition on one, so they
     can pay only with several times more cores than stream partitions (docs/spark.md)."""
