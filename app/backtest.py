@@ -207,16 +207,20 @@ def backtest_line(a: Alert) -> bytes:
     return b'{"rule":' + orjson.dumps(a.rule_id) + b"," + a.to_json()[1:]
 
 
-async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, bytes]]:
-    """Every record of ``topics`` from the earliest offset up to the high watermark now,
-    as (record timestamp, value), ordered by timestamp (stable per partition)."""
+async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, str, int, int, bytes]]:
+    """Every record of ``topics`` from the earliest offset up to the high watermark now, as
+    (record timestamp, topic, partition, offset, value), in that order: records of one
+    millisecond in the order of their topic, partition and offset, as the Spark engine's topic
+    backtest orders them (``jobs.backtest.ordered_records``). Before, they kept the order the
+    fetches happened to bring the partitions in, so two runs over the same topic could evaluate
+    such records in another order (and a group that spans partitions could change its alerts)."""
     from aiokafka import AIOKafkaConsumer
 
     from app.kafka.clients import connection, high_watermarks
 
     marks = await high_watermarks(bootstrap, topics)
     pending = {tp: end for tp, end in marks.items() if end > 0}
-    out: list[tuple[int, int, bytes]] = []
+    out: list[tuple[int, str, int, int, bytes]] = []
     if not pending:
         return []
     # committed records only; a partition is done when the position reaches its end offset
@@ -233,7 +237,7 @@ async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, 
             for tp, records in batch.items():
                 for r in records:
                     if tp in pending and r.offset < pending[tp] and r.value is not None:
-                        out.append((r.timestamp, len(out), r.value))
+                        out.append((r.timestamp, tp.topic, tp.partition, r.offset, r.value))
             for tp in list(pending):
                 if await consumer.position(tp) >= pending[tp]:
                     del pending[tp]
@@ -241,34 +245,35 @@ async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, 
                 break
     finally:
         await consumer.stop()
-    out.sort()
-    return [(ts, value) for ts, _, value in out]
+    out.sort(key=lambda r: r[:4])  # (topic, partition, offset) is unique: a total order
+    return out
 
 
 def read_topic_events(
     bootstrap: Target, topics: list[str], report: BacktestReport
 ) -> list[tuple[str, Event]]:
     """Source topics from the earliest offset to the current end, as backtest input,
-    in record-timestamp order across topics (per partition, offset order). Invalid
-    records are reported with their topic and position, never silently dropped."""
+    in record-timestamp order across topics, then topic, partition and offset (as the Spark
+    engine's topic backtest orders them). Invalid records are reported with their topic and
+    position, never silently dropped."""
     import asyncio
 
     from app.topics import SOURCE_OF_TOPIC
 
-    stamped: list[tuple[int, int, str, Event]] = []
+    stamped: list[tuple[tuple[int, str, int, int], str, Event]] = []
     for topic in topics:
         source = SOURCE_OF_TOPIC.get(topic)
         if source is None:
             msg = f"--topic {topic}: expected one of {', '.join(SOURCE_OF_TOPIC)}"
             raise ValueError(msg)
-        for n, (ts, value) in enumerate(asyncio.run(_read_topics(bootstrap, [topic]))):
+        for n, (ts, name, part, offset, value) in enumerate(asyncio.run(_read_topics(bootstrap, [topic]))):
             try:
-                stamped.append((ts, len(stamped), source, SCHEMAS[source].decode(value)))
+                stamped.append(((ts, name, part, offset), source, SCHEMAS[source].decode(value)))
             except IngestDecodeError as exc:
                 report.skipped += 1
                 report.problems.append(f"{topic} record {n + 1}: {exc.reason}")
-    stamped.sort(key=lambda x: (x[0], x[1]))
-    return [(source, ev) for _, _, source, ev in stamped]
+    stamped.sort(key=lambda x: x[0])
+    return [(source, ev) for _, source, ev in stamped]
 
 
 #: compressed input, by the file name's suffix: both backtests read these (Spark's text reader
