@@ -37,8 +37,11 @@ EVERY_STATUS = parse_statuses("all")
 
 
 def both_backtests(
-    spark: SparkSession, path: Path, partitions: int, max_skew_ms: int = -1
+    spark: SparkSession, path: Path, partitions: int, max_skew_ms: int = -1, native: bool = True
 ) -> tuple[list[Alert], BacktestReport, str, list[Alert], BacktestReport, str]:
+    """The Faust and Spark backtests of the kinds file over ``path``; Spark with its native
+    plans (``native``, ``APP_SPARK_BACKTEST_PLANS=native``) or with every rule through the
+    evaluator (the command's default)."""
     ruleset = load_rules([RULES])
     faust_report, faust_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     with path.open("rb") as f:
@@ -49,15 +52,23 @@ def both_backtests(
     spark_report, spark_out = BacktestReport(statuses=EVERY_STATUS), io.StringIO()
     on_spark = run_backtest(
         spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
-        partitions=partitions, tables=tables(), max_skew_ms=max_skew_ms,
+        partitions=partitions, tables=tables(), max_skew_ms=max_skew_ms, native_windows=native,
+        native_thresholds=native, native_absence=native, native_event_alerts=native,
     )  # fmt: skip
     return faust, faust_report, faust_out.getvalue(), on_spark, spark_report, spark_out.getvalue()
 
 
-def test_every_kind_gives_the_same_alerts_on_both_engines(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native-plans", "evaluator-plans"])
+def test_every_kind_gives_the_same_alerts_on_both_engines(
+    spark: SparkSession, tmp_path: Path, native: bool
+) -> None:
+    """With both of a Spark backtest's plans: the native ones, and every rule through the
+    evaluator (the backtest command's default, ``APP_SPARK_BACKTEST_PLANS``)."""
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"\n".join(lines_for_test()) + b"\n")
-    faust, f_report, f_out, on_spark, s_report, s_out = both_backtests(spark, path, partitions=2)
+    faust, f_report, f_out, on_spark, s_report, s_out = both_backtests(
+        spark, path, partitions=2, native=native
+    )
 
     every_rule = {r.id for r in load_rules([RULES]).rules} - {"volume-branch"}
     fired = Counter(a.rule_id for a in faust)

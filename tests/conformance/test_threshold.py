@@ -26,9 +26,12 @@ from tests.conformance.threshold_cases import INVALID, RULES, at, by_fingerprint
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real Spark
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-plans", "evaluator-plans"])
 def test_both_engines_give_the_same_alerts_on_real_and_crafted_data(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, native: bool
 ) -> None:
+    """With both of a Spark backtest's plans: the native ones, and every rule through the
+    evaluator (the backtest command's default, ``APP_SPARK_BACKTEST_PLANS``)."""
     ruleset = load_rules([RULES])
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"\n".join(input_lines()) + b"\n")
@@ -37,7 +40,10 @@ def test_both_engines_give_the_same_alerts_on_real_and_crafted_data(
     with path.open("rb") as f:
         faust = backtest(ruleset, read_events(f, str(path), faust_report), faust_out, faust_report)
     spark_report, spark_out = BacktestReport(), io.StringIO()
-    on_spark = run_backtest(spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report)
+    on_spark = run_backtest(
+        spark, ruleset, file_records(spark, path), str(path), spark_out, spark_report,
+        native_windows=native, native_thresholds=native, native_absence=native, native_event_alerts=native,
+    )  # fmt: skip
 
     fired = Counter(a.rule_id for a in faust)
     assert set(fired) >= {"machine-overheat", "machine-cold", "fleet-hot-pair", "near-depot", "far-away"}
