@@ -295,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  spark's floor   {read_rate:>10,.0f} events/s  Kafka read alone; {decode_rate:,.0f} events/s"
           f" read and decoded (no rule, noop sink, same batches): the pack runs at {share:.0%} of the"
           " decode's rate")  # fmt: skip
-    if eval_us is not None:
+    # a micro-batch's stages run one after the other: the read and decode on both cores, then
+    # the stream partitions' evaluators on both cores
+    both = None if eval_us is None else 1 / (1 / decode_rate + eval_us / 2e6)
+    if eval_us is not None and both is not None:
         ceiling = 2 / eval_us * 1e6
         print(f"  the evaluator   {eval_us:.1f} µs of CPU per event alone (the pack's rules without Spark,"
               f" best of 3 over {min(len(items), 100_000):,} events): two stream partitions on two"
               f" cores could not pass {ceiling:,.0f} events/s with no Spark work at all")  # fmt: skip
-        # a micro-batch's stages run one after the other: the read and decode on both cores,
-        # then the stream partitions' evaluators on both cores
-        both = 1 / (1 / decode_rate + 1 / ceiling)
         print(f"  the ceiling     {both:>10,.0f} events/s  the decode's rate and the evaluator's alone,"
               f" one after the other as a micro-batch runs them; the pack: {rate / both:.0%}")  # fmt: skip
     found = ", ".join(f"{k} {n}" for k, n in groups.items())
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_events_per_s": round(read_rate),
         "decode_events_per_s": round(decode_rate),
         "evaluator_us_per_event": None if eval_us is None else round(eval_us, 2),
-        "ceiling_events_per_s": None if eval_us is None else round(1 / (1 / decode_rate + eval_us / 2e6)),
+        "ceiling_events_per_s": None if both is None else round(both),
         "events": args.events,
         "devices": args.devices,
         "state_groups": groups,

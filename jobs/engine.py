@@ -227,14 +227,14 @@ async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]
 
 
 def start(
-    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions, *, placement: bool = True
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions
 ) -> tuple[StreamingQuery, KafkaSink]:
     """Start the query; the caller owns both results and must stop them. The checkpoint records
-    where the plan's rules run (:func:`read_placement`), unless ``placement`` is False (the
-    query of no rule that :func:`skip_unruled` runs leaves the record of the rules before it)."""
+    where the plan's rules run (:func:`read_placement`); a plan of no rule (the query that
+    :func:`skip_unruled` runs) leaves the record of the rules before it."""
     path = placement_path(settings, opts.query)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if placement:
+    if plan.rule_count:
         write_json(path, {"rules": plan.placement()})
     sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
     writer = (
@@ -395,10 +395,7 @@ def skip_unruled(
     offsets = checkpoint_dir(settings, opts.query) / "offsets"
     if not offsets.is_dir() or not any(offsets.iterdir()):
         return None
-    query, sink = start(
-        spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True),
-        placement=False,
-    )  # fmt: skip
+    query, sink = start(spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True))
     try:
         failure = watch(query, stop)
     finally:
