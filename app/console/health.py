@@ -115,6 +115,7 @@ def role_status(process: dict[str, Any] | None, answers: bool | None) -> tuple[b
         return bool(answers), ""
     state = str(process.get("state", ""))
     crashes = int(process.get("crashes") or 0)
+    why = f": {process['last_error']}" if process.get("last_error") else ""
     if state == "running":
         if answers is None or answers:
             return True, "up" if not crashes else f"up ({crashes} recent crash{'es' if crashes > 1 else ''})"
@@ -122,10 +123,11 @@ def role_status(process: dict[str, Any] | None, answers: bool | None) -> tuple[b
     if state == "restarting":
         return (
             False,
-            f"restarting ({crashes} crash{'es' if crashes > 1 else ''}, exit {process.get('exit_code')})",
+            f"restarting ({crashes} crash{'es' if crashes > 1 else ''}, "
+            f"exit {process.get('exit_code')}){why}",
         )
     if state == "failed":
-        return False, f"failed (exit {process.get('exit_code')}, gave up)"
+        return False, f"failed (exit {process.get('exit_code')}, gave up){why}"
     return state == "done", state or "unknown"
 
 

@@ -201,16 +201,27 @@ async def high_watermarks(
 
 
 async def assign_kept(
-    consumer: AIOKafkaConsumer, bootstrap: Target, topics: list[str], kept: Mapping[tuple[str, int], int]
+    consumer: AIOKafkaConsumer,
+    bootstrap: Target,
+    topics: list[str],
+    kept: Mapping[tuple[str, int], int],
+    timeout_s: float = 10.0,
 ) -> dict[TopicPartition, int]:
     """Assign ``consumer`` (started) every partition of ``topics`` that exists, each at its
     ``kept[(topic, partition)]`` offset, or at the beginning without one. A kept offset
     past the partition's end means the topic was recreated (an embedded broker restarted
     empty): that partition is read from the beginning, with a warning. Returns the
-    partitions' high watermarks."""
-    tps = await partitions_of(bootstrap, topics)
+    partitions' end offsets (the consumer's own: the last stable offsets of a
+    ``read_committed`` one).
+
+    One metadata request, then the consumer's own end offsets, then one seek to the
+    beginning for every partition that needs it: each seek waits for the fetch in flight
+    (up to ``fetch_max_wait_ms``), so a seek per partition took 8 s over the store's 12."""
+    tps = await partitions_of(bootstrap, topics, timeout_s)
     consumer.assign(tps)
-    marks = await high_watermarks(bootstrap, topics)
+    with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
+        marks = dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)) if tps else {}
+    from_start: list[TopicPartition] = []
     for tp in tps:
         at = kept.get((tp.topic, tp.partition))
         end = marks.get(tp, 0)
@@ -219,7 +230,9 @@ async def assign_kept(
                            "reading it from the beginning", tp.topic, tp.partition, end, at)  # fmt: skip
             at = None
         if at is None:
-            await consumer.seek_to_beginning(tp)
+            from_start.append(tp)
         else:
             consumer.seek(tp, at)
+    if from_start:
+        await consumer.seek_to_beginning(*from_start)
     return marks

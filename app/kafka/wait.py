@@ -9,6 +9,8 @@ does not answer gives one WARNING line, then quiet retries with a doubling wait
 (:data:`RETRY_FIRST_S` up to :data:`RETRY_CAP_S`) until it answers (one INFO line) or the
 role is told to stop (it then exits 0 without having started). So a role started before its
 broker neither crashes into the supervisor's restart loop nor fills its log with tracebacks.
+The requests a role starts from (dispatch's and store-sync's partitions and end offsets) are
+asked again the same way when they time out (:func:`until_answered`).
 
 Once started, the Kafka clients reconnect by themselves (aiokafka retries every ~0.1 s and
 logs an ERROR per attempt and connection); :func:`quiet_client_logs` lets each of those
@@ -25,10 +27,12 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient
 
+from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, bootstrap_of, connection
 from app.kafka.errors import CLIENT_ERRORS
@@ -61,6 +65,7 @@ CLIENT_LOGGERS = (
 )
 
 Probe = Callable[[Target], Awaitable[bool]]
+T = TypeVar("T")
 
 
 def _listening(host_port: str) -> bool:
@@ -199,6 +204,39 @@ async def wait_for_broker(
         delay = min(delay * 2, cap_s)
     logger.info("stopped while waiting for Kafka at %s", bootstrap)
     return False
+
+
+async def until_answered(
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    *,
+    first_s: float = RETRY_FIRST_S,
+    cap_s: float = RETRY_CAP_S,
+) -> T | None:
+    """``await attempt()`` until it does not raise :class:`~app.errors.BrokerError` (its
+    result), or ``stop`` is set (None). A role's first requests after :func:`wait_for_broker`
+    (the metadata and end offsets it starts from) time out when the host is starved, as
+    when ``make run`` starts two Spark JVMs beside them on two cores: the role waits and
+    asks again, as it waited for the broker, instead of exiting into the supervisor's
+    restart loop, which gives up after a few crashes. One WARNING names ``what`` and the
+    error; the next failures are silent, ``first_s`` apart, doubling up to ``cap_s``."""
+    began, delay, warned = time.monotonic(), first_s, False
+    while not stop.is_set():
+        try:
+            result = await attempt()
+        except BrokerError as exc:
+            if not warned:
+                logger.warning("cannot %s yet (%s); asking again, up to every %g s", what, exc, cap_s)
+                warned = True
+        else:
+            if warned:
+                logger.info("could %s after %.1f s", what, time.monotonic() - began)
+            return result
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, cap_s)
+    return None
 
 
 def wait_for_broker_blocking(settings: Settings) -> bool:

@@ -51,6 +51,7 @@ from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.kafka.clients import assign_kept, high_watermarks, make_consumer, make_producer
+from app.kafka.wait import until_answered
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
 from app.notify.receivers import make_notifier
@@ -179,8 +180,13 @@ async def run(
     try:
         await producer.start()
         if db.fresh:
-            await _rebuild_log(settings, disp, db)
-        marks = await _assign(settings, consumer, db)
+            rebuild = lambda: _rebuild_log(settings, disp, db)  # noqa: E731
+            if await until_answered("read the notification log back", rebuild, stop) is None:
+                return
+        await consumer.start()
+        assign = lambda: _assign(settings, consumer, db)  # noqa: E731
+        if (marks := await until_answered("assign the inputs' partitions", assign, stop)) is None:
+            return
         disp.rebuilding = bool(marks)
         REBUILDING.set(1 if marks else 0)
         publisher = Publisher(db, producer)
@@ -310,8 +316,8 @@ async def _assign(
     """Assign every input partition at its kept offset (or the beginning); return the high
     watermarks when replaying from the beginning, so the caller knows when it caught up.
     A kept offset past a partition's end means the topic was recreated (an embedded broker
-    restarted empty): that partition is read from the beginning, with a warning."""
-    await consumer.start()
+    restarted empty): that partition is read from the beginning, with a warning. The
+    consumer is started."""
     kept = db.offsets()
     marks = await assign_kept(consumer, settings, list(INPUTS), kept)
     return {} if kept else {tp: m for tp, m in marks.items() if m}
@@ -325,8 +331,9 @@ async def _commit_kafka(consumer: AIOKafkaConsumer, db: DispatchDB) -> None:
         await consumer.commit(kept)
 
 
-async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> None:
-    """Restore the notification log and undelivered messages from the notifications topic."""
+async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> int:
+    """Restore the notification log and undelivered messages from the notifications topic;
+    how many events it read."""
     events = await read_topic(settings, NOTIFICATIONS)
     pending: dict[str, OutboxMessage] = {}
     for ev in events:
@@ -349,6 +356,7 @@ async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> 
         "rebuilt the notification log from %d event(s); %d undelivered message(s) recovered",
         len(events), len(pending),
     )  # fmt: skip
+    return len(events)
 
 
 async def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from prometheus_client import Counter
 from app.alerts import Alert, order_key
 from app.dispatch.commands import parse_command, verify_command
 from app.kafka.clients import Target, assign_kept, make_consumer
+from app.kafka.wait import until_answered
 from app.runtime.settings import Settings
 from app.storage.alert_store import DEFAULT_ENGINE, AlertStore
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
@@ -122,13 +123,17 @@ def decode_batch(polled: Polled, secret: str) -> Decoded:
     return out
 
 
-async def assign_from_store(consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: Target) -> None:
+async def assign_from_store(
+    consumer: AIOKafkaConsumer, store: AlertStore, bootstrap: Target
+) -> dict[TopicPartition, int]:
     """Assign every partition of :data:`TOPICS` at the store's offset, or the beginning (also
-    when the kept offset lies past the partition's end: the topic was recreated)."""
+    when the kept offset lies past the partition's end: the topic was recreated); the
+    partitions' end offsets."""
     kept = store.offsets()
-    await assign_kept(consumer, bootstrap, list(TOPICS), kept)
+    marks = await assign_kept(consumer, bootstrap, list(TOPICS), kept)
     if not kept:
         logger.info("the store has no offsets: reading the topics from the beginning")
+    return marks
 
 
 async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, poll_ms: int = 500) -> None:
@@ -137,7 +142,9 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
     consumer = make_consumer(settings, group_id=GROUP_ID)
     try:
         await consumer.start()
-        await assign_from_store(consumer, store, settings)
+        assign = lambda: assign_from_store(consumer, store, settings)  # noqa: E731
+        if await until_answered("assign the store's partitions", assign, stop) is None:
+            return
         logger.info("syncing %s into %s", ", ".join(TOPICS), settings.store_path)
         while not stop.is_set():
             polled = await consumer.getmany(timeout_ms=poll_ms, max_records=max_batch)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,12 @@ def stop_on_signals(what: str, force: threading.Event | None = None) -> threadin
 
 
 MAX_RESTARTS = 5
+#: output lines of each child kept in memory, to say why it exited
+TAIL_LINES = 20
+#: the longest reason a crash is told with
+ERROR_CHARS = 300
+#: how long :meth:`Supervisor.poll` waits for a crashed child's last output to be read
+READ_TAIL_S = 1.0
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 6.0  # per stage
 #: the whole stop: a stage gets its grace, or what is left of this (a role ignoring SIGTERM
@@ -86,17 +93,35 @@ class Role:
     next_start: float = 0.0
     done: bool = False
     exit_code: int | None = None
+    #: the last line the role printed before it last exited non-zero (a traceback's last
+    #: line names the error): in the supervisor's warning and in the console's health
+    last_error: str | None = None
+    #: the last lines of the running child's output, kept by the thread that copies them
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
 
 
-def _pump(stream: IO[bytes], prefix: str, log_file: IO[bytes]) -> None:
-    """Copy a child's output to our stdout with a role prefix, and to its log file."""
+def _pump(stream: IO[bytes], prefix: str, log_file: IO[bytes], tail: deque[str]) -> None:
+    """Copy a child's output to our stdout with a role prefix, to its log file and to ``tail``."""
     for line in iter(stream.readline, b""):
         log_file.write(line)
         log_file.flush()
-        sys.stdout.write(f"[{prefix}] {line.decode('utf-8', 'replace')}")
+        text = line.decode("utf-8", "replace")
+        tail.append(text)
+        sys.stdout.write(f"[{prefix}] {text}")
         sys.stdout.flush()
     stream.close()
     log_file.close()
+
+
+def last_error(tail: deque[str] | list[str]) -> str | None:
+    """What a crashed role said last: its last non-blank line, stripped and cut to
+    :data:`ERROR_CHARS` (a Python traceback ends with the exception and its message)."""
+    for line in reversed(tail):
+        if line.strip():
+            text = line.strip()
+            return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"
+    return None
 
 
 class Supervisor:
@@ -132,7 +157,7 @@ class Supervisor:
                 state = "restarting" if r.restarts else "waiting"
             out.append({
                 "name": r.name, "state": state, "pid": r.proc.pid if r.proc is not None else None,
-                "exit_code": r.exit_code, "crashes": len(r.restarts),
+                "exit_code": r.exit_code, "crashes": len(r.restarts), "last_error": r.last_error,
             })  # fmt: skip
         return out
 
@@ -166,11 +191,16 @@ class Supervisor:
             start_new_session=True,
         )
         assert role.proc.stdout is not None  # noqa: S101 - PIPE was requested
+        role.tail = deque(maxlen=TAIL_LINES)
         if self.quiet:
-            threading.Thread(target=_drain, args=(role.proc.stdout, log_file), daemon=True).start()
+            reader = threading.Thread(
+                target=_drain, args=(role.proc.stdout, log_file, role.tail), daemon=True
+            )
         else:
-            args = (role.proc.stdout, role.name, log_file)
-            threading.Thread(target=_pump, args=args, daemon=True).start()
+            args = (role.proc.stdout, role.name, log_file, role.tail)
+            reader = threading.Thread(target=_pump, args=args, daemon=True)
+        reader.start()
+        role.reader = reader
         logger.info("started %s (pid %d)", role.name, role.proc.pid)
 
     def start(self) -> None:
@@ -206,21 +236,22 @@ class Supervisor:
                 logger.info("%s finished", role.name)
                 role.done = True
                 continue
+            if role.reader is not None:  # its last lines may still be in the pipe
+                role.reader.join(READ_TAIL_S)
+            role.last_error = last_error(role.tail)
+            said = f" ({role.last_error})" if role.last_error else ""
             role.restarts = [t for t in role.restarts if now - t < RESTART_WINDOW_S]
             if len(role.restarts) >= MAX_RESTARTS:
                 logger.error(
-                    "%s exited with %d and crashed %d times in %.0fs; giving up",
-                    role.name,
-                    code,
-                    MAX_RESTARTS,
-                    RESTART_WINDOW_S,
-                )
+                    "%s exited with %d%s and crashed %d times in %.0fs; giving up",
+                    role.name, code, said, MAX_RESTARTS, RESTART_WINDOW_S,
+                )  # fmt: skip
                 role.done = True
                 continue
             delay = min(2 ** len(role.restarts), 30)
             role.restarts.append(now)
             role.next_start = now + delay
-            logger.warning("%s exited with %d; restarting in %ds", role.name, code, delay)
+            logger.warning("%s exited with %d%s; restarting in %ds", role.name, code, said, delay)
 
     def stop_stage(
         self, stage: int, grace_s: float = STOP_GRACE_S, force: threading.Event | None = None
@@ -265,11 +296,12 @@ class Supervisor:
         self.write_states()
 
 
-def _drain(stream: IO[bytes], log_file: IO[bytes]) -> None:
-    """Copy a child's output to its log file only (``--quiet``), a line at a time."""
+def _drain(stream: IO[bytes], log_file: IO[bytes], tail: deque[str]) -> None:
+    """Copy a child's output to its log file and ``tail`` only (``--quiet``), a line at a time."""
     for line in iter(stream.readline, b""):
         log_file.write(line)
         log_file.flush()
+        tail.append(line.decode("utf-8", "replace"))
     stream.close()
     log_file.close()
 

@@ -97,7 +97,8 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
             {"name": "worker", "state": "running", "crashes": 0},
             {"name": "spark", "state": "running", "crashes": 0},
             {"name": "mosquitto", "state": "running", "crashes": 0},
-            {"name": "dispatch", "state": "restarting", "crashes": 2, "exit_code": 1},
+            {"name": "dispatch", "state": "restarting", "crashes": 2, "exit_code": 1,
+             "last_error": "app.errors.BrokerError: cannot read topic metadata: TimeoutError()"},
             {"name": "replay", "state": "done", "crashes": 0, "exit_code": 0},
         ]}))  # fmt: skip
         got = [(r.name, r.up, r.label) for r in probe_roles(tmp_path)]
@@ -108,7 +109,12 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
         ("worker", True, "up"),
         ("spark", False, "starting"),
         ("mosquitto", True, "up"),
-        ("dispatch", False, "restarting (2 crashes, exit 1)"),
+        (
+            "dispatch",
+            False,
+            "restarting (2 crashes, exit 1): "
+            "app.errors.BrokerError: cannot read topic metadata: TimeoutError()",
+        ),
         ("replay", True, "done"),
     ]
 

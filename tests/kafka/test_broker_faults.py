@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import re
+import signal
 import sqlite3
 import sys
 import time
@@ -20,6 +23,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker, free_port
@@ -31,6 +35,7 @@ from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
 from tests.agents.worker_helpers import metrics_answer, role_env
 from tests.conftest import NAB_MACHINE_TEMP, make_settings, own_broker, require_dataset
+from tests.kafka_helpers import produce
 from tests.procs import role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -308,3 +313,58 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
     assert all(r.exit_code == 0 for r in sup.roles if r.name != "replay"), {
         r.name: r.exit_code for r in sup.roles
     }
+
+
+def test_a_broker_that_stalls_as_store_sync_starts_is_waited_out_not_crashed_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker answers, then stops answering (SIGSTOP) just as store-sync asks for its
+    partitions, as a starved host makes such requests time out: the role waits and asks
+    again, then syncs, instead of exiting into the supervisor's restart loop (which gave up
+    on it once under ``make run`` in CI: the console then showed no alert)."""
+    from app.kafka import clients
+    from app.roles import store_sync
+
+    real, asked = clients.assign_kept, []
+    alert = Alert.build(
+        rule_id="hot", rule_version="1", status="firing", severity="critical", labels={"device_id": "d1"},
+        annotations={}, starts_at="2024-05-01T10:00:00Z", ends_at=None, source="sensors",
+        event_ts="2024-05-01T10:00:00Z", values={"temp": 90},
+    )  # fmt: skip
+    with own_broker(tmp_path / "kafka") as broker:
+        pid = broker.pid
+        assert pid is not None
+        produce(broker.bootstrap, ALERTS, [(alert.fingerprint.encode(), alert.to_json())])
+
+        async def stalling_assign(*args: Any, **kw: Any) -> dict[Any, int]:
+            asked.append(time.monotonic())
+            if len(asked) == 1:  # the broker stalls for 5 s: two attempts of 2 s time out
+                os.kill(pid, signal.SIGSTOP)
+                asyncio.get_running_loop().call_later(5.0, os.kill, pid, signal.SIGCONT)
+            return await real(*args, **kw, timeout_s=2.0)
+
+        monkeypatch.setattr(store_sync, "assign_kept", stalling_assign)
+        settings = make_settings(tmp_path, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap)
+
+        async def run() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(store_sync.run(settings, stop, poll_ms=100))
+            try:
+                deadline = time.monotonic() + 40
+                while alert.alert_id not in stored_ids(settings.store_path):
+                    assert not task.done(), f"store-sync ended: {task.exception()!r}"
+                    assert time.monotonic() < deadline, "store-sync did not sync after the stall"
+                    await asyncio.sleep(0.2)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 10)
+
+        caplog.set_level(logging.INFO, logger="app.kafka.wait")
+        try:
+            asyncio.run(asyncio.wait_for(run(), 60))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert len(asked) >= 2, "the first attempt should have timed out"
+    said = [r.getMessage() for r in caplog.records if r.name == "app.kafka.wait"]
+    assert len([m for m in said if m.startswith("cannot assign the store's partitions yet")]) == 1, said
+    assert any(m.startswith("could assign the store's partitions after") for m in said), said

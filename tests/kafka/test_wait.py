@@ -11,9 +11,17 @@ import threading
 import pytest
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
+from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
 from app.kafka.broker import free_port
-from app.kafka.wait import Probe, RepeatLimiter, broker_answers, group_coordinator_ready, wait_for_broker
+from app.kafka.wait import (
+    Probe,
+    RepeatLimiter,
+    broker_answers,
+    group_coordinator_ready,
+    until_answered,
+    wait_for_broker,
+)
 
 
 def answers_after(failures: int, calls: list[float]) -> Probe:
@@ -127,3 +135,47 @@ def test_a_stop_ends_the_wait_for_the_group_coordinator(
     ready = asyncio.run(group_coordinator_ready("h:1", KafkaAuth(), timeout_s, stop))
     assert not ready
     assert NoCoordinatorYet.asked == 1 if stopped else NoCoordinatorYet.asked > 1
+
+
+def test_a_request_that_times_out_at_start_is_asked_again_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[float] = []
+
+    async def end_offsets() -> dict[str, int]:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) <= 3:
+            raise BrokerError("cannot read end offsets from h:1: TimeoutError()")
+        return {}
+
+    caplog.set_level(logging.INFO, logger="app.kafka.wait")
+    got = asyncio.run(
+        until_answered("read the end offsets", end_offsets, asyncio.Event(), first_s=0.01, cap_s=0.04)
+    )
+    assert got == {} and len(calls) == 4  # an empty answer is an answer, not a stop
+    assert [(r.levelno, r.getMessage().split(" after ")[0]) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            "cannot read the end offsets yet (cannot read end offsets from h:1: TimeoutError()); "
+            "asking again, up to every 0.04 s",
+        ),
+        (logging.INFO, "could read the end offsets"),
+    ]
+
+
+def test_a_stop_ends_the_asking_with_none_and_other_errors_pass() -> None:
+    async def never() -> int:
+        raise BrokerError("cannot read topic metadata from h:1: TimeoutError()")
+
+    async def asked_until_stopped() -> int | None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, stop.set)
+        return await asyncio.wait_for(until_answered("ask", never, stop, first_s=0.01), 5)
+
+    assert asyncio.run(asked_until_stopped()) is None
+
+    async def broken() -> int:
+        raise ValueError("a bug, not the broker")
+
+    with pytest.raises(ValueError, match="a bug"):
+        asyncio.run(until_answered("ask", broken, asyncio.Event()))

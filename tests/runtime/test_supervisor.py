@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.runtime.supervisor import Role, Supervisor, stop_on_signals
+from app.runtime.supervisor import ERROR_CHARS, Role, Supervisor, last_error, stop_on_signals
 from tests.conftest import make_settings
 from tests.procs import processes_with_env, wait_for
 
@@ -53,10 +53,17 @@ def test_crashed_role_is_restarted_and_one_shot_role_is_not(tmp_path: Path) -> N
         sup.stop()
 
 
-def test_gives_up_after_too_many_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gives_up_after_too_many_crashes_and_says_why_each_one_exited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each crash is told with the role's last line, a traceback's exception and message, in
+    the supervisor's own log and in the states the console shows: the CI run where store-sync
+    crashed five times said only "failed (exit 1, gave up)", and its output was in its file."""
     monkeypatch.setattr("app.runtime.supervisor.MAX_RESTARTS", 2)
-    crash = Role("crasher", py("raise SystemExit(1)"))
-    sup = supervisor(tmp_path, [crash])
+    caplog.set_level(logging.WARNING, logger="app.runtime.supervisor")
+    crash = Role("crasher", py("print('starting'); raise TimeoutError('no answer from the broker in 10 s')"))
+    state_file = tmp_path / "roles.json"
+    sup = Supervisor(make_settings(tmp_path), [crash], tmp_path / "logs", quiet=True, state_file=state_file)
     sup.start()
     try:
         for _ in range(200):
@@ -67,8 +74,24 @@ def test_gives_up_after_too_many_crashes(tmp_path: Path, monkeypatch: pytest.Mon
                 break
             time.sleep(0.05)
         assert crash.done and crash.exit_code == 1
+        why = "TimeoutError: no answer from the broker in 10 s"
+        assert crash.last_error == why
+        said = [r.getMessage() for r in caplog.records]
+        assert said[0] == f"crasher exited with 1 ({why}); restarting in 1s", said
+        assert said[-1] == f"crasher exited with 1 ({why}) and crashed 2 times in 60s; giving up", said
+        (state,) = orjson.loads(state_file.read_bytes())["roles"]
+        assert (state["state"], state["last_error"]) == ("failed", why)
     finally:
         sup.stop()
+
+
+def test_a_crash_is_told_by_the_last_line_said_cut_to_a_readable_length() -> None:
+    assert last_error(["Traceback (most recent call last):\n", "ValueError: bad\n", "\n", "  \n"]) == (
+        "ValueError: bad"
+    )
+    assert last_error([]) is None and last_error(["\n"]) is None
+    long = last_error(["x" * 1000])
+    assert long is not None and len(long) == ERROR_CHARS and long.endswith("…")
 
 
 def test_stop_terminates_children_and_grandchildren_in_stage_order(

@@ -267,7 +267,9 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
             # the consumer lag once a sample succeeded (without credentials: "Kafka unreachable")
             wanted = ("device_id=machine-temp-1", "consumer lag")
             page = visit(url, wanted, timeout_s=120, screenshot=shot)
-            assert all(w in page for w in wanted), page[-3000:]
+            said = (tmp_path / "run.log").read_text().splitlines()
+            crashes = [line for line in said if " exited with " in line]
+            assert all(w in page for w in wanted), (crashes, page[-3000:])
             assert "machine-overheat" in page or "device-silent" in page
             assert shot.stat().st_size > 10_000
         else:
