@@ -208,41 +208,44 @@ def backtest_line(a: Alert) -> bytes:
 
 
 async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, str, int, int, bytes]]:
-    """Every record of ``topics`` from the earliest offset up to the high watermark now, as
-    (record timestamp, topic, partition, offset, value), in that order: records of one
-    millisecond in the order of their topic, partition and offset, as the Spark engine's topic
-    backtest orders them (``jobs.backtest.ordered_records``). Before, they kept the order the
-    fetches happened to bring the partitions in, so two runs over the same topic could evaluate
-    such records in another order (and a group that spans partitions could change its alerts)."""
+    """Every committed record of ``topics`` from the earliest offset up to the last stable
+    offset now, as (record timestamp, topic, partition, offset, value), in that order: records
+    of one millisecond in the order of their topic, partition and offset, as the Spark
+    engine's topic backtest orders them (``jobs.backtest.ordered_records``). Before, they kept
+    the order the fetches happened to bring the partitions in, so two runs over the same topic
+    could evaluate such records in another order (and a group that spans partitions could
+    change its alerts).
+
+    Read to the end (:func:`~app.kafka.clients.read_to_end`): a fetch that brought nothing
+    for a second once ended the read there, and the backtest ran on a part of the topic as if
+    it were all of it."""
+    import asyncio
+
     from aiokafka import AIOKafkaConsumer
 
-    from app.kafka.clients import connection, high_watermarks
+    from app.kafka.clients import bootstrap_of, connection, high_watermarks, read_to_end
+    from app.kafka.errors import broker_errors
 
-    marks = await high_watermarks(bootstrap, topics)
-    pending = {tp: end for tp, end in marks.items() if end > 0}
+    tps = [tp for tp, end in (await high_watermarks(bootstrap, topics)).items() if end > 0]
     out: list[tuple[int, str, int, int, bytes]] = []
-    if not pending:
+    if not tps:
         return []
-    # committed records only; a partition is done when the position reaches its end offset
-    # (which counts transaction markers no record carries)
+    # committed records only, to the consumer's own end offsets: the last stable ones
     consumer = AIOKafkaConsumer(
-        **connection(bootstrap), enable_auto_commit=False, isolation_level="read_committed"
-    )
+        **connection(bootstrap), enable_auto_commit=False, isolation_level="read_committed",
+        auto_offset_reset="earliest",
+    )  # fmt: skip
     await consumer.start()
     try:
-        consumer.assign(list(pending))
-        await consumer.seek_to_beginning(*pending)
-        while pending:
-            batch = await consumer.getmany(timeout_ms=1000)
-            for tp, records in batch.items():
-                for r in records:
-                    if tp in pending and r.offset < pending[tp] and r.value is not None:
-                        out.append((r.timestamp, tp.topic, tp.partition, r.offset, r.value))
-            for tp in list(pending):
-                if await consumer.position(tp) >= pending[tp]:
-                    del pending[tp]
-            if not batch and pending:
-                break
+        with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
+            ends = await asyncio.wait_for(consumer.end_offsets(tps), 10)
+        # the seek right after the assignment: a reset the fetcher starts for a new assignment
+        # (to auto_offset_reset) lands after a seek_to_beginning that an await let in behind it
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        async for r in read_to_end(consumer, ends):
+            if r.value is not None:
+                out.append((r.timestamp, r.topic, r.partition, r.offset, r.value))
     finally:
         await consumer.stop()
     out.sort(key=lambda r: r[:4])  # (topic, partition, offset) is unique: a total order

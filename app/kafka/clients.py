@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
 from app.kafka.errors import broker_errors
 from app.placement import KeyHashes
@@ -218,9 +219,11 @@ async def assign_kept(
     beginning for every partition that needs it: each seek waits for the fetch in flight
     (up to ``fetch_max_wait_ms``), so a seek per partition took 8 s over the store's 12."""
     tps = await partitions_of(bootstrap, topics, timeout_s)
-    consumer.assign(tps)
     with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
         marks = dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)) if tps else {}
+    # no await from the assignment to the seeks: the fetcher's own reset of a new assignment
+    # (to the group's committed offset, or auto_offset_reset) would land after them
+    consumer.assign(tps)
     from_start: list[TopicPartition] = []
     for tp in tps:
         at = kept.get((tp.topic, tp.partition))
@@ -236,3 +239,48 @@ async def assign_kept(
     if from_start:
         await consumer.seek_to_beginning(*from_start)
     return marks
+
+
+#: how long :func:`read_to_end` waits for a partition to move before it gives up
+STALL_S = 30.0
+
+
+async def read_to_end(
+    consumer: AIOKafkaConsumer,
+    ends: Mapping[TopicPartition, int],
+    *,
+    stall_s: float = STALL_S,
+    poll_ms: int = 1000,
+    max_records: int | None = None,
+) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """The records of ``consumer`` (assigned and positioned) before ``ends``, in offset order
+    per partition, until every partition's position reached its end (a ``read_committed``
+    position passes the commit markers no record carries: take the ends from that consumer's
+    own ``end_offsets``, its last stable offsets, so an open transaction cannot hold the end
+    out of reach).
+
+    A poll that brings nothing is not the end: a starved host or a busy broker answers late.
+    Raises :class:`~app.errors.BrokerError`, naming each partition left and where it stands,
+    when no partition moved for ``stall_s``: a reader that stopped there would pass a part of
+    the topic off as the whole (a backtest with fewer alerts, a rebuilt log with gaps)."""
+    left = {tp: end for tp, end in ends.items() if end > 0}
+    loop = asyncio.get_running_loop()
+    seen: dict[TopicPartition, int] = {}
+    moved = loop.time()
+    while left:
+        batch = await consumer.getmany(timeout_ms=poll_ms, max_records=max_records)
+        for tp, records in batch.items():
+            end = left.get(tp)
+            for rec in records:
+                if end is not None and rec.offset < end:
+                    yield rec
+        for tp in list(left):
+            at = await consumer.position(tp)
+            if at != seen.get(tp):
+                seen[tp], moved = at, loop.time()
+            if at >= left[tp]:
+                del left[tp]
+        if left and loop.time() - moved > stall_s:
+            where = ", ".join(f"{tp.topic}:{tp.partition} at {seen[tp]} of {end}" for tp, end in left.items())
+            msg = f"no record came for {stall_s:g} s before the end of {where}"
+            raise BrokerError(msg)

@@ -50,7 +50,8 @@ from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
-from app.kafka.clients import assign_kept, high_watermarks, make_consumer, make_producer
+from app.kafka.clients import assign_kept, high_watermarks, make_consumer, make_producer, read_to_end
+from app.kafka.errors import broker_errors
 from app.kafka.wait import until_answered
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
@@ -359,27 +360,25 @@ async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> 
     return len(events)
 
 
-async def read_topic(settings: Settings, topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """Every JSON record of ``topic`` up to its current end, in partition order."""
-    marks = {tp: m for tp, m in (await high_watermarks(settings, [topic])).items() if m}
+async def read_topic(settings: Settings, topic: str, stall_s: float = 60.0) -> list[dict[str, Any]]:
+    """Every JSON record of ``topic`` up to its current end (its last stable offset), in
+    partition order. Raises :class:`~app.errors.BrokerError` when no record came for
+    ``stall_s`` before the end (:func:`~app.kafka.clients.read_to_end`): the read once stopped
+    at a 60 s deadline and rebuilt the notification log from what it had, without a word."""
+    tps = [tp for tp, m in (await high_watermarks(settings, [topic])).items() if m]
     out: list[dict[str, Any]] = []
-    if not marks:
+    if not tps:
         return out
     consumer = make_consumer(settings)
     try:
         await consumer.start()
-        consumer.assign(list(marks))
-        await consumer.seek_to_beginning(*marks)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        left = dict(marks)
-        while left and asyncio.get_running_loop().time() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200, max_records=2000)).values():
-                for rec in records:
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        out.append(orjson.loads(rec.value or b""))
-            for tp in list(left):  # the position passes commit markers, which are never returned
-                if await consumer.position(tp) >= left[tp]:
-                    left.pop(tp)
+        with broker_errors(f"read the end offsets of {topic}"):
+            ends = await asyncio.wait_for(consumer.end_offsets(tps), stall_s)
+        consumer.assign(tps)  # then the seek at once (app.kafka.clients.assign_kept)
+        await consumer.seek_to_beginning(*tps)
+        async for rec in read_to_end(consumer, ends, stall_s=stall_s, poll_ms=200, max_records=2000):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                out.append(orjson.loads(rec.value or b""))
     finally:
         await consumer.stop()
     return out

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from app.errors import BrokerError
 from app.kafka.broker import KafkaBroker
-from app.kafka.clients import end_offsets
+from app.kafka.clients import end_offsets, read_to_end
 from app.runtime.settings import PROJECT_ROOT
+from app.topics import SENSORS
 from tests.conftest import reset_topics
+from tests.kafka_helpers import produce
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -92,3 +97,58 @@ def test_a_reset_forgets_committed_offsets(broker: KafkaBroker) -> None:
         return before, after
 
     assert asyncio.run(commit_then_read_position()) == (1, None)
+
+
+def empty_polls(monkeypatch: pytest.MonkeyPatch, empty: Callable[[int], bool]) -> list[int]:
+    """Make the ``n``-th ``getmany`` of every consumer bring nothing when ``empty(n)`` (from 1):
+    a fetch that a starved host or a busy broker answers after the poll's timeout."""
+    real, calls = AIOKafkaConsumer.getmany, [0]
+
+    async def getmany(self: AIOKafkaConsumer, *tps: TopicPartition, **kw: Any) -> Any:
+        calls[0] += 1
+        if empty(calls[0]):
+            await asyncio.sleep(kw.get("timeout_ms", 0) / 1000)
+            return {}
+        return await real(self, *tps, **kw)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "getmany", getmany)
+    return calls
+
+
+def test_a_topic_backtest_reads_past_a_poll_that_brings_nothing(
+    broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Faust engine's topic backtest ended its read at the first empty poll, and went on
+    with a part of the topic as if it were all of it."""
+    from app.backtest import _read_topics
+
+    records = [(f"d{i % 7}".encode(), b'{"n": %d}' % i) for i in range(600)]
+    produce(broker.bootstrap, SENSORS, records)
+    calls = empty_polls(monkeypatch, lambda n: n == 1)
+    got = asyncio.run(_read_topics(broker.bootstrap, [SENSORS]))
+    assert calls[0] >= 2
+    assert sorted(v for *_, v in got) == sorted(v for _, v in records)
+
+
+def test_a_read_to_the_end_that_stalls_says_where_each_partition_stands(
+    broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    produce(broker.bootstrap, SENSORS, [(b"k", b"x")] * 10)
+    empty_polls(monkeypatch, lambda _n: True)
+
+    async def read() -> list[object]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level="read_committed")
+        await consumer.start()
+        try:
+            tps = [TopicPartition(SENSORS, p) for p in (0, 1)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            return [r async for r in read_to_end(consumer, ends, stall_s=0.5, poll_ms=100)]
+        finally:
+            await consumer.stop()
+
+    with pytest.raises(
+        BrokerError, match=r"no record came for 0.5 s before the end of events\.sensors:\d at 0 of 10"
+    ):
+        asyncio.run(asyncio.wait_for(read(), 30))
