@@ -207,7 +207,7 @@ def backtest_line(a: Alert) -> bytes:
     return b'{"rule":' + orjson.dumps(a.rule_id) + b"," + a.to_json()[1:]
 
 
-async def _read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, str, int, int, bytes]]:
+async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, str, int, int, bytes]]:
     """Every committed record of ``topics`` from the earliest offset up to the last stable
     offset now, as (record timestamp, topic, partition, offset, value), in that order: records
     of one millisecond in the order of their topic, partition and offset, as the Spark
@@ -269,7 +269,7 @@ def read_topic_events(
         if source is None:
             msg = f"--topic {topic}: expected one of {', '.join(SOURCE_OF_TOPIC)}"
             raise ValueError(msg)
-        for n, (ts, name, part, offset, value) in enumerate(asyncio.run(_read_topics(bootstrap, [topic]))):
+        for n, (ts, name, part, offset, value) in enumerate(asyncio.run(read_topics(bootstrap, [topic]))):
             try:
                 stamped.append(((ts, name, part, offset), source, SCHEMAS[source].decode(value)))
             except IngestDecodeError as exc:

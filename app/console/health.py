@@ -120,14 +120,13 @@ def role_status(process: dict[str, Any] | None, answers: bool | None) -> tuple[b
         if answers is None or answers:
             return True, "up" if not crashes else f"up ({crashes} recent crash{'es' if crashes > 1 else ''})"
         return False, "starting"
-    if state == "restarting":
-        return (
-            False,
-            f"restarting ({crashes} crash{'es' if crashes > 1 else ''}, "
-            f"exit {process.get('exit_code')}){why}",
-        )
-    if state == "failed":
-        return False, f"failed (exit {process.get('exit_code')}, gave up){why}"
+    if state in ("restarting", "crash-looping"):
+        retry_at = process.get("retry_at")
+        soon = f"; next try in {max(0, round(float(retry_at) - time.time()))} s" if retry_at else ""
+        many = f"{crashes} crash{'es' if crashes > 1 else ''}"
+        if state == "crash-looping":
+            many += " in a row"
+        return False, f"{state} ({many}, exit {process.get('exit_code')}{soon}){why}"
     return state == "done", state or "unknown"
 
 

@@ -3,8 +3,11 @@
 :mod:`app.runtime.system` decides which roles make up the product; this module only
 runs processes:
 - start every role as a child process in its own process group;
-- restart a child that exits non-zero (exponential backoff, at most
-  ``MAX_RESTARTS`` in ``RESTART_WINDOW_S``); a one-shot child (a replay)
+- restart a child that exits non-zero, after 1, 2, 4, 8 then 16 s; a child that
+  crashed more than ``MAX_RESTARTS`` times in a row, each within ``RESTART_WINDOW_S`` of
+  its start, is crash-looping: tried again every ``CRASH_LOOP_S``, never given up on (the
+  broker it waited for, a file it needs, a host less loaded may be back by then). A run
+  of ``RESTART_WINDOW_S`` or more starts the count again; a one-shot child (a replay)
   that exits 0 is done;
 - on stop, SIGTERM the roles stage by stage (producers first) and SIGKILL
   whatever outlives its grace period, including grandchildren in its group;
@@ -59,6 +62,8 @@ def stop_on_signals(what: str, force: threading.Event | None = None) -> threadin
 
 
 MAX_RESTARTS = 5
+#: the wait between two tries of a crash-looping role
+CRASH_LOOP_S = 60.0
 #: output lines of each child kept in memory, to say why it exited
 TAIL_LINES = 20
 #: the longest reason a crash is told with
@@ -89,8 +94,11 @@ class Role:
     #: running at the end of the grace is killed whole, as any other
     stops_children: bool = False
     proc: subprocess.Popen[bytes] | None = None
-    restarts: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)  # its crashes in the last RESTART_WINDOW_S
+    streak: int = 0  # crashes in a row, each within RESTART_WINDOW_S of its start
+    started_at: float = 0.0
     next_start: float = 0.0
+    retry_at: float | None = None  # next_start as a Unix time, for the console
     done: bool = False
     exit_code: int | None = None
     #: the last line the role printed before it last exited non-zero (a traceback's last
@@ -142,22 +150,28 @@ class Supervisor:
 
     def states(self) -> list[dict[str, object]]:
         """Each role's process state: ``running``, ``waiting`` (for a file another role writes),
-        ``restarting`` (after a crash, backing off), ``done`` (a one-shot role finished),
-        ``failed`` (crashed too often, given up) or ``stopped``; with its pid, exit code and
-        recent crashes."""
+        ``restarting`` (after a crash, backing off), ``crash-looping`` (crashed more than
+        ``MAX_RESTARTS`` times in a row: tried again every ``CRASH_LOOP_S``), ``done`` (a
+        one-shot role finished) or ``stopped``; with its pid, exit code, crashes (in a row
+        while it crashes, else in the last ``RESTART_WINDOW_S``), what it said last before
+        its last crash, and when it is tried again (``retry_at``: a Unix time, while it waits)."""
         out: list[dict[str, object]] = []
         for r in self.roles:
+            waits = not r.done and not self._stopping and r.proc is None
             if r.done:
-                state = "done" if r.exit_code == 0 and r.one_shot else "failed"
+                state = "done"
             elif self._stopping:
                 state = "stopped"
             elif r.proc is not None:
                 state = "running"
+            elif r.streak > MAX_RESTARTS:
+                state = "crash-looping"
             else:
                 state = "restarting" if r.restarts else "waiting"
             out.append({
                 "name": r.name, "state": state, "pid": r.proc.pid if r.proc is not None else None,
-                "exit_code": r.exit_code, "crashes": len(r.restarts), "last_error": r.last_error,
+                "exit_code": r.exit_code, "crashes": r.streak if waits and r.streak else len(r.restarts),
+                "last_error": r.last_error, "retry_at": r.retry_at if waits and r.streak else None,
             })  # fmt: skip
         return out
 
@@ -201,6 +215,7 @@ class Supervisor:
             reader = threading.Thread(target=_pump, args=args, daemon=True)
         reader.start()
         role.reader = reader
+        role.started_at = time.monotonic()
         logger.info("started %s (pid %d)", role.name, role.proc.pid)
 
     def start(self) -> None:
@@ -241,17 +256,20 @@ class Supervisor:
             role.last_error = last_error(role.tail)
             said = f" ({role.last_error})" if role.last_error else ""
             role.restarts = [t for t in role.restarts if now - t < RESTART_WINDOW_S]
-            if len(role.restarts) >= MAX_RESTARTS:
-                logger.error(
-                    "%s exited with %d%s and crashed %d times in %.0fs; giving up",
-                    role.name, code, said, MAX_RESTARTS, RESTART_WINDOW_S,
-                )  # fmt: skip
-                role.done = True
-                continue
-            delay = min(2 ** len(role.restarts), 30)
             role.restarts.append(now)
+            role.streak = role.streak + 1 if now - role.started_at < RESTART_WINDOW_S else 1
+            if role.streak > MAX_RESTARTS:
+                delay = CRASH_LOOP_S
+                log = logger.error if role.streak == MAX_RESTARTS + 1 else logger.warning
+                log(
+                    "%s exited with %d%s: %d crashes in a row, each within %.0f s of its start; "
+                    "trying again every %.0f s", role.name, code, said, role.streak, RESTART_WINDOW_S, delay,
+                )  # fmt: skip
+            else:
+                delay = float(2 ** (role.streak - 1))
+                logger.warning("%s exited with %d%s; restarting in %.0fs", role.name, code, said, delay)
             role.next_start = now + delay
-            logger.warning("%s exited with %d%s; restarting in %ds", role.name, code, said, delay)
+            role.retry_at = time.time() + delay
 
     def stop_stage(
         self, stage: int, grace_s: float = STOP_GRACE_S, force: threading.Event | None = None

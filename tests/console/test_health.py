@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -92,6 +93,7 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
             {"name": "mosquitto", "metrics": None},
             {"name": "dispatch", "metrics": f"http://127.0.0.1:{free_port()}/metrics"},
             {"name": "replay", "metrics": f"http://127.0.0.1:{free_port()}/metrics", "one_shot": True},
+            {"name": "store-sync", "metrics": f"http://127.0.0.1:{free_port()}/metrics"},
         ])  # fmt: skip
         (tmp_path / ROLE_STATES_FILE).write_bytes(orjson.dumps({"roles": [
             {"name": "worker", "state": "running", "crashes": 0},
@@ -100,6 +102,8 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
             {"name": "dispatch", "state": "restarting", "crashes": 2, "exit_code": 1,
              "last_error": "app.errors.BrokerError: cannot read topic metadata: TimeoutError()"},
             {"name": "replay", "state": "done", "crashes": 0, "exit_code": 0},
+            {"name": "store-sync", "state": "crash-looping", "crashes": 7, "exit_code": 1,
+             "last_error": "sqlite3.OperationalError: disk I/O error", "retry_at": time.time() + 3600.4},
         ]}))  # fmt: skip
         got = [(r.name, r.up, r.label) for r in probe_roles(tmp_path)]
     finally:
@@ -116,6 +120,12 @@ def test_a_role_s_state_joins_the_supervisor_s_view_and_its_metrics(tmp_path: Pa
             "app.errors.BrokerError: cannot read topic metadata: TimeoutError()",
         ),
         ("replay", True, "done"),
+        (
+            "store-sync",
+            False,
+            "crash-looping (7 crashes in a row, exit 1; next try in 3600 s): "
+            "sqlite3.OperationalError: disk I/O error",
+        ),
     ]
 
 

@@ -120,12 +120,12 @@ def test_a_topic_backtest_reads_past_a_poll_that_brings_nothing(
 ) -> None:
     """The Faust engine's topic backtest ended its read at the first empty poll, and went on
     with a part of the topic as if it were all of it."""
-    from app.backtest import _read_topics
+    from app.backtest import read_topics
 
     records = [(f"d{i % 7}".encode(), b'{"n": %d}' % i) for i in range(600)]
     produce(broker.bootstrap, SENSORS, records)
     calls = empty_polls(monkeypatch, lambda n: n == 1)
-    got = asyncio.run(_read_topics(broker.bootstrap, [SENSORS]))
+    got = asyncio.run(read_topics(broker.bootstrap, [SENSORS]))
     assert calls[0] >= 2
     assert sorted(v for *_, v in got) == sorted(v for _, v in records)
 

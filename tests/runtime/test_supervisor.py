@@ -53,12 +53,14 @@ def test_crashed_role_is_restarted_and_one_shot_role_is_not(tmp_path: Path) -> N
         sup.stop()
 
 
-def test_gives_up_after_too_many_crashes_and_says_why_each_one_exited(
+def test_a_role_that_keeps_crashing_is_tried_again_every_minute_and_each_crash_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each crash is told with the role's last line, a traceback's exception and message, in
     the supervisor's own log and in the states the console shows: the CI run where store-sync
-    crashed five times said only "failed (exit 1, gave up)", and its output was in its file."""
+    crashed five times said only "failed (exit 1, gave up)", and its output was in its file.
+    Nor is a role given up on: the supervisor did, and the console showed no alert for the
+    rest of the run. Past MAX_RESTARTS crashes in a row it is tried again every minute."""
     monkeypatch.setattr("app.runtime.supervisor.MAX_RESTARTS", 2)
     caplog.set_level(logging.WARNING, logger="app.runtime.supervisor")
     crash = Role("crasher", py("print('starting'); raise TimeoutError('no answer from the broker in 10 s')"))
@@ -66,21 +68,54 @@ def test_gives_up_after_too_many_crashes_and_says_why_each_one_exited(
     sup = Supervisor(make_settings(tmp_path), [crash], tmp_path / "logs", quiet=True, state_file=state_file)
     sup.start()
     try:
-        for _ in range(200):
+        for _ in range(400):
             sup.poll()
-            for r in sup.roles:
-                r.next_start = 0  # skip the backoff wait in this test
-            if crash.done:
+            if crash.streak == 4:
                 break
+            if crash.proc is None:
+                crash.next_start = 0  # skip the backoff wait in this test
             time.sleep(0.05)
-        assert crash.done and crash.exit_code == 1
+        assert crash.streak == 4 and not crash.done and crash.exit_code == 1
         why = "TimeoutError: no answer from the broker in 10 s"
         assert crash.last_error == why
         said = [r.getMessage() for r in caplog.records]
-        assert said[0] == f"crasher exited with 1 ({why}); restarting in 1s", said
-        assert said[-1] == f"crasher exited with 1 ({why}) and crashed 2 times in 60s; giving up", said
+        looping = ": {} crashes in a row, each within 60 s of its start; trying again every 60 s"
+        assert said == [
+            f"crasher exited with 1 ({why}); restarting in 1s",
+            f"crasher exited with 1 ({why}); restarting in 2s",
+            f"crasher exited with 1 ({why})" + looping.format(3),
+            f"crasher exited with 1 ({why})" + looping.format(4),
+        ], said
+        assert [r.levelno for r in caplog.records][2:] == [logging.ERROR, logging.WARNING]
+        assert crash.next_start - time.monotonic() > 50
         (state,) = orjson.loads(state_file.read_bytes())["roles"]
-        assert (state["state"], state["last_error"]) == ("failed", why)
+        assert (state["state"], state["crashes"], state["last_error"]) == ("crash-looping", 4, why)
+        assert 50 < state["retry_at"] - time.time() <= 60
+    finally:
+        sup.stop()
+
+
+def test_a_role_that_ran_a_while_before_it_crashed_starts_its_count_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.runtime.supervisor.RESTART_WINDOW_S", 0.5)
+    starts = tmp_path / "starts"
+    crash = Role(
+        "crasher",
+        py(f"import time; open({str(starts)!r}, 'a').write('x'); time.sleep(1); raise SystemExit(1)"),
+    )
+    sup = supervisor(tmp_path, [crash])
+    sup.start()
+    try:
+
+        def started_three_times() -> bool | None:
+            sup.poll()
+            if crash.proc is None:
+                crash.next_start = 0  # skip the backoff wait in this test
+            return (starts.exists() and len(starts.read_text()) >= 3) or None
+
+        wait_for(started_three_times, timeout_s=20, interval_s=0.05, what="two crashes and a third start")
+        assert crash.streak == 1, "each crash came a second after its start, past the window: none in a row"
     finally:
         sup.stop()
 
