@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -122,7 +122,7 @@ def _pump(stream: IO[bytes], prefix: str, log_file: IO[bytes], tail: deque[str])
     log_file.close()
 
 
-def last_error(tail: deque[str] | list[str]) -> str | None:
+def last_error(tail: Sequence[str]) -> str | None:
     """What a crashed role said last: its last non-blank line, stripped and cut to
     :data:`ERROR_CHARS` (a Python traceback ends with the exception and its message)."""
     for line in reversed(tail):
