@@ -380,6 +380,12 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     return outcome(failure, stop, opts.query)
 
 
+#: how many of a query's micro-batch progress reports it keeps (``recentProgress``)
+PROGRESS_KEPT = "spark.sql.streaming.numRecentProgressUpdates"
+#: the skip's own: a report per micro-batch of up to ``maxOffsetsPerTrigger`` records
+SKIP_PROGRESS_KEPT = 1_000_000
+
+
 def skip_unruled(
     spark: SparkSession, settings: Settings, opts: EngineOptions, stop: threading.Event
 ) -> BaseException | None:
@@ -395,12 +401,24 @@ def skip_unruled(
     offsets = checkpoint_dir(settings, opts.query) / "offsets"
     if not offsets.is_dir() or not any(offsets.iterdir()):
         return None
-    query, sink = start(spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True))
+    # the count logged below sums every micro-batch's progress: keep them all (a query keeps
+    # its last 99 by default, 20 million records at 200,000 a batch). The query's thread reads
+    # the setting from the session as it starts running, so it stays set until the query ends
+    # (no other query runs in this driver meanwhile)
+    kept = spark.conf.get(PROGRESS_KEPT, None)
+    spark.conf.set(PROGRESS_KEPT, str(SKIP_PROGRESS_KEPT))
     try:
-        failure = watch(query, stop)
+        query, sink = start(spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True))
+        try:
+            failure = watch(query, stop)
+        finally:
+            _quietly(lambda: stop_between_batches(query))
+            sink.close()
     finally:
-        _quietly(lambda: stop_between_batches(query))
-        sink.close()
+        if kept is None:
+            spark.conf.unset(PROGRESS_KEPT)
+        else:
+            spark.conf.set(PROGRESS_KEPT, kept)
     if failure is None and not stop.is_set():
         skipped = sum(p["numInputRows"] for p in query.recentProgress)
         logger.info(

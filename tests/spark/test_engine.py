@@ -4,6 +4,7 @@ to the worker's, and an idempotent sink."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -143,3 +144,25 @@ def test_a_wrong_app_spark_decode_stops_the_role_before_spark_starts(
     monkeypatch.setenv("APP_SPARK_DECODE", "java")
     with pytest.raises(ConfigError, match="APP_SPARK_DECODE='java'"):
         jobs.engine.run(settings, jobs.engine.EngineOptions(rules=(rules,)), threading.Event())
+
+
+def test_the_skip_of_what_came_while_spark_had_no_rule_counts_every_micro_batch(
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The skip's log line summed the query's recent progress reports, which Spark keeps for
+    the last 99 micro-batches only (here 2): a long skip was logged short."""
+    ruleset = both_engines()
+    lines = nab_lines(80)
+    produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in lines[:50]])
+    run_once(spark, settings, ruleset, per_trigger=1000)  # the checkpoint has read something
+    produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in lines[50:]])
+    spark.conf.set(jobs.engine.PROGRESS_KEPT, "3")
+    caplog.set_level(logging.INFO, logger="jobs.engine")
+    try:
+        opts = jobs.engine.EngineOptions(max_offsets_per_trigger=4)  # 30 records: 8 micro-batches
+        assert jobs.engine.skip_unruled(spark, settings, opts, threading.Event()) is None
+    finally:
+        assert spark.conf.get(jobs.engine.PROGRESS_KEPT) == "3", "the session's setting is left as it was"
+        spark.conf.unset(jobs.engine.PROGRESS_KEPT)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read past")]
+    assert len(said) == 1 and said[0].startswith("read past 30 record(s) that came while"), said
