@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
@@ -206,6 +207,18 @@ async def wait_for_broker(
     return False
 
 
+def transient(exc: BrokerError) -> bool:
+    """Whether asking again may mend ``exc``: a timeout, a connection or socket error, a
+    Kafka error its client marks retriable (a leader moving, a node not ready), or a
+    :class:`BrokerError` of our own with no client error under it (a read that stalled)."""
+    cause = exc.__cause__
+    if cause is None:
+        return True
+    if isinstance(cause, KafkaError):
+        return bool(cause.retriable) or isinstance(cause, KafkaTimeoutError)
+    return isinstance(cause, TimeoutError | OSError)
+
+
 async def until_answered(
     what: str,
     attempt: Callable[[], Awaitable[T]],
@@ -219,13 +232,18 @@ async def until_answered(
     (the metadata and end offsets it starts from) time out when the host is starved, as
     when ``make run`` starts two Spark JVMs beside them on two cores: the role waits and
     asks again, as it waited for the broker, instead of exiting into the supervisor's
-    restart loop, which gives up after a few crashes. One WARNING names ``what`` and the
-    error; the next failures are silent, ``first_s`` apart, doubling up to ``cap_s``."""
+    restart loop. One WARNING names ``what`` and the error; the next failures are silent,
+    ``first_s`` apart, doubling up to ``cap_s``. An error that asking again cannot mend (a
+    refused authorization, an unsupported request: :func:`transient`) is raised: the role
+    exits with it, and the supervisor and the console say so, instead of a role that looks
+    up and waits for ever."""
     began, delay, warned = time.monotonic(), first_s, False
     while not stop.is_set():
         try:
             result = await attempt()
         except BrokerError as exc:
+            if not transient(exc):
+                raise
             if not warned:
                 logger.warning("cannot %s yet (%s); asking again, up to every %g s", what, exc, cap_s)
                 warned = True

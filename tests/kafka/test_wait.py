@@ -9,7 +9,12 @@ import logging
 import threading
 
 import pytest
-from aiokafka.errors import GroupCoordinatorNotAvailableError
+from aiokafka.errors import (
+    GroupCoordinatorNotAvailableError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
+)
 
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
@@ -19,6 +24,7 @@ from app.kafka.wait import (
     RepeatLimiter,
     broker_answers,
     group_coordinator_ready,
+    transient,
     until_answered,
     wait_for_broker,
 )
@@ -179,3 +185,26 @@ def test_a_stop_ends_the_asking_with_none_and_other_errors_pass() -> None:
 
     with pytest.raises(ValueError, match="a bug"):
         asyncio.run(until_answered("ask", broken, asyncio.Event()))
+
+
+def test_an_error_that_asking_again_cannot_mend_is_raised_at_once() -> None:
+    """A refused authorization would be asked again for ever, the role looking up on the
+    console: it is raised, so the role exits with it and the supervisor says why."""
+    calls: list[int] = []
+
+    async def refused() -> int:
+        calls.append(1)
+        try:
+            raise TopicAuthorizationFailedError("alerts")
+        except TopicAuthorizationFailedError as exc:
+            msg = f"cannot read end offsets from h:1: {exc!r}"
+            raise BrokerError(msg) from exc
+
+    with pytest.raises(BrokerError, match="TopicAuthorizationFailedError"):
+        asyncio.run(asyncio.wait_for(until_answered("ask", refused, asyncio.Event(), first_s=0.01), 5))
+    assert calls == [1]
+    for cause in (TimeoutError(), KafkaTimeoutError(), KafkaConnectionError(), ConnectionResetError()):
+        exc = BrokerError("cannot ...")
+        exc.__cause__ = cause
+        assert transient(exc), cause
+    assert transient(BrokerError("no record came for 30 s before the end of alerts:0 at 3 of 9"))
