@@ -219,17 +219,11 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
     Read to the end (:func:`~app.kafka.clients.read_to_end`): a fetch that brought nothing
     for a second once ended the read there, and the backtest ran on a part of the topic as if
     it were all of it."""
-    import asyncio
-
     from aiokafka import AIOKafkaConsumer
 
-    from app.kafka.clients import bootstrap_of, connection, high_watermarks, read_to_end
-    from app.kafka.errors import broker_errors
+    from app.kafka.clients import assign_kept, connection, read_to_end
 
-    tps = [tp for tp, end in (await high_watermarks(bootstrap, topics)).items() if end > 0]
     out: list[tuple[int, str, int, int, bytes]] = []
-    if not tps:
-        return []
     # committed records only, to the consumer's own end offsets: the last stable ones
     consumer = AIOKafkaConsumer(
         **connection(bootstrap), enable_auto_commit=False, isolation_level="read_committed",
@@ -237,12 +231,7 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
     )  # fmt: skip
     await consumer.start()
     try:
-        with broker_errors(f"read end offsets from {bootstrap_of(bootstrap)}"):
-            ends = await asyncio.wait_for(consumer.end_offsets(tps), 10)
-        # the seek right after the assignment: a reset the fetcher starts for a new assignment
-        # (to auto_offset_reset) lands after a seek_to_beginning that an await let in behind it
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        ends = await assign_kept(consumer, bootstrap, topics, {})  # every partition from its start
         async for r in read_to_end(consumer, ends):
             if r.value is not None:
                 out.append((r.timestamp, r.topic, r.partition, r.offset, r.value))

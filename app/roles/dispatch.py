@@ -50,8 +50,7 @@ from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
-from app.kafka.clients import assign_kept, high_watermarks, make_consumer, make_producer, read_to_end
-from app.kafka.errors import broker_errors
+from app.kafka.clients import assign_kept, make_consumer, make_producer, read_to_end
 from app.kafka.wait import until_answered
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
@@ -365,17 +364,11 @@ async def read_topic(settings: Settings, topic: str, stall_s: float = 60.0) -> l
     partition order. Raises :class:`~app.errors.BrokerError` when no record came for
     ``stall_s`` before the end (:func:`~app.kafka.clients.read_to_end`): the read once stopped
     at a 60 s deadline and rebuilt the notification log from what it had, without a word."""
-    tps = [tp for tp, m in (await high_watermarks(settings, [topic])).items() if m]
     out: list[dict[str, Any]] = []
-    if not tps:
-        return out
     consumer = make_consumer(settings)
     try:
         await consumer.start()
-        with broker_errors(f"read the end offsets of {topic}"):
-            ends = await asyncio.wait_for(consumer.end_offsets(tps), stall_s)
-        consumer.assign(tps)  # then the seek at once (app.kafka.clients.assign_kept)
-        await consumer.seek_to_beginning(*tps)
+        ends = await assign_kept(consumer, settings, [topic], {})  # every partition from its start
         async for rec in read_to_end(consumer, ends, stall_s=stall_s, poll_ms=200, max_records=2000):
             with contextlib.suppress(orjson.JSONDecodeError):
                 out.append(orjson.loads(rec.value or b""))
