@@ -35,6 +35,7 @@ seen when it started.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -94,9 +95,20 @@ def kafka_format(env: Mapping[str, str] | None = None) -> str:
     return env_choice(FORMAT_ENV, {CONNECTOR: "Spark's connector", SHORT_NAME: "built in"}, env)
 
 
+#: the sessions ``kafka_py`` is registered in (:func:`register`)
+_REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
 def register(spark: SparkSession) -> None:
-    """Make ``format("kafka_py")`` available in ``spark``. Idempotent."""
-    spark.dataSource.register(KafkaDataSource)
+    """Make ``format("kafka_py")`` available in ``spark``, once per session.
+
+    :func:`read_kafka` calls it when that format is asked for, not every session at its
+    start: the registration sends the pickled source to the JVM, about 1 s of a backtest's
+    start-up on two cores, which a backtest from a file or the archive, or a query on Spark's
+    own connector, never uses."""
+    if spark not in _REGISTERED:
+        spark.dataSource.register(KafkaDataSource)
+        _REGISTERED.add(spark)
 
 
 def read_kafka(
@@ -118,6 +130,8 @@ def read_kafka(
     if not any(k.lower() == ISOLATION for k in opts):
         opts[ISOLATION] = "read_committed"
     kafka_client.check_subscription(KafkaSourceOptions.subscription(opts))
+    if fmt == SHORT_NAME:
+        register(spark)
     reader = spark.readStream if streaming else spark.read
     try:
         return reader.format(fmt).options(**opts).load()

@@ -17,8 +17,10 @@ Decisions, written down once:
   in ``spark.jars``, so nothing is downloaded at run time (no
   ``spark.jars.packages``). Without them a ``kafka`` read is refused with the
   command that fetches them (docs/spark-kafka.md).
-- The project's own Kafka data source (``kafka_py``, the fallback) and the geo
-  UDFs are registered on every session this module builds.
+- The geo UDFs are registered on every session this module builds. The project's own
+  Kafka data source (``kafka_py``, the fallback) is registered by the read that asks for
+  it (:func:`jobs.kafka_source.read_kafka`): about 1 s of start-up that a backtest from a
+  file and a query on Spark's connector never use.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from jobs import connector, kafka_source, local_fs, udfs
+from jobs import connector, local_fs, udfs
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +179,6 @@ def build_session(
     if spark.conf.get(ESCAPED_LITERALS, "false") != "false":
         spark.conf.set(ESCAPED_LITERALS, "false")
     spark.sparkContext.setLogLevel(os.environ.get("APP_SPARK_LOG_LEVEL", "WARN"))
-    kafka_source.register(spark)
     udfs.register(spark)
     logger.info(
         "spark session ready: master %s, %s shuffle partitions, kafka connector %s",
