@@ -100,15 +100,21 @@ SESSION_READY = re.compile(r"^(\S+ \d\d:\d\d:\d\d),(\d{3}) INFO \d+ jobs\.sessio
 STARTS: list[float] = []
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
-    """The command's wall time; a Spark command's time to its session goes to STARTS."""
-    wall, t0 = time.time(), time.monotonic()
+def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` to its end, its output captured; the bench stops with its last errors if it fails."""
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, check=False)
-    took = time.monotonic() - t0
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-4000:])
         msg = f"bench: {' '.join(cmd)} exited {done.returncode}"
         raise SystemExit(msg)
+    return done
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    """The command's wall time; a Spark command's time to its session goes to STARTS."""
+    wall, t0 = time.time(), time.monotonic()
+    done = run(cmd, env)
+    took = time.monotonic() - t0
     summary = [line for line in done.stderr.splitlines() if line.startswith("backtest")]
     print(f"  {summary[-1] if summary else '(no summary)'}")
     ready = [m for line in done.stderr.splitlines() if (m := SESSION_READY.match(line))]
@@ -143,12 +149,7 @@ def kept_jvm_run(commands: list[list[str]], master: str, env: dict[str, str]) ->
     """:func:`kept_jvm` in a process of its own (this bench with ``--kept-jvm-child``)."""
     given = orjson.dumps(commands).decode()
     child = [sys.executable, __file__, "--kept-jvm-child", given, "--master", master]
-    done = subprocess.run(child, env=env, capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        msg = f"bench: the kept JVM's run exited {done.returncode}"
-        raise SystemExit(msg)
-    took: list[float] = orjson.loads(done.stdout.splitlines()[-1])
+    took: list[float] = orjson.loads(run(child, env).stdout.splitlines()[-1])
     return took
 
 
