@@ -15,8 +15,10 @@ and leave in *rounds*: every waiting record up to a cut time, at most about a ba
 taken from each partition in offset order. The time is Kafka's record timestamp (when the
 event reached its topic: the Spark engine merges by the same, ``jobs.state.arrival_order``),
 made non-decreasing along each partition. A record waits while a partition that may still
-bring an earlier one has not: one of the topic's partitions this worker owns whose fetch
-position is behind its end (a caught-up partition brings only newer records). Live, every
+bring an earlier one has not shown a later time: one of the topic's partitions this worker
+owns whose fetch position is behind its end (a caught-up partition brings only newer records).
+Shown a time, a partition may still bring records at that very millisecond, with earlier event
+times (a producer's burst shares its milliseconds): those wait too (2026-11-29). Live, every
 partition is caught up after each fetch, and nothing waits. A record waits at most
 :data:`HOLD_S` (a lagging partition's leader slow to answer, a paused partition), and at most
 :data:`MAX_HELD` records wait per topic, the oldest leaving first.
@@ -29,28 +31,26 @@ them, reads them again.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 #: how long a fetched record waits for a lagging partition, in seconds; checked as each fetch
 #: returns, and Faust's fetch loop returns at least once a second, so a wait ends within 2 s
 HOLD_S = 1.0
 #: most records waiting per topic; past it the oldest leave without waiting
 MAX_HELD = 50_000
-#: records a partition is behind its end for a catch-up (a fetch brings a few thousand)
-BACKLOG_RECORDS = 1_000
-
-
-def split_catch_up(owned: int, total: int, behind: Iterable[int]) -> bool:
-    """Whether this worker catches up a backlog (one of its ``owned`` partitions ``behind`` its
-    end by :data:`BACKLOG_RECORDS` or more) of a source with a regrouped stream while other
-    workers own the rest of its ``total`` partitions. Each worker merges only its own
-    partitions by time and forwards at its own pace, so the regrouped rules then take the
-    workers' forwards out of time order, and lose and invent alerts (docs/rules.md,
-    Partitioning: catch up with one worker, then scale out)."""
-    return 0 < owned < total and any(n >= BACKLOG_RECORDS for n in behind)
+#: the regroup side (:class:`RegroupMerge`): how long a source partition it has had no
+#: progress of, since it began merging, counts as one that may still bring earlier events
+GRACE_S = 2.0
+#: the regroup side: a source partition whose last progress came longer ago than this holds
+#: nothing back (its worker stopped or hangs; a working one sends its progress each round)
+STALE_S = 3.0
+#: the regroup side: the longest a forward waits, whatever the progress says
+REGROUP_HOLD_S = 30.0
 
 
 @dataclass
@@ -114,6 +114,24 @@ class TimeMerge:
         part = self._parts.get(tp)
         return part.records[part.start].offset if part is not None and part.waiting else None
 
+    def floor(self, tp: Hashable) -> int | None:
+        """The least time ``tp`` may still bring: its first waiting record's, else the newest
+        it has fetched (its records are made non-decreasing); None when it fetched none."""
+        part = self._parts.get(tp)
+        if part is not None and part.waiting:
+            return part.times[part.start]
+        return self._last.get(tp)
+
+    def first_waiting_offset(self) -> int | None:
+        """The least offset of any partition's first waiting record (None when none waits)."""
+        return min((p.records[p.start].offset for p in self._parts.values() if p.waiting), default=None)
+
+    def show(self, tp: Hashable, time: int) -> None:
+        """``tp`` has shown ``time``: none of its records still to come is earlier (the regroup
+        side's progress markers, :class:`RegroupMerge`)."""
+        if time > self._last.get(tp, -(2**63)):
+            self._last[tp] = time
+
     def add(self, tp: Hashable, records: list[Any], now: float) -> None:
         """``tp``'s fetched ``records`` (offset order, after those waiting) arrive at ``now``."""
         if not records:
@@ -145,7 +163,10 @@ class TimeMerge:
         parts = {tp: p for tp, p in self._parts.items() if p.waiting and tp not in skip}
         if not parts:
             return []
-        bound = min((self._last.get(tp, -(2**63)) for tp in lagging if tp not in skip), default=None)
+        # a lagging partition may still bring records at the time it has shown (the same
+        # millisecond), with earlier event times: what waits for it is what is not earlier
+        shown = min((self._last.get(tp, -(2**63)) for tp in lagging if tp not in skip), default=None)
+        bound = shown - 1 if shown is not None else None
         limit = bound if bound is not None else 2**63
         # records that waited too long leave, with every earlier one of the other partitions
         for p in parts.values():
@@ -172,3 +193,105 @@ def _cut(heads: list[list[int]], count: int) -> int:
     a round takes every record up to it, so equal times are never split."""
     merged = sorted(t for head in heads for t in head)
     return merged[min(count, len(merged)) - 1]
+
+
+class Forwarded(NamedTuple):
+    """A forward waiting on the regroup side: its source record time (``timestamp``, what
+    :class:`TimeMerge` merges by), its regroup record's offset, its merge order (``"o"``) and
+    its message."""
+
+    timestamp: int
+    offset: int
+    order: tuple[int, ...]
+    msg: dict[str, Any]
+
+
+class RegroupMerge:
+    """One regroup partition's forwards, merged across the source partitions they came from.
+
+    Why. Each worker merges only the source partitions it owns (:class:`TimeMerge`). When
+    several workers catch up a backlog together, each forwards its own partitions' events at
+    its own pace, and a regroup partition took them as they came: the regrouped windows and
+    sequences took one worker's events for late ones beside the other's (8,000 log lines on
+    two workers: 952 transitions where the backtest gives 1,584).
+
+    How. A worker's round ends with a *progress marker* per source partition it owns, sent to
+    every regroup partition behind that round's forwards (``{"m": [partition, time, behind]}``,
+    ``agents.wiring``): the record time its forwards have reached, and whether it may still
+    bring more (behind its end, or records waiting in its :class:`TimeMerge`). Here the
+    forwards wait per source partition, as the source side's records do, and leave in record
+    time order up to the time every source partition that is *lagging* has shown: one whose
+    last marker said behind and came within :data:`STALE_S`, or, for :data:`GRACE_S` after
+    this merge began, one it has heard nothing of. A partition that is caught up holds
+    nothing back, so live nothing waits. A forward waits at most :data:`REGROUP_HOLD_S`, and
+    at most :data:`MAX_HELD` wait, the oldest leaving first. Forwards without a merge order
+    or source offset (an older worker's) go as they came."""
+
+    def __init__(
+        self, sources: int, now: float, *, grace_s: float = GRACE_S, stale_s: float = STALE_S,
+        hold_s: float = REGROUP_HOLD_S, max_held: int = MAX_HELD,
+    ) -> None:  # fmt: skip
+        self.sources = sources
+        self.started = now
+        self.grace_s, self.stale_s = grace_s, stale_s
+        self.merge = TimeMerge(hold_s, max_held)
+        #: per source partition: whether its last marker said it is behind, and when it came
+        self.progress: dict[int, tuple[bool, float]] = {}
+
+    @property
+    def waiting(self) -> int:
+        return self.merge.waiting
+
+    def add(self, records: Iterable[tuple[int, dict[str, Any]]], now: float) -> list[dict[str, Any]]:
+        """A batch of the regroup partition, ``(offset, message)`` in offset order, arrives at
+        ``now``: the markers are taken and the forwards wait. Returns the messages that go as
+        they came (no merge order)."""
+        passing: list[dict[str, Any]] = []
+        runs: dict[int, list[Forwarded]] = {}  # per source partition, its forwards since its marker
+        for offset, msg in records:
+            mark = msg.get("m")
+            if mark is not None:
+                source, shown, behind = mark
+                self._flush(runs, source, now)  # its forwards came before, at their own times
+                self.merge.show(source, shown)
+                self.progress[source] = (bool(behind), now)
+                continue
+            order, sent = msg.get("o"), msg.get("f")
+            if order is None or sent is None:
+                passing.append(msg)
+                continue
+            runs.setdefault(sent[0], []).append(Forwarded(order[0], offset, tuple(order), msg))
+        for source in list(runs):
+            self._flush(runs, source, now)
+        return passing
+
+    def _flush(self, runs: dict[int, list[Forwarded]], source: int, now: float) -> None:
+        run = runs.pop(source, None)
+        if run:
+            self.merge.add(source, run, now)
+
+    def lagging(self, now: float) -> list[int]:
+        """The source partitions that may still bring forwards earlier than those waiting."""
+        out = []
+        for source in range(self.sources):
+            seen = self.progress.get(source)
+            if seen is None:
+                if now - self.started < self.grace_s:
+                    out.append(source)
+            elif seen[0] and now - seen[1] < self.stale_s:
+                out.append(source)
+        return out
+
+    def take(self, budget: int, now: float) -> list[dict[str, Any]]:
+        """Every forward no lagging source partition may still precede, in merge order, in
+        rounds of about ``budget``."""
+        lagging = self.lagging(now)
+        out: list[dict[str, Any]] = []
+        while parts := self.merge.take(budget, lagging, now):
+            out.extend(f.msg for f in heapq.merge(*(run for _, run in parts), key=attrgetter("order")))
+        return out
+
+    def first_offset(self) -> int | None:
+        """The offset of the earliest regroup record still waiting (None: none waits): the
+        commit stops before it, so a crash or a rebalance reads it again."""
+        return self.merge.first_waiting_offset()

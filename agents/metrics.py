@@ -30,13 +30,15 @@ RELOADS = Counter("worker_rule_reloads_total", "Rule reloads", ["outcome"])
 RULES = Gauge("worker_rules", "Rules loaded")
 MERGE_WAITING = Gauge(
     "worker_merge_waiting_records",
-    "Fetched records of a source topic waiting for its lagging partitions (agents.merge)",
+    "Fetched records of a source topic, or forwards of a regroup topic, waiting for the lagging "
+    "source partitions (agents.merge)",
     ["topic"],
 )
 MERGE_FORCED = Counter(
     "worker_merge_forced_total",
-    "Records a source topic's merge let go before its lagging partitions showed their time "
-    "(held 1 s, or past 50,000 waiting): a regrouped stream may meet them out of order",
+    "Records a source topic's merge (or forwards a regroup topic's) let go before the lagging "
+    "partitions showed their time (held 1 s, 30 s on the regroup side, or past 50,000 waiting): "
+    "a regrouped stream may meet them out of order",
     ["topic"],
 )
 REFORWARDED = Counter(

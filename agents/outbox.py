@@ -55,12 +55,18 @@ class Outbox:
         self.failed: BaseException | None = None
         self._crashing: asyncio.Future[Any] | None = None
 
-    async def send_all(self, records: Sequence[tuple[str, bytes, bytes]], source_partition: int = 0) -> None:
-        """Queue ``(topic, key, value)`` records on the partitions the partitioner picks.
+    async def send_all(
+        self,
+        records: Sequence[tuple[str, bytes, bytes]],
+        source_partition: int = 0,
+        placed: Sequence[tuple[str, int, bytes, bytes]] = (),
+    ) -> None:
+        """Queue ``(topic, key, value)`` records on the partitions the partitioner picks, then
+        ``placed`` ones, ``(topic, partition, key, value)``, on their given partitions.
 
         ``source_partition``: the input partition whose batch produced them; under exactly-once
         they go into that partition's transaction."""
-        if not records:
+        if not records and not placed:
             return
         producer = self.producer_for(source_partition)
         partitioner = self.partitioner
@@ -73,6 +79,8 @@ class Outbox:
             self._append(
                 producer, building.setdefault((topic, partitioner(key, found, found)), []), key, value
             )
+        for topic, partition, key, value in placed:
+            self._append(producer, building.setdefault((topic, partition), []), key, value)
         await self._send_built(producer, building)
 
     async def send_placed(self, records: Iterable[tuple[str, int, bytes, bytes | None]]) -> None:

@@ -70,7 +70,7 @@ from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
 from faust.types import TP, ConsumerT, TransportT
 
-from agents.merge import TimeMerge, split_catch_up
+from agents.merge import TimeMerge
 from agents.metrics import MERGE_FORCED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
@@ -150,8 +150,6 @@ class BatchConsumer(Consumer):
         self._batch_acked = {}
         #: per merged topic (:meth:`RulesApp.round_agent`), its fetched records not yet handled
         self._merges: dict[str, TimeMerge] = {}
-        #: merged topics this worker catches up on with only some of their partitions (warned)
-        self._split: set[str] = set()
 
     def _transactions(self) -> PartitionTransactions | None:
         found: PartitionTransactions | None = getattr(self.app, "transactions", None)
@@ -266,8 +264,6 @@ class BatchConsumer(Consumer):
                 skip = [tp for tp in mine if active is not None and tp not in active]
                 wait = hold is not None and hold(topic)
                 lagging = [tp for tp in mine if not self._caught_up(tp)] if wait else []
-                if wait:
-                    self._warn_split(topic, mine, waiting)
                 forced = waiting.forced
                 parts = waiting.take(size, lagging, time.monotonic(), skip)
                 if waiting.forced > forced:
@@ -289,36 +285,6 @@ class BatchConsumer(Consumer):
                 MERGE_WAITING.labels(topic).set(waiting.waiting)
         return rest
 
-    def _warn_split(self, topic: str, mine: list[TP], waiting: TimeMerge) -> None:
-        """Log once per catch-up that this worker catches up ``topic`` with only ``mine`` of its
-        partitions (:func:`agents.merge.split_catch_up`); again at the next one."""
-        behind = [self._behind(tp, waiting.first_offset(tp)) for tp in mine]
-        split = split_catch_up(len(mine), int(self.app.conf.topic_partitions), behind)
-        if split and topic not in self._split:
-            self._split.add(topic)
-            logger.warning(
-                "catching up a backlog of %s with %d of its %d partitions, the others on other "
-                "workers: its rules grouped by another field than the topic key take the workers' "
-                "events out of time order until all have caught up, and may lose and invent alerts "
-                "(catch up with one worker, then scale out: docs/rules.md, Partitioning)",
-                topic, len(mine), self.app.conf.topic_partitions,
-            )  # fmt: skip
-        elif not split:
-            self._split.discard(topic)
-
-    def _behind(self, tp: TP, first_waiting: int | None) -> int:
-        """How many records of ``tp`` are still to be processed: from its first waiting record
-        (else past the last batch processed, else its fetch position) to its end (0: unknown)."""
-        try:
-            state = self._fetch_state(tp)
-        except Exception:  # no consumer or no assignment yet
-            return 0
-        if state is None or not state.has_valid_position:
-            return 0
-        end = _end(state)
-        done = next((o for o in (first_waiting, self._read_offset.get(tp)) if o is not None), state.position)
-        return max(0, end - done) if end is not None else 0
-
     def _fetch_state(self, tp: TP) -> Any:
         """aiokafka's fetch state of ``tp`` (None: unknown there); raises without a consumer."""
         consumer = self._thread._ensure_consumer()  # noqa: SLF001
@@ -337,13 +303,43 @@ class BatchConsumer(Consumer):
         end = _end(state)
         return end is not None and state.position >= end
 
+    def progress(self, topic: str) -> dict[int, tuple[bool, int | None]]:
+        """Per partition of merged ``topic`` this worker owns: whether it may still bring
+        records to its handler (its fetch position behind its end, or records of it waiting
+        in the :class:`TimeMerge`), and the least record time it may still bring
+        (:meth:`TimeMerge.floor`; None: unknown). The rule worker sends them to the regroup
+        side with each round (:class:`agents.merge.RegroupMerge`)."""
+        merge = self._merges.get(topic)
+        out: dict[int, tuple[bool, int | None]] = {}
+        for tp in self.assignment():
+            if tp.topic == topic:
+                waits = merge is not None and merge.first_offset(tp) is not None
+                out[tp.partition] = (waits or not self._caught_up(tp), merge.floor(tp) if merge else None)
+        return out
+
     def _waiting(self) -> bool:
         return any(m.waiting for m in self._merges.values())
 
     def _drop_waiting(self) -> None:
-        """Forget the merged topics' waiting records (they are fetched again after the seek)."""
+        """Forget the records waiting here and in the app's handlers (``drop_held``, the
+        regroup side's): they are fetched again after the seek or the rebalance."""
         for merge in self._merges.values():
             merge.drop()
+        drop: Callable[[], None] | None = getattr(self.app, "drop_held", None)
+        if drop is not None:
+            drop()
+
+    def _held_cap(self, tp: TP, done: int) -> int:
+        """The offset to commit of ``tp``, whose handled batches end at ``done``: before the
+        first record its handler still holds (``held_from``: the regroup side's waiting
+        forwards), so a crash or a rebalance reads that again; ``done`` is kept for a later
+        commit then."""
+        held: Callable[[TP], int | None] | None = getattr(self.app, "held_from", None)
+        first = held(tp) if held is not None else None
+        if first is None or first >= done:
+            return done
+        self._batch_acked[tp] = done
+        return first
 
     def _batch_done(self, tp: TP, after: int) -> None:
         self._read_offset[tp] = after
@@ -351,9 +347,10 @@ class BatchConsumer(Consumer):
         self._batch_acked[tp] = after
 
     def _new_offset(self, tp: TP) -> int | None:
-        """The offset to commit: past the last handled batch for batch-agent partitions."""
+        """The offset to commit: past the last handled batch for batch-agent partitions, but
+        before a record their handler still holds (:meth:`_held_cap`)."""
         done = self._batch_acked.pop(tp, None)
-        return done if done is not None else super()._new_offset(tp)
+        return self._held_cap(tp, done) if done is not None else super()._new_offset(tp)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Commit what was processed before the partitions go (aiokafka's eager protocol
@@ -531,7 +528,7 @@ class BatchConsumer(Consumer):
             assignment = self.assignment()
             offsets: dict[TP, int] = {}
             for tp in list(self._batch_acked):
-                offset = self._batch_acked.pop(tp)
+                offset = self._held_cap(tp, self._batch_acked.pop(tp))
                 committed = self._committed_offset.get(tp)
                 if tp in assignment and (committed is None or offset > committed):
                     offsets[tp] = offset
@@ -762,6 +759,15 @@ class RulesApp(faust.App):
     #: whether a merged topic's records wait for its lagging partitions (:mod:`agents.merge`):
     #: the rule worker's do while the source has a regrouped stream
     hold_for_time: Callable[[str], bool] | None = None
+    #: the offset of a batch topic's partition's first record its handler still holds (None:
+    #: none); the commit stops before it (the rule worker's regroup side, :mod:`agents.merge`)
+    held_from: Callable[[TP], int | None] | None = None
+    #: forget what the handlers hold: it is read again after a seek or a rebalance
+    drop_held: Callable[[], None] | None = None
+
+    def progress(self, topic: str) -> dict[int, tuple[bool, int | None]]:
+        """See :meth:`BatchConsumer.progress`."""
+        return cast("BatchConsumer", self.consumer).progress(topic)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("TableManager", WorkerTableManager)

@@ -59,7 +59,7 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -69,7 +69,17 @@ import orjson
 from faust.types import TP
 from prometheus_client import Counter
 
-from agents.metrics import BATCH_SECONDS, CONSUME_LAG, DLQ_EVENTS, EVENTS, REFORWARDED, RULES
+from agents.merge import RegroupMerge
+from agents.metrics import (
+    BATCH_SECONDS,
+    CONSUME_LAG,
+    DLQ_EVENTS,
+    EVENTS,
+    MERGE_FORCED,
+    MERGE_WAITING,
+    REFORWARDED,
+    RULES,
+)
 from agents.outbox import Outbox, commit_hooks
 from agents.registry import follow_tables
 from agents.runtime import RELOAD_INTERVAL_S, Runtime, initial_rules, maybe_reload
@@ -120,27 +130,40 @@ def faust_credentials(auth: KafkaAuth) -> faust.auth.Credentials | None:
     return None
 
 
-def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str) -> None:
+#: per regroup topic and partition, the forwards waiting there (:class:`RegroupMerge`)
+Held = dict[str, dict[int, RegroupMerge]]
+
+
+def _register_source(
+    app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str, held: Held
+) -> Callable[[], Awaitable[None]]:
+    """Register ``source``'s two agents; return what lets the regroup side's waiting forwards
+    go once their time has come (:class:`RegroupMerge`), for a timer to call."""
     schema = schema_for(source)
     regroup = regroup_topic(source)
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
+    waiting_g, forced_c = MERGE_WAITING.labels(regroup), MERGE_FORCED.labels(regroup)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
     marks: dict[int, tuple[int, int]] = {}
+    #: per source partition, what its last progress marker said (behind) and when (monotonic)
+    told: dict[int, tuple[bool, float]] = {}
+    #: per regroup partition, the forwards waiting for the source partitions' progress
+    waiting = held.setdefault(regroup, {})
 
     async def evaluate(parts: list[tuple[TP, list[Any]]]) -> None:
         """A round of the source topic (:mod:`agents.merge`): per partition, decode and run the
         direct stream; then forward the events to the regroup topic merged by record time,
-        then event time (each partition's in offset order)."""
+        then event time (each partition's in offset order), and the progress of every source
+        partition this worker owns behind them (:func:`progress_markers`)."""
         await rt.tables_ready.wait()
         started = time.perf_counter()
         streams = [s for s in rt.engine.streams.get(source, ()) if s.evaluator.rules]
         direct = next((s for s in streams if s.name == direct_name), None)
         others = [s for s in streams if s is not direct]
         decode = schema.decode
-        ordered = outbox.exactly_once  # the forwards carry their order, sorted again there
         forwards: list[tuple[int, list[Forward]]] = []  # per partition, in offset order
         for tp, records in parts:
             events_c.inc(len(records))
@@ -166,32 +189,50 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
                 if others:
                     arrived, event_time = max(arrived, record.timestamp or 0), max(event_time, ev.ts_ms)
                     order = (arrived, event_time, partition, record.offset)
-                    sent = (partition, record.offset)
+                    body = {"e": ev.fields, "f": (partition, record.offset), "o": order}
                     for s in others:
-                        body = (
-                            {"s": s.name, "e": ev.fields, "f": sent, "o": order}
-                            if ordered
-                            else {"s": s.name, "e": ev.fields, "f": sent}
-                        )
-                        mine.append((order, (regroup, s.key_of(ev), orjson.dumps(body))))
+                        mine.append((order, (regroup, s.key_of(ev), orjson.dumps({"s": s.name, **body}))))
             marks[partition] = (arrived, event_time)
             out = Output()
             if direct is not None:
                 out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
             await outbox.send_all(sends + outbox.records(out, source), partition)
             forwards.append((partition, mine))
-        await forward(outbox, forwards)
+        markers: dict[int, list[Placed]] = {}
+        if others:
+            progress = app.progress(topic_name)
+            markers = progress_markers(
+                regroup, rt.settings.partitions, progress, marks, told, time.monotonic()
+            )
+        await forward(outbox, forwards, markers)
         timer.observe(time.perf_counter() - started)
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
-        """A batch of the regroup topic: each event runs the stream it was re-keyed for, once
-        (:func:`first_forwards`)."""
+        """A batch of the regroup topic: its forwards wait for the source partitions' progress
+        (:class:`RegroupMerge`); those whose time has come run the stream each was re-keyed
+        for, once (:func:`first_forwards`)."""
         await rt.tables_ready.wait()
+        partition, now = tp.partition, time.monotonic()
+        merge = waiting.get(partition)
+        if merge is None:
+            merge = waiting[partition] = RegroupMerge(rt.settings.partitions, now)
+        passing = merge.add([(record.offset, orjson.loads(record.value)) for record in records], now)
+        await run_regrouped(partition, passing + take(merge, now))
+
+    def take(merge: RegroupMerge, now: float) -> list[dict[str, Any]]:
+        forced = merge.merge.forced
+        out = merge.take(app.batch_size, now)
+        if merge.merge.forced > forced:
+            forced_c.inc(merge.merge.forced - forced)
+        waiting_g.set(sum(m.waiting for m in waiting.values()))
+        return out
+
+    async def run_regrouped(partition: int, messages: list[dict[str, Any]]) -> None:
+        if not messages:
+            return
         out = Output()
         started = time.perf_counter()
-        partition = tp.partition
         runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
-        messages = in_forward_order([orjson.loads(record.value) for record in records])
         for msg in first_forwards(regroup_store.store, partition, messages, replayed_c):
             runs.setdefault(msg["s"], []).append(schema.validate(msg["e"]))
         for name, events in runs.items():
@@ -203,37 +244,73 @@ def _register_source(app: RulesApp, rt: Runtime, outbox: Outbox, source: str, to
         timer.observe(time.perf_counter() - started)
         await outbox.send_all(outbox.records(out, source), partition)
 
+    async def release() -> None:
+        """Evaluate the waiting forwards whose time has come with no batch to bring them: a
+        lagging source partition's progress went stale, the grace ended, or one waited too long."""
+        now = time.monotonic()
+        for partition, merge in list(waiting.items()):
+            if merge.waiting:
+                await run_regrouped(partition, take(merge, now))
+
     app.round_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
+    return release
 
 
 #: an event forwarded to a regroup topic: its merge order (record time and event time, each
 #: non-decreasing along its partition, then partition and offset) and its record
 Forward = tuple[tuple[int, int, int, int], tuple[str, bytes, bytes]]
+#: a record for a given partition: topic, partition, key, value
+Placed = tuple[str, int, bytes, bytes]
+#: a source partition that is not behind tells the regroup side so again this often at most
+PROGRESS_REFRESH_S = 1.0
 
 
-async def forward(outbox: Outbox, forwards: list[tuple[int, list[Forward]]]) -> None:
-    """Hand a round's forwarded events to the producer: merged by their order, so a regrouped
-    stream meets them as they happened, whichever source partition each came from (at least
-    once: one producer keeps the order it is given). Exactly-once, each partition's go into
-    its own transaction, whose producers do not keep an order between them: there the
-    forwards carry their order (``"o"``), and the regroup handler sorts each batch by it."""
+def progress_markers(
+    regroup: str, partitions: int, progress: Mapping[int, tuple[bool, int | None]],
+    marks: Mapping[int, tuple[int, int]], told: dict[int, tuple[bool, float]], now: float,
+) -> dict[int, list[Placed]]:  # fmt: skip
+    """Per source partition this worker owns, its progress marker for every regroup partition:
+    ``{"m": [partition, time, behind]}``. ``progress``: whether it may still bring records, and
+    the least record time it may (:meth:`agents.transport.BatchConsumer.progress`); ``time`` is
+    that, or its forwards' record time so far (``marks``) when that is later. A partition that
+    is behind tells it at every round; one that is not, when that changed, or after
+    :data:`PROGRESS_REFRESH_S` (a regroup partition that changed owners has forgotten it).
+    ``told`` keeps what each was told last. The regroup side merges by them
+    (:class:`agents.merge.RegroupMerge`)."""
+    out: dict[int, list[Placed]] = {}
+    for source, (late, floor) in progress.items():
+        last = told.get(source)
+        if not late and last is not None and not last[0] and now - last[1] < PROGRESS_REFRESH_S:
+            continue
+        told[source] = (late, now)
+        shown = max(marks.get(source, (-(2**63), 0))[0], -(2**63) if floor is None else floor)
+        value = orjson.dumps({"m": [source, shown, late]})
+        key = str(source).encode()
+        out[source] = [(regroup, r, key, value) for r in range(partitions)]
+    return out
+
+
+async def forward(
+    outbox: Outbox,
+    forwards: list[tuple[int, list[Forward]]],
+    markers: Mapping[int, list[Placed]] | None = None,
+) -> None:
+    """Hand a round's forwarded events to the producer, then the source partitions' progress
+    ``markers`` behind them: at least once, merged by their order, so a regrouped stream
+    meets them as they happened, whichever source partition each came from (one producer
+    keeps the order it is given). Exactly-once, each partition's go into its own transaction,
+    whose producers keep no order between them, with its own markers behind them: there the
+    regroup side merges them by their order (``"o"``) and the markers (:class:`RegroupMerge`)."""
+    markers = markers or {}
     if outbox.exactly_once:
         for partition, mine in forwards:
-            await outbox.send_all([record for _, record in mine], partition)
+            await outbox.send_all([record for _, record in mine], partition, markers.get(partition, ()))
+        for partition in markers.keys() - {partition for partition, _ in forwards}:
+            await outbox.send_all([], partition, markers[partition])
         return
     merged = heapq.merge(*(mine for _, mine in forwards), key=itemgetter(0))
-    await outbox.send_all([record for _, record in merged])
-
-
-def in_forward_order(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A regroup batch's messages, sorted by the merge order they carry (``"o"``: exactly-once
-    only) when all carry one; as they came otherwise. Exactly-once, each source partition's
-    forwards came in its own transaction, and a commit makes them visible about together: the
-    sort (stable, so each source partition's keep their order) merges what one batch holds."""
-    if len(messages) > 1 and all("o" in m for m in messages):
-        messages.sort(key=itemgetter("o"))
-    return messages
+    await outbox.send_all([record for _, record in merged], placed=[m for ms in markers.values() for m in ms])
 
 
 def first_forwards(
@@ -249,8 +326,8 @@ def first_forwards(
     state store, so the changelog holds it with the states that counted it): a forward at or
     before it is a copy, dropped and counted in ``replayed``. A source partition's forwards
     reach a regroup partition in offset order (one idempotent producer; exactly-once, one
-    transaction each, sorted back by :func:`in_forward_order`). A forward without ``"f"`` (an
-    older worker's) is taken as it is."""
+    transaction each; :class:`RegroupMerge` keeps each source partition's order). A forward
+    without ``"f"`` (an older worker's) is taken as it is."""
     last: dict[tuple[str, int], int] = {}
     dropped = 0
     for msg in messages:
@@ -273,6 +350,18 @@ def first_forwards(
         store.put(forwarded_key(stream, partition, source), {"partition": partition, "offset": offset})
     if dropped:
         replayed.inc(dropped)
+
+
+def held_from(held: Held, tp: TP) -> int | None:
+    """The offset of ``tp``'s first forward still waiting on the regroup side (None: none)."""
+    merge = held.get(tp.topic, {}).get(tp.partition)
+    return merge.first_offset() if merge is not None else None
+
+
+def drop_held(held: Held) -> None:
+    """Forget every forward waiting on the regroup side (read again from the committed offsets)."""
+    for waiting in held.values():
+        waiting.clear()
 
 
 def regroups(rt: Runtime, topic: str) -> bool:
@@ -373,9 +462,11 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     rt.rejected = rejected  # a bad set at start is not parsed again until a file changes
     app.on_partitions_moved = rt.forget
     RULES.set(len(ruleset.rules))
-    for source, topic_name in SOURCE_TOPICS.items():
-        _register_source(app, rt, outbox, source, topic_name)
+    held: Held = {}
+    releases = [_register_source(app, rt, outbox, src, topic, held) for src, topic in SOURCE_TOPICS.items()]
     app.hold_for_time = partial(regroups, rt)
+    app.held_from = partial(held_from, held)
+    app.drop_held = partial(drop_held, held)
     attach_state_server(app, rt)  # interactive queries, when APP_STATE_PORT is set
 
     @app.task
@@ -387,6 +478,12 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     @app.timer(1.0)
     async def _count_rules() -> None:
         rt.count_rules()
+
+    @app.timer(0.5)
+    async def _release_regrouped() -> None:
+        async with app.exclusive():  # as a batch: its states, alerts and offsets together
+            for release in releases:
+                await release()
 
     @app.timer(1.0)
     async def _release_quiet() -> None:

@@ -1,5 +1,6 @@
 """agents.merge: a source topic's partitions merged by record time, waiting for the partitions
-that may still bring earlier records; and the regroup side's order and its drop of replayed forwards."""
+that may still bring earlier records; the regroup side's merge across workers by the source
+partitions' progress, and its drop of replayed forwards."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter
 
-from agents.merge import BACKLOG_RECORDS, TimeMerge, split_catch_up
-from agents.wiring import first_forwards, forward, in_forward_order
+from agents.merge import RegroupMerge, TimeMerge
+from agents.wiring import first_forwards, forward, progress_markers
 from app.rules.evaluator import DictStore
 from app.rules.statekey import forwarded_key
 
@@ -38,20 +39,23 @@ def test_a_round_takes_every_partition_up_to_the_batchs_cut_and_never_splits_a_t
 
 
 def test_records_wait_for_a_lagging_partition_until_it_shows_their_time() -> None:
+    """A lagging partition may still bring records at the time it has shown (the same
+    millisecond, with an earlier event time): only what is earlier leaves."""
     merge = TimeMerge(hold_s=5.0)
     merge.add(P0, recs((0, 100), (1, 200), (2, 300)), now=0.0)
     merge.add(P1, recs((0, 50), (1, 150)), now=0.0)
-    # both lagging: nothing past the earlier of what they have shown (150) leaves
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P0: [0], P1: [0, 1]}
+    # both lagging: nothing from the earlier of what they have shown (150) on leaves
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P0: [0], P1: [0]}
     assert merge.take(100, lagging=(P0, P1), now=0.2) == []
     merge.add(P1, recs((2, 250)), now=0.3)
-    # up to 250: P1 has shown it, and P0 brings nothing before 300
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.3)) == {P0: [1], P1: [2]}
+    # before 250: P1 has shown it, and P0 brings nothing before 300
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.3)) == {P0: [1], P1: [1]}
     merge.add(P1, recs((3, 400)), now=0.4)
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.4)) == {P0: [2]}
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.4)) == {P1: [2]}
     assert merge.take(100, lagging=(P0, P1), now=0.5) == []  # P0 may still bring 300..400
-    # P0 caught up: it brings nothing earlier
-    assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P1: [3]}
+    # P0 caught up: it brings nothing earlier; P1 may still bring more at 400
+    assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P0: [2]}
+    assert taken(merge.take(100, lagging=(), now=0.7)) == {P1: [3]}
     assert merge.forced == 0  # every record left in time order
     assert merge.next_offset(P0) is None
 
@@ -115,8 +119,8 @@ class _Outbox:
         self.exactly_once = transactions is not None
         self.sent: list[tuple[int, list[Any]]] = []
 
-    async def send_all(self, records: list[Any], source_partition: int = 0) -> None:
-        self.sent.append((source_partition, list(records)))
+    async def send_all(self, records: list[Any], source_partition: int = 0, placed: Any = ()) -> None:
+        self.sent.append((source_partition, [*records, *placed]))
 
 
 def test_a_rounds_forwards_go_merged_by_arrival_then_event_time_through_one_producer() -> None:
@@ -134,16 +138,16 @@ def test_a_rounds_forwards_go_merged_by_arrival_then_event_time_through_one_prod
     assert exactly_once.sent == [(0, [a0, a1]), (1, [b0, b1])]
 
 
-def test_a_regroup_batch_is_sorted_by_the_order_its_forwards_carry_when_all_carry_one() -> None:
-    """Exactly-once forwards carry their merge order ("o"); a batch holding two source
-    partitions' transactions one after the other is merged again, each partition's in its order."""
-    p0 = [{"s": "x", "e": {"n": n}, "o": [10 * n, 0, 0, n]} for n in range(3)]
-    p1 = [{"s": "x", "e": {"n": 10 + n}, "o": [10 * n + 5, 0, 1, n]} for n in range(3)]
-    merged = in_forward_order([*p0, *p1])
-    assert [m["e"]["n"] for m in merged] == [0, 10, 1, 11, 2, 12]
-    # at least once, or a batch with an older worker's forwards: as they came
-    plain = [{"s": "x", "e": {"n": 1}}, {"s": "x", "e": {"n": 0}, "o": [0, 0, 0, 0]}]
-    assert in_forward_order(list(plain)) == plain
+def test_the_progress_markers_go_behind_the_forwards_each_in_its_partitions_transaction() -> None:
+    a0 = ("streamalert-rules-logs-regroup", b"a0", b"{}")
+    m0, m1 = (("streamalert-rules-logs-regroup", 0, str(p).encode(), b"m") for p in (0, 1))
+    forwards = [(0, [((5, 100, 0, 0), a0)])]
+    at_least_once = _Outbox(None)
+    asyncio.run(forward(cast("Any", at_least_once), forwards, {0: [m0], 1: [m1]}))
+    assert at_least_once.sent == [(0, [a0, m0, m1])]
+    exactly_once = _Outbox(object())  # partition 1 had no record this round: its marker too
+    asyncio.run(forward(cast("Any", exactly_once), forwards, {0: [m0], 1: [m1]}))
+    assert exactly_once.sent == [(0, [a0, m0]), (1, [m1])]
 
 
 def test_a_regroup_partition_evaluates_each_forwarded_source_offset_once() -> None:
@@ -175,18 +179,112 @@ def test_a_regroup_partition_evaluates_each_forwarded_source_offset_once() -> No
     ]
 
 
-def test_a_catch_up_with_only_some_of_a_sources_partitions_is_told_apart() -> None:
-    """The worker warns when it catches up a backlog of a regrouped source while other workers own
-    some of its partitions (their forwards then meet out of time order): not when it owns them
-    all, owns none, or is within a fetch of the end."""
-    assert split_catch_up(1, 2, [BACKLOG_RECORDS])
-    assert split_catch_up(2, 4, [0, BACKLOG_RECORDS * 20])
-    assert not split_catch_up(2, 2, [BACKLOG_RECORDS * 20])  # one worker merges them all
-    assert not split_catch_up(1, 2, [BACKLOG_RECORDS - 1])  # live: within a fetch of the end
-    assert not split_catch_up(0, 2, [])
-    # where the records still to process start: the first waiting one
+def test_where_the_records_still_to_process_start() -> None:
     merge = TimeMerge()
     merge.add(P0, recs((7, 1), (8, 2)), 0.0)
-    assert (merge.first_offset(P0), merge.first_offset(P1)) == (7, None)
-    merge.take(1, [], 0.0)
-    assert merge.first_offset(P0) == 8
+    merge.add(P1, recs((3, 1)), 0.0)
+    assert (merge.first_offset(P0), merge.first_offset(P1)) == (7, 3)
+    assert merge.first_waiting_offset() == 3
+    merge.take(10, lagging=(), now=0.0)
+    assert merge.first_waiting_offset() is None
+
+
+def fwd(source: int, offset: int, time: int, n: int | None = None) -> dict[str, Any]:
+    """A forward of source partition ``source``'s ``offset``, at record time ``time``."""
+    return {
+        "s": "ip",
+        "e": {"n": offset if n is None else n},
+        "f": [source, offset],
+        "o": [time, time, source, offset],
+    }
+
+
+def mark(source: int, time: int, behind: bool) -> dict[str, Any]:
+    return {"m": [source, time, behind]}
+
+
+def numbered(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    return list(enumerate(messages))
+
+
+def test_the_regroup_side_merges_two_workers_forwards_by_their_partitions_progress() -> None:
+    """Two workers catch up a backlog, one source partition each; worker 0 is ahead. Its
+    forwards wait until partition 1's markers show their time, then leave merged in time order."""
+    merge = RegroupMerge(2, now=0.0)
+    batch = [fwd(0, 0, 10), fwd(0, 1, 20), fwd(0, 2, 30), mark(0, 31, True), fwd(1, 0, 5), mark(1, 5, True)]
+    assert merge.add(numbered(batch), now=0.0) == []
+    # partition 1 has shown 5 only (and may bring more at 5): nothing leaves yet
+    assert merge.take(100, now=0.0) == []
+    assert merge.first_offset() == 0  # the commit stops before the first forward still waiting
+    later = [fwd(1, 1, 15), fwd(1, 2, 25), mark(1, 26, True)]
+    assert merge.add(list(enumerate(later, start=6)), now=0.1) == []
+    assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 0], [0, 0], [1, 1], [0, 1], [1, 2]]
+    assert merge.first_offset() == 2
+    # partition 1 is caught up: it holds nothing back any more
+    merge.add([(9, mark(1, 25, False))], now=0.2)
+    assert [m["f"] for m in merge.take(100, now=0.2)] == [[0, 2]]
+    assert merge.waiting == 0 and merge.first_offset() is None
+
+
+def test_a_partition_heard_of_by_no_marker_holds_back_for_the_grace_only() -> None:
+    merge = RegroupMerge(2, now=0.0, grace_s=2.0)
+    merge.add(numbered([fwd(0, 0, 10), mark(0, 10, False)]), now=0.0)
+    assert merge.take(100, now=1.0) == []  # partition 1 may still be starting
+    assert [m["f"] for m in merge.take(100, now=2.5)] == [[0, 0]]
+
+
+def test_a_lagging_partition_whose_progress_went_stale_holds_nothing_back() -> None:
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=3.0)
+    merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10)]), now=0.0)
+    assert merge.take(100, now=2.0) == []
+    assert [m["f"] for m in merge.take(100, now=3.5)] == [[0, 0]]  # its worker stopped or hangs
+
+
+def test_a_forward_waits_at_most_the_hold_and_an_older_workers_goes_as_it_came() -> None:
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, hold_s=30.0)
+    old = {"s": "ip", "e": {"n": 1}}  # no merge order: an older worker's
+    assert merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10), old]), now=0.0) == [old]
+    assert merge.take(100, now=1.0) == []
+    merge.add([(3, mark(1, 5, True))], now=29.0)  # partition 1 still lagging, still at 5
+    assert merge.take(100, now=29.0) == []
+    assert [m["f"] for m in merge.take(100, now=30.5)] == [[0, 0]]
+    assert merge.merge.forced == 1
+
+
+def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
+    """A worker restarted behind a crash forwards a partition's last events again, from older
+    times, and says so in its markers: what its partition had shown still holds."""
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0)
+    merge.add(numbered([mark(0, 50, True), fwd(1, 0, 40), mark(1, 41, True)]), now=0.0)
+    assert [m["f"] for m in merge.take(100, now=0.0)] == [[1, 0]]
+    merge.add([(3, mark(0, 20, True)), (4, fwd(1, 1, 45)), (5, mark(1, 46, True))], now=0.1)
+    assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 1]]
+
+
+def test_progress_markers_every_round_while_behind_and_on_a_change_or_a_refresh_after() -> None:
+    told: dict[int, tuple[bool, float]] = {}
+    marks = {0: (1_000, 900)}
+    first = progress_markers("r", 2, {0: (True, None), 1: (False, None)}, marks, told, now=0.0)
+    assert sorted(first) == [0, 1]
+    assert first[0] == [("r", 0, b"0", b'{"m":[0,1000,true]}'), ("r", 1, b"0", b'{"m":[0,1000,true]}')]
+    assert first[1][0][3] == b'{"m":[1,-9223372036854775808,false]}'  # nothing forwarded yet
+    # partition 0 still behind: again, at the least time it may still bring when that is later
+    # than its forwards (a record waiting for another partition); partition 1 told already
+    again = progress_markers("r", 2, {0: (True, 1_200), 1: (False, 50)}, marks, told, now=0.5)
+    assert sorted(again) == [0] and again[0][0][3] == b'{"m":[0,1200,true]}'
+    assert sorted(progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=0.6)) == [0]
+    assert progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=0.9) == {}
+    assert sorted(progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=1.7)) == [
+        0,
+        1,
+    ]
+
+
+def test_the_least_time_a_partition_may_still_bring() -> None:
+    merge = TimeMerge()
+    assert merge.floor(P0) is None
+    merge.add(P0, recs((0, 10), (1, 30), (2, 20)), now=0.0)  # times made non-decreasing: 10, 30, 30
+    merge.take(1, lagging=(), now=0.0)
+    assert merge.floor(P0) == 30  # its first waiting record's
+    merge.take(5, lagging=(), now=0.0)
+    assert merge.floor(P0) == 30  # none waits: the newest fetched

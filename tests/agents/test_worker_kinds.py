@@ -244,9 +244,8 @@ def test_a_backlog_regrouped_from_two_partitions_gives_the_backtests_alerts(
 
     Forwarding each fetched partition batch in turn gave 142 to 185 of 233 transitions on the
     first 1,200 lines; merging each fetch but never waiting for a lagging partition gave 5,946
-    of 7,906 on 40,000 (a partition's next fetch went back behind the other's last). Not
-    exactly-once: there the regroup side's sort (``in_forward_order``) merges only what one
-    batch holds, and how much that is depends on the commits' timing (docs/rules.md)."""
+    of 7,906 on 40,000 (a partition's next fetch went back behind the other's last). Two
+    workers, and exactly-once: ``tests/agents/test_worker_group.py``."""
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "regrouped.yaml").write_text(REGROUPED)
