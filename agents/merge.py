@@ -46,8 +46,9 @@ MAX_HELD = 50_000
 #: the regroup side (:class:`RegroupMerge`): how long a source partition it has had no
 #: progress of, since it began merging, counts as one that may still bring earlier events
 GRACE_S = 2.0
-#: the regroup side: a source partition whose last progress came longer ago than this holds
-#: nothing back (its worker stopped or hangs; a working one sends its progress each round)
+#: the regroup side: a source partition whose time has not moved on for this long holds
+#: nothing back (its worker stopped or hangs, or its fetch does: a working one that is behind
+#: sends a later time each round)
 STALE_S = 3.0
 #: the regroup side: the longest a forward waits, whatever the progress says
 REGROUP_HOLD_S = 30.0
@@ -220,10 +221,11 @@ class RegroupMerge:
     ``agents.wiring``): the record time its forwards have reached, and whether it may still
     bring more (behind its end, or records waiting in its :class:`TimeMerge`). Here the
     forwards wait per source partition, as the source side's records do, and leave in record
-    time order up to the time every source partition that is *lagging* has shown: one whose
-    last marker said behind and came within :data:`STALE_S`, or, for :data:`GRACE_S` after
-    this merge began, one it has heard nothing of. A partition that is caught up holds
-    nothing back, so live nothing waits. A forward waits at most :data:`REGROUP_HOLD_S`, and
+    time order before the time every source partition that is *lagging* has shown: one whose
+    last marker said behind and whose time moved on within :data:`STALE_S`, or, for
+    :data:`GRACE_S` after this merge began, one it has heard nothing of. A partition that is
+    caught up holds nothing back, so live nothing waits; nor does one stuck at a time (its
+    worker stopped, hangs, or cannot fetch). A forward waits at most :data:`REGROUP_HOLD_S`, and
     at most :data:`MAX_HELD` wait, the oldest leaving first. Forwards without a merge order
     or source offset (an older worker's) go as they came."""
 
@@ -235,8 +237,9 @@ class RegroupMerge:
         self.started = now
         self.grace_s, self.stale_s = grace_s, stale_s
         self.merge = TimeMerge(hold_s, max_held)
-        #: per source partition: whether its last marker said it is behind, and when it came
-        self.progress: dict[int, tuple[bool, float]] = {}
+        #: per source partition: whether its last marker said it is behind, the time it showed,
+        #: and when that last moved on (or its partition last came to be behind)
+        self.progress: dict[int, tuple[bool, int, float]] = {}
 
     @property
     def waiting(self) -> int:
@@ -254,7 +257,9 @@ class RegroupMerge:
                 source, shown, behind = mark
                 self._flush(runs, source, now)  # its forwards came before, at their own times
                 self.merge.show(source, shown)
-                self.progress[source] = (bool(behind), now)
+                before = self.progress.get(source)
+                since = now if before is None or not before[0] or shown > before[1] else before[2]
+                self.progress[source] = (bool(behind), shown, since)
                 continue
             order, sent = msg.get("o"), msg.get("f")
             if order is None or sent is None:
@@ -278,7 +283,7 @@ class RegroupMerge:
             if seen is None:
                 if now - self.started < self.grace_s:
                     out.append(source)
-            elif seen[0] and now - seen[1] < self.stale_s:
+            elif seen[0] and now - seen[2] < self.stale_s:
                 out.append(source)
         return out
 

@@ -233,15 +233,22 @@ def test_a_partition_heard_of_by_no_marker_holds_back_for_the_grace_only() -> No
     assert [m["f"] for m in merge.take(100, now=2.5)] == [[0, 0]]
 
 
-def test_a_lagging_partition_whose_progress_went_stale_holds_nothing_back() -> None:
+def test_a_lagging_partition_whose_time_stopped_moving_holds_nothing_back() -> None:
+    """Its worker stopped or hangs (no marker), or cannot fetch (the same time again and again)."""
     merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=3.0)
-    merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10)]), now=0.0)
+    merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10), fwd(0, 1, 20)]), now=0.0)
     assert merge.take(100, now=2.0) == []
-    assert [m["f"] for m in merge.take(100, now=3.5)] == [[0, 0]]  # its worker stopped or hangs
+    merge.add([(3, mark(1, 5, True))], now=2.5)  # behind, at the same time
+    assert [m["f"] for m in merge.take(100, now=3.5)] == [[0, 0], [0, 1]]
+    # one whose time moves on holds back as long as it does
+    merge.add([(4, mark(1, 8, True)), (5, fwd(0, 2, 30))], now=4.0)
+    merge.add([(6, mark(1, 12, True))], now=6.5)
+    assert merge.take(100, now=8.0) == []
+    assert [m["f"] for m in merge.take(100, now=9.6)] == [[0, 2]]
 
 
 def test_a_forward_waits_at_most_the_hold_and_an_older_workers_goes_as_it_came() -> None:
-    merge = RegroupMerge(2, now=0.0, grace_s=0.0, hold_s=30.0)
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=100.0, hold_s=30.0)
     old = {"s": "ip", "e": {"n": 1}}  # no merge order: an older worker's
     assert merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10), old]), now=0.0) == [old]
     assert merge.take(100, now=1.0) == []
