@@ -47,9 +47,10 @@ MAX_HELD = 50_000
 #: progress of, since it began merging, counts as one that may still bring earlier events
 GRACE_S = 2.0
 #: the regroup side: a source partition whose time has not moved on for this long holds
-#: nothing back (its worker stopped or hangs, or its fetch does: a working one that is behind
-#: sends a later time each round)
-STALE_S = 3.0
+#: nothing back (its worker hangs, or its fetch does: a working one that is behind sends a
+#: later time each round). Longer than the group's session timeout (10 s): a worker killed in
+#: a catch-up has its partitions taken over, and the waiting forwards read again, before
+STALE_S = 15.0
 #: the regroup side: the longest a forward waits, whatever the progress says
 REGROUP_HOLD_S = 30.0
 
