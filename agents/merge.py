@@ -15,11 +15,9 @@ and leave in *rounds*: every waiting record up to a cut time, at most about a ba
 taken from each partition in offset order. The time is Kafka's record timestamp (when the
 event reached its topic: the Spark engine merges by the same, ``jobs.state.arrival_order``),
 made non-decreasing along each partition. A record waits while a partition that may still
-bring an earlier one has not shown a later time: one of the topic's partitions this worker
-owns whose fetch position is behind its end (a caught-up partition brings only newer records).
-Shown a time, a partition may still bring records at that very millisecond, with earlier event
-times (a producer's burst shares its milliseconds): those wait too (2026-11-29). Live, every
-partition is caught up after each fetch, and nothing waits. A record waits at most
+bring an earlier one has not shown its time: one of the topic's partitions this worker owns
+whose fetch position is behind its end (a caught-up partition brings only newer records). Live,
+every partition is caught up after each fetch, and nothing waits. A record waits at most
 :data:`HOLD_S` (a lagging partition's leader slow to answer, a paused partition), and at most
 :data:`MAX_HELD` records wait per topic, the oldest leaving first.
 
@@ -92,9 +90,12 @@ class _Part:
 class TimeMerge:
     """The waiting records of one topic's partitions (see the module)."""
 
-    def __init__(self, hold_s: float = HOLD_S, max_held: int = MAX_HELD) -> None:
+    def __init__(self, hold_s: float = HOLD_S, max_held: int = MAX_HELD, *, strict: bool = False) -> None:
         self.hold_s = hold_s
         self.max_held = max_held
+        #: whether records at the very time a lagging partition has shown wait too (see
+        #: :meth:`take`): the regroup side's, not the source side's
+        self.strict = strict
         self._parts: dict[Hashable, _Part] = {}
         #: per partition, the newest record time fetched (waiting or gone): what a lagging
         #: partition has shown so far, none earlier is still to come
@@ -165,10 +166,12 @@ class TimeMerge:
         parts = {tp: p for tp, p in self._parts.items() if p.waiting and tp not in skip}
         if not parts:
             return []
-        # a lagging partition may still bring records at the time it has shown (the same
-        # millisecond), with earlier event times: what waits for it is what is not earlier
+        # strict: a lagging partition may still bring records at the time it has shown (the
+        # same millisecond) with earlier event times, so what is not earlier waits for it. The
+        # source side lets that millisecond go: its next fetch rarely brings more of it, and
+        # live, waiting for that fetch cost the alerts of every rule a few ms (docs/worker.md)
         shown = min((self._last.get(tp, -(2**63)) for tp in lagging if tp not in skip), default=None)
-        bound = shown - 1 if shown is not None else None
+        bound = shown - self.strict if shown is not None else None
         limit = bound if bound is not None else 2**63
         # records that waited too long leave, with every earlier one of the other partitions
         for p in parts.values():
@@ -237,7 +240,7 @@ class RegroupMerge:
         self.sources = sources
         self.started = now
         self.grace_s, self.stale_s = grace_s, stale_s
-        self.merge = TimeMerge(hold_s, max_held)
+        self.merge = TimeMerge(hold_s, max_held, strict=True)
         #: per source partition: whether its last marker said it is behind, the time it showed,
         #: and when that last moved on (or its partition last came to be behind)
         self.progress: dict[int, tuple[bool, int, float]] = {}

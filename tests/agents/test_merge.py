@@ -39,25 +39,35 @@ def test_a_round_takes_every_partition_up_to_the_batchs_cut_and_never_splits_a_t
 
 
 def test_records_wait_for_a_lagging_partition_until_it_shows_their_time() -> None:
-    """A lagging partition may still bring records at the time it has shown (the same
-    millisecond, with an earlier event time): only what is earlier leaves."""
     merge = TimeMerge(hold_s=5.0)
     merge.add(P0, recs((0, 100), (1, 200), (2, 300)), now=0.0)
     merge.add(P1, recs((0, 50), (1, 150)), now=0.0)
-    # both lagging: nothing from the earlier of what they have shown (150) on leaves
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P0: [0], P1: [0]}
+    # both lagging: nothing past the earlier of what they have shown (150) leaves
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P0: [0], P1: [0, 1]}
     assert merge.take(100, lagging=(P0, P1), now=0.2) == []
     merge.add(P1, recs((2, 250)), now=0.3)
-    # before 250: P1 has shown it, and P0 brings nothing before 300
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.3)) == {P0: [1], P1: [1]}
+    # up to 250: P1 has shown it, and P0 brings nothing before 300
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.3)) == {P0: [1], P1: [2]}
     merge.add(P1, recs((3, 400)), now=0.4)
-    assert taken(merge.take(100, lagging=(P0, P1), now=0.4)) == {P1: [2]}
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.4)) == {P0: [2]}
     assert merge.take(100, lagging=(P0, P1), now=0.5) == []  # P0 may still bring 300..400
-    # P0 caught up: it brings nothing earlier; P1 may still bring more at 400
-    assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P0: [2]}
-    assert taken(merge.take(100, lagging=(), now=0.7)) == {P1: [3]}
+    # P0 caught up: it brings nothing earlier
+    assert taken(merge.take(100, lagging=(P1,), now=0.6)) == {P1: [3]}
     assert merge.forced == 0  # every record left in time order
     assert merge.next_offset(P0) is None
+
+
+def test_strict_records_at_a_lagging_partitions_shown_time_wait_for_a_later_one() -> None:
+    """The regroup side's merge: a lagging partition may still bring records at the time it has
+    shown (the same millisecond, with an earlier event time), so only what is earlier leaves."""
+    merge = TimeMerge(hold_s=5.0, strict=True)
+    merge.add(P0, recs((0, 100), (1, 200)), now=0.0)
+    merge.add(P1, recs((0, 50), (1, 100)), now=0.0)
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.1)) == {P1: [0]}
+    merge.add(P1, recs((2, 150)), now=0.2)
+    assert taken(merge.take(100, lagging=(P0, P1), now=0.2)) == {P0: [0], P1: [1]}
+    assert taken(merge.take(100, lagging=(), now=0.3)) == {P0: [1], P1: [2]}
+    assert merge.forced == 0
 
 
 def test_a_lagging_partition_that_showed_nothing_holds_the_others_at_most_hold_s() -> None:
