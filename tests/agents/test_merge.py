@@ -8,10 +8,11 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter
 
 from agents.merge import RegroupMerge, TimeMerge
-from agents.wiring import first_forwards, forward, progress_markers
+from agents.wiring import Told, first_forwards, forward, progress_markers
 from app.rules.evaluator import DictStore
 from app.rules.statekey import forwarded_key
 
@@ -279,22 +280,47 @@ def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
 
 
 def test_progress_markers_every_round_while_behind_and_on_a_change_or_a_refresh_after() -> None:
-    told: dict[int, tuple[bool, float]] = {}
+    told = Told()
     marks = {0: (1_000, 900)}
-    first = progress_markers("r", 2, {0: (True, None), 1: (False, None)}, marks, told, now=0.0)
+
+    def markers(progress: dict[int, tuple[bool, int | None]], now: float) -> dict[int, list[Any]]:
+        return progress_markers("r", 2, progress, marks, told, now, one_producer=False)
+
+    first = markers({0: (True, None), 1: (False, None)}, now=0.0)
     assert sorted(first) == [0, 1]
     assert first[0] == [("r", 0, b"0", b'{"m":[0,1000,true]}'), ("r", 1, b"0", b'{"m":[0,1000,true]}')]
     assert first[1][0][3] == b'{"m":[1,-9223372036854775808,false]}'  # nothing forwarded yet
     # partition 0 still behind: again, at the least time it may still bring when that is later
     # than its forwards (a record waiting for another partition); partition 1 told already
-    again = progress_markers("r", 2, {0: (True, 1_200), 1: (False, 50)}, marks, told, now=0.5)
+    again = markers({0: (True, 1_200), 1: (False, 50)}, now=0.5)
     assert sorted(again) == [0] and again[0][0][3] == b'{"m":[0,1200,true]}'
-    assert sorted(progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=0.6)) == [0]
-    assert progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=0.9) == {}
-    assert sorted(progress_markers("r", 2, {0: (False, None), 1: (False, None)}, marks, told, now=1.7)) == [
-        0,
-        1,
-    ]
+    assert sorted(markers({0: (False, None), 1: (False, None)}, now=0.6)) == [0]
+    assert markers({0: (False, None), 1: (False, None)}, now=0.9) == {}
+    assert sorted(markers({0: (False, None), 1: (False, None)}, now=1.7)) == [0, 1]
+
+
+def test_a_sole_owner_with_one_producer_tells_no_partition_behind_once_all_caught_up() -> None:
+    """At least once, a worker that owns every partition forwards in the merged order: once all
+    were caught up together, the regroup side need wait for none of them (a live partition is
+    often behind by a fetch: no markers at every round). Not before: the regroup topic may
+    still hold other workers' forwards to merge. Not with a partition of another worker's, nor
+    exactly-once (a producer per partition)."""
+    told = Told()
+
+    def late(progress: dict[int, bool], one: bool = True, now: float = 0.0) -> dict[int, bool]:
+        out = progress_markers(
+            "r", 2, {p: (b, 5) for p, b in progress.items()}, {}, told, now, one_producer=one
+        )
+        return {p: orjson.loads(ms[0][3])["m"][2] for p, ms in out.items()}
+
+    assert late({0: True, 1: False}) == {0: True, 1: False}  # catching up: told as it is
+    assert late({0: False, 1: False}, now=0.1) == {0: False}  # all caught up: ordered from now on
+    assert late({0: True, 1: True}, now=0.2) == {}  # behind by a fetch: nobody waits, nothing sent
+    assert late({0: True}, now=0.3) == {0: True}  # partition 1 went to another worker
+    assert late({0: True, 1: True}, now=0.4) == {0: True, 1: True}  # back, behind: told again
+    told.sole = False
+    late({0: False, 1: False}, now=5.0)
+    assert late({0: True, 1: True}, one=False, now=5.1) == {0: True, 1: True}  # exactly-once
 
 
 def test_the_least_time_a_partition_may_still_bring() -> None:
