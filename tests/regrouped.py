@@ -7,7 +7,14 @@ partition's events before the other's and lost alerts: the backtest gives 233 tr
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
 import orjson
+
+from app.alerts import Alert
+from app.backtest import BacktestReport, backtest, read_events
+from app.rules.loader import load_rules
 
 #: the rules, for either engine (prefix ``engine: spark`` for Spark)
 REGROUPED = """\
@@ -46,3 +53,18 @@ def regrouped_logs(n: int) -> list[tuple[bytes, bytes]]:
         event = {"host": hosts[i * 5 % 6], "ts": ts, "client_ip": ip, "status": status, "path": "/"}
         out.append((event["host"].encode(), orjson.dumps(event)))
     return out
+
+
+def regrouped_backlog(
+    tmp_path: Path, n: int, partitions: int
+) -> tuple[Path, list[tuple[bytes, bytes]], list[Alert]]:
+    """The rules in ``tmp_path/rules``, ``n`` lines (:func:`regrouped_logs`) and the backtest's
+    alert transitions over them on ``partitions`` partitions."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "regrouped.yaml").write_text(REGROUPED)
+    records = regrouped_logs(n)
+    report = BacktestReport()
+    expected = backtest(load_rules([rules_dir]), read_events([v for _, v in records], "in", report),
+                        io.StringIO(), report, partitions=partitions)  # fmt: skip
+    return rules_dir, records, expected

@@ -5,7 +5,6 @@ ids are the backtest's."""
 
 from __future__ import annotations
 
-import io
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,7 @@ from app.rules.loader import load_rules
 from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
-from tests.regrouped import REGROUPED, regrouped_logs
+from tests.regrouped import regrouped_backlog
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -139,13 +138,7 @@ def test_two_workers_catching_up_a_regrouped_backlog_give_the_backtests_alerts(
     :class:`RegroupMerge`). Before, a regroup partition took the two workers' forwards as they
     came: 952 transitions where the backtest gives 1,584. Exactly-once too, where each source
     partition's forwards come in its own transactions, in no order between them."""
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir()
-    (rules_dir / "regrouped.yaml").write_text(REGROUPED)
-    records = regrouped_logs(8000)
-    report = BacktestReport()
-    expected = backtest(load_rules([rules_dir]), read_events([v for _, v in records], "in", report),
-                        io.StringIO(), report, partitions=PARTITIONS)  # fmt: skip
+    rules_dir, records, expected = regrouped_backlog(tmp_path, 8000, PARTITIONS)
     produce(broker.bootstrap, "events.logs", records)
     env = {**worker_env(broker, tmp_path, rules_dir), "APP_PROCESSING_GUARANTEE": guarantee}
     log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"

@@ -5,7 +5,6 @@ input and partition count."""
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.conftest import APACHE_LOG, require_dataset
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
-from tests.regrouped import REGROUPED, regrouped_logs
+from tests.regrouped import regrouped_backlog
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -246,13 +245,7 @@ def test_a_backlog_regrouped_from_two_partitions_gives_the_backtests_alerts(
     first 1,200 lines; merging each fetch but never waiting for a lagging partition gave 5,946
     of 7,906 on 40,000 (a partition's next fetch went back behind the other's last). Two
     workers, and exactly-once: ``tests/agents/test_worker_group.py``."""
-    rules_dir = tmp_path / "rules"
-    rules_dir.mkdir()
-    (rules_dir / "regrouped.yaml").write_text(REGROUPED)
-    records = regrouped_logs(1200)
-    report = BacktestReport()
-    expected = backtest(load_rules([rules_dir]), read_events([v for _, v in records], "in", report),
-                        io.StringIO(), report, partitions=PARTITIONS)  # fmt: skip
+    rules_dir, records, expected = regrouped_backlog(tmp_path, 1200, PARTITIONS)
     assert len(expected) == 233
     produce(broker.bootstrap, "events.logs", records)
     env = worker_env(broker, tmp_path, rules_dir)
