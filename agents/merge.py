@@ -224,14 +224,15 @@ class RegroupMerge:
 
     How. A worker's round ends with a *progress marker* per source partition it owns, sent to
     every regroup partition behind that round's forwards (``{"m": [partition, time, behind]}``,
-    ``agents.wiring``): the record time its forwards have reached, and whether it may still
+    ``agents.wiring``): the least record time it may still bring, and whether it may still
     bring more (behind its end, or records waiting in its :class:`TimeMerge`). Here the
     forwards wait per source partition, as the source side's records do, and leave in record
     time order before the time every source partition that is *lagging* has shown: one whose
     last marker said behind and whose time moved on within :data:`STALE_S`, or, for
     :data:`GRACE_S` after this merge began, one it has heard nothing of. A partition that is
-    caught up holds nothing back, so live nothing waits; nor does one stuck at a time (its
-    worker stopped, hangs, or cannot fetch). A forward waits at most :data:`REGROUP_HOLD_S`, and
+    caught up holds nothing back (nor, at least once, does a worker that owns every source
+    partition, once caught up: ``agents.wiring.progress_markers``); nor does one stuck at a time
+    (its worker stopped, hangs, or cannot fetch). A forward waits at most :data:`REGROUP_HOLD_S`, and
     at most :data:`MAX_HELD` wait, the oldest leaving first. Forwards without a merge order
     or source offset (an older worker's) go as they came."""
 
@@ -250,6 +251,12 @@ class RegroupMerge:
     @property
     def waiting(self) -> int:
         return self.merge.waiting
+
+    @property
+    def forced(self) -> int:
+        """Forwards let go before the lagging partitions showed their time (held too long, or
+        too many)."""
+        return self.merge.forced
 
     def add(self, records: Iterable[tuple[int, dict[str, Any]]], now: float) -> list[dict[str, Any]]:
         """A batch of the regroup partition, ``(offset, message)`` in offset order, arrives at

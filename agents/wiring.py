@@ -220,10 +220,10 @@ def _register_source(
         await run_regrouped(partition, passing + take(merge, now))
 
     def take(merge: RegroupMerge, now: float) -> list[dict[str, Any]]:
-        forced = merge.merge.forced
+        forced = merge.forced
         out = merge.take(app.batch_size, now)
-        if merge.merge.forced > forced:
-            forced_c.inc(merge.merge.forced - forced)
+        if merge.forced > forced:
+            forced_c.inc(merge.forced - forced)
         waiting_g.set(sum(m.waiting for m in waiting.values()))
         return out
 

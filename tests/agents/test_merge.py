@@ -266,7 +266,7 @@ def test_a_forward_waits_at_most_the_hold_and_an_older_workers_goes_as_it_came()
     merge.add([(3, mark(1, 5, True))], now=29.0)  # partition 1 still lagging, still at 5
     assert merge.take(100, now=29.0) == []
     assert [m["f"] for m in merge.take(100, now=30.5)] == [[0, 0]]
-    assert merge.merge.forced == 1
+    assert merge.forced == 1
 
 
 def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
