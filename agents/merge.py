@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Collection, Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -53,6 +53,17 @@ GRACE_S = 10.0
 STALE_S = 15.0
 #: the regroup side: the longest a forward waits, whatever the progress says
 REGROUP_HOLD_S = 30.0
+#: backpressure (:class:`Pacer`): past this share of a regroup partition's most waiting forwards
+#: (``APP_REGROUP_MAX_WAITING``) forwarded by one worker and still waiting, it pauses its source
+#: partitions that are ahead, until fewer than :data:`RESUME_SHARE` of it wait
+PAUSE_SHARE = 0.4
+RESUME_SHARE = 0.2
+#: a progress marker's ``behind`` for a partition whose fetch is paused (:class:`Pacer`): it is
+#: behind, and its time stands still on purpose, so it does not go stale (an earlier worker
+#: reads it as behind)
+PAUSED = 2
+#: the most round ends :class:`Pacer` remembers per source partition (the oldest are forgotten)
+PACER_ROUNDS = 10_000
 
 
 @dataclass
@@ -118,6 +129,11 @@ class TimeMerge:
         """The offset of ``tp``'s first waiting record (None when none waits)."""
         part = self._parts.get(tp)
         return part.records[part.start].offset if part is not None and part.waiting else None
+
+    def shown(self, tp: Hashable) -> int | None:
+        """The newest time ``tp`` has shown (None: none yet): none of its records still to come
+        is earlier."""
+        return self._last.get(tp)
 
     def floor(self, tp: Hashable) -> int | None:
         """The least time ``tp`` may still bring: its first waiting record's, else the newest
@@ -228,13 +244,16 @@ class RegroupMerge:
     bring more (behind its end, or records waiting in its :class:`TimeMerge`). Here the
     forwards wait per source partition, as the source side's records do, and leave in record
     time order before the time every source partition that is *lagging* has shown: one whose
-    last marker said behind and whose time moved on within :data:`STALE_S`, or, for
+    last marker said behind and whose time moved on within :data:`STALE_S` (or that said
+    :data:`PAUSED` within it), or, for
     :data:`GRACE_S` after this merge began, one it has heard nothing of. A partition that is
     caught up holds nothing back (nor, at least once, does a worker that owns every source
     partition, once caught up: ``agents.wiring.progress_markers``); nor does one stuck at a time
     (its worker stopped, hangs, or cannot fetch). A forward waits at most :data:`REGROUP_HOLD_S`, and
-    at most :data:`MAX_HELD` wait, the oldest leaving first. Forwards without a merge order
-    or source offset (an older worker's) go as they came."""
+    at most ``max_held`` wait (``APP_REGROUP_MAX_WAITING``), the oldest leaving first. Forwards
+    without a merge order or source offset (an older worker's) go as they came.
+
+    Too many waiting: see :class:`Pacer`."""
 
     def __init__(
         self, sources: int, now: float, *, grace_s: float = GRACE_S, stale_s: float = STALE_S,
@@ -271,7 +290,10 @@ class RegroupMerge:
                 self._flush(runs, source, now)  # its forwards came before, at their own times
                 self.merge.show(source, shown)
                 before = self.progress.get(source)
-                since = now if before is None or not before[0] or shown > before[1] else before[2]
+                if before is None or not before[0] or shown > before[1] or behind == PAUSED:
+                    since = now  # its time moved on, or stands still on purpose
+                else:
+                    since = before[2]
                 self.progress[source] = (bool(behind), shown, since)
                 continue
             order, sent = msg.get("o"), msg.get("f")
@@ -300,6 +322,16 @@ class RegroupMerge:
                 out.append(source)
         return out
 
+    def bound(self, now: float, own: Mapping[int, tuple[bool, int]] | None = None) -> int | None:
+        """The least time a lagging source partition has shown: every forward later than it
+        waits (None: none lags; ``-2**63``: one has shown nothing yet, all wait). ``own``: the
+        partitions the caller owns, whether each is behind and its time now, fresher than their
+        markers read here so far."""
+        own = own or {}
+        times = [self.merge.shown(source) for source in self.lagging(now) if source not in own]
+        times += [time for behind, time in own.values() if behind]
+        return min((-(2**63) if t is None else t for t in times), default=None)
+
     def take(self, budget: int, now: float) -> list[dict[str, Any]]:
         """Every forward no lagging source partition may still precede, in merge order, in
         rounds of about ``budget``."""
@@ -313,3 +345,95 @@ class RegroupMerge:
         """The offset of the earliest regroup record still waiting (None: none waits): the
         commit stops before it, so a crash or a rebalance reads it again."""
         return self.merge.first_waiting_offset()
+
+
+class Pacer:
+    """Backpressure: when to pause the fetch of a source's partitions this worker owns.
+
+    Why. A regroup partition holds the forwards of the source partitions that are ahead while
+    a lagging one's worker is slow, or dead until the group gives its partitions to another
+    (the session timeout, 10 s): meanwhile the others race on, and past ``max_held`` the
+    oldest forwards leave out of order. Counting what waits on the regroup side would not do:
+    the dead worker's regroup partitions are read by nobody until the takeover, and then hold
+    everything the others forwarded meanwhile.
+
+    How. The source side counts what it forwarded, per partition and round, by record time
+    (:meth:`sent`). Every forward later than the least time a lagging partition has shown
+    (:meth:`RegroupMerge.bound`, from the markers every regroup partition receives) waits
+    somewhere: in a regroup partition's merge, or in Kafka. From ``pause_at`` of those from
+    this worker's partitions, :meth:`pace` names the partitions that sent them, and the worker
+    pauses their fetch until fewer than ``resume_at`` wait. The partition whose time holds the
+    others back has none later than its own, so it is never paused: its progress always lets
+    the waiting go. A pause ends too when no partition lags any more (one whose time has not
+    moved for :data:`STALE_S` does not)."""
+
+    def __init__(self, max_held: int = MAX_HELD) -> None:
+        self.pause_at, self.resume_at = max(1, int(max_held * PAUSE_SHARE)), int(max_held * RESUME_SHARE)
+        #: per source partition: the record time each round's forwards reached, and how many
+        #: forwards were sent up to it (the count before the first one remembered in ``_base``)
+        self._times: dict[int, list[int]] = {}
+        self._counts: dict[int, list[int]] = {}
+        self._base: dict[int, int] = {}
+        #: past ``pause_at`` waiting, and not yet back under ``resume_at``
+        self.pressing = False
+
+    def sent(self, partition: int, time: int, count: int) -> None:
+        """A round forwarded ``count`` records of ``partition``, up to record time ``time``."""
+        if not count:
+            return
+        times, counts = self._times.setdefault(partition, []), self._counts.setdefault(partition, [])
+        total = counts[-1] if counts else self._base.get(partition, 0)
+        if times and times[-1] >= time:  # the same time again (or a replay's): one entry
+            counts[-1] = total + count
+        else:
+            times.append(time)
+            counts.append(total + count)
+        if len(times) > PACER_ROUNDS:
+            self._base[partition] = counts[0]
+            del times[0], counts[0]
+
+    def waiting(self, bound: int) -> dict[int, int]:
+        """Per source partition, the forwards sent later than ``bound`` (none: not listed)."""
+        out = {}
+        for partition, times in self._times.items():
+            counts, i = self._counts[partition], bisect_right(times, bound)
+            before = counts[i - 1] if i else self._base.get(partition, 0)
+            if counts and counts[-1] > before:
+                out[partition] = counts[-1] - before
+        return out
+
+    def idle(self) -> bool:
+        """Whether :meth:`pace` would name no partition whatever the bound: not pausing, and
+        fewer than ``resume_at`` forwards sent since the last bound paced by (live, nearly
+        always: the bound is then worked out once per ``resume_at`` forwards)."""
+        return not self.pressing and sum(self.waiting(-(2**63)).values()) < self.resume_at
+
+    def pace(self, bound: int | None) -> set[int]:
+        """The source partitions whose fetch should pause, given the least time a lagging
+        partition has shown (None: none lags, and nothing waits for time)."""
+        if bound is None:
+            self.pressing = False
+            return set()
+        self._forget_before(bound)
+        waiting = self.waiting(bound)
+        total = sum(waiting.values())
+        if total >= self.pause_at:
+            self.pressing = True
+        elif total < self.resume_at:
+            self.pressing = False
+        return set(waiting) if self.pressing else set()
+
+    def _forget_before(self, bound: int) -> None:
+        """Forget the rounds that ended at or before ``bound``: their forwards have left. After
+        a rebalance, a new merge's bound may be earlier for a while: they still count as gone."""
+        for partition, times in self._times.items():
+            if i := bisect_right(times, bound):
+                self._base[partition] = self._counts[partition][i - 1]
+                del times[:i], self._counts[partition][:i]
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """``partitions`` left this worker or came to it: their forwards are counted afresh."""
+        for partition in partitions:
+            self._times.pop(partition, None)
+            self._counts.pop(partition, None)
+            self._base.pop(partition, None)

@@ -41,6 +41,12 @@ MERGE_FORCED = Counter(
     "a regrouped stream may meet them out of order",
     ["topic"],
 )
+MERGE_PAUSED = Gauge(
+    "worker_merge_paused_partitions",
+    "Partitions of a source topic whose fetch is paused: too many of their forwards wait on a "
+    "regroup partition for a lagging source partition (agents.merge, APP_REGROUP_MAX_WAITING)",
+    ["topic"],
+)
 REFORWARDED = Counter(
     "worker_regroup_replayed_total",
     "Events a regrouped stream dropped because it had evaluated them already: forwarded again "

@@ -150,6 +150,8 @@ class BatchConsumer(Consumer):
         self._batch_acked = {}
         #: per merged topic (:meth:`RulesApp.round_agent`), its fetched records not yet handled
         self._merges: dict[str, TimeMerge] = {}
+        #: per topic, the partitions :meth:`pace` paused
+        self._paced: dict[str, frozenset[TP]] = {}
 
     def _transactions(self) -> PartitionTransactions | None:
         found: PartitionTransactions | None = getattr(self.app, "transactions", None)
@@ -175,8 +177,13 @@ class BatchConsumer(Consumer):
         """Fetch; hand batch-agent partitions to their handlers, the rest to Faust's streams.
 
         The handlers run inside the fetch's in-flight window, so :meth:`perform_seek`
-        waits for a batch under evaluation before it moves the position.
+        waits for a batch under evaluation before it moves the position. A fetch that waits for
+        the flow to resume (Faust stops it as a rebalance begins, before the revocation) is not
+        under way: counted, it held :meth:`on_partitions_revoked` for its whole drain timeout,
+        after which every partition was restored from the changelogs.
         """
+        if not self.flow_active:
+            await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
         idle = self._idle_event()
         self._fetches_in_flight += 1
         idle.clear()
@@ -317,6 +324,30 @@ class BatchConsumer(Consumer):
                 out[tp.partition] = (waits or not self._caught_up(tp), merge.floor(tp) if merge else None)
         return out
 
+    def pace(self, topic: str, partitions: Collection[int]) -> set[int]:
+        """Pause the fetch of ``topic``'s ``partitions`` this worker owns, and resume those this
+        paused before that are no longer named: the regroup side's backpressure
+        (:class:`agents.merge.Pacer`). Returns the partitions paused so. A seek or a
+        rebalance, which resume every partition, forgets them (:meth:`_drop_waiting`)."""
+        had = self._paced.get(topic, frozenset())
+        if not partitions and not had:
+            return set()
+        want = frozenset(tp for tp in self.assignment() if tp.topic == topic and tp.partition in partitions)
+        if want == had:
+            return {tp.partition for tp in want}
+        if want - had:
+            self.pause_partitions(want - had)
+        if gone := had - want - self._held:  # what a seek under way paused stays so until it ends
+            self.resume_partitions(gone)
+        if want:
+            numbers = sorted(tp.partition for tp in want)
+            logger.info("%s: the fetch of partitions %s paused: too many of their forwards wait on the "
+                        "regroup side for a lagging partition", topic, numbers)  # fmt: skip
+        else:
+            logger.info("%s: the fetch of every partition resumed", topic)
+        self._paced[topic] = want
+        return {tp.partition for tp in want}
+
     def _waiting(self) -> bool:
         return any(m.waiting for m in self._merges.values())
 
@@ -325,6 +356,7 @@ class BatchConsumer(Consumer):
         regroup side's): they are fetched again after the seek or the rebalance."""
         for merge in self._merges.values():
             merge.drop()
+        self._paced.clear()  # no forward waits any more; the seek or the rebalance resumes them
         drop: Callable[[], None] | None = getattr(self.app, "drop_held", None)
         if drop is not None:
             drop()
@@ -768,6 +800,15 @@ class RulesApp(faust.App):
     def progress(self, topic: str) -> dict[int, tuple[bool, int | None]]:
         """See :meth:`BatchConsumer.progress`."""
         return cast("BatchConsumer", self.consumer).progress(topic)
+
+    def flow_stopped(self) -> bool:
+        """Whether a rebalance is under way (the consumer's flow stopped): no batch is handed
+        to the handlers then, and the timers that evaluate wait too."""
+        return not cast("BatchConsumer", self.consumer).flow_active
+
+    def pace(self, topic: str, partitions: Collection[int]) -> set[int]:
+        """See :meth:`BatchConsumer.pace`."""
+        return cast("BatchConsumer", self.consumer).pace(topic, partitions)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("TableManager", WorkerTableManager)

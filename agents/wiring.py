@@ -59,7 +59,7 @@ import asyncio
 import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -70,13 +70,14 @@ import orjson
 from faust.types import TP
 from prometheus_client import Counter
 
-from agents.merge import RegroupMerge
+from agents.merge import PAUSED, Pacer, RegroupMerge
 from agents.metrics import (
     BATCH_SECONDS,
     CONSUME_LAG,
     DLQ_EVENTS,
     EVENTS,
     MERGE_FORCED,
+    MERGE_PAUSED,
     MERGE_WAITING,
     REFORWARDED,
     RULES,
@@ -136,21 +137,26 @@ Held = dict[str, dict[int, RegroupMerge]]
 
 
 def _register_source(
-    app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str, held: Held, told: Told
-) -> Callable[[], Awaitable[None]]:
+    app: RulesApp, rt: Runtime, outbox: Outbox, source: str, topic_name: str, held: Held, told: Told,
+    pacer: Pacer,
+) -> Callable[[], Awaitable[None]]:  # fmt: skip
     """Register ``source``'s two agents; return what lets the regroup side's waiting forwards
-    go once their time has come (:class:`RegroupMerge`), for a timer to call."""
+    go once their time has come (:class:`RegroupMerge`) and tells the progress of the source
+    partitions paused meanwhile (:class:`Pacer`), for a timer to call."""
     schema = schema_for(source)
     regroup = regroup_topic(source)
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
     waiting_g, forced_c = MERGE_WAITING.labels(regroup), MERGE_FORCED.labels(regroup)
+    paused_g = MERGE_PAUSED.labels(topic_name)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
     marks: dict[int, tuple[int, int]] = {}
     #: per regroup partition, the forwards waiting for the source partitions' progress
     waiting = held.setdefault(regroup, {})
+    #: the source partitions whose fetch the pacer paused (see :func:`pace`)
+    paused: set[int] = set()
 
     async def evaluate(parts: list[tuple[TP, list[Any]]]) -> None:
         """A round of the source topic (:mod:`agents.merge`): per partition, decode and run the
@@ -199,13 +205,39 @@ def _register_source(
             forwards.append((partition, mine))
         markers: dict[int, list[Placed]] = {}
         if others:
-            progress = app.progress(topic_name)
-            one = not outbox.exactly_once  # one producer: its forwards keep the merged order
-            markers = progress_markers(
-                regroup, rt.settings.partitions, progress, marks, told, time.monotonic(), one_producer=one
-            )
+            markers = progress(time.monotonic())
         await forward(outbox, forwards, markers)
+        if others:
+            for partition, mine in forwards:
+                pacer.sent(partition, marks[partition][0], len(mine))
+            pace(time.monotonic())
         timer.observe(time.perf_counter() - started)
+
+    def progress(now: float) -> dict[int, list[Placed]]:
+        """The progress markers of the source partitions this worker owns (:func:`progress_markers`)."""
+        one = not outbox.exactly_once  # one producer: its forwards keep the merged order
+        return progress_markers(
+            regroup, rt.settings.partitions, app.progress(topic_name), marks, told, now,
+            one_producer=one, paused=paused,
+        )  # fmt: skip
+
+    def pace(now: float) -> None:
+        """Backpressure (:class:`Pacer`): pause the fetch of the source partitions whose forwards
+        wait for a lagging one, by the least time a lagging one has shown: the others' as this
+        worker's regroup partitions have read it, its own as they are (no regroup partition
+        read yet: every forward waits); resume them once few wait."""
+        chosen: set[int] = set()
+        if not pacer.idle():
+            own = {
+                partition: (behind and not told.sole, shown_time(marks, partition, floor))
+                for partition, (behind, floor) in app.progress(topic_name).items()
+            }
+            bounds = [b for merge in waiting.values() if (b := merge.bound(now, own)) is not None]
+            chosen = pacer.pace(min(bounds, default=None) if waiting else -(2**63))
+        if chosen or paused:
+            paused.clear()
+            paused.update(app.pace(topic_name, chosen))
+            paused_g.set(len(paused))
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
         """A batch of the regroup topic: its forwards wait for the source partitions' progress
@@ -215,7 +247,9 @@ def _register_source(
         partition, now = tp.partition, time.monotonic()
         merge = waiting.get(partition)
         if merge is None:
-            merge = waiting[partition] = RegroupMerge(rt.settings.partitions, now)
+            merge = waiting[partition] = RegroupMerge(
+                rt.settings.partitions, now, max_held=rt.settings.regroup_max_waiting
+            )
         passing = merge.add([(record.offset, orjson.loads(record.value)) for record in records], now)
         await run_regrouped(partition, passing + take(merge, now))
 
@@ -225,6 +259,7 @@ def _register_source(
         if merge.forced > forced:
             forced_c.inc(merge.forced - forced)
         waiting_g.set(sum(m.waiting for m in waiting.values()))
+        pace(now)  # the markers read may have moved the lagging partitions' time
         return out
 
     async def run_regrouped(partition: int, messages: list[dict[str, Any]]) -> None:
@@ -246,11 +281,16 @@ def _register_source(
 
     async def release() -> None:
         """Evaluate the waiting forwards whose time has come with no batch to bring them: a
-        lagging source partition's progress went stale, the grace ended, or one waited too long."""
+        lagging source partition's progress went stale, the grace ended, or one waited too long.
+        Then pace the source partitions, and tell the progress of those paused (no round of
+        theirs does; the regroup side would take them for stale)."""
         now = time.monotonic()
         for partition, merge in list(waiting.items()):
             if merge.waiting:
                 await run_regrouped(partition, take(merge, now))
+        pace(now)
+        if paused:
+            await forward(outbox, [], progress(now))
 
     app.round_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
@@ -280,6 +320,7 @@ class Told:
 def progress_markers(
     regroup: str, partitions: int, progress: Mapping[int, tuple[bool, int | None]],
     marks: Mapping[int, tuple[int, int]], told: Told, now: float, *, one_producer: bool,
+    paused: Collection[int] = (),
 ) -> dict[int, list[Placed]]:  # fmt: skip
     """Per source partition this worker owns, its progress marker for every regroup partition:
     ``{"m": [partition, time, behind]}``. ``progress``: whether it may still bring records, and
@@ -294,7 +335,10 @@ def progress_markers(
     other workers forwarded before is then merged on the regroup side), its partitions are
     told as not behind, and the regroup side waits for none of them. Live, a partition is often
     behind by a fetch, and its markers at every round cost the alerts of every rule about 1 ms
-    at p50 in the latency bench; a single worker now sends none of those."""
+    at p50 in the latency bench; a single worker now sends none of those.
+
+    A partition in ``paused`` (its fetch paused, :class:`agents.merge.Pacer`) is told as
+    :data:`agents.merge.PAUSED`, so the regroup side does not take it for stale."""
     if not one_producer or len(progress) < partitions:
         told.sole = False
     elif not told.sole and not any(late for late, _ in progress.values()):
@@ -306,11 +350,17 @@ def progress_markers(
         if not late and last is not None and not last[0] and now - last[1] < PROGRESS_REFRESH_S:
             continue
         told.last[source] = (late, now)
-        shown = max(marks.get(source, (-(2**63), 0))[0], -(2**63) if floor is None else floor)
-        value = orjson.dumps({"m": [source, shown, late]})
+        shown = shown_time(marks, source, floor)
+        value = orjson.dumps({"m": [source, shown, PAUSED if late and source in paused else late]})
         key = str(source).encode()
         out[source] = [(regroup, r, key, value) for r in range(partitions)]
     return out
+
+
+def shown_time(marks: Mapping[int, tuple[int, int]], partition: int, floor: int | None) -> int:
+    """The time a source partition's progress marker shows: the least record time it may still
+    bring (``floor``), or its forwards' record time so far (``marks``) when that is later."""
+    return max(marks.get(partition, (-(2**63), 0))[0], -(2**63) if floor is None else floor)
 
 
 async def forward(
@@ -374,13 +424,18 @@ def first_forwards(
         replayed.inc(dropped)
 
 
-def partitions_moved(rt: Runtime, told: Iterable[Told], partitions: set[int]) -> None:
-    """Partitions left this worker or came to it: memory drops what it holds of them, and no
+def partitions_moved(
+    rt: Runtime, told: Iterable[Told], pacers: Iterable[Pacer], partitions: set[int]
+) -> None:
+    """Partitions left this worker or came to it: memory drops what it holds of them, no
     source is taken as ordered by this worker alone any more (:func:`progress_markers`):
-    another worker may have forwarded some of its events meanwhile."""
+    another worker may have forwarded some of its events meanwhile, and their forwards are
+    counted afresh (:class:`Pacer`)."""
     rt.forget(partitions)
     for each in told:
         each.sole = False
+    for pacer in pacers:
+        pacer.forget(partitions)
 
 
 def held_from(held: Held, tp: TP) -> int | None:
@@ -495,10 +550,13 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     held: Held = {}
     #: per source, what its progress markers said last (:func:`progress_markers`)
     told = {src: Told() for src in SOURCE_TOPICS}
+    #: per source, when to pause the fetch of its partitions (:class:`Pacer`)
+    pacers = {src: Pacer(settings.regroup_max_waiting) for src in SOURCE_TOPICS}
     releases = [
-        _register_source(app, rt, outbox, src, topic, held, told[src]) for src, topic in SOURCE_TOPICS.items()
+        _register_source(app, rt, outbox, src, topic, held, told[src], pacers[src])
+        for src, topic in SOURCE_TOPICS.items()
     ]
-    app.on_partitions_moved = partial(partitions_moved, rt, told.values())
+    app.on_partitions_moved = partial(partitions_moved, rt, told.values(), pacers.values())
     app.hold_for_time = partial(regroups, rt)
     app.held_from = partial(held_from, held)
     app.drop_held = partial(drop_held, held)
@@ -517,12 +575,16 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     @app.timer(0.5)
     async def _release_regrouped() -> None:
         async with app.exclusive():  # as a batch: its states, alerts and offsets together
+            if app.flow_stopped():  # it drops what waits, to be read again
+                return
             for release in releases:
                 await release()
 
     @app.timer(1.0)
     async def _release_quiet() -> None:
         async with app.exclusive():  # the states it changes and the alerts they raise, together
+            if app.flow_stopped():  # as the batches, wait for it
+                return
             assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
             await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
 

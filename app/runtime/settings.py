@@ -52,6 +52,14 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "thousands; smaller keeps alert latency lower under backlog, larger costs less per event: "
         "500 took 5-20 % more CPU per event than 2,000).",
     ),
+    "APP_REGROUP_MAX_WAITING": (
+        "50000",
+        "Most forwards a regroup partition holds while it merges the source partitions' events "
+        "by time (rules grouped by another field than the topic key, after a backlog or with "
+        "several workers). From 40 % of it the worker pauses the source partitions that race "
+        "ahead, until under 20 %; past it the oldest go on out of order. At least 2 x "
+        "APP_WORKER_BATCH.",
+    ),
     "APP_STATE_RECORD_MAX_BYTES": (
         "998976",
         "Largest rule state (one rule and group, as JSON) the rule worker writes to its changelog; "
@@ -216,6 +224,7 @@ class Settings(BaseModel):
     worker_batch: int
     state_record_max_bytes: int
     idempotence: str
+    regroup_max_waiting: int = 50_000
     processing_guarantee: str
     data_dir: Path
     rules_dir: Path
@@ -281,12 +290,23 @@ class Settings(BaseModel):
             msg = f"APP_LOG_LEVEL={level!r}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
             raise ConfigError(msg)
         allow = tuple(h.strip() for h in _get(env, "APP_WEBHOOK_ALLOW_PRIVATE").split(",") if h.strip())
+        batch, waiting = (
+            _int(env, "APP_WORKER_BATCH", minimum=1),
+            _int(env, "APP_REGROUP_MAX_WAITING", minimum=1),
+        )
+        if waiting < 2 * batch:  # a round forwards up to a batch before its progress markers
+            msg = (
+                f"APP_REGROUP_MAX_WAITING={waiting}: expected at least 2 x APP_WORKER_BATCH ({2 * batch}); "
+                "a regroup partition holds a round's forwards before its markers"
+            )
+            raise ConfigError(msg)
         return cls(
             bootstrap_servers=_get(env, "KAFKA_BOOTSTRAP_SERVERS").strip(),
             partitions=_int(env, "APP_PARTITIONS", minimum=1),
             replication_factor=_int(env, "APP_REPLICATION_FACTOR", minimum=1),
-            worker_batch=_int(env, "APP_WORKER_BATCH", minimum=1),
+            worker_batch=batch,
             state_record_max_bytes=_int(env, "APP_STATE_RECORD_MAX_BYTES", minimum=1024),
+            regroup_max_waiting=waiting,
             idempotence=idem,
             processing_guarantee=guarantee,
             data_dir=_path(env, "APP_DATA_DIR"),

@@ -9,12 +9,15 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from agents.merge import RegroupMerge, TimeMerge
+from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
 from agents.wiring import Told, first_forwards, forward, progress_markers
+from app.errors import ConfigError
 from app.rules.evaluator import DictStore
 from app.rules.statekey import forwarded_key
+from app.runtime.settings import Settings
 
 P0, P1 = ("events.logs", 0), ("events.logs", 1)
 
@@ -210,7 +213,7 @@ def fwd(source: int, offset: int, time: int, n: int | None = None) -> dict[str, 
     }
 
 
-def mark(source: int, time: int, behind: bool) -> dict[str, Any]:
+def mark(source: int, time: int, behind: bool | int) -> dict[str, Any]:
     return {"m": [source, time, behind]}
 
 
@@ -279,6 +282,79 @@ def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
     assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 1]]
 
 
+def test_the_least_time_a_lagging_partition_has_shown_bounds_what_leaves() -> None:
+    merge = RegroupMerge(3, now=0.0, grace_s=5.0)
+    merge.add(numbered([mark(0, 30, True), mark(1, 10, True)]), now=0.0)
+    assert merge.bound(now=0.0) == -(2**63)  # partition 2 may still be starting: all wait for it
+    assert merge.bound(now=6.0) == 10
+    merge.add([(2, mark(1, 40, True))], now=6.1)
+    assert merge.bound(now=6.1) == 30
+    merge.add([(3, mark(0, 41, False)), (4, mark(1, 41, False))], now=6.2)
+    assert merge.bound(now=6.2) is None  # none lags: nothing waits for time
+
+
+def test_a_paused_partition_stays_lagging_while_its_markers_say_so() -> None:
+    """Its time stands still on purpose (:class:`Pacer`): the others' forwards later than it
+    keep waiting for it, as long as its worker keeps telling so; once that stops, it goes stale."""
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=3.0)
+    merge.add(numbered([mark(1, 5, PAUSED), fwd(0, 0, 10)]), now=0.0)
+    for now in (2.0, 4.0, 6.0):
+        merge.add([(int(now), mark(1, 5, PAUSED))], now=now)
+        assert merge.take(100, now=now) == [] and merge.lagging(now) == [1]
+    assert [m["f"] for m in merge.take(100, now=9.5)] == [[0, 0]]
+
+
+def test_the_pacer_pauses_the_partitions_ahead_until_few_of_their_forwards_wait() -> None:
+    """Partition 1 lags (its worker slow, or dead until the group moves its partitions); the
+    forwards of partitions 0 and 2 later than its time wait for it, here or in Kafka. From 40 %
+    of ``max_held`` of them, the pacer names the partitions that sent them, never partition 1;
+    none again once fewer than 20 % wait."""
+    pacer = Pacer(max_held=100)
+    assert (pacer.pause_at, pacer.resume_at) == (40, 20)
+    pacer.sent(1, time=5, count=10)
+    assert pacer.idle()  # 10 forwarded in all: whatever the bound, nothing to pause
+    pacer.sent(0, time=10, count=10)
+    assert not pacer.idle()
+    pacer.sent(0, time=20, count=15)
+    pacer.sent(2, time=8, count=5)
+    assert pacer.waiting(bound=5) == {0: 25, 2: 5}
+    assert pacer.pace(bound=5) == set()  # 30 wait: under 40
+    pacer.sent(0, time=30, count=10)
+    assert pacer.pace(bound=5) == {0, 2}
+    assert pacer.pace(bound=10) == {0}  # 25: still over 20, partition 2's have left
+    assert pacer.pace(bound=20) == set()  # 10
+    assert pacer.idle()  # what came before 20 has left
+    assert pacer.pace(bound=None) == set()
+    # a rebalance's new merge knows no time yet for a while: what was forwarded after the
+    # last bound paced by still waits; what came before it has left
+    pacer.sent(0, time=40, count=50)
+    pacer.sent(1, time=41, count=3)
+    assert pacer.waiting(bound=-(2**63)) == {0: 60, 1: 3}
+    pacer.forget([0])
+    assert pacer.waiting(bound=-(2**63)) == {1: 3}
+
+
+def test_the_pacer_forgets_the_oldest_rounds_past_its_bound() -> None:
+    pacer = Pacer(max_held=100)
+    for t in range(PACER_ROUNDS + 10):
+        pacer.sent(0, time=t, count=1)
+    assert pacer.waiting(bound=-1) == {0: PACER_ROUNDS}  # the oldest ten: too old to tell
+    pacer.sent(0, time=PACER_ROUNDS + 9, count=1)  # the same time again: the same round
+    assert pacer.waiting(bound=PACER_ROUNDS + 8) == {0: 2}
+
+
+def test_the_most_waiting_forwards_is_a_setting_of_at_least_two_batches() -> None:
+    """A round forwards up to a batch of events before its progress markers: a regroup partition
+    that could not hold two would let them go out of order."""
+    assert Settings.from_env({}).regroup_max_waiting == 50_000
+    assert Settings.from_env({"APP_REGROUP_MAX_WAITING": "4000"}).regroup_max_waiting == 4000
+    expected = r"APP_REGROUP_MAX_WAITING=3999: expected at least 2 x APP_WORKER_BATCH \(4000\)"
+    with pytest.raises(ConfigError, match=expected):
+        Settings.from_env({"APP_REGROUP_MAX_WAITING": "3999"})
+    small = Settings.from_env({"APP_REGROUP_MAX_WAITING": "200", "APP_WORKER_BATCH": "100"})
+    assert small.regroup_max_waiting == 200
+
+
 def test_progress_markers_every_round_while_behind_and_on_a_change_or_a_refresh_after() -> None:
     told = Told()
     marks = {0: (1_000, 900)}
@@ -297,6 +373,17 @@ def test_progress_markers_every_round_while_behind_and_on_a_change_or_a_refresh_
     assert sorted(markers({0: (False, None), 1: (False, None)}, now=0.6)) == [0]
     assert markers({0: (False, None), 1: (False, None)}, now=0.9) == {}
     assert sorted(markers({0: (False, None), 1: (False, None)}, now=1.7)) == [0, 1]
+
+
+def test_a_paused_partitions_markers_say_so_at_every_call() -> None:
+    """The worker's timer tells a paused partition's progress, no round of its coming; a
+    partition caught up is not told as paused (nothing of it waits for time)."""
+    told = Told()
+    for now in (0.0, 0.5):
+        out = progress_markers("r", 2, {0: (True, 700), 1: (False, 900)}, {}, told, now,
+                               one_producer=False, paused={0, 1})  # fmt: skip
+        assert out[0][0][3] == b'{"m":[0,700,2]}' and orjson.loads(out[0][0][3])["m"][2] == PAUSED
+    assert out.get(1) is None  # told at 0.0, not behind: not again within the refresh
 
 
 def test_a_sole_owner_with_one_producer_tells_no_partition_behind_once_all_caught_up() -> None:

@@ -5,6 +5,8 @@ ids are the backtest's."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -152,3 +154,35 @@ def test_two_workers_catching_up_a_regrouped_backlog_give_the_backtests_alerts(
     want = Counter(a.rule_id for a in expected)
     assert got == want, f"per rule: {dict(got)}, the backtest's {dict(want)}"
     assert sorted(str(a["alert_id"]) for a in alerts) == sorted(a.alert_id for a in expected)
+
+
+def test_a_worker_stopped_in_a_regrouped_catch_up_has_the_other_wait_for_it(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two workers catch up a regrouped backlog, one source partition each; one is stopped
+    (SIGSTOP) for 5 s, shorter than the group's session timeout, so no rebalance comes. Its
+    partition lags, and the other's forwards wait for it on the regroup side. Before the
+    pacing (``agents.merge.Pacer``) the other raced on, past the most waiting forwards (1,000
+    here) the oldest left out of order, and alerts were lost and invented (in two runs of two
+    on 20,000 lines). Now the other pauses the fetch of its partition instead, and the
+    backtest's alerts come."""
+    rules_dir, records, expected = regrouped_backlog(tmp_path, 40000, PARTITIONS)
+    produce(broker.bootstrap, "events.logs", records)
+    bound = {"APP_WORKER_BATCH": "500", "APP_REGROUP_MAX_WAITING": "1000"}  # pausing from 400
+    env = {**worker_env(broker, tmp_path, rules_dir), **bound}
+    log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+    with (
+        role(["agents", "worker", "-l", "info"], env, log1),
+        role(["agents", "worker", "-l", "info"], env, log2) as stopped,
+    ):
+        wait_for(lambda: ready(log1) and ready(log2), timeout_s=60, what="both workers ready")
+        time.sleep(0.3)
+        os.killpg(stopped.pid, signal.SIGSTOP)
+        try:
+            time.sleep(5)
+        finally:
+            os.killpg(stopped.pid, signal.SIGCONT)
+        alerts = settled_alerts(broker.bootstrap, quiet_s=8, timeout_s=150)
+    assert sorted(str(a["alert_id"]) for a in alerts) == sorted(a.alert_id for a in expected)
+    logs = log1.read_text(errors="replace") + log2.read_text(errors="replace")
+    assert "paused: too many of their forwards wait" in logs
