@@ -177,13 +177,8 @@ class BatchConsumer(Consumer):
         """Fetch; hand batch-agent partitions to their handlers, the rest to Faust's streams.
 
         The handlers run inside the fetch's in-flight window, so :meth:`perform_seek`
-        waits for a batch under evaluation before it moves the position. A fetch that waits for
-        the flow to resume (Faust stops it as a rebalance begins, before the revocation) is not
-        under way: counted, it held :meth:`on_partitions_revoked` for its whole drain timeout,
-        after which every partition was restored from the changelogs.
+        waits for a batch under evaluation before it moves the position.
         """
-        if not self.flow_active:
-            await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
         idle = self._idle_event()
         self._fetches_in_flight += 1
         idle.clear()
