@@ -411,8 +411,9 @@ class Pacer:
     def pace(self, bound: int | None) -> set[int]:
         """The source partitions whose fetch should pause, given the least time a lagging
         partition has shown (None: none lags, and nothing waits for time)."""
-        if bound is None:
+        if bound is None:  # what was sent so far waits for no time: it has left, or leaves now
             self.pressing = False
+            self._forget_before(2**63)  # else, live with nothing lagging, never idle again
             return set()
         self._forget_before(bound)
         waiting = self.waiting(bound)

@@ -324,7 +324,6 @@ def test_the_pacer_pauses_the_partitions_ahead_until_few_of_their_forwards_wait(
     assert pacer.pace(bound=10) == {0}  # 25: still over 20, partition 2's have left
     assert pacer.pace(bound=20) == set()  # 10
     assert pacer.idle()  # what came before 20 has left
-    assert pacer.pace(bound=None) == set()
     # a rebalance's new merge knows no time yet for a while: what was forwarded after the
     # last bound paced by still waits; what came before it has left
     pacer.sent(0, time=40, count=50)
@@ -332,6 +331,11 @@ def test_the_pacer_pauses_the_partitions_ahead_until_few_of_their_forwards_wait(
     assert pacer.waiting(bound=-(2**63)) == {0: 60, 1: 3}
     pacer.forget([0])
     assert pacer.waiting(bound=-(2**63)) == {1: 3}
+    # none lags (a sole owner, live): nothing waits for time, and the pacer is idle again
+    pacer.sent(1, time=42, count=500)
+    assert not pacer.idle()
+    assert pacer.pace(bound=None) == set()
+    assert pacer.waiting(bound=-(2**63)) == {} and pacer.idle()
 
 
 def test_the_pacer_forgets_the_oldest_rounds_past_its_bound() -> None:
