@@ -266,6 +266,10 @@ class RegroupMerge:
         #: per source partition: whether its last marker said it is behind, the time it showed,
         #: and when that last moved on (or its partition last came to be behind)
         self.progress: dict[int, tuple[bool, int, float]] = {}
+        #: per regrouped stream and source partition, the last source offset taken in
+        self._sent: dict[tuple[str, int], int] = {}
+        #: forwards dropped as copies of ones taken in before (see :meth:`add`)
+        self.copies = 0
 
     @property
     def waiting(self) -> int:
@@ -280,7 +284,15 @@ class RegroupMerge:
     def add(self, records: Iterable[tuple[int, dict[str, Any]]], now: float) -> list[dict[str, Any]]:
         """A batch of the regroup partition, ``(offset, message)`` in offset order, arrives at
         ``now``: the markers are taken and the forwards wait. Returns the messages that go as
-        they came (no merge order)."""
+        they came (no merge order).
+
+        A forward at or before the last source offset of its stream and source partition
+        taken in is a copy (a source partition read again from its committed offset, by its
+        new owner after a crash), dropped here rather than held: the worker that took a dead
+        one's partitions over forwarded thousands of them, and held, they counted towards
+        ``max_held``, whose forced release then let forwards go out of order. The copies of
+        forwards taken in before this merge began are dropped at evaluation
+        (``agents.wiring.first_forwards``)."""
         passing: list[dict[str, Any]] = []
         runs: dict[int, list[Forwarded]] = {}  # per source partition, its forwards since its marker
         for offset, msg in records:
@@ -300,6 +312,11 @@ class RegroupMerge:
             if order is None or sent is None:
                 passing.append(msg)
                 continue
+            where = (msg["s"], sent[0])
+            if sent[1] <= self._sent.get(where, -1):
+                self.copies += 1
+                continue
+            self._sent[where] = sent[1]
             runs.setdefault(sent[0], []).append(Forwarded(order[0], offset, tuple(order), msg))
         for source in list(runs):
             self._flush(runs, source, now)

@@ -49,8 +49,8 @@ MERGE_PAUSED = Gauge(
 )
 REFORWARDED = Counter(
     "worker_regroup_replayed_total",
-    "Events a regrouped stream dropped because it had evaluated them already: forwarded again "
-    "when their source batch was read again after a crash (agents.wiring)",
+    "Events a regrouped stream dropped because it had evaluated or taken them in already: "
+    "forwarded again when their source batch was read again after a crash (agents.wiring)",
     ["source"],
 )
 CONSUME_LAG = Histogram(

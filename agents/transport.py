@@ -348,7 +348,21 @@ class BatchConsumer(Consumer):
 
     def _drop_waiting(self) -> None:
         """Forget the records waiting here and in the app's handlers (``drop_held``, the
-        regroup side's): they are fetched again after the seek or the rebalance."""
+        regroup side's): they are fetched again after the seek or the rebalance.
+
+        A partition whose handler held records is taken as handled only up to the first of
+        them: the next commit must not pass them. (Faust's fetch loop seeks back when a fetch
+        returns during a rebalance, and that seek drops what waits before the commit that
+        hands the partitions over. That commit then took the whole batches as handled: the
+        forwards held, never evaluated, were committed past, and lost. 200,000 log lines on
+        two workers, one killed in the catch-up: 403 to 1,055 alert transitions missing in 4
+        runs of 6.)"""
+        held: Callable[[TP], int | None] | None = getattr(self.app, "held_from", None)
+        if held is not None:
+            for tp, done in list(self._batch_acked.items()):
+                first = held(tp)
+                if first is not None and first < done:
+                    self._batch_acked[tp] = first
         for merge in self._merges.values():
             merge.drop()
         self._paced.clear()  # no forward waits any more; the seek or the rebalance resumes them

@@ -250,7 +250,10 @@ def _register_source(
             merge = waiting[partition] = RegroupMerge(
                 rt.settings.partitions, now, max_held=rt.settings.regroup_max_waiting
             )
+        copies = merge.copies
         passing = merge.add([(record.offset, orjson.loads(record.value)) for record in records], now)
+        if merge.copies > copies:
+            replayed_c.inc(merge.copies - copies)
         await run_regrouped(partition, passing + take(merge, now))
 
     def take(merge: RegroupMerge, now: float) -> list[dict[str, Any]]:

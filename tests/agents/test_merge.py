@@ -10,9 +10,11 @@ from typing import Any, cast
 
 import orjson
 import pytest
+from faust.types import TP
 from prometheus_client import CollectorRegistry, Counter
 
 from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
+from agents.transport import BatchConsumer
 from agents.wiring import Told, first_forwards, forward, progress_markers
 from app.errors import ConfigError
 from app.rules.evaluator import DictStore
@@ -280,6 +282,37 @@ def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
     assert [m["f"] for m in merge.take(100, now=0.0)] == [[1, 0]]
     merge.add([(3, mark(0, 20, True)), (4, fwd(1, 1, 45)), (5, mark(1, 46, True))], now=0.1)
     assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 1]]
+
+
+def test_a_copy_of_a_forward_taken_in_already_is_dropped_as_it_arrives() -> None:
+    """Partition 0's worker died; its new owner reads it again from the committed offset and
+    forwards its events again. Held, the copies counted towards ``max_held``, whose forced
+    release then let partition 1's forwards go before partition 0's next ones."""
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, max_held=4)
+    first = [fwd(0, 0, 10), fwd(0, 1, 11), fwd(0, 2, 12), mark(0, 13, True),
+             fwd(1, 0, 20), fwd(1, 1, 21), mark(1, 22, True)]  # fmt: skip
+    merge.add(numbered(first), now=0.0)
+    assert [m["f"] for m in merge.take(100, now=0.0)] == [[0, 0], [0, 1], [0, 2]]
+    again = [fwd(0, 0, 10), fwd(0, 1, 11), fwd(0, 2, 12), fwd(0, 3, 25), mark(0, 26, True)]
+    merge.add(list(enumerate(again, start=7)), now=0.1)
+    assert merge.copies == 3
+    assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 0], [1, 1]]
+    assert merge.forced == 0 and merge.waiting == 1
+
+
+def test_a_commit_never_passes_the_forwards_a_seek_dropped() -> None:
+    """Faust's fetch loop seeks back when a fetch returns during a rebalance, and the seek drops
+    the regroup side's waiting forwards before the commit that hands the partitions over. That
+    commit took the whole batches as handled, and the dropped forwards were lost."""
+    regroup = TP("streamalert-rules-logs-regroup", 0)
+    held = {regroup: 200}  # the first waiting forward's offset; batches handled up to 300
+    consumer = object.__new__(BatchConsumer)  # no Faust app: only the offset bookkeeping
+    consumer.app = SimpleNamespace(held_from=held.get, drop_held=held.clear)
+    consumer._batch_acked, consumer._merges, consumer._paced = {regroup: 300}, {}, {}
+    assert consumer._new_offset(regroup) == 200
+    consumer._drop_waiting()
+    assert not held
+    assert consumer._new_offset(regroup) == 200
 
 
 def test_the_least_time_a_lagging_partition_has_shown_bounds_what_leaves() -> None:
