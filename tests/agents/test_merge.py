@@ -5,6 +5,7 @@ partitions' progress, and its drop of replayed forwards."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -13,6 +14,7 @@ import pytest
 from faust.types import TP
 from prometheus_client import CollectorRegistry, Counter
 
+from agents import transport
 from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
 from agents.transport import BatchConsumer
 from agents.wiring import Told, first_forwards, forward, progress_markers
@@ -313,6 +315,33 @@ def test_a_commit_never_passes_the_forwards_a_seek_dropped() -> None:
     consumer._drop_waiting()
     assert not held
     assert consumer._new_offset(regroup) == 200
+
+
+def test_the_pauses_and_resumes_reach_the_log_at_info_once_in_ten_seconds(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A catch-up paused and resumed a partition every 40 ms: an INFO line each time."""
+    source = TP("events.logs", 0)
+    clock = [100.0]
+    monkeypatch.setattr(transport.time, "monotonic", lambda: clock[0])
+    consumer = object.__new__(BatchConsumer)
+    consumer._paced, consumer._pace_logged, consumer._held = {}, {}, frozenset()
+    monkeypatch.setattr(consumer, "assignment", lambda: {source}, raising=False)
+    monkeypatch.setattr(consumer, "pause_partitions", lambda tps: None, raising=False)
+    monkeypatch.setattr(consumer, "resume_partitions", lambda tps: None, raising=False)
+    caplog.set_level(logging.DEBUG, logger=transport.logger.name)
+    for _ in range(10):
+        assert consumer.pace("events.logs", [0]) == {0}
+        assert consumer.pace("events.logs", []) == set()
+        clock[0] += 0.04
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert info == ["events.logs: the fetch of partitions [0] paused: too many of their forwards wait "
+                    "on the regroup side for a lagging partition"]  # fmt: skip
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 19
+    clock[0] += transport.PACE_LOG_S
+    consumer.pace("events.logs", [0])
+    assert caplog.records[-1].levelno == logging.INFO
+    assert caplog.records[-1].getMessage().endswith("(19 more pauses and resumes since the last such line)")
 
 
 def test_the_least_time_a_lagging_partition_has_shown_bounds_what_leaves() -> None:
