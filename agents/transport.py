@@ -189,6 +189,8 @@ class BatchConsumer(Consumer):
         under way: counted, it held :meth:`on_partitions_revoked` for its whole drain timeout,
         after which every partition was restored from the changelogs.
         """
+        if not self.flow_active:
+            await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
         idle = self._idle_event()
         self._fetches_in_flight += 1
         idle.clear()
@@ -617,6 +619,24 @@ class BatchConsumer(Consumer):
         transactions = self._transactions()
         if transactions is not None:
             await transactions.close()
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Seek every partition to its committed offset; one with none, or 0, to its start.
+
+        aiokafka seeks only to a committed offset above 0: a partition with none kept its
+        position. Records fetched and dropped before the seek (a batch fetched while the flow
+        was stopped, or the records waiting in a merge) were then never read again: a worker
+        that took over a dead one's source partition, never committed, lost the first 9,856
+        records it had fetched during the rebalance. The table changelogs' positions are
+        Faust's recovery's, not touched here."""
+        committed = await super().seek_to_committed()
+        fresh = [tp for tp, offset in committed.items() if not offset and not self._is_changelog_tp(tp)]
+        for tp in fresh:
+            if committed[tp] == 0:
+                await self._seek(tp, 0)
+        if unset := [tp for tp in fresh if committed[tp] is None]:
+            await self._thread.seek_to_beginning(*unset)
+        return committed
 
     async def perform_seek(self) -> None:
         """Seek to the committed offsets, stream partitions paused until flow control resumes.

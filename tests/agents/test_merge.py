@@ -317,6 +317,32 @@ def test_a_commit_never_passes_the_forwards_a_seek_dropped() -> None:
     assert consumer._new_offset(regroup) == 200
 
 
+def test_a_seek_takes_a_partition_never_committed_back_to_its_start() -> None:
+    """aiokafka's ``seek_to_committed`` seeks only to a committed offset above 0: a partition
+    with none kept its position, and the records fetched and dropped before the seek were never
+    read again (a worker that took over a dead one's never-committed partition lost them)."""
+    never, zero, some = TP("events.logs", 1), TP("events.logs", 0), TP("events.sensors", 0)
+    changelog = TP("streamalert-rules-rule-state-logs-changelog", 1)
+    calls: list[tuple[str, Any]] = []
+
+    class Thread:
+        async def seek_to_committed(self) -> dict[TP, int | None]:
+            return {never: None, zero: 0, some: 5, changelog: None}
+
+        async def seek_to_beginning(self, *tps: TP) -> None:
+            calls.append(("beginning", set(tps)))
+
+        def seek(self, tp: TP, offset: int) -> None:
+            calls.append(("seek", (tp, offset)))
+
+    consumer = object.__new__(BatchConsumer)
+    consumer._thread = Thread()
+    consumer.app = SimpleNamespace(tables=SimpleNamespace(changelog_topics={changelog.topic}))
+    committed = asyncio.run(consumer.seek_to_committed())
+    assert committed == {never: None, zero: 0, some: 5, changelog: None}
+    assert calls == [("seek", (zero, 0)), ("beginning", {never})]
+
+
 def test_the_pauses_and_resumes_reach_the_log_at_info_once_in_ten_seconds(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
