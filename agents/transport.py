@@ -350,6 +350,11 @@ class BatchConsumer(Consumer):
         self._paced[topic] = want
         return {tp.partition for tp in want}
 
+    def paced(self, topic: str) -> frozenset[int]:
+        """The partitions of ``topic`` whose fetch :meth:`pace` paused, and no seek or
+        rebalance has resumed since."""
+        return frozenset(tp.partition for tp in self._paced.get(topic, ()))
+
     def _log_pace(self, topic: str, paused: Collection[TP]) -> None:
         """Log a change of :meth:`pace`: at INFO once per :data:`PACE_LOG_S` per topic, with
         the count of changes logged at DEBUG since."""
@@ -862,6 +867,10 @@ class RulesApp(faust.App):
     def pace(self, topic: str, partitions: Collection[int]) -> set[int]:
         """See :meth:`BatchConsumer.pace`."""
         return cast("BatchConsumer", self.consumer).pace(topic, partitions)
+
+    def paced(self, topic: str) -> frozenset[int]:
+        """See :meth:`BatchConsumer.paced`."""
+        return cast("BatchConsumer", self.consumer).paced(topic)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("TableManager", WorkerTableManager)

@@ -155,8 +155,6 @@ def _register_source(
     marks: dict[int, tuple[int, int]] = {}
     #: per regroup partition, the forwards waiting for the source partitions' progress
     waiting = held.setdefault(regroup, {})
-    #: the source partitions whose fetch the pacer paused (see :func:`pace`)
-    paused: set[int] = set()
 
     async def evaluate(parts: list[tuple[TP, list[Any]]]) -> None:
         """A round of the source topic (:mod:`agents.merge`): per partition, decode and run the
@@ -218,7 +216,7 @@ def _register_source(
         one = not outbox.exactly_once  # one producer: its forwards keep the merged order
         return progress_markers(
             regroup, rt.settings.partitions, app.progress(topic_name), marks, told, now,
-            one_producer=one, paused=paused,
+            one_producer=one, paused=app.paced(topic_name),
         )  # fmt: skip
 
     def pace(now: float) -> None:
@@ -234,10 +232,10 @@ def _register_source(
             }
             bounds = [b for merge in waiting.values() if (b := merge.bound(now, own)) is not None]
             chosen = pacer.pace(min(bounds, default=None) if waiting else -(2**63))
+        paused: Collection[int] = app.paced(topic_name)  # the consumer's: a rebalance clears it
         if chosen or paused:
-            paused.clear()
-            paused.update(app.pace(topic_name, chosen))
-            paused_g.set(len(paused))
+            paused = app.pace(topic_name, chosen)
+        paused_g.set(len(paused))
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
         """A batch of the regroup topic: its forwards wait for the source partitions' progress
@@ -292,7 +290,7 @@ def _register_source(
             if merge.waiting:
                 await run_regrouped(partition, take(merge, now))
         pace(now)
-        if paused:
+        if app.paced(topic_name):
             await forward(outbox, [], progress(now))
 
     app.round_agent(topic_name)(evaluate)

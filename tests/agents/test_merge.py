@@ -310,11 +310,14 @@ def test_a_commit_never_passes_the_forwards_a_seek_dropped() -> None:
     held = {regroup: 200}  # the first waiting forward's offset; batches handled up to 300
     consumer = object.__new__(BatchConsumer)  # no Faust app: only the offset bookkeeping
     consumer.app = SimpleNamespace(held_from=held.get, drop_held=held.clear)
-    consumer._batch_acked, consumer._merges, consumer._paced = {regroup: 300}, {}, {}
+    paced = {"events.logs": frozenset({TP("events.logs", 1)})}  # the pacer paused partition 1
+    consumer._batch_acked, consumer._merges, consumer._paced = {regroup: 300}, {}, paced
     assert consumer._new_offset(regroup) == 200
+    assert consumer.paced("events.logs") == {1}
     consumer._drop_waiting()
     assert not held
     assert consumer._new_offset(regroup) == 200
+    assert consumer.paced("events.logs") == set()  # the seek or the rebalance resumes them all
 
 
 def test_a_seek_takes_a_partition_never_committed_back_to_its_start() -> None:
@@ -366,6 +369,7 @@ def test_the_pauses_and_resumes_reach_the_log_at_info_once_in_ten_seconds(
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 19
     clock[0] += transport.PACE_LOG_S
     consumer.pace("events.logs", [0])
+    assert consumer.paced("events.logs") == {0}
     assert caplog.records[-1].levelno == logging.INFO
     assert caplog.records[-1].getMessage().endswith("(19 more pauses and resumes since the last such line)")
 
