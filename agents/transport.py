@@ -72,7 +72,7 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, P
 from faust.types import TP, ConsumerT, TransportT
 
 from agents.merge import TimeMerge
-from agents.metrics import MERGE_FORCED, MERGE_WAITING
+from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, TrackingProducer, connection
@@ -348,6 +348,7 @@ class BatchConsumer(Consumer):
             self.resume_partitions(gone)
         self._log_pace(topic, want)
         self._paced[topic] = want
+        MERGE_PAUSED.labels(topic).set(len(want))
         return {tp.partition for tp in want}
 
     def paced(self, topic: str) -> frozenset[int]:
@@ -396,7 +397,9 @@ class BatchConsumer(Consumer):
                     self._batch_acked[tp] = first
         for merge in self._merges.values():
             merge.drop()
-        self._paced.clear()  # no forward waits any more; the seek or the rebalance resumes them
+        for topic in self._paced:  # no forward waits any more; the seek or the rebalance resumes them
+            MERGE_PAUSED.labels(topic).set(0)
+        self._paced.clear()
         drop: Callable[[], None] | None = getattr(self.app, "drop_held", None)
         if drop is not None:
             drop()

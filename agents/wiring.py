@@ -77,7 +77,6 @@ from agents.metrics import (
     DLQ_EVENTS,
     EVENTS,
     MERGE_FORCED,
-    MERGE_PAUSED,
     MERGE_WAITING,
     REFORWARDED,
     RULES,
@@ -149,7 +148,6 @@ def _register_source(
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
     waiting_g, forced_c = MERGE_WAITING.labels(regroup), MERGE_FORCED.labels(regroup)
-    paused_g = MERGE_PAUSED.labels(topic_name)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
     marks: dict[int, tuple[int, int]] = {}
@@ -232,10 +230,7 @@ def _register_source(
             }
             bounds = [b for merge in waiting.values() if (b := merge.bound(now, own)) is not None]
             chosen = pacer.pace(min(bounds, default=None) if waiting else -(2**63))
-        paused: Collection[int] = app.paced(topic_name)  # the consumer's: a rebalance clears it
-        if chosen or paused:
-            paused = app.pace(topic_name, chosen)
-        paused_g.set(len(paused))
+        app.pace(topic_name, chosen)  # nothing to do when none is or was paused
 
     async def evaluate_regrouped(tp: TP, records: list[Any]) -> None:
         """A batch of the regroup topic: its forwards wait for the source partitions' progress

@@ -12,7 +12,7 @@ from typing import Any, cast
 import orjson
 import pytest
 from faust.types import TP
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from agents import transport
 from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
@@ -318,6 +318,7 @@ def test_a_commit_never_passes_the_forwards_a_seek_dropped() -> None:
     assert not held
     assert consumer._new_offset(regroup) == 200
     assert consumer.paced("events.logs") == set()  # the seek or the rebalance resumes them all
+    assert REGISTRY.get_sample_value("worker_merge_paused_partitions", {"topic": "events.logs"}) == 0
 
 
 def test_a_seek_takes_a_partition_never_committed_back_to_its_start() -> None:
@@ -370,6 +371,7 @@ def test_the_pauses_and_resumes_reach_the_log_at_info_once_in_ten_seconds(
     clock[0] += transport.PACE_LOG_S
     consumer.pace("events.logs", [0])
     assert consumer.paced("events.logs") == {0}
+    assert REGISTRY.get_sample_value("worker_merge_paused_partitions", {"topic": "events.logs"}) == 1
     assert caplog.records[-1].levelno == logging.INFO
     assert caplog.records[-1].getMessage().endswith("(19 more pauses and resumes since the last such line)")
 
