@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from app.errors import IngestDecodeError
 from app.events import parse_ts
 from ingest.model import IngestArgError
+from ingest.pacing import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,23 @@ def timestamp_ms(text: str) -> int:
         return parse_ts(text, "--start")
     except IngestDecodeError as exc:
         raise argparse.ArgumentTypeError(exc.reason) from None
+
+
+def shared_clock(text: str) -> Clock:
+    """``--clock WALL@TIME``: the schedule several producers share (``ingest.pacing.Clock``)."""
+    try:
+        return Clock.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except IngestDecodeError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from None
+
+
+CLOCK_HELP = (
+    "pace on a schedule shared with other producers: event time TIME is due at Unix time WALL "
+    "(e.g. 1764432000@2013-12-10T12:00:00Z), so producers given the same clock publish on one "
+    "event-time axis whenever each starts; events already due go at once, holes are not shortened"
+)
 
 
 def now_ms() -> int:

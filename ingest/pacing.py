@@ -10,40 +10,88 @@ so the late rows of a series burst out as they would from a real device.
 A single wait never exceeds ``max_sleep_s`` (default 5 s): a 30-hour hole in the
 data at speed-up 100 would otherwise stall a demo for 18 minutes. After a capped
 wait the schedule is re-anchored there, i.e. the hole is shortened, not replayed.
+
+:class:`Clock` is a schedule shared by several producers (``--clock``): event time
+``event_ms`` is due at Unix time ``wall_s`` for each of them, so they publish on one
+event-time axis, whenever each started. Self-anchored, two producers of one topic
+started a few seconds apart run that far apart for good (3 s at speed-up 3000 is
+2.5 hours of event time), and the later one's devices look silent to the partition
+clock the earlier one drives. On a shared clock a hole is waited out, not shortened
+(shortening it would move that producer off the axis), and events already due go
+at once.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-from app.events import Event, format_ts
+from app.events import Event, format_ts, parse_ts
 
 logger = logging.getLogger(__name__)
 
 MAX_SLEEP_S = 5.0
 
 
-class Pacer:
-    """Says how long to wait before publishing each event. Not thread-safe."""
+@dataclass(frozen=True)
+class Clock:
+    """A shared schedule: event time ``event_ms`` is due at Unix time ``wall_s``."""
 
-    def __init__(self, speedup: float, max_sleep_s: float = MAX_SLEEP_S) -> None:
+    wall_s: float
+    event_ms: int
+
+    @classmethod
+    def parse(cls, text: str) -> Clock:
+        """``WALL@TIME``: Unix seconds, then an RFC 3339 time with a zone."""
+        wall, at, when = text.partition("@")
+        try:
+            wall_s = float(wall)
+        except ValueError:
+            wall_s = -1.0
+        if not at or not wall_s > 0:
+            msg = (
+                "expected WALL@TIME (Unix seconds, '@', an RFC 3339 time), "
+                f"e.g. 1764432000@2013-12-10T12:00:00Z; got {text!r}"
+            )
+            raise ValueError(msg)
+        return cls(wall_s, parse_ts(when, "--clock"))
+
+    def __str__(self) -> str:
+        return f"{self.wall_s:.3f}@{format_ts(self.event_ms)}"
+
+    def anchor(self, now: float, wall_now: float) -> tuple[float, int]:
+        """This schedule on the caller's clock: ``now`` there is Unix time ``wall_now``."""
+        return now + (self.wall_s - wall_now), self.event_ms
+
+
+class Pacer:
+    """Says how long to wait before publishing each event. Not thread-safe.
+
+    ``anchor``: a shared schedule (``Clock.anchor``): event time ``anchor[1]`` is due at
+    ``anchor[0]`` on the caller's clock; no wait is capped. Without it, the first event
+    anchors the schedule at the moment it is asked for."""
+
+    def __init__(
+        self, speedup: float, max_sleep_s: float = MAX_SLEEP_S, anchor: tuple[float, int] | None = None
+    ) -> None:
         if speedup <= 0:
             msg = f"speedup must be > 0, got {speedup}"
             raise ValueError(msg)
         self.speedup = speedup
-        self.max_sleep_s = max_sleep_s
-        self._anchor_wall = 0.0  # seconds, on the caller's monotonic clock
-        self._anchor_ms = 0
+        self.max_sleep_s = max_sleep_s if anchor is None else float("inf")
+        self._anchor_wall = 0.0 if anchor is None else anchor[0]  # seconds, on the caller's monotonic clock
+        self._anchor_ms = 0 if anchor is None else anchor[1]
+        self._shared = anchor is not None
         self._watermark_ms: int | None = None
 
     def delay(self, ts_ms: int, now: float) -> float:
         """Seconds to wait, from ``now`` (monotonic seconds), before publishing an
         event with event time ``ts_ms``. Call once per event, in publish order;
         the caller is assumed to wait the returned time."""
-        if self._watermark_ms is None:
+        if self._watermark_ms is None and not self._shared:
             self._anchor_wall, self._anchor_ms, self._watermark_ms = now, ts_ms, ts_ms
             return 0.0
-        if ts_ms <= self._watermark_ms:
+        if self._watermark_ms is not None and ts_ms <= self._watermark_ms:
             return 0.0
         self._watermark_ms = ts_ms
         due = self._anchor_wall + (ts_ms - self._anchor_ms) / 1000.0 / self.speedup

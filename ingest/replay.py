@@ -43,7 +43,7 @@ from ingest.adapters.logfile import numbered_log_events
 from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.nab import numbered_nab_events
 from ingest.model import ConvertError, IngestArgError
-from ingest.pacing import MAX_SLEEP_S, Pacer, Rebaser
+from ingest.pacing import MAX_SLEEP_S, Clock, Pacer, Rebaser
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 from ingest.publisher import Publisher
 from ingest.runtime import stopped_within
@@ -74,7 +74,8 @@ class ReplayOptions:
     ``progress``: resume from and record into this file (None: start at the first item);
     ``end_is_final``: the input's end is its last item, recorded as finished (False for a
     simulation cut by ``--duration``: a later run with a longer duration goes on);
-    ``checkpoint_s``: seconds between two progress writes."""
+    ``checkpoint_s``: seconds between two progress writes;
+    ``clock``: pace on this shared schedule, not from the first event (with ``speedup``)."""
 
     speedup: float | None = None
     limit: int | None = None
@@ -84,6 +85,7 @@ class ReplayOptions:
     progress: ProgressFile | None = None
     end_is_final: bool = True
     checkpoint_s: float = CHECKPOINT_S
+    clock: Clock | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,8 @@ async def replay(
             base.sent,
         )
         return ReplaySummary(topic, 0, 0, 0, False, 0.0, base.consumed, base)
-    pacer = Pacer(opts.speedup, opts.max_sleep_s) if opts.speedup else None
+    anchor = opts.clock.anchor(clock(), wall_ms() / 1000) if opts.clock else None
+    pacer = Pacer(opts.speedup, opts.max_sleep_s, anchor) if opts.speedup else None
     rebaser = Rebaser(wall_ms()) if opts.live else None
     started, interrupted, finished = clock(), False, False
     marks = _Checkpoints(opts.progress, base, opts.checkpoint_s, clock)

@@ -54,7 +54,8 @@ import orjson
 
 from app.console.health import ROLE_STATES_FILE
 from app.console.launch import prepare as prepare_console
-from app.errors import ConfigError
+from app.errors import AppError, ConfigError
+from app.events import format_ts, parse_ts
 from app.kafka.acls import apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
@@ -68,6 +69,7 @@ from app.runtime.credentials import (
     write_client_env,
 )
 from app.runtime.settings import PROJECT_ROOT, Settings
+from app.runtime.statefile import read_json, write_json
 from app.runtime.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS
 
@@ -77,6 +79,14 @@ NAB_FILE = "nab/data/realKnownCause/machine_temperature_system_failure.csv"
 # The demo starts the machine-temperature replay the day before its first labelled failure,
 # and the simulated fleet and trades on the same event-time axis (one clock per partition).
 NAB_START = "2013-12-10T12:00:00Z"
+#: the producers on that axis share one schedule (``--clock``), kept in the data dir so a
+#: second run goes on where the first had got (``demo_clock``)
+ON_THE_NAB_AXIS = ("replay-sensors", "sim-fleet", "sim-ticks")
+DEMO_CLOCK_FILE = "demo-clock.json"
+#: their first events are due this long after the roles are built: the fleet waits for its
+#: MQTT bridge (3.3 s on 2 busy cores), and starting behind would make it burst its first
+#: readings in late, behind the partition clock the NAB replay drives
+CLOCK_LEAD_S = 5.0
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 APACHE_FILE = "apache_logs/apache_logs"
 
@@ -141,6 +151,7 @@ def build_roles(
     receiver_url = f"http://127.0.0.1:{receiver_port}"
     webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
     speed, limit = str(settings.replay_speedup), str(settings.replay_limit)
+    clock = demo_clock(settings, time.time())
     roles: list[Role] = []
 
     def progress(role: str) -> list[str]:
@@ -169,6 +180,8 @@ def build_roles(
             sensors_topic,
             "--speedup",
             speed,
+            "--clock",
+            clock,
             "--limit",
             limit,
             *progress("replay-sensors"),
@@ -202,7 +215,7 @@ def build_roles(
         )
     else:
         logger.warning("no log replay: %s is missing", apache)
-    roles += _fleet_roles(settings, speed)
+    roles += _fleet_roles(settings, speed, clock)
     roles.append(
         Role(
             "sim-ticks",
@@ -220,6 +233,8 @@ def build_roles(
                 "300",
                 "--speedup",
                 speed,
+                "--clock",
+                clock,
                 *progress("sim-ticks"),
             ),
             stage=1,
@@ -298,14 +313,57 @@ def progress_path(settings: Settings, role: str) -> Path:
     return settings.data_dir / "ingest" / f"{role}.json"
 
 
-def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
+def demo_clock(settings: Settings, wall_now: float) -> str:
+    """The schedule (``--clock WALL@TIME``) the demo's producers on the NAB axis share.
+
+    Each paced from its own first event, they ran as far apart as they started: the fleet
+    waits for its MQTT bridge, and at speed-up 3000 its 3 s were 64 minutes of event time
+    behind the NAB replay on the partitions they share. The replay's readings drove the
+    partition clock, and every fleet device there looked silent for 30 minutes every
+    30 minutes (700 false ``device-silent`` alerts in two minutes). On one schedule they
+    publish together. A fresh data dir starts it at ``NAB_START``; a later run goes on
+    from the event time it had reached when its producers last recorded their progress
+    (at their stop, or their last checkpoint), ``CLOCK_LEAD_S`` from now.
+    """
+    path = settings.data_dir / "ingest" / DEMO_CLOCK_FILE
+    remedy = "remove it to restart the demo's clock at its start, or run with --fresh"
+    event_ms = parse_ts(NAB_START)
+    prev = read_json(path, "the demo's clock", remedy, ConfigError)
+    reached = _progress_written(settings)
+    if prev is not None and reached is not None:
+        try:
+            wall_s, prev_ms, speedup = float(prev["wall_s"]), int(prev["event_ms"]), float(prev["speedup"])
+        except (KeyError, TypeError, ValueError):
+            msg = f"{path}: expected wall_s, event_ms and speedup, got {prev!r}; {remedy}"
+            raise ConfigError(msg) from None
+        event_ms = prev_ms + max(0, int((reached - wall_s) * 1000 * speedup))
+    wall = wall_now + CLOCK_LEAD_S
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"wall_s": wall, "event_ms": event_ms, "speedup": settings.replay_speedup})
+    return f"{wall:.3f}@{format_ts(event_ms)}"
+
+
+def _progress_written(settings: Settings) -> float | None:
+    """When a producer on the NAB axis last recorded its progress (Unix seconds); None when
+    none has (a fresh data dir, or one whose producers never sent)."""
+    times = []
+    for role in ON_THE_NAB_AXIS:
+        try:
+            record = orjson.loads(progress_path(settings, role).read_bytes())
+            times.append(parse_ts(record["updated_at"], "updated_at") / 1000)
+        except (OSError, ValueError, KeyError, TypeError, AppError):
+            continue  # none, or unreadable: the producer itself says so when it starts
+    return max(times, default=None)
+
+
+def _fleet_roles(settings: Settings, speed: str, clock: str) -> list[Role]:
     """The simulated fleet, its registry, and the MQTT path it reports through.
 
     The simulator publishes to a local mosquitto (when installed) and the MQTT
     bridge forwards to ``events.sensors``; without mosquitto it publishes to
-    Kafka directly. It starts with the NAB replay and runs at the same
-    speed-up, so both share one event-time axis (9 devices, one reading every
-    5 minutes of event time each). The simulator writes the registry CSV (the
+    Kafka directly. It runs at the NAB replay's speed-up on its schedule
+    (``clock``, see :func:`demo_clock`), so both share one event-time axis
+    (9 devices, one reading every 5 minutes of event time each). The simulator writes the registry CSV (the
     same rows on every run, atomically); the registry role waits for it and
     skips the load when its progress file says these rows were loaded before.
     """
@@ -328,6 +386,8 @@ def _fleet_roles(settings: Settings, speed: str) -> list[Role]:
         NAB_START,
         "--speedup",
         speed,
+        "--clock",
+        clock,
         "--write-registry",
         str(registry),
         "--progress",

@@ -30,7 +30,7 @@ import orjson
 import paho.mqtt.client as mqtt
 
 from app.events import parse_ts
-from ingest.pacing import Pacer
+from ingest.pacing import Clock, Pacer
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 
 logger = logging.getLogger(__name__)
@@ -86,9 +86,11 @@ def publish_mqtt(
     client_id: str = "streamalert-simulator",
     *,
     progress: ProgressFile | None = None,
+    clock: Clock | None = None,
 ) -> int:
     """Publish ``events``; return the exit code (0: every message acknowledged).
-    ``limit`` counts over all runs with a ``progress`` file; see the module docstring."""
+    ``limit`` counts over all runs with a ``progress`` file; see the module docstring.
+    ``clock``: pace on this shared schedule (``ingest.pacing.Clock``), with ``speedup``."""
     host, _, port = broker.rpartition(":")
     base = progress.load() if progress is not None else Progress()
     topics = f"{prefix}/+/state"
@@ -106,7 +108,8 @@ def publish_mqtt(
     client.reconnect_delay_set(1, 30)
     client.connect_async(host or "127.0.0.1", int(port))
     client.loop_start()
-    pacer = Pacer(speedup) if speedup else None
+    anchor = clock.anchor(time.monotonic(), time.time()) if clock else None
+    pacer = Pacer(speedup, anchor=anchor) if speedup else None
     acks = _Acks(progress, base)
     stream = iter(events)
     skipped = sum(1 for _ in itertools.islice(stream, base.consumed))

@@ -112,6 +112,9 @@ def test_syslog_sigterm_flushes_and_prints_the_summary(broker: KafkaBroker) -> N
     assert len(consume(broker.bootstrap, topics.LOGS, min_count=summary["published"])) == summary["published"]
 
 
+CLOCK = "1764432000@2013-12-10T12:00:00Z"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(60)
@@ -123,6 +126,10 @@ def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path) -> None:
         (["tail", "x.log", "--format", "applog", "--state", "s.json"], "KAFKA_BOOTSTRAP_SERVERS is not set"),
         (["mqtt", "--map", "a/#/b=temperature"], "'#' may only be the last level"),
         (["syslog", "--udp", "nope"], "expected HOST:PORT or PORT"),
+        (["replay", "x.jsonl", "--topic", "events.sensors", "--clock", CLOCK], "give --speedup too"),
+        (["simulate", "fleet", "--seed", "1", "--fast", "--clock", CLOCK], "cannot be used with --fast"),
+        (["simulate", "ticks", "--seed", "1", "--clock", "noon"], "--clock: expected WALL@TIME"),
+        (["simulate", "ticks", "--seed", "1", "--clock", "1@noon"], "'--clock' is not an RFC 3339 timestamp"),
     ]
     for args, message in cases:
         result = _ingest(*args)

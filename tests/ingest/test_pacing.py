@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.events import SENSORS
-from ingest.pacing import Pacer, Rebaser
+from ingest.pacing import Clock, Pacer, Rebaser
 
 MIN = 60_000
 
@@ -37,6 +37,35 @@ def test_behind_schedule_never_waits_negative() -> None:
     pacer = Pacer(speedup=1)
     pacer.delay(0, now=0.0)
     assert pacer.delay(1000, now=50.0) == 0.0
+
+
+def test_producers_on_one_clock_publish_on_one_axis_whenever_each_started() -> None:
+    """The demo's fleet started 3 s after the NAB replay: each self-anchored, its readings ran
+    2.5 hours of event time behind at speed-up 3000. On one clock both are due together."""
+    clock = Clock(wall_s=1000.0, event_ms=0)
+    early = Pacer(speedup=3000, anchor=clock.anchor(now=50.0, wall_now=995.0))  # up 5 s before
+    late = Pacer(speedup=3000, anchor=clock.anchor(now=7.0, wall_now=1003.0))  # up 3 s after
+    assert early.delay(0, now=50.0) == pytest.approx(5.0)  # the first event waits for the clock
+    assert late.delay(0, now=7.0) == 0.0  # already due: at once
+    assert late.delay(150 * MIN, now=7.0) == 0.0  # 150 minutes / 3000 = 3 s: due now
+    assert late.delay(155 * MIN, now=7.0) == pytest.approx(0.1)
+    assert early.delay(155 * MIN, now=55.0) == pytest.approx(3.1)  # the same instant: Unix 1003.1
+
+
+def test_on_a_shared_clock_a_hole_is_waited_out_not_shortened() -> None:
+    pacer = Pacer(speedup=100, max_sleep_s=5.0, anchor=(0.0, 0))
+    assert pacer.delay(0, now=0.0) == 0.0
+    assert pacer.delay(30 * 60 * MIN, now=0.0) == pytest.approx(1080.0)  # 30 h / 100: not capped
+    assert pacer.delay(30 * 60 * MIN + 10_000, now=1080.0) == pytest.approx(0.1)  # still on the axis
+
+
+def test_a_clock_reads_and_prints_wall_at_time_and_refuses_anything_else() -> None:
+    clock = Clock.parse("1764432000.25@2013-12-10T12:00:00Z")
+    assert clock == Clock(1764432000.25, 1_386_676_800_000)
+    assert Clock.parse(str(clock)) == clock
+    for text in ("noon", "1764432000", "0@2013-12-10T12:00:00Z", "x@2013-12-10T12:00:00Z"):
+        with pytest.raises(ValueError, match="expected WALL@TIME"):
+            Clock.parse(text)
 
 
 def test_rebase_moves_the_first_event_to_now_and_keeps_spacing() -> None:

@@ -18,11 +18,15 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from app.errors import ConfigError
 from app.kafka.broker import KafkaBroker, free_port
+from app.runtime.settings import Settings
 from app.runtime.system import (
+    CLOCK_LEAD_S,
     MOSQUITTO,
+    ON_THE_NAB_AXIS,
     RunOptions,
     build_roles,
     check_consistent,
+    demo_clock,
     mosquitto_conf,
     restart_broker,
     wipe,
@@ -68,6 +72,47 @@ def test_every_producer_role_gets_its_progress_file_under_the_data_dir(tmp_path:
     if MOSQUITTO.exists():  # the fleet waits until the bridge subscribed, so nothing is dropped
         bridge = roles["mqtt-bridge"].argv
         assert roles["sim-fleet"].requires_file == Path(bridge[bridge.index("--ready-file") + 1])
+    # the producers on the NAB axis publish on one schedule; the log replay has its own axis
+    clocks = {name: roles[name].argv[roles[name].argv.index("--clock") + 1] for name in ON_THE_NAB_AXIS}
+    assert len(set(clocks.values())) == 1, clocks
+    assert "--clock" not in roles["replay-logs"].argv
+
+
+def _progress_at(settings: Settings, role: str, updated_at: str) -> None:
+    path = settings.data_dir / "ingest" / f"{role}.json"
+    path.write_text(f'{{"version":1,"consumed":5,"sent":5,"updated_at":"{updated_at}"}}')
+
+
+def test_the_demo_clock_starts_at_the_nab_start_and_a_second_run_goes_on_where_the_first_got(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path, APP_REPLAY_SPEEDUP="3000")
+    start = 1_800_000_000.0
+    assert demo_clock(settings, start) == f"{start + CLOCK_LEAD_S:.3f}@2013-12-10T12:00:00.000Z"
+    # the first run stopped 10 s after its clock began: its producers' last progress says so
+    _progress_at(settings, "sim-fleet", "2027-01-15T08:00:13.000Z")  # Unix 1800000013
+    _progress_at(settings, "replay-sensors", "2027-01-15T08:00:15.000Z")  # the last: 10 s in
+    _progress_at(settings, "replay-logs", "2027-01-15T09:00:00.000Z")  # not on the NAB axis
+    later = start + 3600
+    clock = demo_clock(settings, later)
+    assert clock == f"{later + CLOCK_LEAD_S:.3f}@2013-12-10T20:20:00.000Z"  # 10 s x 3000 = 8 h 20 min on
+    # a run that stopped before its clock began leaves it where it was
+    assert demo_clock(settings, later + 60).endswith("@2013-12-10T20:20:00.000Z")
+
+
+def test_a_demo_clock_without_the_producers_progress_starts_over_and_a_broken_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    demo_clock(settings, 1_800_000_000.0)
+    # the progress files gone (the producers start from their first events): so does the clock
+    assert demo_clock(settings, 1_800_000_100.0).endswith("@2013-12-10T12:00:00.000Z")
+    path = settings.data_dir / "ingest" / "demo-clock.json"
+    _progress_at(settings, "sim-ticks", "2027-01-15T08:00:15.000Z")
+    for broken in ("{not json", '{"wall_s": 1}'):
+        path.write_text(broken)
+        with pytest.raises(ConfigError, match=f"{path}: .*remove it to restart the demo's clock"):
+            demo_clock(settings, 1_800_000_200.0)
 
 
 @pytest.mark.slow
