@@ -138,12 +138,12 @@ def overview(settings: Settings) -> None:
         st.subheader("Alert transitions per minute, last hour")
         if data["rate"]:
             frame = pd.DataFrame(data["rate"])
-            frame["minute"] = pd.to_datetime(frame["minute"])
+            frame["minute"] = pd.to_datetime(frame["minute"], utc=True)  # recorded in UTC
             chart = (
                 alt.Chart(frame)
                 .mark_bar()
                 .encode(
-                    x=alt.X("minute:T", title="recorded (UTC)"),
+                    x=time_x("minute", "recorded (UTC)"),
                     y=alt.Y("n:Q", title="transitions"),
                     color=alt.Color(
                         "status:N",
@@ -234,6 +234,21 @@ def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[
         }
         for a in alerts
     ]
+
+
+#: time-axis labels in UTC, 24-hour: the date at midnight, seconds only when a tick has some
+UTC_LABEL = (
+    "utcFormat(datum.value, '%H:%M:%S.%L') == '00:00:00.000' ? utcFormat(datum.value, '%b %d')"
+    " : utcFormat(datum.value, '%S.%L') == '00.000' ? utcFormat(datum.value, '%H:%M')"
+    " : utcFormat(datum.value, '%H:%M:%S')"
+)
+
+
+def time_x(field: str, title: str) -> alt.X:
+    """A time axis in UTC with 24-hour labels. Vega-Lite's own draws a time in the browser's
+    zone and labels minutes ``%I:%M``, with no AM or PM: 16:31 read 04:31, under a title
+    saying UTC, and an operator's browser elsewhere would shift every time by its offset."""
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(labelExpr=UTC_LABEL))
 
 
 SORTS = {
@@ -345,7 +360,7 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
             alt.Chart(tl)
             .mark_circle(size=120)
             .encode(
-                x=alt.X("t:T", title="event time"),
+                x=time_x("t", "event time (UTC)"),
                 y=alt.Y("status:N"),
                 color=alt.Color(
                     "status:N",
@@ -454,21 +469,23 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
     layers = []
     if readings:
         raw = pd.DataFrame(readings)
+        raw["at"] = raw["time"]  # the tooltip's: as recorded, in UTC
         raw["time"] = pd.to_datetime(raw["time"], utc=True, format="ISO8601")
         layers.append(
             alt.Chart(raw).mark_line(color="#64748b", strokeWidth=1.5)
-            .encode(x=alt.X("time:T", title="event time"), y=y, tooltip=["time", "value"])
+            .encode(x=time_x("time", "event time (UTC)"), y=y, tooltip=["at", "value"])
         )  # fmt: skip
     if points:
         frame = pd.DataFrame(points)
+        frame["at"] = frame["time"]
         frame["time"] = pd.to_datetime(frame["time"], utc=True, format="ISO8601")
         layers.append(
             alt.Chart(frame).mark_point(size=90, filled=True)
             .encode(
-                x=alt.X("time:T", title="event time"), y=y,
+                x=time_x("time", "event time (UTC)"), y=y,
                 color=alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS),
                                                             range=list(STATUS_COLOURS.values()))),
-                shape="field:N", tooltip=["time", "field", "value", "status"],
+                shape="field:N", tooltip=["at", "field", "value", "status"],
             )
         )  # fmt: skip
     if rule is not None and rule.threshold is not None:
@@ -480,7 +497,8 @@ def input_chart(settings: Settings, a: CurrentAlert, transitions: list[Any]) -> 
     if rule is not None and rule.window_ms:
         start = pd.to_datetime(a.starts_at, utc=True, format="ISO8601")
         band = pd.DataFrame({"from": [start - timedelta(milliseconds=rule.window_ms)], "to": [start]})
-        layers.append(alt.Chart(band).mark_rect(opacity=0.15, color="#f59e0b").encode(x="from:T", x2="to:T"))
+        band_x = time_x("from", "event time (UTC)")
+        layers.append(alt.Chart(band).mark_rect(opacity=0.15, color="#f59e0b").encode(x=band_x, x2="to:T"))
     st.altair_chart(alt.layer(*layers).properties(height=240), width="stretch")
     what = f"threshold {rule.op} {rule.threshold:g}" if rule and rule.threshold is not None else ""
     if rule and rule.window_ms:

@@ -25,6 +25,7 @@ import orjson
 
 from app.alerts import Alert
 from app.dispatch.matchers import Matcher, matches_all, parse_matcher
+from app.events import format_ts
 from app.storage.alert_store import CurrentAlert, current_columns
 from app.storage.sqlite import select_in
 
@@ -223,7 +224,7 @@ class ConsoleQueries:
 
     def notifications_for(self, alert_ids: Iterable[str], limit: int = 50) -> list[dict[str, Any]]:
         """Notifications that carried any of ``alert_ids``: receiver, status, webhook id (the
-        message id), attempts, reason; latest first."""
+        message id), attempts, reason, and when the last changed (RFC 3339 UTC); latest first."""
         ids = [i for i in alert_ids if i]
         if not ids:
             return []
@@ -234,7 +235,8 @@ class ConsoleQueries:
             [*ids, limit],
         )
         cols = ("webhook_id", "receiver", "status", "attempts", "reason", "updated_at")
-        return [dict(zip(cols, r, strict=True)) for r in rows]
+        # the store keeps Unix seconds; the console shows times as RFC 3339 UTC, like the rest
+        return [dict(zip(cols, (*r[:5], format_ts(round(r[5] * 1000))), strict=True)) for r in rows]
 
     def acks_of(self, fingerprint: str) -> list[dict[str, Any]]:
         cols = ("starts_at", "by", "comment", "at")

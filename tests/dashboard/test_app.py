@@ -77,6 +77,12 @@ def test_overview_counts_firing_by_severity(data_dir: Path) -> None:
     metrics = {m.label: m.value for m in at.metric}
     assert (metrics["firing"], metrics["critical"], metrics["warning"]) == ("3", "1", "2")
     assert any("Pipeline health" in s.value for s in at.subheader)
+    # the transitions per minute: times drawn in UTC with 24-hour labels. Vega-Lite's own axis
+    # drew the browser's zone as %I:%M (16:31 read 04:31) under the title "recorded (UTC)"
+    (chart,) = at.get("vega_lite_chart")
+    x = orjson.loads(chart.proto.spec)["encoding"]["x"]
+    assert (x["title"], x["scale"]) == ("recorded (UTC)", {"type": "utc"})
+    assert "utcFormat(datum.value, '%H:%M')" in x["axis"]["labelExpr"] and "%I" not in x["axis"]["labelExpr"]
 
 
 def test_alerts_filter_group_and_detail(data_dir: Path) -> None:
@@ -111,6 +117,7 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     assert list(timeline["status"]) == ["pending", "firing"]
     (sent,) = [t.value for t in at.table if t.value.index.name == "webhook_id"]
     assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
+    assert list(sent["updated_at"]) == ["1970-01-01T00:00:01.000Z"]  # not Unix seconds
     assert at.json[0].value == '{"temperature": 104.0}'
     assert any("threshold > 100" in c.value for c in at.caption)
     assert any("engine **faust**" in c.value for c in at.caption)
