@@ -14,6 +14,7 @@ from app.kafka.broker import KafkaBroker
 from app.runtime.settings import PROJECT_ROOT
 from app.topics import ALERTS
 from tests.conftest import child_env
+from tests.console_helpers import seed
 from tests.dispatch.harness import publish
 from tests.dispatch.helpers import BASE, alert
 from tests.storage.helpers import sync_until
@@ -91,3 +92,16 @@ route:
     assert main(["routes", "check", str(routes)]) == 0
     routes.write_text(BASE + "route: {receiver: nobody}\n")
     assert main(["routes", "check", str(routes)]) == 1
+
+
+def test_dead_letters_say_when_each_was_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("APP_DATA_DIR", str(tmp_path))
+    alerts = seed(tmp_path / "alerts.sqlite3")  # one dead notification, updated at Unix 1.0
+    assert main(["alerts", "dead-letters"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        f"1970-01-01T00:00:01.000Z  wh-123  ops  attempts=2  alerts={alerts[1].alert_id}  answered 400"
+    ]
+    assert err.strip() == "1 dead letter(s)"
