@@ -24,6 +24,7 @@ at once.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from app.events import Event, format_ts, parse_ts
@@ -48,7 +49,7 @@ class Clock:
             wall_s = float(wall)
         except ValueError:
             wall_s = -1.0
-        if not at or not wall_s > 0:
+        if not at or not (math.isfinite(wall_s) and wall_s > 0):
             msg = (
                 "expected WALL@TIME (Unix seconds, '@', an RFC 3339 time), "
                 f"e.g. 1764432000@2013-12-10T12:00:00Z; got {text!r}"

@@ -316,9 +316,9 @@ def progress_path(settings: Settings, role: str) -> Path:
 def demo_clock(settings: Settings, wall_now: float) -> str:
     """The schedule (``--clock WALL@TIME``) the demo's producers on the NAB axis share.
 
-    Each paced from its own first event, they ran as far apart as they started: the fleet
-    waits for its MQTT bridge, and at speed-up 3000 its 3 s were 64 minutes of event time
-    behind the NAB replay on the partitions they share. The replay's readings drove the
+    Each paced from its own first event, they ran as far apart as their first events went:
+    the fleet waits for its MQTT bridge, and its readings ran 64 minutes of event time (1.3 s
+    at speed-up 3000) behind the NAB replay's on the partition they share. The replay's readings drove the
     partition clock, and every fleet device there looked silent for 30 minutes every
     30 minutes (700 false ``device-silent`` alerts in two minutes). On one schedule they
     publish together. A fresh data dir starts it at ``NAB_START``; a later run goes on

@@ -63,7 +63,13 @@ def test_a_clock_reads_and_prints_wall_at_time_and_refuses_anything_else() -> No
     clock = Clock.parse("1764432000.25@2013-12-10T12:00:00Z")
     assert clock == Clock(1764432000.25, 1_386_676_800_000)
     assert Clock.parse(str(clock)) == clock
-    for text in ("noon", "1764432000", "0@2013-12-10T12:00:00Z", "x@2013-12-10T12:00:00Z"):
+    for text in (
+        "noon",
+        "1764432000",
+        "0@2013-12-10T12:00:00Z",
+        "x@2013-12-10T12:00:00Z",
+        "inf@2013-12-10T12:00:00Z",
+    ):
         with pytest.raises(ValueError, match="expected WALL@TIME"):
             Clock.parse(text)
 
