@@ -82,6 +82,7 @@ def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nab.add_argument("file", help="NAB CSV file (naive timestamps are UTC)")
     nab.add_argument("--device", required=True, help="device_id of every event")
     nab.add_argument("--field", required=True, help="numeric sensors field for the value, e.g. temperature")
+    nab.add_argument("--kind", dest="metric_kind", metavar="KIND", help=KIND_HELP)
     apache = kinds.add_parser("apache", help="Apache/nginx combined access log -> logs events")
     apache.add_argument("file", help="access log in combined (or common) log format")
     apache.add_argument("--host", required=True, help="host of every event (the key)")
@@ -97,6 +98,12 @@ def _add_convert(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         sub.set_defaults(run=_convert)
 
 
+KIND_HELP = (
+    "also carry the reading as `value` with this `kind` (temperature, cpu, latency...), the shape "
+    "the anomaly pack reads (rules/anomaly.yaml)"
+)
+
+
 def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp = commands.add_parser("replay", help="validate and publish a file to an event topic")
     rp.description = (
@@ -108,6 +115,7 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     rp.add_argument("--format", default="jsonl", choices=list(FORMAT_SOURCES), help="input format (jsonl)")
     rp.add_argument("--device", help="device_id, with --format nab")
     rp.add_argument("--field", help="sensors field for the value, with --format nab")
+    rp.add_argument("--kind", dest="metric_kind", metavar="KIND", help=KIND_HELP + ", with --format nab")
     rp.add_argument("--host", help="host, with the log formats whose lines carry none")
     add_tz(rp, "zone-less log times")
     rp.add_argument(
@@ -154,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(args: argparse.Namespace) -> int:
     results: Converter
     if args.kind == "nab":
-        results, name = nab_events(args.file, device=args.device, field=args.field), args.file
+        results, name = (
+            nab_events(args.file, device=args.device, field=args.field, kind=args.metric_kind),
+            args.file,
+        )
     elif args.kind == "apache":
         results, name = apache_events(args.file, host=args.host), args.file
     elif args.kind == "log":
@@ -195,8 +206,9 @@ def _replay(args: argparse.Namespace) -> int:
             msg = f"{args.file}: no such file"
             raise ConfigError(msg)
         items: Iterator[ReplayInput] = open_input(
-            args.file, args.format, source, device=args.device, field=args.field, host=args.host, tz=args.tz
-        )
+            args.file, args.format, source, device=args.device, field=args.field, host=args.host, tz=args.tz,
+            kind=args.metric_kind,
+        )  # fmt: skip
         if args.time_from is not None:
             items = starting_at(items, args.time_from)
         progress = None if args.progress is None else ProgressFile(args.progress, replay_identity(args))

@@ -132,6 +132,7 @@ def open_input(
     field: str | None,
     host: str | None,
     tz: tzinfo = UTC,
+    kind: str | None = None,
 ) -> Iterator[Line]:
     """The items of ``path`` read as ``fmt``, each with its line number; IngestArgError when
     the format does not produce ``source`` events or its options are missing or stray."""
@@ -142,11 +143,11 @@ def open_input(
     if produces is not None and produces != source:
         msg = f"--format {fmt} produces {produces} events, but the topic takes {source} events"
         raise IngestArgError(msg)
-    given = {"--device": device, "--field": field, "--host": host}
+    given = {"--device": device, "--field": field, "--host": host, "--kind": kind}
     needed: tuple[str, ...] = {"nab": ("--device", "--field")}.get(fmt, ())
     if fmt in LOG_FORMATS and LOG_FORMATS[fmt].needs_host:
         needed = ("--host",)
-    optional = ("--host",) if fmt == "syslog" else ()
+    optional = {"syslog": ("--host",), "nab": ("--kind",)}.get(fmt, ())
     for option, value in given.items():
         if option in needed and not value:
             msg = f"--format {fmt} needs {' and '.join(needed)}"
@@ -156,7 +157,7 @@ def open_input(
             raise IngestArgError(msg)
     numbered: Iterator[tuple[int, ReplayItem]]
     if fmt == "nab":
-        numbered = numbered_nab_events(path, device=device or "", field=field or "")
+        numbered = numbered_nab_events(path, device=device or "", field=field or "", kind=kind)
     elif fmt == "apache":
         numbered = numbered_apache_events(path, host=host or "")
     elif fmt == "jsonl":

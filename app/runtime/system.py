@@ -167,6 +167,8 @@ def build_roles(
             "machine-temp-1",
             "--field",
             "temperature",
+            "--kind",  # and as `value` with its kind: the anomaly pack learns the machine's normal
+            "temperature",
             "--from",
             NAB_START,
         ]

@@ -36,9 +36,12 @@ def numeric_sensor_fields() -> list[str]:
     return sorted(name for name, ftype in SENSORS.fields.items() if ftype == "double")
 
 
-def check_options(device: str, field: str) -> None:
-    """Raise IngestArgError unless ``device`` is a usable key and ``field`` a
-    double field of the sensors schema."""
+def check_options(device: str, field: str, kind: str | None = None) -> None:
+    """Raise IngestArgError unless ``device`` is a usable key, ``field`` a
+    double field of the sensors schema and ``kind`` (when given) not blank."""
+    if kind is not None and not kind.strip():
+        msg = "--kind must name what the series measures, e.g. temperature; got an empty value"
+        raise IngestArgError(msg)
     if not device.strip():
         msg = "--device must be a non-empty device id"
         raise IngestArgError(msg)
@@ -50,7 +53,7 @@ def check_options(device: str, field: str) -> None:
         raise IngestArgError(msg)
 
 
-def nab_events(path: str, *, device: str, field: str) -> Converter:
+def nab_events(path: str, *, device: str, field: str, kind: str | None = None) -> Converter:
     """Convert a NAB CSV file, row by row, in file order.
 
     Arguments are checked before the file is opened (IngestArgError). The first
@@ -61,18 +64,23 @@ def nab_events(path: str, *, device: str, field: str) -> Converter:
     yields a ConvertError carrying its line number and raw text, as does a row
     the sensors schema rejects (a timestamp outside 1970..2100). Blank lines
     are skipped.
+
+    With ``kind``, each event also carries the reading as ``value`` and ``kind``: the
+    shape the anomaly pack reads (``rules/anomaly.yaml``), beside ``field``'s.
     """
-    check_options(device, field)
-    return (result for _number, result in _convert(path, device, field))
+    check_options(device, field, kind)
+    return (result for _number, result in _convert(path, device, field, kind))
 
 
-def numbered_nab_events(path: str, *, device: str, field: str) -> Iterator[tuple[int, ConvertResult]]:
+def numbered_nab_events(
+    path: str, *, device: str, field: str, kind: str | None = None
+) -> Iterator[tuple[int, ConvertResult]]:
     """:func:`nab_events` with the 1-based line number of each result."""
-    check_options(device, field)
-    return _convert(path, device, field)
+    check_options(device, field, kind)
+    return _convert(path, device, field, kind)
 
 
-def _convert(path: str, device: str, field: str) -> Iterator[tuple[int, ConvertResult]]:
+def _convert(path: str, device: str, field: str, kind: str | None) -> Iterator[tuple[int, ConvertResult]]:
     for number, raw in read_lines(path):
         text = decode_line(ADAPTER, number, raw)
         if isinstance(text, ConvertError):
@@ -86,10 +94,10 @@ def _convert(path: str, device: str, field: str) -> Iterator[tuple[int, ConvertR
             continue
         if not text.strip():
             continue
-        yield number, _row(number, raw, text, device, field)
+        yield number, _row(number, raw, text, device, field, kind)
 
 
-def _row(number: int, raw: bytes, text: str, device: str, field: str) -> ConvertResult:
+def _row(number: int, raw: bytes, text: str, device: str, field: str, kind: str | None) -> ConvertResult:
     cells = text.split(",")
     if len(cells) != 2:
         return ConvertError(ADAPTER, number, raw, f"expected 2 columns 'timestamp,value', got {len(cells)}")
@@ -106,5 +114,7 @@ def _row(number: int, raw: bytes, text: str, device: str, field: str) -> Convert
         value = math.nan
     if not math.isfinite(value):
         return ConvertError(ADAPTER, number, raw, f"value {value_text[:40]!r} is not a finite number", field)
-    record = {"device_id": device, "ts": format_ts(epoch_ms(dt)), field: value}
+    record: dict[str, object] = {"device_id": device, "ts": format_ts(epoch_ms(dt)), field: value}
+    if kind is not None:
+        record["value"], record["kind"] = value, kind
     return checked(SENSORS, ADAPTER, number, raw, record)

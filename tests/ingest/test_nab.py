@@ -40,6 +40,19 @@ def test_every_real_event_validates_against_the_sensors_schema() -> None:
         assert set(record) == {"device_id", "ts", "value"}
 
 
+def test_a_kind_adds_the_reading_as_value_for_the_anomaly_pack(tmp_path: Path) -> None:
+    csv = tmp_path / "m.csv"
+    csv.write_text("timestamp,value\n2014-01-01 00:00:00,81.5\n")
+    (record,) = nab_events(str(csv), device="m", field="temperature", kind="temperature")
+    assert record == {
+        "device_id": "m", "ts": "2014-01-01T00:00:00.000Z", "temperature": 81.5, "value": 81.5,
+        "kind": "temperature",
+    }  # fmt: skip
+    assert SENSORS.validate(record).fields == record
+    with pytest.raises(IngestArgError, match="--kind must name what the series measures"):
+        nab_events(str(csv), device="m", field="temperature", kind=" ")
+
+
 def test_bad_rows_yield_errors_with_line_numbers(tmp_path: Path) -> None:
     csv = tmp_path / "bad.csv"
     csv.write_text(

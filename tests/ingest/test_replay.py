@@ -138,6 +138,8 @@ def test_topic_decides_the_source_and_format_must_match() -> None:
         open_input("x.log", "apache", "logs", device=None, field=None, host=None)
     with pytest.raises(IngestArgError, match="--host does not apply"):
         open_input("x.jsonl", "jsonl", "logs", device=None, field=None, host="h")
+    with pytest.raises(IngestArgError, match="--kind does not apply"):
+        open_input("x.jsonl", "jsonl", "sensors", device=None, field=None, host=None, kind="temperature")
 
 
 @pytest.mark.slow
