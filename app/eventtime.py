@@ -8,11 +8,15 @@ recorded files are not judged against the wall clock; the rule evaluator bounds
 every event against its partition's clock instead
 (:meth:`app.rules.timebound.TimeBound.admit`). docs/event-time.md has the
 whole policy.
+
+:class:`Clock` is the schedule several replays share (``--clock WALL@TIME``,
+:mod:`ingest.pacing`): ``make run`` writes it, the producers read it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter
 
 from app.errors import IngestDecodeError
-from app.events import Event, format_ts, span
+from app.events import Event, format_ts, parse_ts, span
 from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -80,3 +84,34 @@ class WallClockBound:
                 f"(max age {span(self.max_age_ms)}, APP_MAX_EVENT_AGE)"
             )
             raise EventTimeError(msg, "behind")
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A shared schedule: event time ``event_ms`` is due at Unix time ``wall_s``."""
+
+    wall_s: float
+    event_ms: int
+
+    @classmethod
+    def parse(cls, text: str) -> Clock:
+        """``WALL@TIME``: Unix seconds, then an RFC 3339 time with a zone."""
+        wall, at, when = text.partition("@")
+        try:
+            wall_s = float(wall)
+        except ValueError:
+            wall_s = -1.0
+        if not at or not (math.isfinite(wall_s) and wall_s > 0):
+            msg = (
+                "expected WALL@TIME (Unix seconds, '@', an RFC 3339 time), "
+                f"e.g. 1764432000@2013-12-10T12:00:00Z; got {text!r}"
+            )
+            raise ValueError(msg)
+        return cls(wall_s, parse_ts(when, "--clock"))
+
+    def __str__(self) -> str:
+        return f"{self.wall_s:.3f}@{format_ts(self.event_ms)}"
+
+    def anchor(self, now: float, wall_now: float) -> tuple[float, int]:
+        """This schedule on the caller's clock: ``now`` there is Unix time ``wall_now``."""
+        return now + (self.wall_s - wall_now), self.event_ms

@@ -22,8 +22,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import IngestDecodeError
 from app.events import parse_ts
+from app.eventtime import Clock
 from ingest.model import IngestArgError
-from ingest.pacing import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def timestamp_ms(text: str) -> int:
 
 
 def shared_clock(text: str) -> Clock:
-    """``--clock WALL@TIME``: the schedule several producers share (``ingest.pacing.Clock``)."""
+    """``--clock WALL@TIME``: the schedule several producers share (``app.eventtime.Clock``)."""
     try:
         return Clock.parse(text)
     except ValueError as exc:

@@ -11,7 +11,7 @@ A single wait never exceeds ``max_sleep_s`` (default 5 s): a 30-hour hole in the
 data at speed-up 100 would otherwise stall a demo for 18 minutes. After a capped
 wait the schedule is re-anchored there, i.e. the hole is shortened, not replayed.
 
-:class:`Clock` is a schedule shared by several producers (``--clock``): event time
+:class:`app.eventtime.Clock` is a schedule shared by several producers (``--clock``): event time
 ``event_ms`` is due at Unix time ``wall_s`` for each of them, so they publish on one
 event-time axis, whenever each started. Self-anchored, two producers of one topic
 started a few seconds apart run that far apart for good (3 s at speed-up 3000 is
@@ -24,45 +24,12 @@ at once.
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 
-from app.events import Event, format_ts, parse_ts
+from app.events import Event, format_ts
 
 logger = logging.getLogger(__name__)
 
 MAX_SLEEP_S = 5.0
-
-
-@dataclass(frozen=True)
-class Clock:
-    """A shared schedule: event time ``event_ms`` is due at Unix time ``wall_s``."""
-
-    wall_s: float
-    event_ms: int
-
-    @classmethod
-    def parse(cls, text: str) -> Clock:
-        """``WALL@TIME``: Unix seconds, then an RFC 3339 time with a zone."""
-        wall, at, when = text.partition("@")
-        try:
-            wall_s = float(wall)
-        except ValueError:
-            wall_s = -1.0
-        if not at or not (math.isfinite(wall_s) and wall_s > 0):
-            msg = (
-                "expected WALL@TIME (Unix seconds, '@', an RFC 3339 time), "
-                f"e.g. 1764432000@2013-12-10T12:00:00Z; got {text!r}"
-            )
-            raise ValueError(msg)
-        return cls(wall_s, parse_ts(when, "--clock"))
-
-    def __str__(self) -> str:
-        return f"{self.wall_s:.3f}@{format_ts(self.event_ms)}"
-
-    def anchor(self, now: float, wall_now: float) -> tuple[float, int]:
-        """This schedule on the caller's clock: ``now`` there is Unix time ``wall_now``."""
-        return now + (self.wall_s - wall_now), self.event_ms
 
 
 class Pacer:

@@ -34,6 +34,7 @@ import orjson
 
 from app.errors import IngestDecodeError
 from app.events import parse_ts
+from app.eventtime import Clock
 from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
 from ingest.adapters import FORMAT_SOURCES
@@ -43,7 +44,7 @@ from ingest.adapters.logfile import numbered_log_events
 from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.nab import numbered_nab_events
 from ingest.model import ConvertError, IngestArgError
-from ingest.pacing import MAX_SLEEP_S, Clock, Pacer, Rebaser
+from ingest.pacing import MAX_SLEEP_S, Pacer, Rebaser
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 from ingest.publisher import Publisher
 from ingest.runtime import stopped_within

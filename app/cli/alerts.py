@@ -28,10 +28,10 @@ from app.cli.operator import (
     silence_command,
     unsilence_command,
 )
+from app.dispatch.base import iso
 from app.dispatch.commands import Command
 from app.dispatch.matchers import matches_all, parse_matchers
 from app.errors import ConfigError
-from app.events import format_ts
 from app.runtime.settings import Settings
 from app.storage.alert_store import AlertStore, CurrentAlert
 
@@ -155,7 +155,7 @@ def cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     with _store(settings) as store:
         rows = store.notifications(status="dead", limit=args.limit)
     for n in rows:  # when it was given up on, in UTC, first
-        print(f"{format_ts(round(n['updated_at'] * 1000))}  {n['msg_id']}  {n['receiver']}  "
+        print(f"{iso(n['updated_at'])}  {n['msg_id']}  {n['receiver']}  "
               f"attempts={n['attempts']}  alerts={','.join(n['alert_ids'])}  {n['reason']}")  # fmt: skip
     print(f"{len(rows)} dead letter(s)", file=sys.stderr)
     return 0

@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 
 from app.alerts import Alert
+from app.dispatch.base import iso
 from app.dispatch.matchers import Matcher, matches_all, parse_matcher
-from app.events import format_ts
 from app.storage.alert_store import CurrentAlert, current_columns
 from app.storage.sqlite import select_in
 
@@ -236,7 +236,7 @@ class ConsoleQueries:
         )
         cols = ("webhook_id", "receiver", "status", "attempts", "reason", "updated_at")
         # the store keeps Unix seconds; the console shows times as RFC 3339 UTC, like the rest
-        return [dict(zip(cols, (*r[:5], format_ts(round(r[5] * 1000))), strict=True)) for r in rows]
+        return [dict(zip(cols, (*r[:5], iso(r[5])), strict=True)) for r in rows]
 
     def acks_of(self, fingerprint: str) -> list[dict[str, Any]]:
         cols = ("starts_at", "by", "comment", "at")

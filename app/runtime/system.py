@@ -55,7 +55,8 @@ import orjson
 from app.console.health import ROLE_STATES_FILE
 from app.console.launch import prepare as prepare_console
 from app.errors import AppError, ConfigError
-from app.events import format_ts, parse_ts
+from app.events import parse_ts
+from app.eventtime import Clock
 from app.kafka.acls import apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
@@ -342,7 +343,7 @@ def demo_clock(settings: Settings, wall_now: float) -> str:
     wall = wall_now + CLOCK_LEAD_S
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"wall_s": wall, "event_ms": event_ms, "speedup": settings.replay_speedup})
-    return f"{wall:.3f}@{format_ts(event_ms)}"
+    return str(Clock(wall, event_ms))
 
 
 def _progress_written(settings: Settings) -> float | None:

@@ -7,7 +7,7 @@ clean stop on SIGTERM/SIGINT work as for replays. The run is bounded by
 ``--start``); without either it runs until stopped. Pacing: real time
 (``--speedup 1``) unless ``--speedup X`` or ``--fast``; ``--rate`` caps
 events per second in any case; ``--clock`` paces on a schedule shared with other
-producers (``ingest.pacing.Clock``).
+producers (``app.eventtime.Clock``).
 
 ``--progress FILE`` resumes (:mod:`ingest.progress`): the same seed, start and
 options give the same sequence, so a run skips the events an earlier one

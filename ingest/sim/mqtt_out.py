@@ -30,7 +30,8 @@ import orjson
 import paho.mqtt.client as mqtt
 
 from app.events import parse_ts
-from ingest.pacing import Clock, Pacer
+from app.eventtime import Clock
+from ingest.pacing import Pacer
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def publish_mqtt(
 ) -> int:
     """Publish ``events``; return the exit code (0: every message acknowledged).
     ``limit`` counts over all runs with a ``progress`` file; see the module docstring.
-    ``clock``: pace on this shared schedule (``ingest.pacing.Clock``), with ``speedup``."""
+    ``clock``: pace on this shared schedule (``app.eventtime.Clock``), with ``speedup``."""
     host, _, port = broker.rpartition(":")
     base = progress.load() if progress is not None else Progress()
     topics = f"{prefix}/+/state"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.events import SENSORS
-from ingest.pacing import Clock, Pacer, Rebaser
+from app.eventtime import Clock
+from ingest.pacing import Pacer, Rebaser
 
 MIN = 60_000
 
