@@ -139,14 +139,46 @@ def split_strings(text: str) -> list[str]:
     return parts
 
 
+#: one duration the rewrite replaced: (start, end) in the rewritten text, then in the original
+Span = tuple[int, int, int, int]
+
+
+def _rewrite(text: str) -> tuple[str, list[Span]]:
+    """:func:`rewrite_durations`, and where each ``INTERVAL`` it wrote came from."""
+    out: list[str] = []
+    spans: list[Span] = []
+    at = size = 0  # where the next part starts in ``text``, and in the rewritten text
+    for i, part in enumerate(split_strings(text)):
+        done = 0
+        for m in _DURATION_TOKEN.finditer(part) if i % 2 == 0 else ():
+            interval = f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}"
+            size += m.start() - done
+            spans.append((size, size + len(interval), at + m.start(), at + m.end()))
+            out += [part[done : m.start()], interval]
+            size += len(interval)
+            done = m.end()
+        out.append(part[done:])
+        size += len(part) - done
+        at += len(part)
+    return "".join(out), spans
+
+
 def rewrite_durations(text: str) -> str:
     """Turn ``15m`` into ``INTERVAL '15' MINUTE`` outside string literals."""
-    parts = split_strings(text)
-    for i in range(0, len(parts), 2):
-        parts[i] = _DURATION_TOKEN.sub(
-            lambda m: f"INTERVAL '{m.group(1)}' {_UNIT_WORDS[m.group(2)]}", parts[i]
-        )
-    return "".join(parts)
+    return _rewrite(text)[0]
+
+
+def _original_offset(spans: list[Span], offset: int) -> int:
+    """Where ``offset`` of the rewritten text is in the original: inside an ``INTERVAL``, the
+    duration it came from."""
+    shift = 0
+    for start, end, text_start, text_end in spans:
+        if offset < start:
+            break
+        if offset < end:
+            return text_start
+        shift = end - text_end
+    return offset - shift
 
 
 _OPENS = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE})
@@ -191,6 +223,39 @@ _TOO_DEEP = (
 )
 
 
+#: the quotes and comments that the tokenizer fails on when one is not closed
+_OPENERS = ("'", '"', "`", "/*")
+
+
+def _syntax_problem(sql: str, spans: list[Span], exc: ParseError | TokenError) -> str:
+    """sqlglot's complaint in the rule language's words, with the 1-based character of the
+    expression as the operator wrote it where the parser says where it stopped."""
+    if isinstance(exc, TokenError):
+        if any(opener in sql for opener in _OPENERS):
+            return "a quote (', \" or `) or a /* comment is not closed"
+        return str(exc).splitlines()[0]
+    error = exc.errors[0] if exc.errors else {}
+    described = str(error.get("description") or str(exc).splitlines()[0])
+    token = str(error.get("highlight") or "")
+    line, col = error.get("line"), error.get("col")
+    where = ""
+    if token and isinstance(line, int) and isinstance(col, int) and line >= 1:
+        # the parser gives the highlighted token's last character, as line and column
+        offset = sum(len(text) + 1 for text in sql.split("\n")[: line - 1]) + col - len(token)
+        where = f" (character {_original_offset(spans, max(offset, 0)) + 1})"
+    if described.startswith("Required keyword:"):
+        if "Between" in described:
+            return f"BETWEEN needs both bounds, as in 'x BETWEEN 1 AND 5'{where}"
+        return f"{token!r} needs a value after it{where}"
+    if described.startswith("Expecting )"):
+        return f"a '(' is not closed: expected ')' after {token!r}{where}"
+    if described.startswith("Expected END"):
+        return f"CASE needs an END{where}"
+    if "Unexpected token" in described:
+        return f"unexpected {token!r}{where}"
+    return f"{described}{where}"
+
+
 def parse(text: str) -> exp.Expression:
     """Parse one expression; raise ExpressionError on anything else."""
     if not isinstance(text, str) or not text.strip():
@@ -199,15 +264,14 @@ def parse(text: str) -> exp.Expression:
     if len(text) > MAX_TEXT:
         msg = f"expression is longer than {MAX_TEXT} characters"
         raise ExpressionError(msg)
-    sql = rewrite_durations(text)
+    sql, spans = _rewrite(text)
     try:
         tokens = _SPARK.tokenize(sql)
         if nesting(tokens) > MAX_DEPTH:
             raise ExpressionError(_TOO_DEEP)
         result = _SPARK.parser().parse(tokens, sql)
     except (ParseError, TokenError) as exc:
-        msg = f"cannot parse {text!r}: {str(exc).splitlines()[0]}"
-        raise ExpressionError(msg) from None
+        raise ExpressionError(f"cannot parse {text!r}: {_syntax_problem(sql, spans, exc)}") from None
     except RecursionError:  # a nesting that nesting() does not count: the same answer
         raise ExpressionError(_TOO_DEEP) from None
     if not result or result[0] is None:
@@ -292,6 +356,25 @@ def _call_of(node: exp.Expression, name: str) -> exp.Func | None:
     return None
 
 
+_BITWISE: dict[type[exp.Expression], str] = {
+    exp.BitwiseAnd: "&", exp.BitwiseOr: "|", exp.BitwiseXor: "^", exp.BitwiseNot: "~",
+    exp.BitwiseLeftShift: "<<", exp.BitwiseRightShift: ">>",
+}  # fmt: skip
+
+
+def _unsupported(node: exp.Expression) -> str:
+    """Why a parsed construct is not in the rule language, in its words where a usual slip
+    gives it: a word after a whole expression parses as an alias, ``> >`` as a shift."""
+    if isinstance(node, exp.Alias):
+        return (
+            f"{node.this.sql(dialect='spark')!r} is followed by {node.alias!r}: "
+            "an operator missing, or a misspelt AND, OR or NOT?"
+        )
+    if type(node) in _BITWISE:
+        return f"the bitwise operator {_BITWISE[type(node)]!r} is not supported"
+    return f"unsupported SQL construct {node.key.upper()} ({node.sql(dialect='spark')!r})"
+
+
 class _Compiler:
     def __init__(
         self, text: str, schema: Mapping[str, str], allow_intervals: bool, synthetic: Synthetic | None
@@ -348,9 +431,14 @@ class _Compiler:
             return (lambda r: inner(r) is None), "boolean"
         if isinstance(node, exp.Interval):
             return self._interval(node)
+        if isinstance(node, exp.Cast):  # CAST, TRY_CAST and '::', a function to sqlglot
+            raise self.fail(
+                "casts are not supported: a field has its schema's type, and long and double "
+                "compare and compute together"
+            )
         if isinstance(node, exp.Func):
             return self._function(node)
-        raise self.fail(f"unsupported SQL construct {node.key.upper()} ({node.sql(dialect='spark')!r})")
+        raise self.fail(_unsupported(node))
 
     def _literal(self, node: exp.Literal) -> tuple[Eval, str]:
         if node.is_string:

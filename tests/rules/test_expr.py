@@ -247,12 +247,37 @@ def test_columns_are_reported() -> None:
         ("status like lower(status)", "string literal pattern"),
         ("abs('x') > 1", "must be a number"),
         (" or ".join(["temperature > 1"] * 100), "nodes; the limit is"),
+        # slips, said in the rule language's words, not the parser's
+        ("temperature >=", "'>=' needs a value after it (character 13)"),
+        ("(temperature > 1", "a '(' is not closed: expected ')' after '1' (character 16)"),
+        ("temperature > 1 andd battery < 2", "unexpected 'battery' (character 22)"),
+        ("temperature between 1", "BETWEEN needs both bounds"),
+        ("status = 'ok", "a quote (', \" or `) or a /* comment is not closed"),
+        ("temperature > 1 x", "'temperature > 1' is followed by 'x': an operator missing"),
+        ("temperature > > 1", "the bitwise operator '>>' is not supported"),
+        ("temperature::int > 1", "casts are not supported"),
     ],
 )
 def test_rejections(text: str, fragment: str) -> None:
     with pytest.raises(ExpressionError, match=None) as info:
         compile_expr(text, SCHEMA, boolean=True)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "character"),
+    [
+        # durations are rewritten to INTERVAL literals before parsing: the place is the text's
+        ("pct_change(temperature, 15m) > 1 and (temperature > 1", 53),
+        ("pct_change(temperature, 15m) > 1 and temperature >", 50),
+        ("coalesce(battery, 1) > 1 and\n  temperature <", 44),
+    ],
+)
+def test_a_syntax_error_names_its_place_in_the_text_as_written(text: str, character: int) -> None:
+    with pytest.raises(ExpressionError) as info:
+        compile_expr(text, SCHEMA, boolean=True, allow_intervals=True)
+    assert str(info.value).endswith(f"(character {character})")
+    assert text[character - 1] in ")1<>"
 
 
 COLUMN_WISE = [
