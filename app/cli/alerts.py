@@ -102,10 +102,19 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             "current": cur.__dict__,
             "transitions": [h.to_dict() for h in history],
             "acks": [a for a in store.acks() if a["fingerprint"] == cur.fingerprint],
-            "notifications": [n for h in history for n in store.notifications(alert_id=h.alert_id)],
+            "notifications": [
+                _times_as_iso(n) for h in history for n in store.notifications(alert_id=h.alert_id)
+            ],
         }
     print(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
     return 0
+
+
+def _times_as_iso(notification: dict[str, Any]) -> dict[str, Any]:
+    """A notification with its times as RFC 3339 UTC, like every other time ``show`` prints
+    (the store keeps them as Unix seconds)."""
+    return {k: iso(v) if k in ("queued_at", "updated_at") and v is not None else v
+            for k, v in notification.items()}  # fmt: skip
 
 
 def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:

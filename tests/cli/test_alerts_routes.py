@@ -105,3 +105,16 @@ def test_dead_letters_say_when_each_was_given_up_on(
         f"1970-01-01T00:00:01.000Z  wh-123  ops  attempts=2  alerts={alerts[1].alert_id}  answered 400"
     ]
     assert err.strip() == "1 dead letter(s)"
+
+
+def test_show_gives_every_time_as_rfc_3339(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("APP_DATA_DIR", str(tmp_path))
+    alerts = seed(tmp_path / "alerts.sqlite3")  # its notification was queued and given up at Unix 1.0
+    assert main(["alerts", "show", alerts[1].alert_id]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    [notification] = shown["notifications"]
+    assert (notification["msg_id"], notification["status"]) == ("wh-123", "dead")
+    assert (notification["queued_at"], notification["updated_at"]) == ("1970-01-01T00:00:01.000Z",) * 2
+    assert shown["current"]["starts_at"] == alerts[1].starts_at
