@@ -40,12 +40,10 @@ from types import TracebackType
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
 from app.kafka.wait import broker_answers, group_coordinator_ready
-from app.runtime.procs import exited_by
+from app.runtime.procs import dies_with_parent, exited_by
 from app.runtime.settings import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 #: JVM flags for a broker sharing two cores with the whole system: a small fixed heap (Kafka
 #: keeps its data in the page cache, not the heap), G1 with short pauses, and the JIT and GC
@@ -103,18 +101,6 @@ logger.server.level = INFO
 logger.broker.name = kafka.server.BrokerServer
 logger.broker.level = INFO
 """
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the process that started the broker dies.
-
-    Without it a broker outlives a ``kill -9`` of its owner. Linux only; elsewhere the
-    owner's ``stop`` is the only cleanup.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class _NoPlainWarning(logging.Filter):
@@ -378,7 +364,7 @@ class KafkaBroker:
                 stderr=out,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # the main thread starts it: the signal follows the process
+                preexec_fn=dies_with_parent(),  # the main thread starts it: outlives no kill -9 of its owner
             )
         deadline = began + timeout_s
         while time.monotonic() < deadline:

@@ -2,7 +2,9 @@
 
 :mod:`app.runtime.system` decides which roles make up the product; this module only
 runs processes:
-- start every role as a child process in its own process group;
+- start every role as a child process in its own process group, that gets SIGTERM when
+  the supervisor dies, however it dies (``kill -9`` included), and holds the run's lock
+  (:mod:`app.runtime.runlock`) while it lives;
 - restart a child that exits non-zero, after 1, 2, 4, 8 then 16 s; a child that
   crashed more than ``MAX_RESTARTS`` times in a row, each within ``RESTART_WINDOW_S`` of
   its start, is crash-looping: tried again every ``CRASH_LOOP_S``, never given up on (the
@@ -35,14 +37,14 @@ from typing import IO
 
 import orjson
 
-from app.runtime.procs import exited_by
+from app.runtime.procs import dies_with_parent, exited_by
 from app.runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
 def stop_on_signals(what: str, force: threading.Event | None = None) -> threading.Event:
-    """An event that SIGINT or SIGTERM sets (logging "received SIG..., stopping ``what``").
+    """An event that SIGINT, SIGTERM or SIGHUP sets (logging "received SIG..., stopping ``what``").
     With ``force``, a second signal sets that event too: the operator wants out now."""
     stop = threading.Event()
 
@@ -58,6 +60,8 @@ def stop_on_signals(what: str, force: threading.Event | None = None) -> threadin
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
+        signal.signal(signal.SIGHUP, on_signal)  # the terminal closed: stop as for Ctrl-C
     return stop
 
 
@@ -137,9 +141,11 @@ class Supervisor:
 
     def __init__(
         self, settings: Settings, roles: list[Role], log_dir: Path, quiet: bool = False,
-        state_file: Path | None = None,
+        state_file: Path | None = None, hold_fds: tuple[int, ...] = (),
     ) -> None:  # fmt: skip
         self.settings = settings
+        #: descriptors every role inherits: the run's lock (app.runtime.runlock), held while any lives
+        self.hold_fds = hold_fds
         self.roles = roles
         self.log_dir = log_dir
         self.quiet = quiet
@@ -202,7 +208,9 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor alone
+            preexec_fn=dies_with_parent(),  # ... and its death, however it comes, every role
+            pass_fds=self.hold_fds,
         )
         assert role.proc.stdout is not None  # noqa: S101 - PIPE was requested
         role.tail = deque(maxlen=TAIL_LINES)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import getpass
 import logging
 import os
@@ -62,6 +63,7 @@ from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
 from app.kafka.broker import KafkaBroker, free_port, kafka_version
 from app.kafka.clients import Endpoint, Target, end_offsets
+from app.runtime import runlock
 from app.runtime.credentials import (
     CONSOLE,
     embedded_users,
@@ -496,8 +498,19 @@ STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "a
 
 
 def wipe(data_dir: Path) -> None:
-    """Remove everything ``make run`` keeps in ``data_dir`` (``--fresh``, ``make clean``)."""
-    shutil.rmtree(data_dir, ignore_errors=True)
+    """Remove everything ``make run`` keeps in ``data_dir`` (``--fresh``), but the run's lock,
+    which the run that wipes holds (``app.runtime.runlock``): the folder too when none is there."""
+    if not data_dir.is_dir():
+        return
+    for entry in data_dir.iterdir():
+        if entry.name == runlock.LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        data_dir.rmdir()  # empty: no lock was there
 
 
 def check_consistent(settings: Settings) -> None:
@@ -528,10 +541,26 @@ def restart_broker(broker: KafkaBroker) -> None:
 
 
 def run(settings: Settings, opts: RunOptions) -> int:
-    """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code."""
+    """Run until Ctrl-C, SIGTERM or the end of ``opts.duration_s``; return the exit code.
+    Raises ConfigError when another run, or the roles of a dead one, hold the data dir."""
     started = time.monotonic()
     force = threading.Event()  # a second Ctrl-C: kill what is left, now
     stop = stop_on_signals("everything", force)
+    lock = runlock.hold(settings.data_dir, stop)
+    try:
+        return _run(settings, opts, started, stop, force, lock)
+    finally:
+        os.close(lock)
+
+
+def _run(
+    settings: Settings,
+    opts: RunOptions,
+    started: float,
+    stop: threading.Event,
+    force: threading.Event,
+    lock: int,
+) -> int:
     if opts.fresh:
         wipe(settings.data_dir)
     check_consistent(settings)
@@ -574,7 +603,7 @@ def run(settings: Settings, opts: RunOptions) -> int:
             client_env = write_client_env(settings.data_dir, bootstrap, console, secret)
         console_lines = prepare_console(settings.data_dir, roles)
         sup = Supervisor(settings, roles, settings.data_dir / "logs", quiet=opts.quiet,
-                         state_file=settings.data_dir / ROLE_STATES_FILE)  # fmt: skip
+                         state_file=settings.data_dir / ROLE_STATES_FILE, hold_fds=(lock,))  # fmt: skip
         sup.start()
         _print_urls(bootstrap, roles, broker, console_lines, client_env)
         deadline = None if opts.duration_s is None else started + opts.duration_s

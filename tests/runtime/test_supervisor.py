@@ -302,3 +302,21 @@ def test_a_role_that_stops_its_own_children_gets_the_signal_alone(
     expected = ["role: child running", "child"] if stops_children else ["child", "role: child gone"]
     assert order.read_text().splitlines() == expected
     assert role.exit_code == 0
+
+
+def test_a_hang_up_stops_everything_as_ctrl_c_does_but_not_under_nohup() -> None:
+    """A terminal closed under `make run` sends SIGHUP: it stops the run as Ctrl-C does (before,
+    it killed the supervisor alone, and the roles ran on). Under `nohup` it stays ignored."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in signals}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup make run
+        stop_on_signals("the run")
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        stop = stop_on_signals("the run")
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert wait_for(stop.is_set, timeout_s=5, what="the stop")
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
