@@ -23,7 +23,7 @@ import orjson
 from app.cli.operator import (
     ack_command,
     now_iso,
-    publish_command,
+    publish_commands,
     resolve_command,
     silence_command,
     unsilence_command,
@@ -31,7 +31,8 @@ from app.cli.operator import (
 from app.dispatch.base import iso
 from app.dispatch.commands import Command
 from app.dispatch.matchers import matches_all, parse_matchers
-from app.errors import ConfigError
+from app.errors import ConfigError, RuleConfigError
+from app.rules.loader import load_rules
 from app.runtime.settings import Settings
 from app.storage.alert_store import AlertStore, CurrentAlert
 
@@ -66,14 +67,35 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
 
 
-def _send(settings: Settings, cmd: Command) -> int:
+def _send(settings: Settings, *cmds: Command) -> int:
     try:
-        publish_command(settings, cmd)
+        publish_commands(settings, cmds)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(cmd.model_dump_json())
+    for cmd in cmds:
+        print(cmd.model_dump_json())
     return 0
+
+
+#: the statuses of an open episode: an engine still owes it a transition
+_OPEN = frozenset({"firing", "pending", "no_data"})
+
+
+def _retired(settings: Settings, rows: list[CurrentAlert]) -> set[str] | None:
+    """The fingerprints of ``rows`` whose episode is open under a rule that no longer runs in
+    that version: the rule files (``APP_RULES_DIR``, as the engines load them) have no rule of
+    its id, or another version of it. No engine resolves such an episode (docs/rules.md, hot
+    reload). None when the files do not load: the engines then keep their last good rules,
+    which this cannot know."""
+    try:
+        ruleset = load_rules([settings.rules_dir])
+    except RuleConfigError as exc:
+        print(f"note: the rule files do not load, so retired alerts are not told ({exc.problems[0]})",
+              file=sys.stderr)  # fmt: skip
+        return None
+    running = {(r.id, r.version) for r in ruleset.rules}
+    return {a.fingerprint for a in rows if a.status in _OPEN and (a.rule_id, a.rule_version) not in running}
 
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -81,6 +103,7 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         acked = {(a["fingerprint"], a["starts_at"]) for a in store.acks()}
         silences = [(s["id"], parse_matchers(s["matchers"])) for s in store.silences(active_at=now_iso())]
         rows = store.current(None if args.status == "all" else args.status, limit=args.limit)
+    retired = _retired(settings, rows) or set()
     for a in rows:
         state = a.status
         if (a.fingerprint, a.starts_at) in acked or (a.fingerprint, "") in acked:
@@ -88,6 +111,8 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         labels = {**a.labels, "alertname": a.labels.get("alertname", a.rule_id), "severity": a.severity}
         if any(matches_all(m, labels) for _, m in silences):
             state += "+silenced"
+        if a.fingerprint in retired:
+            state += "+retired"
         cols = (a.fingerprint, f"{state:<24}", f"{a.severity:<8}", f"{a.rule_id:<24}", f"{a.starts_at:<24}")
         print("  ".join(cols), _labels(a.labels))
     print(f"{len(rows)} alert(s)", file=sys.stderr)
@@ -125,9 +150,22 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
+    if (args.id is None) == (not args.retired):
+        print("error: name an alert, or give --retired (not both)", file=sys.stderr)
+        return 2
+    if args.id is not None:
+        with _store(settings) as store:
+            cur = _one(store, args.id)
+        return _send(settings, resolve_command(cur, by=args.by, comment=args.comment))
     with _store(settings) as store:
-        cur = _one(store, args.id)
-    return _send(settings, resolve_command(cur, by=args.by, comment=args.comment))
+        rows = store.current("firing", limit=-1)  # SQLite: no limit
+    retired = _retired(settings, rows)
+    if retired is None:
+        return 2
+    comment = args.comment or "its rule was removed or edited"
+    cmds = [resolve_command(a, by=args.by, comment=comment) for a in rows if a.fingerprint in retired]
+    print(f"{len(cmds)} retired alert(s) to resolve", file=sys.stderr)
+    return _send(settings, *cmds) if cmds else 0
 
 
 def cmd_silence(args: argparse.Namespace, settings: Settings) -> int:
@@ -192,11 +230,15 @@ def register(sub: Any) -> None:
         ("resolve", cmd_resolve, "resolve by hand"),
     ):
         p = asub.add_parser(name, help=text)
-        p.add_argument("id", help="a prefix of the fingerprint or of an alert id")
+        p.add_argument("id", nargs="?" if name == "resolve" else None,
+                       help="a prefix of the fingerprint or of an alert id")  # fmt: skip
         p.add_argument("--by", default=user)
         p.add_argument("--comment", default="")
         if name == "ack":
             p.add_argument("--all-episodes", action="store_true", help="also later episodes of this alert")
+        else:
+            retired = "every firing alert whose rule was removed or edited since it fired"
+            p.add_argument("--retired", action="store_true", help=retired)
         p.set_defaults(func=fn)
     p = asub.add_parser("silence", help="silence alerts matching every matcher")
     p.add_argument("matchers", nargs="+", help='e.g. severity=critical device_id=~"pump-.*"')

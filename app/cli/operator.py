@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -132,7 +133,14 @@ def unsilence_command(silence_id: str, *, by: str, comment: str = "") -> Unsilen
 
 
 def publish_command(settings: Settings, cmd: Command) -> None:
-    """Produce ``cmd`` to the commands topic and wait for the broker's ack.
+    """Produce ``cmd`` to the commands topic and wait for the broker's ack (see
+    :func:`publish_commands`)."""
+    publish_commands(settings, [cmd])
+
+
+def publish_commands(settings: Settings, cmds: Sequence[Command]) -> None:
+    """Produce ``cmds``, in order, to the commands topic with one producer, and wait for the
+    broker's acks.
 
     Without ``KAFKA_BOOTSTRAP_SERVERS`` it goes to the ``make run`` of the same data dir, as
     its console principal and signed with its command secret
@@ -143,17 +151,20 @@ def publish_command(settings: Settings, cmd: Command) -> None:
     from app.topics import COMMANDS
 
     settings = operator_settings(settings)
-    signed = sign_command(cmd, settings.command_secret.get_secret_value())
+    secret = settings.command_secret.get_secret_value()
 
     async def main() -> None:
         producer = make_producer(settings)
         await producer.start()
         try:
-            await producer.send_and_wait(
-                COMMANDS, signed.model_dump_json().encode(), key=command_key(cmd).encode()
-            )
+            for cmd in cmds:
+                signed = sign_command(cmd, secret)
+                await producer.send_and_wait(
+                    COMMANDS, signed.model_dump_json().encode(), key=command_key(cmd).encode()
+                )
         finally:
             await producer.stop()
 
     asyncio.run(asyncio.wait_for(main(), PUBLISH_TIMEOUT_S))
-    logger.info("published %s command %s by %s", cmd.type, cmd.cmd_id, cmd.by or "-")
+    for cmd in cmds:
+        logger.info("published %s command %s by %s", cmd.type, cmd.cmd_id, cmd.by or "-")

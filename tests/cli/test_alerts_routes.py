@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from app.cli.main import main
 from app.kafka.broker import KafkaBroker
+from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
+from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
 from tests.conftest import child_env
-from tests.console_helpers import seed
+from tests.console_helpers import make_alert, seed
 from tests.dispatch.harness import publish
 from tests.dispatch.helpers import BASE, alert
 from tests.storage.helpers import sync_until
@@ -54,7 +58,8 @@ def test_list_silence_ack_show_and_unsilence(
 
     assert main(["alerts", "list"]) == 0
     states = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
-    assert states == {d1.fingerprint: "firing+silenced", d2.fingerprint: "firing+acked"}
+    # (the helper's rule is in no rule file here: no engine would resolve these, hence retired)
+    assert states == {d1.fingerprint: "firing+silenced+retired", d2.fingerprint: "firing+acked+retired"}
     assert main(["alerts", "show", d1.alert_id[:10]]) == 0
     shown = orjson.loads(capsys.readouterr().out)
     assert shown["current"]["fingerprint"] == d1.fingerprint and len(shown["transitions"]) == 1
@@ -118,3 +123,72 @@ def test_show_gives_every_time_as_rfc_3339(
     assert (notification["msg_id"], notification["status"]) == ("wh-123", "dead")
     assert (notification["queued_at"], notification["updated_at"]) == ("1970-01-01T00:00:01.000Z",) * 2
     assert shown["current"]["starts_at"] == alerts[1].starts_at
+
+
+RUNNING = """rules:
+  - id: machine-overheat
+    source: sensors
+    where: temperature > 100
+    group_by: [device_id]
+    severity: critical
+"""
+
+
+def _store_with_a_current_alert(data: Path, rules: Path) -> tuple[list[Any], str]:
+    """The seeded store (rule version "2" throughout), and pump-1 firing under the version of
+    machine-overheat that ``rules`` holds; its fingerprint."""
+    rules.mkdir()
+    (rules / "iot.yaml").write_text(RUNNING)
+    version = load_rules([rules]).rules[0].version
+    alerts = seed(data / "alerts.sqlite3")
+    current = dataclasses.replace(make_alert("pump-1", "firing"), rule_version=version)
+    with AlertStore(data / "alerts.sqlite3") as store:
+        store.apply_batch([current], engines=["faust"])
+    return alerts, current.fingerprint
+
+
+def test_list_marks_the_alerts_whose_rule_was_removed_or_edited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No engine resolves an episode its rule no longer runs (docs/rules.md, hot reload): the
+    list says which, from the rule files as the engines load them."""
+    rules = tmp_path / "rules"
+    monkeypatch.setenv("APP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("APP_RULES_DIR", str(rules))
+    _store_with_a_current_alert(tmp_path, rules)
+    assert main(["alerts", "list", "--status", "all"]) == 0
+    states = {(line.split()[3], line.split()[-1].split(",")[0]): line.split()[1]
+              for line in capsys.readouterr().out.splitlines()}  # fmt: skip
+    assert states == {
+        ("machine-overheat", "device_id=pump-1"): "firing",  # the version that runs
+        ("machine-overheat", "device_id=pump-7"): "firing+retired",  # another version
+        ("machine-overheat", "device_id=pump-9"): "firing+retired",
+        ("machine-overheat", "device_id=fan-1"): "resolved",  # ended: nothing is owed
+        ("vehicle-geofence", "device_id=vehicle-01"): "firing+retired",  # no such rule now
+    }
+    (rules / "iot.yaml").write_text(RUNNING.replace("temperature >", "temprature >"))
+    assert main(["alerts", "list"]) == 0  # the files do not load: the engines keep their last rules
+    out, err = capsys.readouterr()
+    assert "+retired" not in out and "the rule files do not load" in err
+
+
+def test_resolve_retired_resolves_each_retired_firing_alert_and_no_other(
+    broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "rules"
+    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path),
+                 "APP_RULES_DIR": str(rules)}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    alerts, running = _store_with_a_current_alert(tmp_path, rules)
+    assert main(["alerts", "resolve", "--retired", "--by", "ann"]) == 0
+    out, err = capsys.readouterr()
+    sent = [orjson.loads(line) for line in out.splitlines()]
+    pump7, pump9, vehicle = alerts[1], alerts[2], alerts[5]
+    assert sorted((c["type"], c["fingerprint"], c["starts_at"]) for c in sent) == sorted(
+        ("resolve", a.fingerprint, a.starts_at) for a in (pump7, pump9, vehicle)
+    )
+    assert running not in {c["fingerprint"] for c in sent}
+    assert {c["comment"] for c in sent} == {"its rule was removed or edited"} and "3 retired" in err
+    assert main(["alerts", "resolve"]) == 2  # neither an alert nor --retired
+    assert main(["alerts", "resolve", pump7.fingerprint, "--retired"]) == 2
+    assert "name an alert, or give --retired" in capsys.readouterr().err
