@@ -23,10 +23,12 @@ import hashlib
 import hmac
 import logging
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from app.alerts import Alert
 from app.dispatch.base import parse_iso
 from app.dispatch.matchers import parse_matcher
 
@@ -96,6 +98,18 @@ class ResolveCommand(_Command):
     type: Literal["resolve"] = "resolve"
     fingerprint: str = Field(min_length=1, max_length=64)
     starts_at: str = ""
+
+
+#: the ``notifications`` event that carries the resolved transition of a :class:`ResolveCommand`,
+#: as the dispatcher built it, to the alert store. Not on ``alerts``: only the engines may write
+#: there (``app/kafka/acls.py``), and under ``make run``'s ACLs the dispatcher's publisher, stuck
+#: on that refusal, retried it forever and held back its notification log behind it
+RESOLVED_BY_HAND = "resolved_by_hand"
+
+
+def resolved_by_hand(alert: Alert) -> dict[str, Any]:
+    """The :data:`RESOLVED_BY_HAND` event of a manual resolution's transition."""
+    return {"event": RESOLVED_BY_HAND, "alert_id": alert.alert_id, "alert": orjson.loads(alert.to_json())}
 
 
 Command = Annotated[

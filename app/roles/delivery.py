@@ -216,14 +216,21 @@ class Publisher:
         self.wake = asyncio.Event()
 
     async def flush(self) -> int:
-        """Publish everything queued now; return how many records. KafkaError propagates."""
+        """Publish everything queued now; return how many records. KafkaError propagates,
+        once the records acknowledged before the first that failed are marked published (they
+        were all sent again at each retry, every second, while a later one kept failing)."""
         rows = self.db.to_publish()
         if not rows:
             return 0
         futures = [await self.producer.send(topic, value, key=key) for _, topic, key, value in rows]
-        await asyncio.gather(*futures)
-        self.db.published(rows[-1][0])
-        return len(rows)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), None)
+        if failed is None:
+            self.db.published(rows[-1][0])
+            return len(rows)
+        if failed:
+            self.db.published(rows[failed - 1][0])
+        raise results[failed]
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -42,7 +42,7 @@ from prometheus_client import Counter, Gauge
 from app.alerts import Alert
 from app.dispatch.acks import Escalation
 from app.dispatch.base import Clock, wall_clock
-from app.dispatch.commands import parse_command, verify_command
+from app.dispatch.commands import parse_command, resolved_by_hand, verify_command
 from app.dispatch.config import KafkaReceiverConfig, RoutesFile, load_routes
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.messages import OutboxMessage
@@ -265,7 +265,9 @@ async def _loop(
         if not (polled or effects or changes):
             continue
         publish = [(NOTIFICATIONS, key.encode(), orjson.dumps(ev)) for key, ev in effects.log]
-        publish += [(ALERTS, a.fingerprint.encode(), a.to_json()) for a in effects.alerts]
+        publish += [
+            (NOTIFICATIONS, a.fingerprint.encode(), orjson.dumps(resolved_by_hand(a))) for a in effects.alerts
+        ]
         db.commit(changes, offsets, effects.outbox, publish)
         offsets_now, offsets = offsets, {}
         for msg in effects.outbox:

@@ -33,7 +33,7 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
 from app.alerts import Alert, order_key
-from app.dispatch.commands import parse_command, verify_command
+from app.dispatch.commands import RESOLVED_BY_HAND, parse_command, verify_command
 from app.kafka.clients import Target, assign_kept, make_consumer
 from app.kafka.wait import until_answered
 from app.runtime.settings import Settings
@@ -116,7 +116,13 @@ def decode_batch(polled: Polled, secret: str) -> Decoded:
                     if not isinstance(event, dict):
                         msg = "a notification event is a JSON object"
                         raise ValueError(msg)
-                    events.append(event)
+                    if event.get("event") == RESOLVED_BY_HAND:  # a transition, as the dispatcher built it
+                        alert = Alert.from_json(orjson.dumps(event["alert"]))
+                        order_key(alert)
+                        alerts.append(alert)
+                        engines.append(engine_of(rec.headers))
+                    else:
+                        events.append(event)
             except (ValueError, TypeError, KeyError) as exc:
                 INVALID.inc()
                 logger.error("skipping unusable record at %s:%d@%d: %s", *tp, rec.offset, exc)

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
@@ -20,7 +21,7 @@ from app.kafka.broker import KafkaBroker
 from app.notify import RetryPolicy
 from app.roles import dispatch as dispatch_role
 from app.roles import receiver
-from app.roles.delivery import OutboxSender
+from app.roles.delivery import OutboxSender, Publisher
 from app.runtime.settings import Settings
 from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS
@@ -226,4 +227,37 @@ def test_a_receiver_without_url_waits_then_dead_letters_at_max_age(
     (dead,) = db.outbox("dead")
     assert dead.last_error == "receiver unusable: no URL configured"
     assert any("UNUSABLE: no URL configured" in r.getMessage() for r in caplog.records)
+    db.close()
+
+
+class _RefusingProducer:
+    """Acknowledges every record but those of ``refused``, as a broker's ACLs refuse a topic."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+        self.sent: list[bytes] = []
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if topic == self.refused:
+            done.set_exception(TopicAuthorizationFailedError(topic))
+        else:
+            self.sent.append(value)
+            done.set_result(None)
+        return done
+
+
+def test_a_refused_record_holds_back_only_what_follows_it(tmp_path: Path) -> None:
+    """The records acknowledged before the first refused one are marked published: they were
+    all sent again at every retry, each second, while a later one kept being refused."""
+    db = DispatchDB(tmp_path / "dispatch.sqlite3")
+    db.commit([], {}, publish=[("notifications", b"k", b"one"), ("notifications", b"k", b"two"),
+                               ("refused", b"k", b"three"), ("notifications", b"k", b"four")])  # fmt: skip
+    producer = _RefusingProducer("refused")
+    publisher = Publisher(db, producer)  # type: ignore[arg-type]
+    for _ in range(3):  # three retries
+        with pytest.raises(TopicAuthorizationFailedError):
+            asyncio.run(publisher.flush())
+    assert [v for _, _, _, v in db.to_publish()] == [b"three", b"four"]  # kept, in order
+    assert producer.sent == [b"one", b"two", b"four", b"four", b"four"]  # one and two once each
     db.close()

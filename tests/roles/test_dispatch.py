@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -10,15 +11,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app.dispatch.base import iso
-from app.dispatch.commands import SilenceCommand, sign_command
+from app.dispatch.commands import RESOLVED_BY_HAND, ResolveCommand, SilenceCommand, sign_command
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import DEMO_COMMAND_SECRET, Settings
+from app.storage.alert_store import AlertStore
 from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS, COMMANDS, NOTIFICATIONS
 from tests.conftest import make_settings
 from tests.dispatch.harness import http_receiver, publish, run_role, write_routes
 from tests.dispatch.helpers import alert
 from tests.kafka_helpers import consume, consume_json, produce
+from tests.storage.helpers import sync_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -131,3 +134,46 @@ def test_a_forged_silence_mutes_nothing_and_is_counted(
     assert set(ids) == {a.alert_id for a in fired}
     after = REGISTRY.get_sample_value("dispatch_records_total", {"topic": COMMANDS, "outcome": "forged"})
     assert after == before + 2
+
+
+def test_a_resolve_by_hand_reaches_the_receiver_and_the_store_without_writing_alerts(
+    cfg: Settings, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The dispatcher may not write `alerts` (only the engines may: app/kafka/acls.py). It
+    published a manual resolution there, which make run's ACLs refused: its publisher retried
+    that record every second forever, and held its notification log back behind it (found by
+    hand, 2026-11-29). The resolution now goes to the store as a `resolved_by_hand` event on
+    `notifications`, which the dispatcher writes anyway."""
+    fired = alert("d1")
+    publish(broker.bootstrap, ALERTS, [fired])
+    cmd = ResolveCommand(fingerprint=fired.fingerprint, at=iso(time.time()), by="ann", comment="fixed")
+    signed = sign_command(cmd, DEMO_COMMAND_SECRET).model_dump_json().encode()
+    sent: list[threading.Thread] = []
+
+    def resolved_once_fired() -> bool:  # the command once the firing alert was delivered
+        if rx.requests and not sent:
+            sent.append(threading.Thread(target=produce, args=(broker.bootstrap, COMMANDS, [(b"r", signed)])))
+            sent[0].start()
+        return len(rx.requests) >= 2
+
+    with http_receiver() as rx:
+        run_role(cfg, write_routes(tmp_path / "routes.yaml", rx.url()), resolved_once_fired)
+        sent[0].join(10)
+    statuses = [a["status"] for r in rx.requests for a in orjson.loads(r.body)["alerts"]]
+    assert statuses == ["firing", "resolved"]
+    events = consume_json(broker.bootstrap, NOTIFICATIONS, min_count=5, timeout_s=10)
+    [by_hand] = [e for e in events if e["event"] == RESOLVED_BY_HAND]
+    assert by_hand["alert"]["status"] == "resolved"
+    assert by_hand["alert"]["annotations"]["resolved_by"] == "resolved by hand by ann: fixed"
+    assert [a["status"] for a in consume_json(broker.bootstrap, ALERTS, min_count=1, timeout_s=3)] == [
+        "firing"
+    ]
+    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path / "data")}
+    resolved = "SELECT COUNT(*) FROM alerts WHERE status = 'resolved' AND alert_id = '{}'"
+    sync_until(env, resolved.format(by_hand["alert_id"]))
+    with AlertStore(Settings.from_env(env).store_path, readonly=True) as store:
+        [current] = store.current()
+    assert (current.status, current.annotations["resolved_by"]) == (
+        "resolved",
+        "resolved by hand by ann: fixed",
+    )
