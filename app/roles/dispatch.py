@@ -88,6 +88,11 @@ async def run(
     """Dispatch until ``stop`` is set; see the module docstring."""
     config = load_routes(routes_file or settings.routes_file)
     db = DispatchDB(settings.dispatch_path)
+    # queued by a release that published manual resolutions on `alerts`, which only the engines
+    # may write: refused under ACLs, retried for ever, and holding back what followed them
+    as_event = lambda v: orjson.dumps(resolved_by_hand(Alert.from_json(v)))  # noqa: E731
+    if moved := db.retarget(ALERTS, NOTIFICATIONS, as_event):
+        logger.info("%d queued manual resolution(s) moved from %s to %s", moved, ALERTS, NOTIFICATIONS)
     disp = Dispatcher(config, clock=clock, external_url=settings.external_url)
     for table in disp.tables():
         table.restore(db.load(table.name))

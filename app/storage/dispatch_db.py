@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -188,3 +188,14 @@ class DispatchDB:
     def published(self, up_to_seq: int) -> None:
         with transaction(self._conn):
             self._conn.execute("DELETE FROM publish WHERE seq <= ?", (up_to_seq,))
+
+    def retarget(self, topic: str, to: str, convert: Callable[[bytes], bytes]) -> int:
+        """Move the records queued for ``topic`` to ``to``, each value through ``convert``, in
+        their place in the queue; how many."""
+        with transaction(self._conn):
+            rows = self._conn.execute("SELECT seq, value FROM publish WHERE topic = ?", (topic,)).fetchall()
+            for seq, value in rows:
+                self._conn.execute(
+                    "UPDATE publish SET topic = ?, value = ? WHERE seq = ?", (to, convert(bytes(value)), seq)
+                )
+        return len(rows)

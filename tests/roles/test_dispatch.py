@@ -177,3 +177,30 @@ def test_a_resolve_by_hand_reaches_the_receiver_and_the_store_without_writing_al
         "resolved",
         "resolved by hand by ann: fixed",
     )
+
+
+def test_manual_resolutions_queued_for_alerts_by_an_earlier_release_go_to_notifications(
+    cfg: Settings, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A data dir whose publish queue holds a manual resolution for `alerts` (queued by a release
+    before the fix above; refused there for ever) sends it where it goes now, in its place."""
+    resolved = alert("d1", "resolved")
+    db = DispatchDB(cfg.dispatch_path)
+    recorded = orjson.dumps({"event": "recorded", "at": 1.0})
+    db.commit([], {}, publish=[(ALERTS, resolved.fingerprint.encode(), resolved.to_json()),
+                               (NOTIFICATIONS, b"g", recorded)])  # fmt: skip
+    db.close()
+
+    def queue_empty() -> bool:
+        ro = DispatchDB(cfg.dispatch_path, readonly=True)
+        try:
+            return not ro.to_publish()
+        finally:
+            ro.close()
+
+    with http_receiver() as rx:
+        run_role(cfg, write_routes(tmp_path / "routes.yaml", rx.url()), queue_empty)
+    events = consume_json(broker.bootstrap, NOTIFICATIONS, min_count=2, timeout_s=10)
+    assert [e["event"] for e in events] == [RESOLVED_BY_HAND, "recorded"]
+    assert events[0]["alert"]["alert_id"] == resolved.alert_id
+    assert consume_json(broker.bootstrap, ALERTS, timeout_s=2) == []
