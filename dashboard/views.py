@@ -37,7 +37,7 @@ from app.console.queries import (
     split_matchers,
 )
 from app.dispatch.commands import Command
-from app.errors import ConfigError
+from app.errors import ConfigError, RuleConfigError
 from app.runtime.settings import Settings
 from app.storage.alert_store import CurrentAlert
 
@@ -219,7 +219,9 @@ def engine_text(engine: str) -> str:
     return ", ".join(engine.split(",")) if engine else "unknown"
 
 
-def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[dict[str, Any]]:
+def alert_rows(
+    alerts: list[CurrentAlert], acked: set[tuple[str, str]], running: frozenset[tuple[str, str]] | None = None
+) -> list[dict[str, Any]]:
     return [
         {
             "severity": a.severity,
@@ -230,6 +232,7 @@ def alert_rows(alerts: list[CurrentAlert], acked: set[tuple[str, str]]) -> list[
             "started": a.starts_at,
             "summary": a.annotations.get("summary", ""),
             "acked": (a.fingerprint, a.starts_at) in acked or (a.fingerprint, "") in acked,
+            "retired": retired(a, running),
             "key": alert_key(a),
         }
         for a in alerts
@@ -284,7 +287,7 @@ def alerts_page(settings: Settings, user: str | None) -> None:
         keys = sorted({k for a in page.rows for k in notified_labels(a)} - {"alertname"})
         group_by = top[3].selectbox("group by", ["(none)", "alertname", *keys], key="group_by")
         acked = q.acked(a.fingerprint for a in page.rows)
-        rows = alert_rows(page.rows, acked)
+        rows = alert_rows(page.rows, acked, running_rules(settings))
         if sort != "newest first":
             rows.sort(key=SORTS[sort])
         more = f" (showing {len(rows)})" if page.total > len(rows) else ""
@@ -332,6 +335,13 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
     st.caption(f"status **{a.status}**, severity **{a.severity}**, since {a.starts_at}, rule version "
                f"{a.rule_version}, engine **{engine_text(a.engine)}**, "
                f"fingerprint {a.fingerprint}")  # fmt: skip
+    if retired(a, running_rules(settings)):
+        st.warning(
+            f"Rule {a.rule_id} no longer runs in version {a.rule_version}: it was removed or edited "
+            "since this alert fired, and no engine will resolve it. Resolve it by hand: "
+            f"`python -m app alerts resolve {a.fingerprint}`, or `python -m app alerts resolve "
+            "--retired` for every such alert."
+        )
     left, right = st.columns(2)
     with left:
         st.markdown("**Labels**")
@@ -391,12 +401,34 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
 
 
 @st.cache_resource(ttl=30)
-def _catalog(rules_dir: str, _key: tuple[tuple[str, int, int], ...]) -> Catalog:
+def _catalog(rules_dir: str, key: tuple[tuple[str, int, int], ...]) -> Catalog:
     return load_catalog(Path(rules_dir))
 
 
 def catalog(settings: Settings) -> Catalog:
     return _catalog(str(settings.rules_dir), files_key(settings.rules_dir))
+
+
+@st.cache_resource(ttl=30)
+def _running(rules_dir: str, key: tuple[tuple[str, int, int], ...]) -> frozenset[tuple[str, str]] | None:
+    from app.rules.loader import running_versions  # as load_catalog: the compiler, when asked
+
+    try:
+        return running_versions([Path(rules_dir)])
+    except RuleConfigError:  # the engines keep their last good rules, which the files do not say
+        return None
+
+
+def running_rules(settings: Settings) -> frozenset[tuple[str, str]] | None:
+    """The (rule id, version) pairs the engines run from the rule files; None while they do
+    not load. Read again when a file changes (``files_key``) or after 30 s."""
+    return _running(str(settings.rules_dir), files_key(settings.rules_dir))
+
+
+def retired(a: CurrentAlert, running: frozenset[tuple[str, str]] | None) -> bool:
+    """Whether ``a`` is open under a rule version that no longer runs (removed or edited since
+    it fired): no engine will end it (docs/rules.md, hot reload)."""
+    return running is not None and a.status in ACTIVE and (a.rule_id, a.rule_version) not in running
 
 
 @st.cache_data(ttl=30, show_spinner="reading the source topic...")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from app.alerts import Alert
 from app.console.users import hash_password, save_user
+from app.rules.loader import load_rules
 from app.storage.alert_store import AlertStore
 
 PASSWORD = "correct horse battery"
@@ -57,6 +59,30 @@ def seed(path: Path) -> list[Alert]:
                             "reason": "answered 400"}],
         )  # fmt: skip
     return alerts
+
+
+#: a rule file whose machine-overheat is another version than the seeded alerts' ("2")
+RUNNING = """rules:
+  - id: machine-overheat
+    source: sensors
+    where: temperature > 100
+    group_by: [device_id]
+    severity: critical
+"""
+
+
+def seed_with_a_running_rule(data_dir: Path, rules_dir: Path) -> tuple[list[Alert], str]:
+    """:func:`seed`'s store, where every alert is open under a rule version no longer running
+    once ``rules_dir`` holds :data:`RUNNING` (written here), and pump-1 firing under the version
+    that runs; the seeded alerts and pump-1's fingerprint."""
+    rules_dir.mkdir()
+    (rules_dir / "iot.yaml").write_text(RUNNING)
+    version = load_rules([rules_dir]).rules[0].version
+    alerts = seed(data_dir / "alerts.sqlite3")
+    current = dataclasses.replace(make_alert("pump-1", "firing"), rule_version=version)
+    with AlertStore(data_dir / "alerts.sqlite3") as store:
+        store.apply_batch([current], engines=["faust"])
+    return alerts, current.fingerprint
 
 
 def add_user(data_dir: Path, name: str = "ann", password: str = PASSWORD) -> Path:

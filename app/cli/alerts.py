@@ -28,11 +28,12 @@ from app.cli.operator import (
     silence_command,
     unsilence_command,
 )
+from app.console.queries import ACTIVE
 from app.dispatch.base import iso
 from app.dispatch.commands import Command
 from app.dispatch.matchers import matches_all, parse_matchers
 from app.errors import ConfigError, RuleConfigError
-from app.rules.loader import load_rules
+from app.rules.loader import running_versions
 from app.runtime.settings import Settings
 from app.storage.alert_store import AlertStore, CurrentAlert
 
@@ -78,10 +79,6 @@ def _send(settings: Settings, *cmds: Command) -> int:
     return 0
 
 
-#: the statuses of an open episode: an engine still owes it a transition
-_OPEN = frozenset({"firing", "pending", "no_data"})
-
-
 def _retired(settings: Settings, rows: list[CurrentAlert]) -> set[str] | None:
     """The fingerprints of ``rows`` whose episode is open under a rule that no longer runs in
     that version: the rule files (``APP_RULES_DIR``, as the engines load them) have no rule of
@@ -89,13 +86,12 @@ def _retired(settings: Settings, rows: list[CurrentAlert]) -> set[str] | None:
     reload). None when the files do not load: the engines then keep their last good rules,
     which this cannot know."""
     try:
-        ruleset = load_rules([settings.rules_dir])
+        running = running_versions([settings.rules_dir])
     except RuleConfigError as exc:
         print(f"note: the rule files do not load, so retired alerts are not told ({exc.problems[0]})",
               file=sys.stderr)  # fmt: skip
         return None
-    running = {(r.id, r.version) for r in ruleset.rules}
-    return {a.fingerprint for a in rows if a.status in _OPEN and (a.rule_id, a.rule_version) not in running}
+    return {a.fingerprint for a in rows if a.status in ACTIVE and (a.rule_id, a.rule_version) not in running}
 
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:

@@ -238,6 +238,14 @@ def _is_test_file(path: Path) -> bool:
     return path.name.endswith((".test.yaml", ".test.yml")) or "tests" in path.parts[-2:-1]
 
 
+def running_versions(paths: Iterable[Path | str]) -> frozenset[tuple[str, str]]:
+    """``(rule id, version)`` of every rule in ``paths``, loaded as the engines load them: the
+    versions they run once they have read the files. An alert open under any other ran under a
+    rule since removed or edited, and no engine will end it. Raises RuleConfigError as
+    :func:`load_rules` (the engines then keep their last good rules, which the files do not say)."""
+    return frozenset((r.id, r.version) for r in load_rules(paths).rules)
+
+
 def load_rules(paths: Iterable[Path | str]) -> RuleSet:
     """Load and compile every rule file under ``paths``; raise on any problem."""
     problems: list[RuleProblem] = []

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from app.cli.main import main
 from app.kafka.broker import KafkaBroker
-from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
-from app.storage.alert_store import AlertStore
 from app.topics import ALERTS
 from tests.conftest import child_env
-from tests.console_helpers import make_alert, seed
+from tests.console_helpers import RUNNING, seed, seed_with_a_running_rule
 from tests.dispatch.harness import publish
 from tests.dispatch.helpers import BASE, alert
 from tests.storage.helpers import sync_until
@@ -125,28 +121,6 @@ def test_show_gives_every_time_as_rfc_3339(
     assert shown["current"]["starts_at"] == alerts[1].starts_at
 
 
-RUNNING = """rules:
-  - id: machine-overheat
-    source: sensors
-    where: temperature > 100
-    group_by: [device_id]
-    severity: critical
-"""
-
-
-def _store_with_a_current_alert(data: Path, rules: Path) -> tuple[list[Any], str]:
-    """The seeded store (rule version "2" throughout), and pump-1 firing under the version of
-    machine-overheat that ``rules`` holds; its fingerprint."""
-    rules.mkdir()
-    (rules / "iot.yaml").write_text(RUNNING)
-    version = load_rules([rules]).rules[0].version
-    alerts = seed(data / "alerts.sqlite3")
-    current = dataclasses.replace(make_alert("pump-1", "firing"), rule_version=version)
-    with AlertStore(data / "alerts.sqlite3") as store:
-        store.apply_batch([current], engines=["faust"])
-    return alerts, current.fingerprint
-
-
 def test_list_marks_the_alerts_whose_rule_was_removed_or_edited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -155,7 +129,7 @@ def test_list_marks_the_alerts_whose_rule_was_removed_or_edited(
     rules = tmp_path / "rules"
     monkeypatch.setenv("APP_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("APP_RULES_DIR", str(rules))
-    _store_with_a_current_alert(tmp_path, rules)
+    seed_with_a_running_rule(tmp_path, rules)
     assert main(["alerts", "list", "--status", "all"]) == 0
     states = {(line.split()[3], line.split()[-1].split(",")[0]): line.split()[1]
               for line in capsys.readouterr().out.splitlines()}  # fmt: skip
@@ -179,7 +153,7 @@ def test_resolve_retired_resolves_each_retired_firing_alert_and_no_other(
     for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path),
                  "APP_RULES_DIR": str(rules)}.items():  # fmt: skip
         monkeypatch.setenv(k, v)
-    alerts, running = _store_with_a_current_alert(tmp_path, rules)
+    alerts, running = seed_with_a_running_rule(tmp_path, rules)
     assert main(["alerts", "resolve", "--retired", "--by", "ann"]) == 0
     out, err = capsys.readouterr()
     sent = [orjson.loads(line) for line in out.splitlines()]

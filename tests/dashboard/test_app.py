@@ -21,7 +21,7 @@ from app.kafka.broker import KafkaBroker, free_port
 from app.runtime.settings import PROJECT_ROOT
 from app.storage.alert_store import AlertStore
 from app.topics import ALERTS, COMMANDS
-from tests.console_helpers import PASSWORD, add_user, make_alert, seed
+from tests.console_helpers import PASSWORD, add_user, make_alert, seed, seed_with_a_running_rule
 from tests.dispatch.harness import publish
 from tests.kafka_helpers import consume_json, produce
 from tests.storage.helpers import sync_until
@@ -125,6 +125,31 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     vehicle = alerts[5]
     at = run_page("alerts", alert=f"{vehicle.rule_id}/{vehicle.fingerprint}")
     assert any("engine **spark**" in c.value for c in at.caption)
+
+
+def test_alerts_whose_rule_was_removed_or_edited_are_marked_retired_with_the_remedy(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No engine ends an alert open under a rule version that no longer runs (docs/rules.md,
+    hot reload): the list says which, and the detail says how to end it."""
+    rules = tmp_path / "rules"
+    monkeypatch.setenv("APP_RULES_DIR", str(rules))
+    alerts, running = seed_with_a_running_rule(data_dir, rules)
+    at = run_page("alerts")
+    (table,) = [d.value for d in at.dataframe]
+    marked = dict(zip(table["labels"].str.split(",").str[0], table["retired"], strict=True))
+    assert marked == {"device_id=pump-1": False, "device_id=pump-7": True, "device_id=pump-9": True,
+                      "device_id=vehicle-01": True}  # fmt: skip
+    pump7 = alerts[1]
+    at = run_page("alerts", alert=f"{pump7.rule_id}/{pump7.fingerprint}")
+    (warning,) = [w.value for w in at.warning if "no longer runs" in w.value]
+    assert "Rule machine-overheat no longer runs in version 2" in warning
+    assert f"python -m app alerts resolve {pump7.fingerprint}" in warning
+    at = run_page("alerts", alert=f"machine-overheat/{running}")
+    assert not [w for w in at.warning if "no longer runs" in w.value]
+    (rules / "iot.yaml").write_text("rules: [")  # the files do not load: nothing is said
+    at = run_page("alerts", alert=f"{pump7.rule_id}/{pump7.fingerprint}")
+    assert not [w for w in at.warning if "no longer runs" in w.value]
 
 
 def test_actions_need_a_signed_in_user_and_record_them(
