@@ -340,7 +340,7 @@ def alert_detail(settings: Settings, q: ConsoleQueries, key: str, user: str | No
             f"Rule {a.rule_id} no longer runs in version {a.rule_version}: it was removed or edited "
             "since this alert fired, and no engine will resolve it. Resolve it by hand: "
             f"`python -m app alerts resolve {a.fingerprint}`, or `python -m app alerts resolve "
-            "--retired` for every such alert."
+            "--retired --yes` for every such alert."
         )
     left, right = st.columns(2)
     with left:

@@ -159,9 +159,17 @@ def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
     if retired is None:
         return 2
     comment = args.comment or "its rule was removed or edited"
-    cmds = [resolve_command(a, by=args.by, comment=comment) for a in rows if a.fingerprint in retired]
-    print(f"{len(cmds)} retired alert(s) to resolve", file=sys.stderr)
-    return _send(settings, *cmds) if cmds else 0
+    chosen = [a for a in rows if a.fingerprint in retired]
+    if not args.yes:  # a rules dir other than the engines' would name live alerts: look first
+        for a in chosen:
+            print(f"{a.fingerprint}  {a.rule_id}@{a.rule_version}  {a.starts_at}  {_labels(a.labels)}")
+        print(f"{len(chosen)} retired alert(s) would be resolved (rules from {settings.rules_dir}); "
+              "run again with --yes to resolve them", file=sys.stderr)  # fmt: skip
+        return 0
+    print(f"{len(chosen)} retired alert(s) to resolve", file=sys.stderr)
+    return (
+        _send(settings, *(resolve_command(a, by=args.by, comment=comment) for a in chosen)) if chosen else 0
+    )
 
 
 def cmd_silence(args: argparse.Namespace, settings: Settings) -> int:
@@ -233,8 +241,9 @@ def register(sub: Any) -> None:
         if name == "ack":
             p.add_argument("--all-episodes", action="store_true", help="also later episodes of this alert")
         else:
-            retired = "every firing alert whose rule was removed or edited since it fired"
+            retired = "every firing alert whose rule was removed or edited since it fired (APP_RULES_DIR)"
             p.add_argument("--retired", action="store_true", help=retired)
+            p.add_argument("--yes", action="store_true", help="with --retired: resolve them (else list them)")
         p.set_defaults(func=fn)
     p = asub.add_parser("silence", help="silence alerts matching every matcher")
     p.add_argument("matchers", nargs="+", help='e.g. severity=critical device_id=~"pump-.*"')

@@ -154,7 +154,13 @@ def test_resolve_retired_resolves_each_retired_firing_alert_and_no_other(
                  "APP_RULES_DIR": str(rules)}.items():  # fmt: skip
         monkeypatch.setenv(k, v)
     alerts, running = seed_with_a_running_rule(tmp_path, rules)
-    assert main(["alerts", "resolve", "--retired", "--by", "ann"]) == 0
+    assert main(["alerts", "resolve", "--retired"]) == 0  # without --yes: what it would resolve
+    out, err = capsys.readouterr()
+    assert sorted(line.split()[0] for line in out.splitlines()) == sorted(
+        a.fingerprint for a in (alerts[1], alerts[2], alerts[5])
+    )
+    assert "3 retired alert(s) would be resolved" in err and "--yes" in err
+    assert main(["alerts", "resolve", "--retired", "--yes", "--by", "ann"]) == 0
     out, err = capsys.readouterr()
     sent = [orjson.loads(line) for line in out.splitlines()]
     pump7, pump9, vehicle = alerts[1], alerts[2], alerts[5]
