@@ -53,12 +53,13 @@ from typing import Any
 
 import orjson
 
+from app.console.catalog import files_key
 from app.console.health import ROLE_STATES_FILE
 from app.console.launch import prepare as prepare_console
 from app.errors import AppError, ConfigError
 from app.events import parse_ts
 from app.eventtime import Clock
-from app.kafka.acls import apply_acls, branch_grants, rule_branch_topics
+from app.kafka.acls import ENGINES, apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
 from app.kafka.broker import KafkaBroker, free_port, kafka_version
@@ -497,6 +498,46 @@ def _print_urls(
 STATEFUL = ("dispatch.sqlite3", "alerts.sqlite3", "ingest", "faust", "spark", "archive", "mosquitto")
 
 
+#: how often ``make run`` looks for rule files that branch to a topic its engines may not write
+BRANCH_CHECK_S = 2.0
+
+
+class BranchAcls:
+    """Grants the engines each branch topic the rule files name, as they change while the run
+    goes on. ``make run`` writes its ACLs at the start, with the branch topics of the rules then;
+    a rule file added later that branched to a new topic had its reload postponed for as long as
+    the run lasted (the worker may not create the topic, and keeps its last good rules), where
+    every other rule file is taken within about 2 s. Needs the embedded broker's administrator."""
+
+    def __init__(self, admin: Target, rules_dir: Path, granted: Sequence[str]) -> None:
+        self.admin = admin
+        self.rules_dir = rules_dir
+        self.granted = set(granted)
+        self._key = files_key(rules_dir)
+        self._next = 0.0
+
+    def poll(self, now: float) -> list[str]:
+        """At most every ``BRANCH_CHECK_S`` (``now``: ``time.monotonic()``), when a rule file
+        changed: grant the branch topics not granted yet; the topics granted now."""
+        if now < self._next:
+            return []
+        self._next = now + BRANCH_CHECK_S
+        key = files_key(self.rules_dir)
+        if key == self._key:
+            return []
+        new = sorted(set(rule_branch_topics(self.rules_dir)) - self.granted)
+        if new:
+            try:
+                asyncio.run(apply_acls(self.admin, ENGINES, extra=branch_grants(new)))
+            except (AppError, OSError) as exc:  # the next check tries again
+                logger.warning("could not grant the engines the branch topic(s) %s: %s", ", ".join(new), exc)
+                return []
+            self.granted.update(new)
+            logger.info("granted the engines the branch topic(s) %s of the edited rules", ", ".join(new))
+        self._key = key
+        return new
+
+
 def wipe(data_dir: Path) -> None:
     """Remove everything ``make run`` keeps in ``data_dir`` (``--fresh``), but the run's lock,
     which the run that wipes holds (``app.runtime.runlock``): the folder too when none is there."""
@@ -589,8 +630,11 @@ def _run(
         if stopped_while_starting():
             return 0
         asyncio.run(ensure_topics(admin, settings.partitions, settings.replication_factor))
+        branches: BranchAcls | None = None
         if users is not None:
-            asyncio.run(apply_acls(admin, extra=branch_grants(rule_branch_topics(settings.rules_dir))))
+            topics = rule_branch_topics(settings.rules_dir)
+            asyncio.run(apply_acls(admin, extra=branch_grants(topics)))
+            branches = BranchAcls(admin, settings.rules_dir, topics)
         roles = build_roles(settings, bootstrap, opts, users)
         if stopped_while_starting():
             return 0
@@ -611,6 +655,8 @@ def _run(
             sup.poll()
             if broker is not None and not broker.running():
                 restart_broker(broker)
+            if branches is not None:
+                branches.poll(time.monotonic())
             stop.wait(0.2)
         receiver = next((r for r in roles if r.name == "receiver"), None)
         stats: dict[str, Any] | None = None

@@ -29,6 +29,7 @@ from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import connection, end_offsets
 from app.runtime.settings import PROJECT_ROOT, Settings
+from app.runtime.system import BranchAcls
 from app.topics import ALERTS, COMMANDS, DLQ, NOTIFICATIONS, SENSORS, TopicSpec
 from tests.conftest import make_settings
 from tests.kafka_helpers import can_write
@@ -152,6 +153,22 @@ def test_a_log_dir_formatted_without_users_takes_them_and_a_changed_password_rep
         refused = r"refused to create finance\.other \(TopicAuthorizationFailedError"  # logged as created
         with pytest.raises(BrokerError, match=refused):
             asyncio.run(ensure_topics(ingest, 1, specs=(TopicSpec("finance.other", key=""),)))
+        # a rule file that branches to a new topic, added while make run runs: granted as it comes
+        # (before, the worker's reload waited for a restart of make run)
+        rules = tmp_path / "rules"
+        rules.mkdir()
+        branches = BranchAcls(admin, rules, ["finance.big"])
+        later = (TopicSpec("finance.later", key=""),)
+        (rules / "b.yaml").write_text(
+            "rules:\n  - id: later\n    source: finance\n    where: amount is not null\n"
+            "    branch:\n      - {when: amount >= 40, to: finance.later}\n"
+        )
+        with pytest.raises(BrokerError, match=r"refused to create finance\.later"):
+            asyncio.run(ensure_topics(worker, 1, specs=later))
+        assert branches.poll(now=1e9) == ["finance.later"]
+        assert branches.poll(now=2e9) == []  # granted once, not again at every check
+        assert asyncio.run(ensure_topics(worker, 1, specs=later)) == ["finance.later"]
+        assert can_write(worker, "finance.later")
     users["worker"] = "a-new-password"
     with KafkaBroker(home, heap="384m", sasl_users=users, acls=True) as broker:
         assert can_write(as_role(tmp_path, broker.bootstrap, "worker", "a-new-password"), ALERTS)
