@@ -62,4 +62,6 @@ bench: venv jars native ## Run the benchmarks in bench/ (the evaluator compiled)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean: ## Remove local state (.data: broker log, alert store, dispatcher, progress) and caches; keep .venv and .cache/jars
+	@if [ -e .data/run.lock ] && command -v flock >/dev/null && ! flock -n .data/run.lock true; then \
+		echo "make clean: a make run is using .data (its lock, .data/run.lock, is held): stop it first" >&2; exit 1; fi
 	rm -rf .data .pytest_cache .ruff_cache .mypy_cache build

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,3 +125,18 @@ def test_roles_die_with_their_supervisor_and_the_next_run_kills_one_that_does_no
         for pid in (sup.pid, *pids):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_make_clean_refuses_while_a_run_holds_the_data_dir(tmp_path: Path) -> None:
+    """`make clean` removed `.data` under a running `make run`; it refuses while the lock is held."""
+    shutil.copy(PROJECT_ROOT / "Makefile", tmp_path / "Makefile")
+    lock = runlock.hold(tmp_path / ".data")  # a run on the copy's .data
+    try:
+        held = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert held.returncode != 0 and "a make run is using .data" in held.stderr
+        assert (tmp_path / ".data" / "run.lock").exists()
+    finally:
+        os.close(lock)
+    done = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / ".data").exists()
