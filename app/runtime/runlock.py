@@ -48,9 +48,13 @@ def hold(data_dir: Path, stop: threading.Event | None = None, wait_s: float = OR
     pass to every role (it is close-on-exec otherwise). Raises ConfigError, naming who holds
     it, when another run does, or the roles of a dead one still do after ``wait_s`` (or once
     ``stop`` is set)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        msg = f"cannot lock the data dir {data_dir} for this run ({path}): {exc.strerror}"
+        raise ConfigError(msg) from None
     try:
         _wait_for(fd, path, stop, wait_s)
         os.ftruncate(fd, 0)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from app.errors import ConfigError
 from app.runtime import runlock
 from app.runtime.settings import PROJECT_ROOT
 from app.runtime.system import wipe
@@ -32,6 +33,7 @@ pytestmark = [pytest.mark.slow]
 FAKE_RUN = """
 import sys, time
 from pathlib import Path
+from app.errors import ConfigError
 from app.runtime import runlock
 from app.runtime.supervisor import Role, Supervisor
 from tests.conftest import make_settings
@@ -140,3 +142,10 @@ def test_make_clean_refuses_while_a_run_holds_the_data_dir(tmp_path: Path) -> No
     done = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / ".data").exists()
+
+
+def test_a_data_dir_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    with pytest.raises(ConfigError, match=f"cannot lock the data dir {blocked / 'data'}"):
+        runlock.hold(blocked / "data")
