@@ -221,7 +221,7 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
     it were all of it."""
     from aiokafka import AIOKafkaConsumer
 
-    from app.kafka.clients import assign_kept, connection, read_to_end
+    from app.kafka.clients import assign_kept, connection, read_to_end, stop_consumer
 
     out: list[tuple[int, str, int, int, bytes]] = []
     # committed records only, to the consumer's own end offsets: the last stable ones
@@ -236,7 +236,7 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
             if r.value is not None:
                 out.append((r.timestamp, r.topic, r.partition, r.offset, r.value))
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     out.sort(key=lambda r: r[:4])  # (topic, partition, offset) is unique: a total order
     return out
 

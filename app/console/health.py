@@ -182,7 +182,7 @@ async def _kafka(target: Target, topics: list[str], sources: list[str], timeout_
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from app.kafka.clients import connection, partitions_of
+    from app.kafka.clients import connection, partitions_of, stop_consumer
 
     tps = await partitions_of(target, topics, timeout_s)
     consumer = AIOKafkaConsumer(**connection(target), enable_auto_commit=False)
@@ -218,7 +218,7 @@ async def _kafka(target: Target, topics: list[str], sources: list[str], timeout_
             newest = max(stamps) if stamps else None
         return {"ends": ends, "lag": lag, "newest": newest}
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         await admin.close()
 
 

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from app.console.readings import BUDGET_S, MAX_RECORDS, Collector, ReadingsPlan, ReadReport
-from app.kafka.clients import Target, connection, topic_partitions
+from app.kafka.clients import Target, connection, stop_consumer, topic_partitions
 from app.placement import partition_for
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ async def _read(target: Target, plan: ReadingsPlan, collect: Collector, budget: 
             if budget.hit:
                 break
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     report.records = budget.read
     report.bound = budget.hit
     return report

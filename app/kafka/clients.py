@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from app.errors import BrokerError
@@ -198,7 +199,45 @@ async def high_watermarks(
             await asyncio.wait_for(consumer.start(), timeout_s)
             return dict(await asyncio.wait_for(consumer.end_offsets(tps), timeout_s))
     finally:
+        await stop_consumer(consumer)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """``consumer.stop()``, through a known fault of aiokafka's (aio-libs/aiokafka#647: its close
+    awaits the tasks it has just cancelled): stopped while a fetch was backing off from a broker
+    gone, ``stop()`` raised that task's CancelledError before closing the client, and the
+    dispatcher and store-sync exited 1 with a traceback where they should stop cleanly. Swallowed
+    unless this task itself is being cancelled; the client is closed then, as ``stop()`` would."""
+    try:
         await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        logger.debug("the consumer's close met a task it cancelled; closing its client")
+        await consumer._client.close()  # noqa: SLF001 - what stop() did not reach
+
+
+#: how long a commit a role makes for monitoring only may take (the offsets that count are in
+#: the role's own store)
+MONITOR_COMMIT_S = 5.0
+
+
+async def commit_for_monitoring(
+    consumer: AIOKafkaConsumer, offsets: Mapping[TopicPartition, int], timeout_s: float = MONITOR_COMMIT_S
+) -> bool:
+    """Commit ``offsets`` that a role keeps in its own store as well, for the consumer lag the
+    console shows; whether it was done. At most ``timeout_s``, and never an error: aiokafka's
+    commit waits for a group coordinator for as long as none answers, so a broker gone made the
+    dispatcher's stop, which commits last, wait for ever."""
+    if not offsets:  # aiokafka refuses an empty commit
+        return False
+    try:
+        await asyncio.wait_for(consumer.commit(dict(offsets)), timeout_s)
+    except (KafkaError, TimeoutError) as exc:
+        logger.debug("commit for monitoring skipped: %r", exc)
+        return False
+    return True
 
 
 async def assign_kept(

@@ -36,7 +36,6 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from app.alerts import Alert
@@ -50,7 +49,14 @@ from app.dispatch.nflog import Entry
 from app.dispatch.reload import RoutesWatcher
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
-from app.kafka.clients import assign_kept, make_consumer, make_producer, read_to_end
+from app.kafka.clients import (
+    assign_kept,
+    commit_for_monitoring,
+    make_consumer,
+    make_producer,
+    read_to_end,
+    stop_consumer,
+)
 from app.kafka.wait import until_answered
 from app.notify import RetryPolicy
 from app.notify.check import receiver_problems
@@ -217,7 +223,7 @@ async def run(
         for s in senders.values():
             if s.notifier is not None:
                 await s.notifier.aclose()
-        await consumer.stop()
+        await stop_consumer(consumer)
         await producer.stop()
         db.close()
         logger.info("dispatcher stopped")
@@ -331,11 +337,7 @@ async def _assign(
 
 
 async def _commit_kafka(consumer: AIOKafkaConsumer, db: DispatchDB) -> None:
-    kept = {TopicPartition(t, p): n for (t, p), n in db.offsets().items()}
-    if not kept:  # nothing applied yet (stopped right after start): aiokafka refuses an empty commit
-        return
-    with contextlib.suppress(KafkaError):
-        await consumer.commit(kept)
+    await commit_for_monitoring(consumer, {TopicPartition(t, p): n for (t, p), n in db.offsets().items()})
 
 
 async def _rebuild_log(settings: Settings, disp: Dispatcher, db: DispatchDB) -> int:
@@ -380,5 +382,5 @@ async def read_topic(settings: Settings, topic: str, stall_s: float = 60.0) -> l
             with contextlib.suppress(orjson.JSONDecodeError):
                 out.append(orjson.loads(rec.value or b""))
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     return out

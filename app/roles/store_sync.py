@@ -20,7 +20,6 @@ idempotent, but wasteful).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Sequence
@@ -29,12 +28,11 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
 from app.alerts import Alert, order_key
 from app.dispatch.commands import RESOLVED_BY_HAND, parse_command, verify_command
-from app.kafka.clients import Target, assign_kept, make_consumer
+from app.kafka.clients import Target, assign_kept, commit_for_monitoring, make_consumer, stop_consumer
 from app.kafka.wait import until_answered
 from app.runtime.settings import Settings
 from app.storage.alert_store import DEFAULT_ENGINE, AlertStore
@@ -163,9 +161,8 @@ async def run(settings: Settings, stop: asyncio.Event, *, max_batch: int = 500, 
             APPLIED.labels("duplicate").inc(len(got.alerts) - new)
             OPERATOR.labels(COMMANDS).inc(len(got.commands))
             OPERATOR.labels(NOTIFICATIONS).inc(len(got.events))
-            with contextlib.suppress(KafkaError):
-                await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in polled.items()})
+            await commit_for_monitoring(consumer, {tp: recs[-1].offset + 1 for tp, recs in polled.items()})
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         store.close()
         logger.info("store sync stopped")

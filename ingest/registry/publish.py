@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from app.errors import BrokerError
-from app.kafka.clients import make_consumer, partitions_of
+from app.kafka.clients import make_consumer, partitions_of, stop_consumer
 from app.kafka.errors import broker_errors
 from app.runtime.settings import Settings
 from ingest.publisher import Publisher
@@ -78,7 +78,7 @@ async def read_table(settings: Settings, topic: str, timeout_s: float = 30.0) ->
                             rows[key] = orjson.loads(r.value)
             return rows
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def load_table(

@@ -307,12 +307,17 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
                 assert not r.restarts and len(log_lines(log, UNREACHABLE)) == 1, r.name
                 assert log_lines(log, "Kafka at 127.0.0.1:.* answered after"), r.name
                 assert not log_lines(log, "Traceback"), r.name
-            sup.stop()
+        # the broker is gone: the dispatcher and store-sync still stop cleanly (aiokafka's consumer
+        # close raised a fetch task's CancelledError: exit 1 with a traceback; a commit for
+        # monitoring could wait for a coordinator for ever). The worker may take longer than its
+        # grace then (tests/agents/test_worker.py: under 20 s) and be killed: a crash it recovers from.
+        sup.stop()
     finally:
         sup.stop()
-    assert all(r.exit_code == 0 for r in sup.roles if r.name != "replay"), {
-        r.name: r.exit_code for r in sup.roles
-    }
+    codes = {r.name: r.exit_code for r in sup.roles}
+    assert (codes["replay"], codes["dispatch"], codes["store-sync"]) == (0, 0, 0), codes
+    for name in ("dispatch", "store-sync"):
+        assert not log_lines(sup.log_dir / f"{name}.log", "Traceback"), name
 
 
 def test_a_broker_that_stalls_as_store_sync_starts_is_waited_out_not_crashed_into(

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from app.errors import BrokerError
 from app.kafka.broker import KafkaBroker
-from app.kafka.clients import end_offsets, read_to_end
+from app.kafka.clients import commit_for_monitoring, end_offsets, read_to_end
 from app.runtime.settings import PROJECT_ROOT
 from app.topics import SENSORS
 from tests.conftest import reset_topics
@@ -152,3 +152,31 @@ def test_a_read_to_the_end_that_stalls_says_where_each_partition_stands(
         BrokerError, match=r"no record came for 0.5 s before the end of events\.sensors:\d at 0 of 10"
     ):
         asyncio.run(asyncio.wait_for(read(), 30))
+
+
+class _CoordinatorGone:
+    """A consumer whose commit waits for a group coordinator that never answers, as aiokafka's
+    does once the broker is gone."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.asked.append(offsets)
+        await asyncio.Event().wait()
+
+
+def test_a_commit_for_monitoring_gives_up_in_its_time_and_skips_nothing_to_commit() -> None:
+    consumer = _CoordinatorGone()
+    tp = TopicPartition(SENSORS, 0)
+
+    async def main() -> tuple[bool, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        done = await commit_for_monitoring(consumer, {tp: 5}, timeout_s=0.2)  # type: ignore[arg-type]
+        return done, loop.time() - started
+
+    done, took = asyncio.run(asyncio.wait_for(main(), 10))
+    assert not done and took < 5 and consumer.asked == [{tp: 5}]
+    assert not asyncio.run(commit_for_monitoring(consumer, {}))  # type: ignore[arg-type]
+    assert len(consumer.asked) == 1  # aiokafka refuses an empty commit: none is made
