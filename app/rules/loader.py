@@ -19,10 +19,10 @@ import orjson
 from pydantic import ValidationError
 
 from app.alerts import RuleFacts
-from app.errors import RuleConfigError, RuleProblem
+from app.errors import ExpressionError, RuleConfigError, RuleProblem
 from app.events import Schema, schema_for
 from app.rules.compile import Report, RuleParts, compile_parts
-from app.rules.expr import Compiled
+from app.rules.expr import Compiled, parse
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 
@@ -166,6 +166,20 @@ class _FileLoader:
         line, _ = position_of(self.positions, (*base, "id"))
         return _compiled(rule, engine, self.path, line, lambda path, msg: self.add((*base, *path), msg))
 
+    def check_syntax(self, index: int, raw: Any, failed: set[Any]) -> None:
+        """The syntax of a rule's conditions when another key of it is invalid (no schema to
+        check them against then): one round of fixes then sees their problems too."""
+        if not isinstance(raw, dict):
+            return
+        for key in ("where", "clear", "having"):
+            text = raw.get(key)
+            if key in failed or not isinstance(text, str):
+                continue
+            try:
+                parse(text)
+            except ExpressionError as exc:
+                self.add(("rules", index, key), str(exc))
+
     def load(self) -> list[CompiledRule]:
         """Validate the file level, then each rule on its own, so that one bad
         rule does not hide the problems of the others."""
@@ -185,6 +199,7 @@ class _FileLoader:
             except ValidationError as exc:
                 for err in exc.errors():
                     self.add(("rules", i, *err["loc"]), _pydantic_message(err))
+                self.check_syntax(i, raw, {err["loc"][0] for err in exc.errors() if err["loc"]})
                 continue
             c = self.compile_rule(i, rule, rule.engine or top.engine)
             if c is not None:

@@ -56,6 +56,20 @@ def test_every_problem_is_reported_with_position() -> None:
     assert any(s.startswith(f"{p}:21:") and "nope" in s for s in got), got
 
 
+def test_a_rule_with_an_invalid_key_still_has_its_conditions_syntax_checked(tmp_path: Path) -> None:
+    """A rule whose `severity` (say) is invalid is not compiled; its conditions' syntax errors
+    came out only once that was fixed. Only syntax: the schema check needs a valid rule."""
+    f = tmp_path / "two.yaml"
+    f.write_text(
+        "rules:\n  - id: two\n    source: sensors\n    where: temperature >\n    clear: temprature < 1\n"
+        "    severity: warnin\n"
+    )
+    got = problems_of(f)
+    assert any(s.startswith(f"{f}:6:") and "'severity'" in s for s in got), got
+    assert f"{f}:4:12: two: cannot parse 'temperature >': '>' needs a value after it (character 13)" in got
+    assert len(got) == 2, got  # `clear` parses: its unknown field waits for a rule that validates
+
+
 def test_semantic_problems_are_all_reported(tmp_path: Path) -> None:
     f = tmp_path / "sem.yaml"
     f.write_text(
