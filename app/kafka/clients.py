@@ -219,8 +219,9 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
 
 
 #: how long a commit a role makes for monitoring only may take (the offsets that count are in
-#: the role's own store)
-MONITOR_COMMIT_S = 5.0
+#: the role's own store): milliseconds on a broker that answers; a role's stop, which commits
+#: last, has 6 s of grace under the supervisor for all it does
+MONITOR_COMMIT_S = 1.0
 
 
 async def commit_for_monitoring(

@@ -31,6 +31,7 @@ from app.kafka.clients import high_watermarks
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
 from app.runtime.supervisor import Role, Supervisor
+from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
 from tests.agents.worker_helpers import metrics_answer, role_env
@@ -230,6 +231,16 @@ def waiting_roles(tmp_path: Path, port: int, metrics: int) -> list[Role]:
     ]  # fmt: skip
 
 
+def published_all(path: Path) -> bool:
+    """Whether the dispatcher's queue of records to publish is empty (none left in flight that
+    its producer's stop would wait for)."""
+    db = DispatchDB(path, readonly=True)
+    try:
+        return not db.to_publish()
+    finally:
+        db.close()
+
+
 def supervise_while(sup: Supervisor, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -307,6 +318,8 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
                 assert not r.restarts and len(log_lines(log, UNREACHABLE)) == 1, r.name
                 assert log_lines(log, "Kafka at 127.0.0.1:.* answered after"), r.name
                 assert not log_lines(log, "Traceback"), r.name
+            wait_for(lambda: published_all(tmp_path / "data" / "dispatch.sqlite3") or None, 30,
+                     what="the dispatcher's queue published")  # fmt: skip
         # the broker is gone: the dispatcher and store-sync still stop cleanly (aiokafka's consumer
         # close raised a fetch task's CancelledError: exit 1 with a traceback; a commit for
         # monitoring could wait for a coordinator for ever). The worker may take longer than its
