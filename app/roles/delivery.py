@@ -214,17 +214,21 @@ class Publisher:
         self.db = db
         self.producer = producer
         self.wake = asyncio.Event()
+        #: the last flush failed: the next sends the first record alone, until one is acknowledged
+        self.failing = False
 
     async def flush(self) -> int:
-        """Publish everything queued now; return how many records. KafkaError propagates,
-        once the records acknowledged before the first that failed are marked published (they
-        were all sent again at each retry, every second, while a later one kept failing)."""
-        rows = self.db.to_publish()
+        """Publish everything queued now; return how many records. KafkaError propagates, once
+        the records acknowledged before the first that failed are marked published; after a
+        failure, the first record goes alone until the broker takes it. A record the broker
+        kept refusing (it was an ACL) had the whole queue sent again with it, every second."""
+        rows = self.db.to_publish(limit=1 if self.failing else 500)
         if not rows:
             return 0
         futures = [await self.producer.send(topic, value, key=key) for _, topic, key, value in rows]
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), None)
+        self.failing = failed is not None
         if failed is None:
             self.db.published(rows[-1][0])
             return len(rows)
