@@ -13,7 +13,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Context, Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
@@ -47,8 +47,11 @@ def round_half_up(x: float, digits: int = 0) -> float:
     x = float(x)
     if not math.isfinite(x):
         return x
-    q = Decimal(1).scaleb(-digits)
-    return float(Decimal(repr(x)).quantize(q, rounding=ROUND_HALF_UP, context=_WIDE))
+    try:
+        q = Decimal(1).scaleb(-digits)
+        return float(Decimal(repr(x)).quantize(q, rounding=ROUND_HALF_UP, context=_WIDE))
+    except InvalidOperation:  # beyond any double's digits: round(1e10, 398) is 1e10, round(x, -2e6) 0
+        return x if digits > 0 else math.copysign(0.0, x)
 
 
 def floor_long(x: int | float) -> int | None:
