@@ -32,6 +32,7 @@ from app.console.queries import (
     SEVERITY_ORDER,
     ConsoleQueries,
     notified_labels,
+    retired,
     severity_rank,
     silence_preview,
     split_matchers,
@@ -423,12 +424,6 @@ def running_rules(settings: Settings) -> frozenset[tuple[str, str]] | None:
     """The (rule id, version) pairs the engines run from the rule files; None while they do
     not load. Read again when a file changes (``files_key``) or after 30 s."""
     return _running(str(settings.rules_dir), files_key(settings.rules_dir))
-
-
-def retired(a: CurrentAlert, running: frozenset[tuple[str, str]] | None) -> bool:
-    """Whether ``a`` is open under a rule version that no longer runs (removed or edited since
-    it fired): no engine will end it (docs/rules.md, hot reload)."""
-    return running is not None and a.status in ACTIVE and (a.rule_id, a.rule_version) not in running
 
 
 @st.cache_data(ttl=30, show_spinner="reading the source topic...")

@@ -28,7 +28,7 @@ from app.cli.operator import (
     silence_command,
     unsilence_command,
 )
-from app.console.queries import ACTIVE
+from app.console.queries import retired as is_retired
 from app.dispatch.base import iso
 from app.dispatch.commands import Command
 from app.dispatch.matchers import matches_all, parse_matchers
@@ -91,7 +91,7 @@ def _retired(settings: Settings, rows: list[CurrentAlert]) -> set[str] | None:
         print(f"note: the rule files do not load, so retired alerts are not told ({exc.problems[0]})",
               file=sys.stderr)  # fmt: skip
         return None
-    return {a.fingerprint for a in rows if a.status in ACTIVE and (a.rule_id, a.rule_version) not in running}
+    return {a.fingerprint for a in rows if is_retired(a, running)}
 
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:

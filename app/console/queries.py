@@ -36,6 +36,13 @@ SEVERITY_ORDER = ("critical", "error", "warning", "info")
 ACTIVE = ("firing", "pending", "no_data")
 
 
+def retired(a: CurrentAlert, running: frozenset[tuple[str, str]] | None) -> bool:
+    """Whether ``a`` is open under a rule version that no longer runs (removed or edited since
+    it fired; ``running``: ``app.rules.loader.running_versions``, None when unknown): no engine
+    will end it (docs/rules.md, hot reload)."""
+    return running is not None and a.status in ACTIVE and (a.rule_id, a.rule_version) not in running
+
+
 _ONE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|[^\s,"{}]*)')
 _SEPARATOR = re.compile(r"[\s,]*")
 
