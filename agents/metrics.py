@@ -62,6 +62,13 @@ STATE_TOO_LARGE = Counter(
     "State writes kept out of the changelog: larger than a Kafka record may be",
     ["rule"],
 )
+RETIRED = Counter(
+    "worker_retired_states_total",
+    "States of rules no longer running (removed or edited) deleted at a rule change, by what "
+    "became of their open episode: ended (its alert ended), quiet (none open), unended (open, "
+    "but the rule's record was missing: end it by hand)",
+    ["outcome"],
+)
 BATCH_SECONDS = Histogram(
     "worker_batch_seconds", "Time to decode and evaluate one batch of events with every rule", ["source"],
     buckets=(1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.5),

@@ -11,13 +11,15 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from agents.metrics import RELOADS, RULE_ERRORS, RULE_EVENTS, RULE_MATCHED, RULES
+from agents.metrics import RELOADS, RETIRED, RULE_ERRORS, RULE_EVENTS, RULE_MATCHED, RULES
 from agents.state_store import TableStore
 from agents.topics import extra_topics
+from app.alerts import Alert, RuleFacts
 from app.kafka.admin import ensure_topics
-from app.rules.evaluator import DictStore, Engine, Stream
-from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
-from app.rules.state import partition_of
+from app.rules.evaluator import DictStore, Engine, State, Stream
+from app.rules.loader import CompiledRule, RuleSet, check_rule_files, load_what_loads, log_rejection
+from app.rules.retire import by_partition, sweep
+from app.rules.state import partition_of, stamp
 from app.runtime.settings import Settings
 from app.tables import Tables
 
@@ -39,6 +41,12 @@ class Runtime:
     restored: set[tuple[str, int]] = field(default_factory=set)
     tables_ready: asyncio.Event = field(default_factory=asyncio.Event)
     rejected: dict[str, str] | None = None  # file hashes of the last rejected edit, logged once
+    #: the (store, partition) pairs swept since the rules last changed (:meth:`retire`)
+    swept: set[tuple[str, int]] = field(default_factory=set)
+    #: what the alerts of every rule this worker ran took from it, by rule id and state stamp
+    known: dict[tuple[str, str], RuleFacts] = field(default_factory=dict)
+    #: per store, its records by partition, read once for the sweeps of a rule set (:meth:`retire`)
+    unswept: dict[str, dict[int, list[tuple[str, State]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.engine = self.build(self.ruleset)
@@ -66,9 +74,13 @@ class Runtime:
 
     def swap(self, ruleset: RuleSet) -> None:
         self.count_rules()  # the outgoing engine's last counts
+        for rule in self.running():
+            self.known[(rule.id, stamp(rule.version))] = rule.facts
         self.ruleset, self.engine = ruleset, self.build(ruleset)
         self._declare_counts()
         self.restored.clear()
+        self.swept.clear()
+        self.unswept.clear()
         RULES.set(len(ruleset.rules))
 
     def count_rules(self) -> dict[str, tuple[int, int]]:
@@ -87,6 +99,48 @@ class Runtime:
             RULE_ERRORS.labels(rule_id).inc(failed)
         return counts
 
+    def running(self, store: str | None = None) -> list[CompiledRule]:
+        """The rules this worker runs (whose states live in ``store``, when given)."""
+        found: list[CompiledRule] = []
+        for source, streams in self.engine.streams.items():
+            for s in streams:
+                if store is None or store == (f"{source}.regroup" if s.fields is not None else source):
+                    found += s.evaluator.rules
+        return found
+
+    def retire(self, store: str, partition: int) -> list[Alert]:
+        """End the alerts of the rules no longer running whose states ``partition`` of
+        ``store`` holds, once per partition and rule set (:func:`app.rules.retire.sweep`): at
+        the worker's start, and after each reload, before the partition's first batch with
+        the new rules (which would take an old version's state as absent and write over it).
+        The wiring sends what it returns ahead of that batch's alerts."""
+        if (store, partition) in self.swept:
+            return []
+        self.swept.add((store, partition))
+        # one pass over the store for all its partitions: a partition's records change only
+        # once it is swept (its batches and timers run after), or when it moves (:meth:`forget`)
+        index = self.unswept.get(store)
+        if index is None:
+            index = self.unswept[store] = by_partition(self.stores[store].items())
+        items = index.pop(partition, [])
+        done = sweep(self.stores[store].store, partition, self.running(store), self.known, items)
+        if done.deleted:
+            quiet = done.deleted - len(done.alerts) - len(done.unended)
+            RETIRED.labels("ended").inc(len(done.alerts))
+            RETIRED.labels("quiet").inc(quiet)
+            RETIRED.labels("unended").inc(len(done.unended))
+            logger.info(
+                "%s partition %d: %d state(s) of rules no longer running deleted, %d alert(s) ended",
+                store, partition, done.deleted, len(done.alerts),
+            )  # fmt: skip
+        for key in done.unended:
+            logger.warning(
+                "%s partition %d: state %r had an open alert, but its rule is gone and no record of "
+                "it was kept (a state older than this release): deleted; end the alert with "
+                "`python -m app alerts resolve --retired`", store, partition, key,
+            )  # fmt: skip
+        return done.alerts
+
     def stream(self, source: str, name: str) -> Stream | None:
         return next((s for s in self.engine.streams.get(source, ()) if s.name == name), None)
 
@@ -104,6 +158,8 @@ class Runtime:
                 for p in numbers:
                     s.evaluator.forget(p)
         self.restored = {(name, p) for name, p in self.restored if p not in numbers}
+        self.swept = {(name, p) for name, p in self.swept if p not in numbers}
+        self.unswept.clear()  # read again: the partitions restored meanwhile bring their records
         logger.info("partitions %s: %d states dropped from memory", sorted(numbers), dropped)
 
     def ensure_restored(self, stream: Stream, store: TableStore, partition: int) -> None:

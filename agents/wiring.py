@@ -194,9 +194,10 @@ def _register_source(
                     for s in others:
                         mine.append((order, (regroup, s.key_of(ev), orjson.dumps({"s": s.name, **body}))))
             marks[partition] = (arrived, event_time)
-            out = Output()
+            # the alerts of rules no longer running end first (once per partition and rule set)
+            out = Output(alerts=rt.retire(source, partition))
             if direct is not None:
-                out = direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000)
+                out.extend(direct.evaluator.process_batch(events, partition, time.time_ns() // 1_000_000))
             await outbox.send_all(sends + outbox.records(out, source), partition)
             forwards.append((partition, mine))
         markers: dict[int, list[Placed]] = {}
@@ -261,7 +262,7 @@ def _register_source(
     async def run_regrouped(partition: int, messages: list[dict[str, Any]]) -> None:
         if not messages:
             return
-        out = Output()
+        out = Output(alerts=rt.retire(f"{source}.regroup", partition))
         started = time.perf_counter()
         runs: dict[str, list[Event]] = {}  # per stream, its events in order (streams share no state)
         for msg in first_forwards(regroup_store.store, partition, messages, replayed_c):
@@ -454,16 +455,26 @@ def regroups(rt: Runtime, topic: str) -> bool:
     return any(s.fields is not None and s.evaluator.rules for s in streams)
 
 
-async def release_quiet(rt: Runtime, outbox: Outbox, assigned: set[tuple[str, int]], now_ms: int) -> None:
-    """Evaluate the events held for their time on quiet partitions this worker owns
-    (``assigned``: topic and partition), see :meth:`StreamEvaluator.release`."""
+async def release_quiet(
+    rt: Runtime, outbox: Outbox, assigned: set[tuple[str, int]], now_ms: int, *, retire: bool = True
+) -> None:
+    """On the partitions this worker owns (``assigned``: topic and partition) that no batch
+    came to: end the alerts of rules no longer running (:meth:`Runtime.retire`; not with
+    ``retire`` False: the tables are being restored), and evaluate the events held for their
+    time (:meth:`StreamEvaluator.release`)."""
+    for source, topic in SOURCE_TOPICS.items() if retire else ():
+        for store, on in ((source, topic), (f"{source}.regroup", regroup_topic(source))):
+            for t, partition in sorted(assigned):
+                if t == on:
+                    retired = Output(alerts=rt.retire(store, partition))
+                    await outbox.send_all(outbox.records(retired, source), partition)
     for source, streams in rt.engine.streams.items():
         for s in streams:
             topic = SOURCE_TOPICS[source] if s.fields is None else regroup_topic(source)
             for partition in s.evaluator.held_partitions():
                 if (topic, partition) in assigned:
                     out = s.evaluator.release(partition, now_ms, QUIET_RELEASE_MS)
-                    await outbox.send_all(outbox.records(out, source))
+                    await outbox.send_all(outbox.records(out, source), partition)
 
 
 def leader_topic(app: faust.App) -> str:
@@ -582,7 +593,10 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
             if app.flow_stopped():  # as the batches, wait for it
                 return
             assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
-            await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000)
+            # Faust's recovery lets the flow run while it reads the changelogs: a sweep then
+            # would see part of a partition's states (the batches wait: their partitions are paused)
+            settled = not app.in_recovery and not app.rebalancing
+            await release_quiet(rt, outbox, assigned, time.time_ns() // 1_000_000, retire=settled)
 
     # early: the batch handlers wait for the tables, and may run before recovery completes
     app.early_tasks = (partial(follow_tables, settings, rt),)

@@ -34,10 +34,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from app.alerts import RuleFacts
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
+from app.rules.retire import facts_of, rule_record
+from app.rules.state import stamp
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
@@ -172,6 +175,43 @@ def state_layout(settings: Settings, query: str = QUERY) -> StateLayout:
     return StateLayout(buckets, codec)
 
 
+#: at most this many rule versions in the checkpoint's record of the rules it ran
+MAX_RULES_RAN = 1000
+
+
+def rules_ran_path(settings: Settings, query: str = QUERY) -> Path:
+    """The checkpoint's record of the rules its query ran (:func:`rules_ran`)."""
+    return checkpoint_dir(settings, query) / "_rules.json"
+
+
+def rules_ran(settings: Settings, query: str, plan: SparkPlan) -> dict[tuple[str, str], RuleFacts]:
+    """What the alerts of every rule version this checkpoint's query ran take from the rule, by
+    rule id and state stamp, the plan's own added (and written back, the newest
+    :data:`MAX_RULES_RAN` kept): with them a restored state of a rule that no longer runs ends
+    its open alert (:mod:`app.rules.retire`), after a reload or a restart alike. A record that
+    does not read is started anew, with a warning (its rules' alerts are then left to the
+    operator, docs/rules.md)."""
+    path = rules_ran_path(settings, query)
+    ran: dict[tuple[str, str], RuleFacts] = {}
+    try:
+        for record in json.loads(path.read_bytes())["rules"]:
+            facts = facts_of(record)
+            ran[(facts.rule_id, stamp(facts.version))] = facts
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.warning("%s does not read (%r): started anew", path, exc)
+    rules = [r.rule for r in plan.rules] + list(plan.stream_rules)
+    if rules:
+        for rule in rules:
+            ran.pop((rule.id, stamp(rule.version)), None)  # the newest last
+            ran[(rule.id, stamp(rule.version))] = rule.facts
+        kept = list(ran.values())[-MAX_RULES_RAN:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"rules": [rule_record(f, 0) for f in kept]})
+    return ran
+
+
 def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
     """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
     ``offset``, ``value``, and ``arrival``: Kafka's timestamp in milliseconds, the order in
@@ -207,14 +247,16 @@ def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
 def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
     """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``)."""
     events = decoded(records(spark, plan, settings, opts), plan, settings)
+    ran = rules_ran(settings, opts.query, plan)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
-        security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms,
+        security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms, ran=ran,
     )  # fmt: skip
     layout = state_layout(settings, opts.query)
     return apply_lifecycle(
-        tasks(events, plan), plan, streaming=True, streams=streams, buckets=layout.buckets, codec=layout.codec
-    )
+        tasks(events, plan), plan, streaming=True, streams=streams, buckets=layout.buckets,
+        codec=layout.codec, ran=ran,
+    )  # fmt: skip
 
 
 async def ensure_output_topics(plan: SparkPlan, settings: Settings) -> list[str]:

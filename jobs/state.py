@@ -34,7 +34,7 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import groupby
 from typing import Any
 
@@ -46,15 +46,17 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from app.alerts import RuleFacts
 from app.events import Event
 from app.rules.evaluator import State, ThresholdLogic, group_values, state_key
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
-from app.rules.state import migrate, stamp
+from app.rules.retire import ending, open_episode, version_of
+from app.rules.state import is_current, migrate, stamp
 from app.topics import ALERTS, DLQ
 from jobs import peers
 from jobs.compile import DLQ_KEY, SparkPlan, rule_of_key
-from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key, make_room
+from jobs.streams import STREAM_PREFIX, StreamRunner, is_stream_key, make_room, retired_row
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +126,14 @@ class _OneKeyStore:
 class GroupRunner:
     """Picklable: holds the rules by id; runs on executors."""
 
-    def __init__(self, plan: SparkPlan, streams: StreamRunner | None = None) -> None:
+    def __init__(
+        self, plan: SparkPlan, streams: StreamRunner | None = None,
+        ran: Mapping[tuple[str, str], RuleFacts] | None = None,
+    ) -> None:  # fmt: skip
         self.rules = {r.rule.id: (r.idx, with_native_condition(r.rule)) for r in plan.rules}
         self.streams = streams
+        #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
+        self.ran = dict(ran or {})
         #: this runner and its copies on the executors: one query's live states (:func:`streaming_fn`)
         self.token = uuid.uuid4().hex
         #: signs what its copies send each other about their live states (:mod:`jobs.peers`)
@@ -178,11 +185,31 @@ class GroupRunner:
             out.append(("error", None, None, str(failed), None, None, idx, rule.id, None, None))
         return out, store.value
 
-    def current(self, states: dict[str, State]) -> dict[str, State]:
-        """A restored group's ``states`` less the keyed rules' that no longer run here (removed
-        by an edit the query followed, ``jobs.engine.RuleFollower``); stream keys keep theirs
-        (:class:`jobs.streams.StreamRunner` drops its rules' own at its restore)."""
-        return {k: v for k, v in states.items() if is_stream_key(k) or rule_of_key(k) in self.rules}
+    def current(self, states: dict[str, State]) -> tuple[dict[str, State], Rows]:
+        """A restored group's ``states`` less the keyed rules' that no longer run here in their
+        version (removed or edited: the query followed the files, ``jobs.engine.RuleFollower``),
+        and the rows that end their open alerts (:func:`app.rules.retire.ending`, from what
+        the query's record of the rules it ran says of them). Stream keys keep theirs
+        (:class:`jobs.streams.StreamRunner` sweeps its own at its restore)."""
+        kept: dict[str, State] = {}
+        out: Rows = []
+        for key, st in states.items():
+            if is_stream_key(key):
+                kept[key] = st
+                continue
+            rid = rule_of_key(key)
+            found = self.rules.get(rid)
+            version = version_of(st)
+            if found is not None and version == stamp(found[1].version):
+                kept[key] = st
+                continue
+            facts = self.ran.get((rid, version)) if is_current(st) else None
+            end = None if facts is None else ending(key, st, facts, found is not None, None)
+            if end is not None:
+                out.append(retired_row(end))
+            elif not is_current(st) or open_episode(st) is not None:
+                logger.warning("keyed state %r of a rule no longer running dropped, its alert not ended", key)
+        return kept, out
 
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:
         """Rows of any keys; ``states`` (key -> state) is read and updated in place."""
@@ -331,7 +358,9 @@ def evaluate(
         if reply is not None:
             rows, after = reply
             return rows, after, "peer"
-    result = _run(runner, codec, slot, runner.current(decode_states(before)), pdf)
+    states, retired = runner.current(decode_states(before))
+    rows, after = _run(runner, codec, slot, states, pdf)
+    result = (retired + rows, after)
     if peers.ENABLED:
         mine.own(slot, runner.secret, functools.partial(_serve, runner, codec))
     return (*result, "stored")
@@ -410,6 +439,7 @@ def bucket(key: Column, buckets: int) -> Column:
 def apply_lifecycle(
     tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None,
     buckets: int = STATE_BUCKETS, codec: str = STATE_CODEC,
+    ran: Mapping[tuple[str, str], RuleFacts] | None = None,
 ) -> DataFrame:  # fmt: skip
     """Run :class:`GroupRunner` on every key's rows.
 
@@ -417,9 +447,10 @@ def apply_lifecycle(
     ``buckets`` groups: the checkpoint's), state kept by Spark in the checkpoint's ``codec``.
     Batch: a keyed rule's rows from its first TRUE condition on (the earlier ones cannot change
     anything), a stream key's rows all, hash-partitioned by key, each partition's keys in one
-    Python call.
+    Python call. ``ran``: the rules the query ran (``jobs.engine.rules_ran``), whose restored
+    states end their open alerts when their rule no longer runs.
     """
-    runner = GroupRunner(plan, streams)
+    runner = GroupRunner(plan, streams, ran)
     if streaming:
         return (
             tasks.withColumn("__bucket", bucket(F.col("__key"), buckets))

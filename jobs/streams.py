@@ -46,13 +46,15 @@ from typing import Any, TypeVar
 
 import orjson
 
+from app.alerts import Alert, RuleFacts
 from app.events import SCHEMAS, Event, dlq_record
 from app.placement import partition_for
 from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
-from app.rules.statekey import SEPARATOR, StateKey, group_text
+from app.rules.retire import sweep
+from app.rules.statekey import SEPARATOR, group_text
 from app.tables import Tables
 from app.topics import ALERTS, DLQ
 from jobs.placement import placed, unplaced
@@ -299,8 +301,11 @@ class StreamRunner:
         tables: Tables | None = None, bootstrap: str | None = None, max_skew_ms: int = -1,
         end_of_input: bool = False, security: Mapping[str, str] | None = None,
         native: Mapping[str, frozenset[str]] | None = None,
+        ran: Mapping[tuple[str, str], RuleFacts] | None = None,
     ) -> None:  # fmt: skip
         self.max_skew_ms, self.end_of_input = max_skew_ms, end_of_input
+        #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
+        self.ran = dict(ran or {})
         self.native = dict(native or {})
         self.rules = {r.id: r for r in rules}
         self.specs = {s.name: s for s in specs}
@@ -364,15 +369,20 @@ class StreamRunner:
             evaluator, restore = self._evaluator(spec, key), True
         store = evaluator.store
         assert isinstance(store, DictStore)  # noqa: S101
-        if restore and state is not None:
-            # a rule that no longer runs (removed by an edit the query followed) leaves its
-            # states behind: dropped here, where a restarted query restores the partition
-            kept = state["s"].items()
-            store.data = {k: v for k, v in kept if k[:1] == "\x00" or StateKey.rule_of(k) in self.rules}
-            if state.get("c") is not None:
-                evaluator.clocks[partition] = int(state["c"])
-            evaluator.restore(store.items())
         out: Rows = []
+        if restore and state is not None:
+            # a rule that no longer runs in its version (removed or edited: the query followed
+            # the files) leaves its states behind: where a restarted query restores the
+            # partition, they go, and their open alerts end (app.rules.retire)
+            store.data = dict(state["s"])
+            clock = None if state.get("c") is None else int(state["c"])
+            if clock is not None:
+                evaluator.clocks[partition] = clock
+            done = sweep(store, partition, evaluator.rules, self.ran, clock=clock, keep_records=False)
+            out += [retired_row(a) for a in done.alerts]
+            for gone in done.unended:
+                logger.warning("state %r of a rule no longer running dropped; its alert is not ended", gone)
+            evaluator.restore(store.items())
         part, offset, spec_source = 0, 0, spec.source
         held = False
         for fields_json, _holds, ts_ms, part, offset, source, _dlq, conds in rows:
@@ -424,6 +434,13 @@ class StreamRunner:
         if self.end_of_input or self.tables is not None:
             return False
         return not any(self.rules[r].rule.enrich or self.rules[r].rule.expect_from for r in spec.rule_ids)
+
+
+def retired_row(a: Alert) -> tuple[Any, ...]:
+    """The output row of an alert ended by a rule change (:mod:`app.rules.retire`): ahead of
+    its group's rows, at no event of its own."""
+    body = a.to_json().decode()
+    return ("alert", ALERTS, a.fingerprint, body, None, None, -1, a.rule_id, a.status, a.alert_id)
 
 
 def refused_rows(result: Output, source: str, part: int, offset: int, seq: int) -> Rows:

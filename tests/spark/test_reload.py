@@ -10,8 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
+from app.alerts import alert_id
 from app.kafka.broker import KafkaBroker
 from app.rules.loader import load_rules
+from app.rules.state import stamp
 from jobs.compile import plan_rules
 from jobs.state import GroupRunner
 from jobs.streams import StreamRunner, stream_key
@@ -51,6 +53,15 @@ def alerts_when(broker: KafkaBroker, n: int) -> list[dict]:
     return wait_for(enough, timeout_s=90, what=f"{n} alerts")
 
 
+def by_device(alerts: list[dict]) -> dict[str, list[tuple[str, str, str]]]:
+    """Each device's alerts in the topic's order (one fingerprint's are in order): rule, status
+    and version."""
+    found: dict[str, list[tuple[str, str, str]]] = {}
+    for a in alerts:
+        found.setdefault(a["labels"]["device_id"], []).append((a["rule_id"], a["status"], a["rule_version"]))
+    return found
+
+
 def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
@@ -85,10 +96,16 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
 
         pack.write_text(HOT % 110)  # hot@v2: d3 at 105 is no longer hot, d4 at 120 is
         wait_for(lambda: "reloaded the spark query's rules" in text(), timeout_s=60, what="the reload")
+        # d3 and d4 come to both stream partitions: restored there, hot@v1's states end their
+        # alerts (app.rules.retire) before the new version evaluates
         produce(broker.bootstrap, "events.sensors", [reading("d3", 3, 105.0), reading("d4", 4, 120.0)])
-        third = alerts(3)
-        assert [a["labels"]["device_id"] for a in third] == ["d1", "d2", "d4"]
-        assert third[2]["rule_version"] != first[0]["rule_version"]
+        v1, third = first[0]["rule_version"], alerts(5)
+        assert by_device(third) == {
+            "d1": [("hot", "firing", v1), ("hot", "resolved", v1)],
+            "d2": [("hot", "firing", v1), ("hot", "resolved", v1)],
+            "d4": [("hot", "firing", third[-1]["rule_version"])],
+        }
+        assert third[-1]["rule_version"] != v1
 
         pack.write_text(COLD)  # hot removed
         wait_for(
@@ -97,14 +114,12 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
             what="the second reload",
         )
         produce(broker.bootstrap, "events.sensors", [reading("d5", 5, 130.0), reading("d6", 6, -50.0)])
-        fourth = alerts(4)  # hot is gone: d5 raises nothing; cold still runs
-        assert [(a["rule_id"], a["labels"]["device_id"]) for a in fourth] == [
-            ("hot", "d1"),
-            ("hot", "d2"),
-            ("hot", "d4"),
-            ("cold", "d6"),
-        ]
-        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 4
+        fourth = alerts(7)  # hot is gone: d5 raises nothing, d4's alert ends; cold still runs
+        v2 = third[-1]["rule_version"]
+        assert by_device(fourth)["d4"] == [("hot", "firing", v2), ("hot", "resolved", v2)]
+        assert [s for rule, s, _ in by_device(fourth)["d6"]] == ["firing"]
+        assert "d5" not in by_device(fourth)
+        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 7
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
     assert "Traceback" not in text()
@@ -265,8 +280,9 @@ rules:
 
 def test_a_restarted_query_drops_the_states_of_rules_that_no_longer_run(tmp_path: Path) -> None:
     """After an edit removed a rule, a group's restored states lose that rule's (they were kept,
-    encoded and stored again at every micro-batch, for ever): on the keyed path and in a stream
-    partition's evaluator."""
+    encoded and stored again at every micro-batch, for ever), and those of a rule's older
+    version: on the keyed path and in a stream partition's evaluator. Quiet ones, and with no
+    record of the rule: nothing to end."""
     pack = tmp_path / "r.yaml"
     cold = '  - {id: cold, source: sensors, where: "temperature < 0", group_by: [status]}\n'
     pack.write_text(SLIDING + cold)
@@ -277,19 +293,73 @@ def test_a_restarted_query_drops_the_states_of_rules_that_no_longer_run(tmp_path
     assert {r.rule.id for r in after.rules} == {"hot"}
 
     stream = stream_key("sensors", 0)
+    hot = stamp(after.rules[0].rule.version)
     keyed: dict[str, dict[str, Any]] = {
-        "hot\x1fok": {"version": "x"},
-        "cold\x1fok": {"version": "y"},
+        "hot\x1fok": {"version": hot},
+        "hot\x1fold": {"version": "2/an-older-version"},
+        "cold\x1fok": {"version": "2/y"},
         stream: {"s": {}},
     }
-    assert set(GroupRunner(after).current(keyed)) == {"hot\x1fok", stream}
+    kept, ended = GroupRunner(after).current(keyed)
+    assert set(kept) == {"hot\x1fok", stream} and ended == []
 
     spec = after.streams[0]
     runner = StreamRunner(after.stream_rules, after.streams, 1, max_skew_ms=-1)
     key = stream_key(spec.name, 0)
-    event = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:00:00Z", "temperature": 150.0}).decode()
+    event = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:00:00Z", "temperature": 50.0}).decode()
     _, state = runner.run_key(key, [(event, None, 1_772_323_200_000, 0, 0, "sensors", None, None)], None)
     assert state is not None and any(k.startswith("spike") for k in state["s"])
-    left_over = {**state["s"], "gone\x1fd1": {"version": "z"}}  # a removed rule's, in the stored JSON
-    _, again = runner.run_key(key, [], {"c": state["c"], "s": left_over})
+    left_over = {**state["s"], "gone\x1fd1": {"version": "2/z"}}  # a removed rule's, in the stored JSON
+    out, again = runner.run_key(key, [], {"c": state["c"], "s": left_over})
     assert again is not None and "gone\x1fd1" not in again["s"] and set(again["s"]) == set(state["s"])
+    assert out == []
+
+
+def test_a_restored_state_of_a_rule_that_no_longer_runs_ends_its_alert(tmp_path: Path) -> None:
+    """With the query's record of the rules it ran (``jobs.engine.rules_ran``), a restored
+    firing state of a removed or edited rule gets its resolution, ahead of the group's rows,
+    with the id the rule would have given it: on the keyed path, and in a stream partition's
+    evaluator (there at the partition's clock)."""
+    pack = tmp_path / "r.yaml"
+    cold = '  - {id: cold, source: sensors, where: "temperature < 0", group_by: [status]}\n'
+    pack.write_text(SLIDING + cold)
+    before = plan_rules(load_rules([pack]))
+    pack.write_text(SLIDING.replace("hi > 100", "hi > 120"))  # cold removed, spike edited
+    after = plan_rules(load_rules([pack]))
+    ran = {
+        (r.id, stamp(r.version)): r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules)
+    }
+
+    firing = {"group": ["ok"], "last_event": 60_000, "streak": 1, "streak_since": 0, "firing_since": 0}
+    cold_v = stamp(next(r.rule.version for r in before.rules if r.rule.id == "cold"))
+    kept, rows = GroupRunner(after, ran=ran).current({"cold\x1fok": {**firing, "version": cold_v}})
+    assert kept == {}
+    ((kind, topic, fp, body, *_),) = rows
+    alert = orjson.loads(body)
+    assert (kind, topic, alert["status"], alert["rule_id"], alert["labels"]["status"]) == (
+        "alert", "alerts", "resolved", "cold", "ok",
+    )  # fmt: skip
+    assert alert["alert_id"] == alert_id("cold", fp, "1970-01-01T00:00:00.000Z", "resolved")
+    assert alert["ends_at"] == "1970-01-01T00:01:00.000Z"  # no clock on the keyed path: its last event
+
+    spec = before.streams[0]
+    old = StreamRunner(before.stream_rules, before.streams, 1, max_skew_ms=-1)
+    key = stream_key(spec.name, 0)
+    event = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:00:00Z", "temperature": 150.0}).decode()
+    out, state = old.run_key(key, [(event, None, 1_772_323_200_000, 0, 0, "sensors", None, None)], None)
+    (fired,) = [
+        orjson.loads(r[3]) for r in out if r[0] == "alert" and orjson.loads(r[3])["status"] == "firing"
+    ]
+    new = StreamRunner(after.stream_rules, after.streams, 1, max_skew_ms=-1, ran=ran)
+    cooler = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:10:00Z", "temperature": 50.0}).decode()
+    out, again = new.run_key(key, [(cooler, None, 1_772_323_800_000, 0, 1, "sensors", None, None)], state)
+    ended = orjson.loads(out[0][3])
+    assert (ended["status"], ended["rule_id"], ended["fingerprint"]) == (
+        "resolved",
+        "spike",
+        fired["fingerprint"],
+    )
+    assert ended["rule_version"] == fired["rule_version"] and "edited" in ended["annotations"]["retired"]
+    assert ended["alert_id"] == alert_id("spike", fired["fingerprint"], fired["starts_at"], "resolved")
+    assert ended["ends_at"] == "2026-03-01T00:00:00.000Z"  # the partition's clock as it was stored
+    assert again is not None and all(v.get("version") != fired["rule_version"] for v in again["s"].values())

@@ -315,7 +315,21 @@ def build_alert(
     values: Mapping[str, Any],
 ) -> Alert:
     """An alert transition with labels from the rule and group, annotations rendered."""
-    f: RuleFacts = rule.facts
+    return alert_of(rule.facts, status, group, row, starts_at_ms, ends_at_ms, event_ts_ms, values)
+
+
+def alert_of(
+    f: RuleFacts,
+    status: Status,
+    group: tuple[str, ...],
+    row: Mapping[str, Any],
+    starts_at_ms: int,
+    ends_at_ms: int | None,
+    event_ts_ms: int,
+    values: Mapping[str, Any],
+) -> Alert:
+    """:func:`build_alert` from what the alerts take from the rule (also a rule no longer
+    loaded: :mod:`app.rules.retire`)."""
     labels = dict(f.labels)
     labels.update(zip(f.group_by, group))
     context = {**row, **values}
