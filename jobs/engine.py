@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 from py4j.protocol import Py4JError
@@ -34,12 +35,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.alerts import RuleFacts
 from app.errors import ConfigError
 from app.kafka.admin import ensure_topics
 from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
-from app.rules.retire import facts_of, rule_record
+from app.rules.retire import RulesRan, facts_of, rule_record
 from app.rules.state import stamp
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
@@ -184,7 +184,7 @@ def rules_ran_path(settings: Settings, query: str = QUERY) -> Path:
     return checkpoint_dir(settings, query) / "_rules.json"
 
 
-def rules_ran(settings: Settings, query: str, plan: SparkPlan) -> dict[tuple[str, str], RuleFacts]:
+def rules_ran(settings: Settings, query: str, plan: SparkPlan) -> RulesRan:
     """What the alerts of every rule version this checkpoint's query ran take from the rule, by
     rule id and state stamp, the plan's own added (and written back, the newest
     :data:`MAX_RULES_RAN` kept): with them a restored state of a rule that no longer runs ends
@@ -192,24 +192,25 @@ def rules_ran(settings: Settings, query: str, plan: SparkPlan) -> dict[tuple[str
     does not read is started anew, with a warning (its rules' alerts are then left to the
     operator, docs/rules.md)."""
     path = rules_ran_path(settings, query)
-    ran: dict[tuple[str, str], RuleFacts] = {}
+    ran: dict[tuple[str, str], dict[str, Any]] = {}
     try:
         for record in json.loads(path.read_bytes())["rules"]:
-            facts = facts_of(record)
-            ran[(facts.rule_id, stamp(facts.version))] = facts
+            facts = facts_of(record)  # read, to refuse a record that would not make facts
+            ran[(facts.rule_id, stamp(facts.version))] = record
     except FileNotFoundError:
         pass
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         logger.warning("%s does not read (%r): started anew", path, exc)
+        ran = {}
     rules = [r.rule for r in plan.rules] + list(plan.stream_rules)
     if rules:
         for rule in rules:
             ran.pop((rule.id, stamp(rule.version)), None)  # the newest last
-            ran[(rule.id, stamp(rule.version))] = rule.facts
-        kept = list(ran.values())[-MAX_RULES_RAN:]
+            ran[(rule.id, stamp(rule.version))] = rule_record(rule.facts, 0)
+        ran = dict(list(ran.items())[-MAX_RULES_RAN:])
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"rules": [rule_record(f, 0) for f in kept]})
-    return ran
+        write_json(path, {"rules": list(ran.values())})
+    return RulesRan(ran.values())
 
 
 def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:

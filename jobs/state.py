@@ -34,7 +34,7 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
 
@@ -46,12 +46,11 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from app.alerts import RuleFacts
 from app.events import Event
 from app.rules.evaluator import State, ThresholdLogic, group_values, state_key
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
-from app.rules.retire import ending, open_episode, version_of
+from app.rules.retire import RulesRan, ending, open_episode, version_of
 from app.rules.state import is_current, migrate, stamp
 from app.topics import ALERTS, DLQ
 from jobs import peers
@@ -128,12 +127,12 @@ class GroupRunner:
 
     def __init__(
         self, plan: SparkPlan, streams: StreamRunner | None = None,
-        ran: Mapping[tuple[str, str], RuleFacts] | None = None,
+        ran: RulesRan | None = None,
     ) -> None:  # fmt: skip
         self.rules = {r.rule.id: (r.idx, with_native_condition(r.rule)) for r in plan.rules}
         self.streams = streams
         #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
-        self.ran = dict(ran or {})
+        self.ran = ran if ran is not None else RulesRan()
         #: this runner and its copies on the executors: one query's live states (:func:`streaming_fn`)
         self.token = uuid.uuid4().hex
         #: signs what its copies send each other about their live states (:mod:`jobs.peers`)
@@ -439,7 +438,7 @@ def bucket(key: Column, buckets: int) -> Column:
 def apply_lifecycle(
     tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None,
     buckets: int = STATE_BUCKETS, codec: str = STATE_CODEC,
-    ran: Mapping[tuple[str, str], RuleFacts] | None = None,
+    ran: RulesRan | None = None,
 ) -> DataFrame:  # fmt: skip
     """Run :class:`GroupRunner` on every key's rows.
 

@@ -46,14 +46,14 @@ from typing import Any, TypeVar
 
 import orjson
 
-from app.alerts import Alert, RuleFacts
+from app.alerts import Alert
 from app.events import SCHEMAS, Event, dlq_record
 from app.placement import partition_for
 from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
-from app.rules.retire import sweep
+from app.rules.retire import RulesRan, sweep
 from app.rules.statekey import SEPARATOR, group_text
 from app.tables import Tables
 from app.topics import ALERTS, DLQ
@@ -301,11 +301,11 @@ class StreamRunner:
         tables: Tables | None = None, bootstrap: str | None = None, max_skew_ms: int = -1,
         end_of_input: bool = False, security: Mapping[str, str] | None = None,
         native: Mapping[str, frozenset[str]] | None = None,
-        ran: Mapping[tuple[str, str], RuleFacts] | None = None,
+        ran: RulesRan | None = None,
     ) -> None:  # fmt: skip
         self.max_skew_ms, self.end_of_input = max_skew_ms, end_of_input
         #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
-        self.ran = dict(ran or {})
+        self.ran = ran if ran is not None else RulesRan()
         self.native = dict(native or {})
         self.rules = {r.id: r for r in rules}
         self.specs = {s.name: s for s in specs}

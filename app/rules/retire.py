@@ -27,7 +27,7 @@ warning naming it: its alert is then ended by hand (``python -m app alerts resol
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -99,6 +99,41 @@ def facts_of(record: Mapping[str, Any]) -> RuleFacts:
         dict(record["labels"]), dict(record["annotations"]), str(record["description"]),
         tuple(record["group_by"]),
     )  # fmt: skip
+
+
+class RulesRan(Mapping[tuple[str, str], RuleFacts]):
+    """The facts of rules that ran, by rule id and :func:`stamp`, held as rule records (plain
+    dicts) and each made a :class:`RuleFacts` when first asked for. Pickled as the records:
+    the Spark engine ships it to its executors, and a compiled ``RuleFacts`` (the hot path's
+    native build) does not unpickle."""
+
+    def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        for record in records:
+            self.records[(str(record["rule_id"]), str(record["version"]))] = dict(record)
+        self._facts: dict[tuple[str, str], RuleFacts] = {}
+
+    @classmethod
+    def of(cls, facts: Iterable[RuleFacts]) -> RulesRan:
+        return cls(rule_record(f, 0) for f in facts)
+
+    def __getitem__(self, key: tuple[str, str]) -> RuleFacts:
+        found = self._facts.get(key)
+        if found is None:
+            found = self._facts[key] = facts_of(self.records[key])
+        return found
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"records": self.records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.records, self._facts = state["records"], {}
 
 
 def version_of(st: Mapping[str, Any]) -> str:

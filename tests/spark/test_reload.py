@@ -4,8 +4,10 @@ raises nothing more), an invalid one is logged and the last good rules keep runn
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -13,8 +15,10 @@ import pytest
 from app.alerts import alert_id
 from app.kafka.broker import KafkaBroker
 from app.rules.loader import load_rules
+from app.rules.retire import RulesRan
 from app.rules.state import stamp
 from jobs.compile import plan_rules
+from jobs.engine import rules_ran, rules_ran_path
 from jobs.state import GroupRunner
 from jobs.streams import StreamRunner, stream_key
 from tests.conftest import child_env
@@ -22,6 +26,8 @@ from tests.kafka_helpers import consume_json, produce
 from tests.procs import gone, role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+T = TypeVar("T")
 
 HOT = """\
 engine: spark
@@ -315,6 +321,12 @@ def test_a_restarted_query_drops_the_states_of_rules_that_no_longer_run(tmp_path
     assert out == []
 
 
+def shipped(runner: T) -> T:
+    """``runner`` as an executor gets it."""
+    found: T = pickle.loads(pickle.dumps(runner))  # noqa: S301 - our own object, just pickled
+    return found
+
+
 def test_a_restored_state_of_a_rule_that_no_longer_runs_ends_its_alert(tmp_path: Path) -> None:
     """With the query's record of the rules it ran (``jobs.engine.rules_ran``), a restored
     firing state of a removed or edited rule gets its resolution, ahead of the group's rows,
@@ -326,13 +338,12 @@ def test_a_restored_state_of_a_rule_that_no_longer_runs_ends_its_alert(tmp_path:
     before = plan_rules(load_rules([pack]))
     pack.write_text(SLIDING.replace("hi > 100", "hi > 120"))  # cold removed, spike edited
     after = plan_rules(load_rules([pack]))
-    ran = {
-        (r.id, stamp(r.version)): r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules)
-    }
+    # as the engine ships them to the executors: pickled (a compiled RuleFacts does not unpickle)
+    ran = RulesRan.of(r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules))
 
     firing = {"group": ["ok"], "last_event": 60_000, "streak": 1, "streak_since": 0, "firing_since": 0}
     cold_v = stamp(next(r.rule.version for r in before.rules if r.rule.id == "cold"))
-    kept, rows = GroupRunner(after, ran=ran).current({"cold\x1fok": {**firing, "version": cold_v}})
+    kept, rows = shipped(GroupRunner(after, ran=ran)).current({"cold\x1fok": {**firing, "version": cold_v}})
     assert kept == {}
     ((kind, topic, fp, body, *_),) = rows
     alert = orjson.loads(body)
@@ -350,7 +361,7 @@ def test_a_restored_state_of_a_rule_that_no_longer_runs_ends_its_alert(tmp_path:
     (fired,) = [
         orjson.loads(r[3]) for r in out if r[0] == "alert" and orjson.loads(r[3])["status"] == "firing"
     ]
-    new = StreamRunner(after.stream_rules, after.streams, 1, max_skew_ms=-1, ran=ran)
+    new = shipped(StreamRunner(after.stream_rules, after.streams, 1, max_skew_ms=-1, ran=ran))
     cooler = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:10:00Z", "temperature": 50.0}).decode()
     out, again = new.run_key(key, [(cooler, None, 1_772_323_800_000, 0, 1, "sensors", None, None)], state)
     ended = orjson.loads(out[0][3])
@@ -363,3 +374,22 @@ def test_a_restored_state_of_a_rule_that_no_longer_runs_ends_its_alert(tmp_path:
     assert ended["alert_id"] == alert_id("spike", fired["fingerprint"], fired["starts_at"], "resolved")
     assert ended["ends_at"] == "2026-03-01T00:00:00.000Z"  # the partition's clock as it was stored
     assert again is not None and all(v.get("version") != fired["rule_version"] for v in again["s"].values())
+
+
+def test_the_checkpoint_keeps_the_rules_its_query_ran(tmp_path: Path) -> None:
+    """Each start adds its rules to ``_rules.json``, an edit's new version beside the old one,
+    a plan of no rule (the query that reads past) writes nothing, and a record that does not
+    read is started anew."""
+    settings = SimpleNamespace(data_dir=tmp_path / "data")
+    pack = tmp_path / "r.yaml"
+    pack.write_text(SLIDING)
+    first = plan_rules(load_rules([pack]))
+    assert sorted(rid for rid, _ in rules_ran(settings, "rules", first)) == ["hot", "spike"]  # type: ignore[arg-type]
+    pack.write_text(SLIDING.replace("hi > 100", "hi > 120"))
+    again = rules_ran(settings, "rules", plan_rules(load_rules([pack])))  # type: ignore[arg-type]
+    assert sorted(rid for rid, _ in again) == ["hot", "spike", "spike"]
+    old = again[("spike", stamp(first.stream_rules[0].version))]
+    assert (old.rule_id, old.version) == ("spike", first.stream_rules[0].version)
+    assert len(rules_ran(settings, "rules", plan_rules(load_rules([])))) == 3  # type: ignore[arg-type]
+    rules_ran_path(settings, "rules").write_text("{not json")  # type: ignore[arg-type]
+    assert len(rules_ran(settings, "rules", first)) == 2  # type: ignore[arg-type]
