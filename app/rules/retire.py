@@ -161,8 +161,9 @@ def open_episode(st: Mapping[str, Any]) -> tuple[Status, int] | None:
 
 def _why(facts: RuleFacts, edited: bool) -> RuleFacts:
     """``facts`` with the :data:`ANNOTATION` saying why the alert ended."""
-    how = "its rule was edited" if edited else "its rule no longer runs on this engine (removed, or moved)"
-    note = f"ended at a rule change: {how} (rule {facts.rule_id} version {facts.version})"
+    rule = f"rule {facts.rule_id} version {facts.version}"
+    how = "was edited: its new version starts afresh" if edited else "no longer runs on this engine"
+    note = f"ended at a rule change: {rule} {how}"
     return RuleFacts(
         facts.rule_id, facts.version, facts.severity, facts.source, facts.labels,
         {**facts.annotations, ANNOTATION: note}, facts.description, facts.group_by,
