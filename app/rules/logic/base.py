@@ -319,15 +319,9 @@ def build_alert(
 
 
 def alert_of(
-    f: RuleFacts,
-    status: Status,
-    group: tuple[str, ...],
-    row: Mapping[str, Any],
-    starts_at_ms: int,
-    ends_at_ms: int | None,
-    event_ts_ms: int,
-    values: Mapping[str, Any],
-) -> Alert:
+    f: RuleFacts, status: Status, group: tuple[str, ...], row: Mapping[str, Any], starts_at_ms: int,
+    ends_at_ms: int | None, event_ts_ms: int, values: Mapping[str, Any],
+) -> Alert:  # fmt: skip
     """:func:`build_alert` from what the alerts take from the rule (also a rule no longer
     loaded: :mod:`app.rules.retire`)."""
     labels = dict(f.labels)
