@@ -7,7 +7,7 @@ value, so the loader can print ``file:line:col`` for each of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sqlglot import exp
@@ -64,6 +64,44 @@ def _interval_ms(node: exp.Expression) -> int:
     return int(str(node.this.this)) * _UNIT_MS[name]
 
 
+class WhereFunctions:
+    """What a threshold rule's ``where`` and ``clear`` may call beyond the plain functions:
+    ``pct_change`` and the baselines, each resolved to a synthetic column (an
+    :data:`app.rules.expr.Synthetic` resolver) and collected."""
+
+    def __init__(self, fields: Mapping[str, str], source: str) -> None:
+        self.fields, self.source = fields, source
+        self.pct: dict[str, PctChange] = {}
+        self.baselines = Collector(fields, f"the {source} schema")
+
+    def resolve(self, name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
+        if name != "pct_change":
+            return self.baselines.resolve(name, args)
+        if len(args) != 2 or not isinstance(args[0], exp.Column):
+            msg = "expected pct_change(field, lookback), e.g. pct_change(adj_close, 1d)"
+            raise ValueError(msg)
+        fname = args[0].name
+        if self.fields.get(fname) not in ("long", "double"):
+            msg = f"'{fname}' is not a numeric field of the {self.source} schema"
+            raise ValueError(msg)
+        lookback = _interval_ms(args[1])
+        col = f"pct_change({fname}, {lookback}ms)"
+        self.pct[col] = PctChange(col, fname, lookback)
+        return col, "double"
+
+
+def check_condition(text: str, source: str, schema: Schema) -> None:
+    """Compile an event condition (``where``, ``clear``) of a rule that did not validate,
+    against its source's own fields (no enrichment): :class:`ExpressionError` names an unknown
+    field, a type mismatch or a syntax error in the same round as the rule's other problems.
+    ``pct_change`` and the baselines are taken whatever the rule's kind (a kind that may not
+    call them is told once the rule validates)."""
+    fields = dict(enriched_fields(schema, ()))
+    compile_expr(
+        text, fields, boolean=True, allow_intervals=True, synthetic=WhereFunctions(fields, source).resolve
+    )
+
+
 def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | None:
     """Compile everything the evaluator needs; report each problem; None if any."""
     problems = 0
@@ -87,23 +125,9 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
         if g not in fields:
             fail(("group_by", i), f"group_by field '{g}' is not in the {rule.source} schema")
 
-    pct: dict[str, PctChange] = {}
-    base_where = Collector(fields, f"the {rule.source} schema")
-
-    def synthetic_where(name: str, args: list[exp.Expression]) -> tuple[str, str] | None:
-        if name != "pct_change":
-            return base_where.resolve(name, args)
-        if len(args) != 2 or not isinstance(args[0], exp.Column):
-            msg = "expected pct_change(field, lookback), e.g. pct_change(adj_close, 1d)"
-            raise ValueError(msg)
-        fname = args[0].name
-        if fields.get(fname) not in ("long", "double"):
-            msg = f"'{fname}' is not a numeric field of the {rule.source} schema"
-            raise ValueError(msg)
-        lookback = _interval_ms(args[1])
-        col = f"pct_change({fname}, {lookback}ms)"
-        pct[col] = PctChange(col, fname, lookback)
-        return col, "double"
+    functions = WhereFunctions(fields, rule.source)
+    synthetic_where = functions.resolve
+    pct, base_where = functions.pct, functions.baselines
 
     def expr(path: tuple[str | int, ...], text: str | None, **kw: object) -> Compiled | None:
         if text is None:

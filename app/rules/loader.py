@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from app.alerts import RuleFacts
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
-from app.events import Schema, schema_for
-from app.rules.compile import Report, RuleParts, compile_parts
+from app.events import SCHEMAS, Schema, schema_for
+from app.rules.compile import Report, RuleParts, check_condition, compile_parts
 from app.rules.expr import Compiled, parse
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
@@ -167,16 +167,24 @@ class _FileLoader:
         return _compiled(rule, engine, self.path, line, lambda path, msg: self.add((*base, *path), msg))
 
     def check_syntax(self, index: int, raw: Any, failed: set[Any]) -> None:
-        """The syntax of a rule's conditions when another key of it is invalid (no schema to
-        check them against then): one round of fixes then sees their problems too."""
+        """A rule's conditions when another key of it is invalid (the rule is not compiled):
+        ``where`` and ``clear`` against the source's fields when the source is valid and the
+        rule enriches nothing (an enriched rule's fields need its valid ``enrich``), else, and
+        ``having`` (its names are the aggregates'), their syntax alone. One round of fixes then
+        sees their problems too."""
         if not isinstance(raw, dict):
             return
+        source = raw.get("source")
+        schema = SCHEMAS.get(source) if isinstance(source, str) and "source" not in failed else None
         for key in ("where", "clear", "having"):
             text = raw.get(key)
             if key in failed or not isinstance(text, str):
                 continue
             try:
-                parse(text)
+                if schema is not None and key != "having" and not raw.get("enrich"):
+                    check_condition(text, str(source), schema)
+                else:
+                    parse(text)
             except ExpressionError as exc:
                 self.add(("rules", index, key), str(exc))
 

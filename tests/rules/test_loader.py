@@ -56,9 +56,9 @@ def test_every_problem_is_reported_with_position() -> None:
     assert any(s.startswith(f"{p}:21:") and "nope" in s for s in got), got
 
 
-def test_a_rule_with_an_invalid_key_still_has_its_conditions_syntax_checked(tmp_path: Path) -> None:
-    """A rule whose `severity` (say) is invalid is not compiled; its conditions' syntax errors
-    came out only once that was fixed. Only syntax: the schema check needs a valid rule."""
+def test_a_rule_with_an_invalid_key_still_has_its_conditions_checked(tmp_path: Path) -> None:
+    """A rule whose `severity` (say) is invalid is not compiled; its conditions' errors came
+    out only once that was fixed. Now in the same round: syntax, and the fields of its source."""
     f = tmp_path / "two.yaml"
     f.write_text(
         "rules:\n  - id: two\n    source: sensors\n    where: temperature >\n    clear: temprature < 1\n"
@@ -67,7 +67,29 @@ def test_a_rule_with_an_invalid_key_still_has_its_conditions_syntax_checked(tmp_
     got = problems_of(f)
     assert any(s.startswith(f"{f}:6:") and "'severity'" in s for s in got), got
     assert f"{f}:4:12: two: cannot parse 'temperature >': '>' needs a value after it (character 13)" in got
-    assert len(got) == 2, got  # `clear` parses: its unknown field waits for a rule that validates
+    assert any(s.startswith(f"{f}:5:") and "unknown field 'temprature'" in s for s in got), got
+    assert len(got) == 3, got
+
+
+def test_an_invalid_rule_s_conditions_are_checked_against_what_is_known(tmp_path: Path) -> None:
+    """Fields are checked only where they are known: not with a bad `source`, nor with an
+    `enrich` (its tables' fields), nor in `having` (the aggregates' names); a baseline or
+    pct_change() call is taken; syntax is checked in every case."""
+    f = tmp_path / "three.yaml"
+    f.write_text(
+        "rules:\n"
+        "  - {id: a, source: sensorz, where: temprature > 1, severity: warnin}\n"
+        "  - {id: b, source: sensors, where: site_max > 1, severity: warnin,\n"
+        "     enrich: [{table: devices, on: device_id, as: d}]}\n"
+        "  - {id: c, source: sensors, where: 'zscore(temperature, 1d) > 3', severity: warnin}\n"
+        "  - {id: d, source: sensors, having: 'n >', severity: warnin}\n"
+        "  - {id: e, source: sensors, where: \"temperature > 'hot'\", severity: warnin}\n"
+    )
+    got = problems_of(f)
+    assert not any("temprature" in s or "site_max" in s or "zscore" in s for s in got), got
+    assert any(s.startswith(f"{f}:6:") and "'>' needs a value" in s for s in got), got
+    assert any(s.startswith(f"{f}:7:") and " e: " in s for s in got), got  # a number against a string
+    assert sum("'severity'" in s for s in got) == 5, got
 
 
 def test_semantic_problems_are_all_reported(tmp_path: Path) -> None:
