@@ -75,7 +75,7 @@ from agents.merge import TimeMerge
 from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
-from app.kafka.clients import Endpoint, Target, TrackingProducer, connection
+from app.kafka.clients import Endpoint, Target, TrackingProducer, connection, stop_consumer
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,17 @@ CONSUMER_THREAD_STOP_S = 5.0
 
 class WorkerConsumerThread(AIOKafkaConsumerThread):
     shutdown_timeout = CONSUMER_THREAD_STOP_S
+
+    async def on_thread_stop(self) -> None:
+        """Faust's, with aiokafka's consumer stopped through :func:`stop_consumer`. Stopped
+        while a fetch was backing off from a broker gone, the consumer's ``stop()`` raised that
+        fetch's CancelledError (aio-libs/aiokafka#647): the thread died with a traceback
+        ("Exception in thread"), never said it had stopped, and the worker's stop waited the
+        whole :data:`CONSUMER_THREAD_STOP_S` for it, then logged a TimeoutError."""
+        # what Faust's own does before its consumer.stop(): stop the thread's method queue
+        await super(AIOKafkaConsumerThread, self).on_thread_stop()
+        if self._consumer is not None:
+            await stop_consumer(self._consumer)
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         """Faust's consumer, reading committed records only (Faust does so only with its own

@@ -322,8 +322,8 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
                      what="the dispatcher's queue published")  # fmt: skip
         # the broker is gone: the dispatcher and store-sync still stop cleanly (aiokafka's consumer
         # close raised a fetch task's CancelledError: exit 1 with a traceback; a commit for
-        # monitoring could wait for a coordinator for ever). The worker may take longer than its
-        # grace then (tests/agents/test_worker.py: under 20 s) and be killed: a crash it recovers from.
+        # monitoring could wait for a coordinator for ever). The worker's own stop after its
+        # broker is tests/agents/test_worker.py's.
         sup.stop()
     finally:
         sup.stop()
