@@ -50,8 +50,9 @@ from app.events import Event
 from app.rules.evaluator import State, ThresholdLogic, group_values, state_key
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule
-from app.rules.retire import RulesRan, ending, open_episode, version_of
-from app.rules.state import is_current, migrate, stamp
+from app.rules.logic.base import DictStore
+from app.rules.retire import RulesRan, sweep
+from app.rules.state import migrate, stamp
 from app.topics import ALERTS, DLQ
 from jobs import peers
 from jobs.compile import DLQ_KEY, SparkPlan, rule_of_key
@@ -190,25 +191,13 @@ class GroupRunner:
         and the rows that end their open alerts (:func:`app.rules.retire.ending`, from what
         the query's record of the rules it ran says of them). Stream keys keep theirs
         (:class:`jobs.streams.StreamRunner` sweeps its own at its restore)."""
-        kept: dict[str, State] = {}
-        out: Rows = []
-        for key, st in states.items():
-            if is_stream_key(key):
-                kept[key] = st
-                continue
-            rid = rule_of_key(key)
-            found = self.rules.get(rid)
-            version = version_of(st)
-            if found is not None and version == stamp(found[1].version):
-                kept[key] = st
-                continue
-            facts = self.ran.get((rid, version)) if is_current(st) else None
-            end = None if facts is None else ending(key, st, facts, found is not None, None)
-            if end is not None:
-                out.append(retired_row(end))
-            elif not is_current(st) or open_episode(st) is not None:
-                logger.warning("keyed state %r of a rule no longer running dropped, its alert not ended", key)
-        return kept, out
+        # keyed states keep no partition clock: each ends at its last event
+        store = DictStore(dict(states))
+        rules = [rule for _, rule in self.rules.values()]
+        done = sweep(store, 0, rules, self.ran, items=list(states.items()), keep_records=False)
+        for key in done.unended:
+            logger.warning("keyed state %r of a rule no longer running dropped, its alert not ended", key)
+        return store.data, [retired_row(a) for a in done.alerts]
 
     def run_many(self, pdfs: Iterator[pd.DataFrame], states: dict[str, State]) -> Rows:
         """Rows of any keys; ``states`` (key -> state) is read and updated in place."""
