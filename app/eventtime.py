@@ -10,7 +10,8 @@ every event against its partition's clock instead
 whole policy.
 
 :class:`Clock` is the schedule several replays share (``--clock WALL@TIME``,
-:mod:`ingest.pacing`): ``make run`` writes it, the producers read it.
+:mod:`ingest.pacing`), or the one a clock gate starts once they are all ready
+(``--clock-gate``, :mod:`app.runtime.clockgate`: ``make run``'s).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_even
 from ingest.adapters.logfile import log_events
 from ingest.adapters.logformats import LOG_FORMATS
 from ingest.adapters.ohlc import SYMBOLS
-from ingest.cliargs import CLOCK_HELP, add_progress, add_tz, positive, shared_clock, timestamp_ms
+from ingest.cliargs import add_clock, add_progress, add_tz, clock_of, positive, timestamp_ms
 from ingest.httpd import cli as http_cli
 from ingest.model import Converter, ConvertError, IngestArgError
 from ingest.mqtt import cli as mqtt_cli
@@ -133,7 +133,7 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="skip events before this event time (RFC 3339)",
     )
     rp.add_argument("--live", action="store_true", help="shift event times so the first event is now")
-    rp.add_argument("--clock", type=shared_clock, metavar="WALL@TIME", help=CLOCK_HELP + " (needs --speedup)")
+    add_clock(rp, " (needs --speedup)")
     add_progress(
         rp,
         "resume after the items an earlier run published, and record how far this one gets "
@@ -196,8 +196,9 @@ def _output(path: str | None) -> Iterator[BinaryIO]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    if args.clock is not None and args.speedup is None:
-        msg = "--clock paces the replay: give --speedup too"
+    clock = clock_of(args)
+    if clock is not None and args.speedup is None:
+        msg = "--clock and --clock-gate pace the replay: give --speedup too"
         raise IngestArgError(msg)
 
     def body(settings: Settings, stop: asyncio.Event) -> Awaitable[ReplaySummary]:
@@ -213,7 +214,7 @@ def _replay(args: argparse.Namespace) -> int:
             items = starting_at(items, args.time_from)
         progress = None if args.progress is None else ProgressFile(args.progress, replay_identity(args))
         options = ReplayOptions(
-            speedup=args.speedup, limit=args.limit, live=args.live, progress=progress, clock=args.clock
+            speedup=args.speedup, limit=args.limit, live=args.live, progress=progress, clock=clock
         )
         topic, fmt, origin = args.topic, args.format, args.file
         return replay(settings, items, topic=topic, adapter=fmt, options=options, stop=stop, origin=origin)

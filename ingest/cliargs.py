@@ -4,8 +4,8 @@
   :func:`timestamp_ms`) turn one option's text into a typed value or raise
   ``argparse.ArgumentTypeError`` with the expected form, so bad usage exits 2 with a
   message naming the option before anything starts.
-- :func:`add_command` declares one command; :func:`add_tz` and :func:`add_progress`
-  add the options several commands share, with the same type, default and form.
+- :func:`add_command` declares one command; :func:`add_tz`, :func:`add_progress` and
+  :func:`add_clock` add the options several commands share, with the same type, default and form.
 - :func:`read_secret` reads a secret an option names in a file, at run time
   (IngestArgError, exit 2, when the file cannot be read).
 """
@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from app.errors import IngestDecodeError
 from app.events import parse_ts
 from app.eventtime import Clock
+from app.runtime.clockgate import ClockGate
 from ingest.model import IngestArgError
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,32 @@ CLOCK_HELP = (
     "(e.g. 1764432000@2013-12-10T12:00:00Z), so producers given the same clock publish on one "
     "event-time axis whenever each starts; events already due go at once, holes are not shortened"
 )
+
+
+def add_clock(parser: argparse.ArgumentParser, needs: str = "") -> None:
+    """``--clock WALL@TIME``, or ``--clock-gate FILE`` with ``--clock-party NAME``
+    (:mod:`app.runtime.clockgate`); read them with :func:`clock_of`. ``needs`` ends their help."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--clock", type=shared_clock, metavar="WALL@TIME", help=CLOCK_HELP + needs)
+    group.add_argument(
+        "--clock-gate",
+        type=Path,
+        metavar="FILE",
+        help="pace on a shared clock that starts once every producer FILE names is ready "
+        "(they write FILE.<party>.ready and wait); give --clock-party too" + needs,
+    )
+    parser.add_argument("--clock-party", metavar="NAME", help="this producer's name among the gate's parties")
+
+
+def clock_of(args: argparse.Namespace) -> Clock | ClockGate | None:
+    """The shared clock ``add_clock``'s options give; IngestArgError when they do not go together."""
+    if (args.clock_gate is None) != (args.clock_party is None):
+        msg = "--clock-gate and --clock-party go together"
+        raise IngestArgError(msg)
+    if args.clock_gate is not None:
+        return ClockGate(args.clock_gate, args.clock_party)
+    clock: Clock | None = args.clock
+    return clock
 
 
 def now_ms() -> int:

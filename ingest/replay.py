@@ -35,6 +35,7 @@ import orjson
 from app.errors import IngestDecodeError
 from app.events import parse_ts
 from app.eventtime import Clock
+from app.runtime.clockgate import ClockGate, leave, wait_async
 from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
 from ingest.adapters import FORMAT_SOURCES
@@ -76,7 +77,8 @@ class ReplayOptions:
     ``end_is_final``: the input's end is its last item, recorded as finished (False for a
     simulation cut by ``--duration``: a later run with a longer duration goes on);
     ``checkpoint_s``: seconds between two progress writes;
-    ``clock``: pace on this shared schedule, not from the first event (with ``speedup``)."""
+    ``clock``: pace on this shared schedule, not from the first event (with ``speedup``); a
+    :class:`~app.runtime.clockgate.ClockGate`: on the clock it starts once the producer is connected."""
 
     speedup: float | None = None
     limit: int | None = None
@@ -86,7 +88,7 @@ class ReplayOptions:
     progress: ProgressFile | None = None
     end_is_final: bool = True
     checkpoint_s: float = CHECKPOINT_S
-    clock: Clock | None = None
+    clock: Clock | ClockGate | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,7 @@ async def replay(
     stop = stop or asyncio.Event()
     base = opts.progress.load() if opts.progress is not None else Progress()
     if opts.progress is not None and base.done(opts.limit):
+        leave(opts.clock)
         why = "reached the end of its input" if base.finished else f"sent its limit of {opts.limit} events"
         logger.info(
             "%s: already done: an earlier run %s (%d items, %d events); nothing to publish",
@@ -282,8 +285,6 @@ async def replay(
             base.sent,
         )
         return ReplaySummary(topic, 0, 0, 0, False, 0.0, base.consumed, base)
-    anchor = opts.clock.anchor(clock(), wall_ms() / 1000) if opts.clock else None
-    pacer = Pacer(opts.speedup, opts.max_sleep_s, anchor) if opts.speedup else None
     rebaser = Rebaser(wall_ms()) if opts.live else None
     started, interrupted, finished = clock(), False, False
     marks = _Checkpoints(opts.progress, base, opts.checkpoint_s, clock)
@@ -292,6 +293,9 @@ async def replay(
     if skipped < base.consumed and not stop.is_set():
         logger.warning("the input has %d items, fewer than the %d already published", skipped, base.consumed)
     async with Publisher(settings, topic, source, adapter, wall_clock=False) as pub:  # recorded times
+        shared = await wait_async(opts.clock, stop) if isinstance(opts.clock, ClockGate) else opts.clock
+        anchor = shared.anchor(clock(), wall_ms() / 1000) if shared else None
+        pacer = Pacer(opts.speedup, opts.max_sleep_s, anchor) if opts.speedup else None
         for n, entry in enumerate(stream):
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)

@@ -24,20 +24,23 @@ except (OSError, AttributeError):  # not Linux: the owner's stop is the only cle
     _prctl = None
 
 
-def _die_with(parent: int) -> None:
+def _die_with(parent: int, nice: int = 0) -> None:
+    if nice:
+        os.nice(nice)
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the line above: nothing will tell us
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def dies_with_parent() -> Callable[[], None]:
+def dies_with_parent(nice: int = 0) -> Callable[[], None]:
     """A ``preexec_fn`` for ``subprocess.Popen``: the child gets SIGTERM when the thread that
-    started it ends (on Linux; ``PR_SET_PDEATHSIG``), however it ends, ``kill -9`` included.
+    started it ends (on Linux; ``PR_SET_PDEATHSIG``), however it ends, ``kill -9`` included;
+    it runs at niceness ``nice`` (``os.nice``: its own children inherit it).
     Without it a child started in a session of its own (``start_new_session``) outlives its
     owner and goes on beside the next one. Start children from the thread that owns them for
     their whole life: the main thread, for the supervisor and the embedded broker."""
-    return functools.partial(_die_with, os.getpid())
+    return functools.partial(_die_with, os.getpid(), nice)
 
 
 def exited_by(proc: subprocess.Popen[bytes], deadline: float, force: threading.Event | None = None) -> bool:

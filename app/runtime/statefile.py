@@ -3,9 +3,11 @@ the Spark engine's (the sink's batch marker, a checkpoint's layout record).
 
 :func:`write_json` replaces a file atomically and durably: a temporary file in the same
 directory, fsync, rename over the old one, fsync of the directory. A crash leaves the old
-or the new file, never a torn one. :func:`read_json` reads one back: None when there is
-no file, and an error naming the file when it cannot be read or is not JSON (the operator
-decides; never a silent restart from zero).
+or the new file, never a torn one; the temporary file is the writer's own (its name holds
+the process id), so processes that write one file at once each replace it whole.
+:func:`read_json` reads one back: None when there is no file, and an error naming the file
+when it cannot be read or is not JSON (the operator decides; never a silent restart from
+zero).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def write_json(path: Path, record: Mapping[str, Any]) -> None:
     """Replace ``path`` with ``record`` as one JSON line; see the module docstring."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(orjson.dumps(record) + b"\n")
         f.flush()

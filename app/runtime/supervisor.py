@@ -97,6 +97,7 @@ class Role:
     #: its process alone, not to its group, so no child is stopped under it; a group still
     #: running at the end of the grace is killed whole, as any other
     stops_children: bool = False
+    nice: int = 0  # its CPU niceness (os.nice), inherited by its children
     proc: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)  # its crashes in the last RESTART_WINDOW_S
     streak: int = 0  # crashes in a row, each within RESTART_WINDOW_S of its start
@@ -209,7 +210,7 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor alone
-            preexec_fn=dies_with_parent(),  # ... and its death, however it comes, every role
+            preexec_fn=dies_with_parent(role.nice),  # ... and its death, however it comes, every role
             pass_fds=self.hold_fds,
         )
         assert role.proc.stdout is not None  # noqa: S101 - PIPE was requested

@@ -58,13 +58,13 @@ from app.console.health import ROLE_STATES_FILE
 from app.console.launch import prepare as prepare_console
 from app.errors import AppError, ConfigError
 from app.events import parse_ts
-from app.eventtime import Clock
 from app.kafka.acls import ENGINES, apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
 from app.kafka.broker import KafkaBroker, free_port, kafka_version
 from app.kafka.clients import Endpoint, Target, end_offsets
 from app.runtime import runlock
+from app.runtime.clockgate import GateSpec, write_gate
 from app.runtime.credentials import (
     CONSOLE,
     embedded_users,
@@ -73,7 +73,7 @@ from app.runtime.credentials import (
     write_client_env,
 )
 from app.runtime.settings import PROJECT_ROOT, Settings
-from app.runtime.statefile import read_json, write_json
+from app.runtime.statefile import read_json
 from app.runtime.supervisor import Role, Supervisor, stop_on_signals
 from app.topics import ALERTS, DLQ, NOTIFICATIONS, SOURCE_TOPICS
 
@@ -83,14 +83,20 @@ NAB_FILE = "nab/data/realKnownCause/machine_temperature_system_failure.csv"
 # The demo starts the machine-temperature replay the day before its first labelled failure,
 # and the simulated fleet and trades on the same event-time axis (one clock per partition).
 NAB_START = "2013-12-10T12:00:00Z"
-#: the producers on that axis share one schedule (``--clock``), kept in the data dir so a
-#: second run goes on where the first had got (``demo_clock``)
+#: the producers on that axis share one clock (``--clock-gate``, ``app.runtime.clockgate``), kept
+#: in the data dir so a second run goes on where the first had got (``demo_clock``)
 ON_THE_NAB_AXIS = ("replay-sensors", "sim-fleet", "sim-ticks")
 DEMO_CLOCK_FILE = "demo-clock.json"
-#: their first events are due this long after the roles are built: the fleet waits for its
-#: MQTT bridge (3.3 s on 2 busy cores), and starting behind would make it burst its first
-#: readings in late, behind the partition clock the NAB replay drives
-CLOCK_LEAD_S = 5.0
+#: their first events are due this long after the last of them is ready (connected to its
+#: sink; the fleet's MQTT bridge subscribed)
+CLOCK_LEAD_S = 0.5
+#: a producer not ready this long after the first is not waited for
+CLOCK_TIMEOUT_S = 30.0
+#: the Spark roles' niceness (their JVMs inherit it): on one busy machine the producers and
+#: the worker come first. Two JVMs starting beside the demo's producers held the fleet's MQTT
+#: path back: its readings came up to 39 and 49 minutes of event time behind the partition
+#: clock under twice make run's load (two system tests at once), up to 22, 17 and 9 with it
+SPARK_NICE = 10
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 APACHE_FILE = "apache_logs/apache_logs"
 
@@ -155,7 +161,6 @@ def build_roles(
     receiver_url = f"http://127.0.0.1:{receiver_port}"
     webhook_url = settings.webhook_url or f"{receiver_url}/webhook"
     speed, limit = str(settings.replay_speedup), str(settings.replay_limit)
-    clock = demo_clock(settings, time.time())
     roles: list[Role] = []
 
     def progress(role: str) -> list[str]:
@@ -163,6 +168,11 @@ def build_roles(
 
     nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
+    gate = demo_clock(settings, [r for r in ON_THE_NAB_AXIS if r != "replay-sensors" or nab.exists()])
+
+    def clock(role: str) -> list[str]:
+        return ["--clock-gate", str(gate), "--clock-party", role]
+
     if nab.exists():
         nab_args = [
             "--format",
@@ -186,8 +196,7 @@ def build_roles(
             sensors_topic,
             "--speedup",
             speed,
-            "--clock",
-            clock,
+            *clock("replay-sensors"),
             "--limit",
             limit,
             *progress("replay-sensors"),
@@ -221,7 +230,7 @@ def build_roles(
         )
     else:
         logger.warning("no log replay: %s is missing", apache)
-    roles += _fleet_roles(settings, speed, clock)
+    roles += _fleet_roles(settings, speed, clock("sim-fleet"))
     roles.append(
         Role(
             "sim-ticks",
@@ -239,8 +248,7 @@ def build_roles(
                 "300",
                 "--speedup",
                 speed,
-                "--clock",
-                clock,
+                *clock("sim-ticks"),
                 *progress("sim-ticks"),
             ),
             stage=1,
@@ -306,11 +314,12 @@ def build_roles(
 
 def _spark_role(name: str, argv: list[str]) -> Role:
     """A role that runs a Spark driver: its web UI on a port of its own (two drivers would
-    race for 4040), and it stops its own JVM on SIGTERM (``Role.stops_children``)."""
+    race for 4040), it stops its own JVM on SIGTERM (``Role.stops_children``), and it runs at
+    ``SPARK_NICE``."""
     port = free_port()
     return Role(
         name, argv, env={"APP_SPARK_UI_PORT": str(port)}, stage=2, stops_children=True,
-        url=f"http://127.0.0.1:{port} (Spark UI, while its query runs)",
+        url=f"http://127.0.0.1:{port} (Spark UI, while its query runs)", nice=SPARK_NICE,
     )  # fmt: skip
 
 
@@ -319,17 +328,19 @@ def progress_path(settings: Settings, role: str) -> Path:
     return settings.data_dir / "ingest" / f"{role}.json"
 
 
-def demo_clock(settings: Settings, wall_now: float) -> str:
-    """The schedule (``--clock WALL@TIME``) the demo's producers on the NAB axis share.
+def demo_clock(settings: Settings, parties: Sequence[str]) -> Path:
+    """The clock gate (``--clock-gate``, :mod:`app.runtime.clockgate`) the demo's producers on
+    the NAB axis (``parties``) share: its file's path.
 
-    Each paced from its own first event, they ran as far apart as their first events went:
-    the fleet waits for its MQTT bridge, and its readings ran 64 minutes of event time (1.3 s
-    at speed-up 3000) behind the NAB replay's on the partition they share. The replay's readings drove the
-    partition clock, and every fleet device there looked silent for 30 minutes every
-    30 minutes (700 false ``device-silent`` alerts in two minutes). On one schedule they
-    publish together. A fresh data dir starts it at ``NAB_START``; a later run goes on
-    from the event time it had reached when its producers last recorded their progress
-    (at their stop, or their last checkpoint), ``CLOCK_LEAD_S`` from now.
+    Paced each from its own first event, they ran as far apart as their first events went;
+    on a schedule fixed 5 s ahead, as far as the slowest start overran it. The fleet waits for
+    its MQTT bridge, which took 5 s on 2 busy cores: its readings came 85 minutes of event
+    time (1.7 s at speed-up 3000) behind the NAB replay's on the partition they share, the
+    replay's readings drove the partition clock, and the fleet devices there looked silent
+    (18 false ``device-silent`` alerts in two short runs). On the gate the clock starts once
+    every producer is ready. A fresh data dir starts it at ``NAB_START``; a later run goes on
+    from the event time it had reached when its producers last recorded their progress (at
+    their stop, or their last checkpoint), or from where it was when it never started.
     """
     path = settings.data_dir / "ingest" / DEMO_CLOCK_FILE
     remedy = "remove it to restart the demo's clock at its start, or run with --fresh"
@@ -338,15 +349,15 @@ def demo_clock(settings: Settings, wall_now: float) -> str:
     reached = _progress_written(settings)
     if prev is not None and reached is not None:
         try:
-            wall_s, prev_ms, speedup = float(prev["wall_s"]), int(prev["event_ms"]), float(prev["speedup"])
-        except (KeyError, TypeError, ValueError):
-            msg = f"{path}: expected wall_s, event_ms and speedup, got {prev!r}; {remedy}"
+            prev_ms, speedup = int(prev["event_ms"]), float(prev["speedup"])
+            wall_s = None if prev.get("wall_s") is None else float(prev["wall_s"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            msg = f"{path}: expected event_ms, speedup and, once started, wall_s; got {prev!r}; {remedy}"
             raise ConfigError(msg) from None
-        event_ms = prev_ms + max(0, int((reached - wall_s) * 1000 * speedup))
-    wall = wall_now + CLOCK_LEAD_S
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"wall_s": wall, "event_ms": event_ms, "speedup": settings.replay_speedup})
-    return str(Clock(wall, event_ms))
+        event_ms = prev_ms + (0 if wall_s is None else max(0, int((reached - wall_s) * 1000 * speedup)))
+    others = {"speedup": settings.replay_speedup}
+    write_gate(path, GateSpec(event_ms, tuple(parties), CLOCK_LEAD_S, CLOCK_TIMEOUT_S, others=others))
+    return path
 
 
 def _progress_written(settings: Settings) -> float | None:
@@ -362,13 +373,13 @@ def _progress_written(settings: Settings) -> float | None:
     return max(times, default=None)
 
 
-def _fleet_roles(settings: Settings, speed: str, clock: str) -> list[Role]:
+def _fleet_roles(settings: Settings, speed: str, clock: list[str]) -> list[Role]:
     """The simulated fleet, its registry, and the MQTT path it reports through.
 
     The simulator publishes to a local mosquitto (when installed) and the MQTT
     bridge forwards to ``events.sensors``; without mosquitto it publishes to
-    Kafka directly. It runs at the NAB replay's speed-up on its schedule
-    (``clock``, see :func:`demo_clock`), so both share one event-time axis
+    Kafka directly. It runs at the NAB replay's speed-up on their clock (``clock``: its
+    options, see :func:`demo_clock`), so both share one event-time axis
     (9 devices, one reading every 5 minutes of event time each). The simulator writes the registry CSV (the
     same rows on every run, atomically); the registry role waits for it and
     skips the load when its progress file says these rows were loaded before.
@@ -392,8 +403,7 @@ def _fleet_roles(settings: Settings, speed: str, clock: str) -> list[Role]:
         NAB_START,
         "--speedup",
         speed,
-        "--clock",
-        clock,
+        *clock,
         "--write-registry",
         str(registry),
         "--progress",

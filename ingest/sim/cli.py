@@ -29,7 +29,7 @@ from typing import Any
 
 from app.events import parse_ts
 from app.topics import SOURCE_TOPICS
-from ingest.cliargs import CLOCK_HELP, add_progress, now_ms, positive, shared_clock, timestamp_ms
+from ingest.cliargs import add_clock, add_progress, clock_of, now_ms, positive, timestamp_ms
 from ingest.model import IngestArgError, Record
 from ingest.progress import ProgressFile
 from ingest.replay import ReplayOptions, replay, source_for_topic
@@ -88,7 +88,7 @@ def add_parser(commands: Any) -> None:
             help="event time runs X times faster than wall time (1: real time)",
         )
         sub.add_argument("--fast", action="store_true", help="no pacing: publish as fast as possible")
-        sub.add_argument("--clock", type=shared_clock, metavar="WALL@TIME", help=CLOCK_HELP)
+        add_clock(sub)
         sub.add_argument("--rate", type=positive(float), metavar="N", help="at most N events per second")
         sub.add_argument("--topic", default=topic, help=f"topic ({topic})")
         add_progress(
@@ -157,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "ticks" and not _symbols(args):
         msg = "--symbols needs at least one symbol, e.g. AAPL,MSFT"
         raise IngestArgError(msg)
-    if args.clock is not None and args.fast:
-        msg = "--clock paces the simulation: it cannot be used with --fast"
+    clock = clock_of(args)
+    if clock is not None and args.fast:
+        msg = "--clock and --clock-gate pace the simulation: they cannot be used with --fast"
         raise IngestArgError(msg)
     start = start_of(args)
     progress = None if args.progress is None else ProgressFile(args.progress, identity(args, start))
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         speed = None if args.fast else args.speedup
         items = events(args, start)
         return publish_mqtt(
-            items, args.mqtt, args.mqtt_prefix, speed, args.count, progress=progress, clock=args.clock
+            items, args.mqtt, args.mqtt_prefix, speed, args.count, progress=progress, clock=clock
         )
     opts = ReplayOptions(
         speedup=None if args.fast else args.speedup,
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         rate=args.rate,
         progress=progress,
         end_is_final=False,  # --duration cuts the sequence; a later run may want more of it
-        clock=args.clock,
+        clock=clock,
     )
     adapter = f"sim-{args.kind}"
     return run_adapter(

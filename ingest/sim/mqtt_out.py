@@ -31,6 +31,7 @@ import paho.mqtt.client as mqtt
 
 from app.events import parse_ts
 from app.eventtime import Clock
+from app.runtime.clockgate import ClockGate, leave, wait_sync
 from ingest.pacing import Pacer
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 
@@ -87,15 +88,17 @@ def publish_mqtt(
     client_id: str = "streamalert-simulator",
     *,
     progress: ProgressFile | None = None,
-    clock: Clock | None = None,
+    clock: Clock | ClockGate | None = None,
 ) -> int:
     """Publish ``events``; return the exit code (0: every message acknowledged).
     ``limit`` counts over all runs with a ``progress`` file; see the module docstring.
-    ``clock``: pace on this shared schedule (``app.eventtime.Clock``), with ``speedup``."""
+    ``clock``: pace on this shared schedule (``app.eventtime.Clock``), with ``speedup``; a
+    :class:`~app.runtime.clockgate.ClockGate`: on the clock it starts once the client is connected."""
     host, _, port = broker.rpartition(":")
     base = progress.load() if progress is not None else Progress()
     topics = f"{prefix}/+/state"
     if progress is not None and base.done(limit):
+        leave(clock)
         logger.info("%s: already done (%d events sent); nothing to publish", progress.path, base.sent)
         _summary({"published": 0, "unacknowledged": 0, "mqtt": topics}, base.consumed, base)
         return 0
@@ -109,6 +112,10 @@ def publish_mqtt(
     client.reconnect_delay_set(1, 30)
     client.connect_async(host or "127.0.0.1", int(port))
     client.loop_start()
+    if isinstance(clock, ClockGate):  # ready once connected, the bridge behind it subscribed (make run)
+        while not (stop.is_set() or connected.wait(0.1)):
+            pass
+        clock = wait_sync(clock, stop)
     anchor = clock.anchor(time.monotonic(), time.time()) if clock else None
     pacer = Pacer(speedup, anchor=anchor) if speedup else None
     acks = _Acks(progress, base)

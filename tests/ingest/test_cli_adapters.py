@@ -113,6 +113,7 @@ def test_syslog_sigterm_flushes_and_prints_the_summary(broker: KafkaBroker) -> N
 
 
 CLOCK = "1764432000@2013-12-10T12:00:00Z"
+GATE = ["--clock-gate", "g.json", "--clock-party", "replay"]
 
 
 @pytest.mark.slow
@@ -130,6 +131,18 @@ def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path) -> None:
         (["simulate", "fleet", "--seed", "1", "--fast", "--clock", CLOCK], "cannot be used with --fast"),
         (["simulate", "ticks", "--seed", "1", "--clock", "noon"], "--clock: expected WALL@TIME"),
         (["simulate", "ticks", "--seed", "1", "--clock", "1@noon"], "'--clock' is not an RFC 3339 timestamp"),
+        (
+            ["simulate", "ticks", "--seed", "1", "--clock-gate", "g.json"],
+            "--clock-gate and --clock-party go together",
+        ),
+        (
+            ["simulate", "ticks", "--clock", CLOCK, "--clock-gate", "g.json"],
+            "not allowed with argument --clock",
+        ),
+        (
+            ["replay", "x.jsonl", "--topic", "events.sensors", "--clock-gate", "g", "--clock-party", "r"],
+            "--speedup too",
+        ),
     ]
     for args, message in cases:
         result = _ingest(*args)

@@ -53,6 +53,20 @@ def test_crashed_role_is_restarted_and_one_shot_role_is_not(tmp_path: Path) -> N
         sup.stop()
 
 
+def test_a_role_runs_at_its_niceness_and_its_children_inherit_it(tmp_path: Path) -> None:
+    child = "import os, subprocess, sys; print(os.nice(0), subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'], capture_output=True, text=True).stdout.strip())"  # noqa: E501
+    base = os.nice(0)
+    roles = [Role("spark", py(child), one_shot=True, nice=10), Role("worker", py(child), one_shot=True)]
+    sup = supervisor(tmp_path, roles)
+    sup.start()
+    try:
+        wait_for(lambda: (sup.poll(), all(r.done for r in roles))[1] or None, timeout_s=20, what="both roles")
+    finally:
+        sup.stop()
+    said = {r.name: (tmp_path / "logs" / f"{r.name}.log").read_text().split() for r in roles}
+    assert said == {"spark": [str(min(19, base + 10))] * 2, "worker": [str(base)] * 2}
+
+
 def test_a_role_that_keeps_crashing_is_tried_again_every_minute_and_each_crash_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -164,7 +164,10 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     assert after_second["sim-ticks"]["sent"] == second["events"]["events.finance"]
 
     with own_broker(data / "kafka", topics=False) as broker:  # what the two runs left on the topics
-        sensors = _records(broker.bootstrap, "events.sensors", second["events"]["events.sensors"])
+        readings = consume(
+            broker.bootstrap, "events.sensors", min_count=second["events"]["events.sensors"], timeout_s=20
+        )
+        sensors = [orjson.loads(r.value) for r in readings]
         trades = _records(broker.bootstrap, "events.finance", second["events"]["events.finance"])
         alert_records = consume(broker.bootstrap, "alerts", min_count=second["alerts"], timeout_s=20)
     assert len(sensors) == second["events"]["events.sensors"]
@@ -188,8 +191,12 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     assert not any(repeated.values()), repeated
     # the NAB replay, the fleet and the trades publish on one clock, across the two runs: each
     # from its own start, the fleet ran an hour of event time behind the replay on the partitions
-    # they share, and its devices fired `device-silent` every 30 minutes while reporting every 5
-    assert _false_silences(sensors, [orjson.loads(r.value) for r in alert_records]) == []
+    # they share, and its devices fired `device-silent` every 30 minutes while reporting every 5;
+    # on a clock fixed 5 s ahead, the fleet's bridge was not always up in time
+    behind = _behind_partition_clock(readings)
+    print(f"fleet readings behind their partition's clock, in minutes of event time: {behind}")
+    silences = _false_silences(sensors, [orjson.loads(r.value) for r in alert_records])
+    assert silences == [], behind
 
     fresh = _run(env, 25, "--fresh", until=_delivered)
 
@@ -214,6 +221,27 @@ def _false_silences(readings: list[dict[str, Any]], alerts: list[dict[str, Any]]
         for since, start in [(a["values"]["silent_since"], parse_ts(a["starts_at"]))]
         if any(since < t < start for t in seen[a["labels"]["device_id"]])
     ]
+
+
+def _behind_partition_clock(records: list[Any]) -> dict[str, float]:
+    """How far the fleet's readings came behind their partition's clock (the newest event
+    time on it so far, in offset order: the worker's): median, 99th percentile and most, and
+    how many were more than the 15 minutes ``device-silent`` allows, in minutes."""
+    newest: dict[int, int] = {}
+    lags: list[int] = []
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        e = orjson.loads(r.value)
+        ts = parse_ts(e["ts"])
+        if e["device_id"] != "machine-temp-1":
+            lags.append(max(0, newest.get(r.partition, ts) - ts))
+        newest[r.partition] = max(ts, newest.get(r.partition, ts))
+    lags.sort()
+
+    def at(q: float) -> float:
+        return round(lags[min(len(lags) - 1, int(q * len(lags)))] / 60_000, 1)
+
+    over = sum(lag > 15 * 60_000 for lag in lags)
+    return {"p50": at(0.5), "p99": at(0.99), "max": at(1.0), "over_15": over}
 
 
 def _moved(data: Path, before: dict[str, dict[str, Any]], logs: int | None = None) -> bool:

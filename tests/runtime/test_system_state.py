@@ -19,14 +19,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from app.cli.main import main
 from app.errors import ConfigError
-from app.events import parse_ts
+from app.events import format_ts, parse_ts
 from app.kafka.broker import KafkaBroker, free_port
+from app.runtime.clockgate import read_spec
 from app.runtime.settings import PROJECT_ROOT, Settings
 from app.runtime.system import (
     CLOCK_LEAD_S,
+    CLOCK_TIMEOUT_S,
     MOSQUITTO,
     NAB_FILE,
     ON_THE_NAB_AXIS,
+    SPARK_NICE,
     RunOptions,
     build_roles,
     check_consistent,
@@ -77,10 +80,22 @@ def test_every_producer_role_gets_its_progress_file_under_the_data_dir(tmp_path:
     if MOSQUITTO.exists():  # the fleet waits until the bridge subscribed, so nothing is dropped
         bridge = roles["mqtt-bridge"].argv
         assert roles["sim-fleet"].requires_file == Path(bridge[bridge.index("--ready-file") + 1])
-    # the producers on the NAB axis publish on one schedule; the log replay has its own axis
-    clocks = {name: roles[name].argv[roles[name].argv.index("--clock") + 1] for name in ON_THE_NAB_AXIS}
-    assert len(set(clocks.values())) == 1, clocks
-    assert "--clock" not in roles["replay-logs"].argv
+    # the producers on the NAB axis publish on one clock, each a party of its gate under its
+    # role's name; the log replay has its own axis
+    gates = {name: _option(roles[name].argv, "--clock-gate") for name in ON_THE_NAB_AXIS}
+    assert set(gates.values()) == {str(settings.data_dir / "ingest" / "demo-clock.json")}, gates
+    assert {name: _option(roles[name].argv, "--clock-party") for name in ON_THE_NAB_AXIS} == {
+        name: name for name in ON_THE_NAB_AXIS
+    }
+    assert read_spec(Path(gates["sim-fleet"])).parties == ON_THE_NAB_AXIS
+    assert "--clock-gate" not in roles["replay-logs"].argv
+    # on a busy machine the Spark drivers and their JVMs yield to the producers and the worker
+    assert {name for name, role in roles.items() if role.nice} == {"spark", "archive"}
+    assert roles["spark"].nice == roles["archive"].nice == SPARK_NICE > 0
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
 
 
 def test_the_demos_machine_series_meets_the_anomaly_pack_and_it_fires_in_a_labelled_failure(
@@ -118,36 +133,49 @@ def _progress_at(settings: Settings, role: str, updated_at: str) -> None:
     path.write_text(f'{{"version":1,"consumed":5,"sent":5,"updated_at":"{updated_at}"}}')
 
 
+def _gate_started(settings: Settings, wall_s: float) -> None:
+    """The demo's gate as its producers leave it once its clock started at ``wall_s``."""
+    path = settings.data_dir / "ingest" / "demo-clock.json"
+    path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), "wall_s": wall_s}))
+
+
 def test_the_demo_clock_starts_at_the_nab_start_and_a_second_run_goes_on_where_the_first_got(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(tmp_path, APP_REPLAY_SPEEDUP="3000")
-    start = 1_800_000_000.0
-    assert demo_clock(settings, start) == f"{start + CLOCK_LEAD_S:.3f}@2013-12-10T12:00:00.000Z"
-    # the first run stopped 10 s after its clock began: its producers' last progress says so
+    parties = ("replay-sensors", "sim-fleet")
+    gate = demo_clock(settings, parties)
+    spec = read_spec(gate)
+    assert (spec.event_ms, spec.parties, spec.wall_s) == (parse_ts("2013-12-10T12:00:00Z"), parties, None)
+    assert (spec.lead_s, spec.timeout_s) == (CLOCK_LEAD_S, CLOCK_TIMEOUT_S)
+    # its producers were ready and started it; the run stopped 10 s after that
+    _gate_started(settings, 1_800_000_005.0)
+    (gate.parent / "demo-clock.json.sim-fleet.ready").write_text('{"ready_s": 1800000004.5}')
     _progress_at(settings, "sim-fleet", "2027-01-15T08:00:13.000Z")  # Unix 1800000013
     _progress_at(settings, "replay-sensors", "2027-01-15T08:00:15.000Z")  # the last: 10 s in
     _progress_at(settings, "replay-logs", "2027-01-15T09:00:00.000Z")  # not on the NAB axis
-    later = start + 3600
-    clock = demo_clock(settings, later)
-    assert clock == f"{later + CLOCK_LEAD_S:.3f}@2013-12-10T20:20:00.000Z"  # 10 s x 3000 = 8 h 20 min on
-    # a run that stopped before its clock began leaves it where it was
-    assert demo_clock(settings, later + 60).endswith("@2013-12-10T20:20:00.000Z")
+    spec = read_spec(demo_clock(settings, parties))
+    assert format_ts(spec.event_ms) == "2013-12-10T20:20:00.000Z"  # 10 s x 3000 = 8 h 20 min on
+    assert spec.wall_s is None and not list(gate.parent.glob("*.ready"))  # a new gate: nobody ready
+    # a run that stopped before its producers were all ready leaves the clock where it was
+    _progress_at(settings, "sim-ticks", "2027-01-15T09:30:00.000Z")
+    assert format_ts(read_spec(demo_clock(settings, parties)).event_ms) == "2013-12-10T20:20:00.000Z"
 
 
 def test_a_demo_clock_without_the_producers_progress_starts_over_and_a_broken_one_is_refused(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(tmp_path)
-    demo_clock(settings, 1_800_000_000.0)
+    demo_clock(settings, ON_THE_NAB_AXIS)
+    _gate_started(settings, 1_800_000_000.0)
     # the progress files gone (the producers start from their first events): so does the clock
-    assert demo_clock(settings, 1_800_000_100.0).endswith("@2013-12-10T12:00:00.000Z")
+    assert format_ts(read_spec(demo_clock(settings, ON_THE_NAB_AXIS)).event_ms) == "2013-12-10T12:00:00.000Z"
     path = settings.data_dir / "ingest" / "demo-clock.json"
     _progress_at(settings, "sim-ticks", "2027-01-15T08:00:15.000Z")
-    for broken in ("{not json", '{"wall_s": 1}'):
+    for broken in ("{not json", '{"wall_s": 1}', '{"event_ms": 1, "speedup": 3000, "wall_s": "noon"}'):
         path.write_text(broken)
         with pytest.raises(ConfigError, match=f"{path}: .*remove it to restart the demo's clock"):
-            demo_clock(settings, 1_800_000_200.0)
+            demo_clock(settings, ON_THE_NAB_AXIS)
 
 
 @pytest.mark.slow
