@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ConfigError
+from app.events import format_ts
 from app.eventtime import Clock
 from app.runtime.statefile import read_json, write_json
 
@@ -183,4 +184,5 @@ def wait_sync(gate: ClockGate, stop: threading.Event) -> Clock | None:
 
 
 def _started(gate: ClockGate, clock: Clock) -> None:
-    logger.info("%s: %s ready; the shared clock is %s", gate.path, gate.party, clock)
+    start, due = format_ts(clock.event_ms), format_ts(int(clock.wall_s * 1000))
+    logger.info("%s: %s ready; event time %s is due at %s", gate.path, gate.party, start, due)

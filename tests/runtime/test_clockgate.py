@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from app.errors import ConfigError
+from app.events import format_ts
 from app.eventtime import Clock
 from app.runtime.clockgate import ClockGate, GateSpec, leave, read_spec, wait_async, wait_sync, write_gate
 
@@ -83,7 +84,7 @@ def test_a_party_with_nothing_to_publish_is_not_waited_for(tmp_path: Path) -> No
     assert clock is not None and clock.event_ms == T0
 
 
-def test_waiting_ends_with_the_clock_or_at_stop(tmp_path: Path) -> None:
+def test_waiting_ends_with_the_clock_or_at_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _gate(tmp_path, "replay", "fleet")
 
     async def both() -> tuple[Clock | None, Clock | None]:
@@ -94,8 +95,11 @@ def test_waiting_ends_with_the_clock_or_at_stop(tmp_path: Path) -> None:
         replay = await asyncio.wait_for(wait_async(ClockGate(path, "replay"), stop), 5)
         return await asyncio.wait_for(fleet, 5), replay
 
-    fleet, replay = asyncio.run(both())
+    with caplog.at_level(logging.INFO, logger="app.runtime.clockgate"):
+        fleet, replay = asyncio.run(both())
     assert fleet is not None and fleet == replay
+    due = format_ts(int(fleet.wall_s * 1000))
+    assert f"{path}: fleet ready; event time 2013-12-10T12:00:00.000Z is due at {due}" in caplog.text
     lonely = _gate(tmp_path, "replay", "fleet")
     stop = threading.Event()
     threading.Timer(0.1, stop.set).start()
