@@ -96,7 +96,7 @@ class ClockGate:
         missing = [p for p in spec.parties if p not in times]
         if missing and wall_now < deadline:
             return None
-        wall = min(deadline if missing else max(times.values()), deadline) + spec.lead_s
+        wall = (deadline if missing else min(max(times.values()), deadline)) + spec.lead_s
         if missing:
             logger.warning(
                 "%s: %s not ready %.0f s after the first party; the clock starts without it",
@@ -118,6 +118,7 @@ class ClockGate:
 
 
 def ready_path(gate: Path, party: str) -> Path:
+    """Where ``party`` of the gate in ``gate`` says it is ready (``"*"``: a glob of them all)."""
     return gate.with_name(f"{gate.name}.{party}.ready")
 
 
@@ -151,7 +152,7 @@ def read_spec(path: Path) -> GateSpec:
 def write_gate(path: Path, spec: GateSpec) -> None:
     """A new gate in ``path`` (its clock not started), the ready files of an earlier one removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for old in path.parent.glob(f"{path.name}.*.ready"):
+    for old in path.parent.glob(ready_path(path, "*").name):
         old.unlink(missing_ok=True)
     write_json(path, spec.record())
 

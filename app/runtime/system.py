@@ -345,6 +345,8 @@ def demo_clock(settings: Settings, parties: Sequence[str]) -> Path:
     path = settings.data_dir / "ingest" / DEMO_CLOCK_FILE
     remedy = "remove it to restart the demo's clock at its start, or run with --fresh"
     event_ms = parse_ts(NAB_START)
+    # not read_spec: a data dir from before the gate holds {wall_s, event_ms, speedup}, and
+    # the next event time needs those three alone
     prev = read_json(path, "the demo's clock", remedy, ConfigError)
     reached = _progress_written(settings)
     if prev is not None and reached is not None:
