@@ -297,20 +297,24 @@ def test_roles_started_before_their_broker_proceed_once_it_answers(tmp_path: Pat
             assert broker.port == port
             asyncio.run(ensure_topics(broker.bootstrap, partitions=2))
 
+            replay = next(r for r in sup.roles if r.name == "replay")
+
             def proceeded() -> bool:
                 sup.poll()
                 logs = {
                     r.name: (sup.log_dir / f"{r.name}.log").read_text(errors="replace") for r in sup.roles
                 }
+                # the replay's summary line comes before its exit: wait for both (CI once read
+                # the line between a poll and the exit, and found the role not done yet)
                 return (
                     "dispatching alerts/commands" in logs["dispatch"]
                     and "syncing alerts" in logs["store-sync"]
                     and metrics_answer(metrics)
                     and '"published":200' in logs["replay"]
+                    and replay.exit_code is not None
                 )
 
-            wait_for(proceeded, 90, interval_s=0.5, what="every role at work")
-            replay = next(r for r in sup.roles if r.name == "replay")
+            wait_for(proceeded, 90, interval_s=0.5, what="every role at work, the replay exited")
             assert replay.done and replay.exit_code == 0
             assert count_on(broker.bootstrap, SENSORS) == 200
             for r in sup.roles:
