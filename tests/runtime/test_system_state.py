@@ -162,6 +162,19 @@ def test_the_demo_clock_starts_at_the_nab_start_and_a_second_run_goes_on_where_t
     assert format_ts(read_spec(demo_clock(settings, parties)).event_ms) == "2013-12-10T20:20:00.000Z"
 
 
+def test_a_demo_clock_from_before_the_gate_goes_on_where_its_run_got(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, APP_REPLAY_SPEEDUP="3000")
+    path = settings.data_dir / "ingest" / "demo-clock.json"
+    path.parent.mkdir(parents=True)
+    # the file `--clock WALL@TIME` left (2026-11-29): no parties, no lead, no timeout
+    start = parse_ts("2013-12-10T12:00:00Z")
+    path.write_text(f'{{"wall_s": 1800000005.0, "event_ms": {start}, "speedup": 3000}}')
+    _progress_at(settings, "replay-sensors", "2027-01-15T08:00:15.000Z")  # 10 s after wall_s
+    spec = read_spec(demo_clock(settings, ON_THE_NAB_AXIS))
+    assert format_ts(spec.event_ms) == "2013-12-10T20:20:00.000Z"
+    assert (spec.parties, spec.wall_s) == (tuple(ON_THE_NAB_AXIS), None)
+
+
 def test_a_demo_clock_without_the_producers_progress_starts_over_and_a_broken_one_is_refused(
     tmp_path: Path,
 ) -> None:
