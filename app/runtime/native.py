@@ -266,8 +266,11 @@ def _build(root: Path, *, quiet: bool) -> int:
         print(f"native: compiling {len(MODULES)} modules with mypyc (about 1-2 minutes; log {log})")
     with log.open("wb") as out:
         done = subprocess.run(  # noqa: S603 - our interpreter on our own files
-            [sys.executable, "-c", script, str(work), *paths], cwd=root, stdout=out, stderr=subprocess.STDOUT
-        )
+            # mypy's options ride with the paths: a cache of its own, so that `make test` can
+            # type-check (.mypy_cache) while this builds
+            [sys.executable, "-c", script, str(work), *paths, "--cache-dir", str(work / "mypy")],
+            cwd=root, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     if done.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-20:]
         print("native: the mypyc build failed; its log ends:\n" + "\n".join(tail), file=sys.stderr)
