@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import Counter, Gauge
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 QUERY = "archive"
 ARCHIVE_ENV = "APP_ARCHIVE_PATH"
 PARTITION_COLUMNS = ("source", "date")
+
+ARCHIVED = Counter("archive_records_total", "Records the archive query read and wrote to Parquet")
+BATCH_SECONDS = Gauge("archive_last_batch_seconds", "Trigger time of the archive's last micro-batch")
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     jvm = launched_jvm()
     query = start(spark, settings, opts)
     try:
-        failure = watch(query, stop)
+        failure = watch(query, stop, meters=(ARCHIVED, BATCH_SECONDS))
     finally:
         shut_down(query, spark, jvm, stop)
     return outcome(failure, stop, QUERY)

@@ -101,10 +101,12 @@ def cmd_spark(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_archive(args: argparse.Namespace, settings: Settings) -> int:
     """Run the archive query until SIGINT/SIGTERM (or caught up, with ``--once``)."""
+    from app.runtime import metrics
     from app.runtime.supervisor import stop_on_signals
     from jobs.archive import ArchiveOptions, run
 
     stop = stop_on_signals("the archive query")
+    metrics.serve(settings.metrics_port)
     opts = ArchiveOptions(
         master=None if args.master == "submit" else args.master,
         once=args.once,

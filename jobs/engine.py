@@ -510,9 +510,13 @@ def _reload(
 
 
 def watch(
-    query: StreamingQuery, stop: threading.Event, follower: RuleFollower | None = None
+    query: StreamingQuery,
+    stop: threading.Event,
+    follower: RuleFollower | None = None,
+    meters: tuple[Counter, Gauge] = (EVENTS, BATCH_SECONDS),
 ) -> BaseException | None:
-    """Block while the query runs (:func:`_watch`); return how it failed, or None.
+    """Block while the query runs (:func:`_watch`); return how it failed, or None. Its
+    records and its last micro-batch's time go to ``meters`` (the rules query's by default).
 
     A failure may surface as the query's ``exception()`` or raised by
     ``awaitTermination`` (a :class:`StreamingQueryException`: e.g. a SIGTERM to the
@@ -520,7 +524,7 @@ def watch(
     A JVM gone with the signal is no failure; gone without one it raises.
     """
     try:
-        _watch(query, stop, follower)
+        _watch(query, stop, follower, meters)
         return query.exception()
     except StreamingQueryException as exc:
         return exc
@@ -546,9 +550,16 @@ def outcome(failure: BaseException | None, stop: threading.Event, query: str = Q
     return 0
 
 
-def _watch(query: StreamingQuery, stop: threading.Event, follower: RuleFollower | None = None) -> None:
-    """Block while the query runs; export progress as metrics and a log line every 30 s. With
-    a ``follower``, return too when the rule files change what Spark runs."""
+def _watch(
+    query: StreamingQuery,
+    stop: threading.Event,
+    follower: RuleFollower | None,
+    meters: tuple[Counter, Gauge],
+) -> None:
+    """Block while the query runs; export progress to ``meters`` (records, last batch's
+    seconds) and a log line every 30 s. With a ``follower``, return too when the rule files
+    change what Spark runs."""
+    records, batch_seconds = meters
     last_log, last_batch = time.monotonic(), -1
     while query.isActive and not stop.is_set():
         query.awaitTermination(1)
@@ -557,8 +568,8 @@ def _watch(query: StreamingQuery, stop: threading.Event, follower: RuleFollower 
         for p in query.recentProgress:
             if p["batchId"] > last_batch:
                 last_batch = p["batchId"]
-                EVENTS.inc(p["numInputRows"])
-                BATCH_SECONDS.set(p["durationMs"].get("triggerExecution", 0) / 1000)
+                records.inc(p["numInputRows"])
+                batch_seconds.set(p["durationMs"].get("triggerExecution", 0) / 1000)
         if time.monotonic() - last_log > 30 and query.lastProgress:
             p = query.lastProgress
             logger.info(

@@ -92,7 +92,7 @@ class Role:
     requires_file: Path | None = None  # not started before this file exists (written by another role)
     stage: int = 1  # stop order: lower stages stop first
     url: str | None = None
-    metrics: bool = True  # serves /metrics on APP_METRICS_PORT (mosquitto does not)
+    metrics: bool = True  # serves /metrics on APP_METRICS_PORT (mosquitto and the dashboard do not)
     #: on SIGTERM the role stops its own children (a Spark JVM) in order: the signal goes to
     #: its process alone, not to its group, so no child is stopped under it; a group still
     #: running at the end of the grace is killed whole, as any other

@@ -302,13 +302,15 @@ def build_roles(
                 ),
                 stage=4,
                 url=dash_url,
+                metrics=False,  # Streamlit's process: the console in it is what shows it is up
             )
         )
         if not settings.external_url:
             deliver_env["APP_EXTERNAL_URL"] = dash_url
     for role in roles:
         kafka_env = role_kafka_env(role.name, users) if settings.embedded else {}
-        role.env = {**base_env, **kafka_env, **role.env, "APP_METRICS_PORT": str(free_port())}
+        metrics = {"APP_METRICS_PORT": str(free_port())} if role.metrics else {}
+        role.env = {**base_env, **kafka_env, **role.env, **metrics}
     return roles
 
 
@@ -501,7 +503,8 @@ def _print_urls(
         if r.url:
             lines.append(f"  {r.name:<11} {r.url}")
     for r in roles:
-        lines.append(f"  metrics     http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics ({r.name})")
+        if r.metrics:
+            lines.append(f"  metrics     http://127.0.0.1:{r.env['APP_METRICS_PORT']}/metrics ({r.name})")
     lines += list(console_lines)
     print("streamalert is starting:\n" + "\n".join(lines), flush=True)
 

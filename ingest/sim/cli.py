@@ -164,8 +164,11 @@ def run(args: argparse.Namespace) -> int:
     start = start_of(args)
     progress = None if args.progress is None else ProgressFile(args.progress, identity(args, start))
     if args.kind == "fleet" and args.mqtt:
+        from app.runtime.metrics import serve
+        from app.runtime.settings import Settings
         from ingest.sim.mqtt_out import publish_mqtt
 
+        serve(Settings.from_env().metrics_port)  # no Kafka here: run_adapter does not run
         speed = None if args.fast else args.speedup
         items = events(args, start)
         return publish_mqtt(

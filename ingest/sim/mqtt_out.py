@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 import paho.mqtt.client as mqtt
+from prometheus_client import Counter, Gauge
 
 from app.events import parse_ts
 from app.eventtime import Clock
@@ -36,6 +37,9 @@ from ingest.pacing import Pacer
 from ingest.progress import CHECKPOINT_S, Progress, ProgressFile
 
 logger = logging.getLogger(__name__)
+
+PUBLISHED = Counter("ingest_mqtt_published_total", "Events the simulator published to MQTT (QoS 1)")
+PENDING = Gauge("ingest_mqtt_pending", "Published events from the first the MQTT broker has not acknowledged")
 
 
 def _acked(info: mqtt.MQTTMessageInfo) -> bool:
@@ -62,6 +66,7 @@ class _Acks:
     def _advance(self) -> None:
         while self.pending and _acked(self.pending[0][1]):
             self.acked = self.pending.popleft()[0]
+        PENDING.set(len(self.pending))
 
     def unacked(self) -> int:
         self._advance()
@@ -143,6 +148,7 @@ def publish_mqtt(
             else:
                 break
             sent += 1
+            PUBLISHED.inc()
             acks.add(base.consumed + sent, info)
             acks.save()
         deadline = time.monotonic() + 10

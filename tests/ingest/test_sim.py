@@ -1,15 +1,20 @@
-"""The fleet and market simulators: reproducible, ordered, valid, and with the faults rules need."""
+"""The fleet and market simulators: reproducible, ordered, valid, and with the faults rules need;
+the fleet over MQTT counts what it publishes."""
 
 from __future__ import annotations
 
 import itertools
+import signal
 from collections import Counter
 
 import pytest
+from prometheus_client import REGISTRY
 
 from app.events import FINANCE, SENSORS, parse_ts
 from ingest.sim.fleet import FleetConfig, distance_km, fleet_events, fleet_registry
+from ingest.sim.mqtt_out import publish_mqtt
 from ingest.sim.ticks import TickConfig, tick_events
+from tests.ingest.conftest import Mosquitto
 
 START = 1_700_000_000_000
 
@@ -102,3 +107,19 @@ def test_jumps_make_sudden_moves() -> None:
 
     assert biggest_move(calm) < 0.01
     assert biggest_move(jumpy) > 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_the_fleet_over_mqtt_counts_what_it_published_and_what_waits_for_an_ack(mosquitto: Mosquitto) -> None:
+    before = REGISTRY.get_sample_value("ingest_mqtt_published_total") or 0.0
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:  # publish_mqtt stops on these signals, as its process does
+        code = publish_mqtt(_fleet(40), f"{mosquitto.host}:{mosquitto.port}", "fleet", None)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 0
+    assert REGISTRY.get_sample_value("ingest_mqtt_published_total") == before + 40
+    assert REGISTRY.get_sample_value("ingest_mqtt_pending") == 0

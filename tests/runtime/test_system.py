@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import pytest
 
+from app.console.health import probe_roles
 from app.events import parse_ts
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint
@@ -328,6 +329,13 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
             assert shot.stat().st_size > 10_000
         else:
             time.sleep(3)  # no browser here: at least let alerts start flowing
+        # the console's pipeline health shows every role up: each serves the /metrics the banner
+        # gives (the fleet over MQTT, the archive and the dashboard served none, and showed
+        # "starting" for good)
+        data, deadline = Path(env["APP_DATA_DIR"]), time.monotonic() + 60
+        while (not_up := _not_up(data)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not_up == []
         code, elapsed = _sigterm(proc, 15)
     finally:
         stop(proc)
@@ -344,6 +352,12 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
     assert not [line for line in last if "GroupCoordinatorNotAvailable" in line]
     # the Spark roles stopped their queries themselves: no query taken for failed at the stop
     assert not [line for line in last if "StackOverflowError" in line or "terminated with error" in line]
+
+
+def _not_up(data: Path) -> list[str]:
+    """The roles the console's pipeline health does not show up, each with what it shows."""
+    roles = probe_roles(data)
+    return [f"{r.name}: {r.label}" for r in roles if not r.up] if roles else ["no roles.json yet"]
 
 
 def test_a_sigterm_while_the_broker_starts_starts_no_role_and_stops_it(tmp_path: Path) -> None:

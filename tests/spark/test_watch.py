@@ -1,5 +1,6 @@
 """How the streaming role ends (no Spark: a fake query): a failure raised by
-``awaitTermination`` during a shutdown ends well, outside one it is an error."""
+``awaitTermination`` during a shutdown ends well, outside one it is an error; and what it
+counts of each micro-batch."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from py4j.protocol import Py4JNetworkError
 from pyspark.errors import StreamingQueryException
 
@@ -62,3 +64,27 @@ def test_a_jvm_gone_with_the_signal_is_no_failure_but_gone_without_one_raises() 
     assert watch(FakeQuery(stop=stop, raises=gone), stop) is None  # type: ignore[arg-type]
     with pytest.raises(Py4JNetworkError):
         watch(FakeQuery(raises=gone), threading.Event())  # type: ignore[arg-type]
+
+
+def test_each_micro_batch_counts_once_on_the_meters_it_is_given() -> None:
+    stop, registry = threading.Event(), CollectorRegistry()
+    meters = Counter("records", "", registry=registry), Gauge("batch_seconds", "", registry=registry)
+    query = FakeQuery(recentProgress=[_progress(0, 100, 1500), _progress(1, 20, 250)])
+    waits = 0
+
+    def wait(_timeout: float) -> bool:  # two rounds over the same progress, then the SIGTERM
+        nonlocal waits
+        waits += 1
+        if waits == 2:
+            stop.set()
+        return False
+
+    query.awaitTermination = wait  # type: ignore[method-assign]
+    assert watch(query, stop, meters=meters) is None  # type: ignore[arg-type]
+    assert waits == 2
+    assert registry.get_sample_value("records_total") == 120
+    assert registry.get_sample_value("batch_seconds") == 0.25
+
+
+def _progress(batch: int, rows: int, ms: int) -> dict[str, object]:
+    return {"batchId": batch, "numInputRows": rows, "durationMs": {"triggerExecution": ms}}
