@@ -85,17 +85,25 @@ class NotStarted:
 Body = Callable[[Settings, asyncio.Event], Awaitable[Summary]]
 
 
+def process_settings(*, kafka: bool = True) -> Settings:
+    """An adapter process's settings from the environment, with its logging set up and its
+    ``/metrics`` served. With ``kafka``, a ConfigError when no Kafka is configured (the fleet
+    simulator over MQTT publishes to mosquitto, not to Kafka)."""
+    settings = Settings.from_env()
+    setup_logging(settings.log_level)
+    if kafka and not settings.bootstrap_servers:
+        raise ConfigError(NO_BOOTSTRAP)
+    serve(settings.metrics_port)
+    return settings
+
+
 def run_adapter(body: Body) -> int:
     """Run ``body`` until it returns (by itself, or after a stop signal); print
     its summary; return the exit code. ConfigError when no Kafka is configured."""
     early: list[int] = []
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, _frame: early.append(signum))
-    settings = Settings.from_env()
-    setup_logging(settings.log_level)
-    if not settings.bootstrap_servers:
-        raise ConfigError(NO_BOOTSTRAP)
-    serve(settings.metrics_port)
+    settings = process_settings()
     quiet_client_logs()
     summary = asyncio.run(_until_signal(body, settings, early))
     sys.stdout.buffer.write(summary.to_json() + b"\n")

@@ -33,7 +33,7 @@ from ingest.cliargs import add_clock, add_progress, clock_of, now_ms, positive, 
 from ingest.model import IngestArgError, Record
 from ingest.progress import ProgressFile
 from ingest.replay import ReplayOptions, replay, source_for_topic
-from ingest.runtime import run_adapter
+from ingest.runtime import process_settings, run_adapter
 from ingest.sim.fleet import FleetConfig, fleet_events, fleet_registry
 from ingest.sim.ticks import TickConfig, tick_events
 
@@ -164,11 +164,9 @@ def run(args: argparse.Namespace) -> int:
     start = start_of(args)
     progress = None if args.progress is None else ProgressFile(args.progress, identity(args, start))
     if args.kind == "fleet" and args.mqtt:
-        from app.runtime.metrics import serve
-        from app.runtime.settings import Settings
         from ingest.sim.mqtt_out import publish_mqtt
 
-        serve(Settings.from_env().metrics_port)  # no Kafka here: run_adapter does not run
+        process_settings(kafka=False)  # run_adapter's set-up, less Kafka: logging and /metrics
         speed = None if args.fast else args.speedup
         items = events(args, start)
         return publish_mqtt(
