@@ -25,7 +25,7 @@ import orjson
 
 from app.alerts import STATUSES, Alert
 from app.errors import IngestDecodeError
-from app.events import SCHEMAS, Event, loads, parse_ts
+from app.events import SCHEMAS, Event, loads, parse_ts, record_time_ms
 from app.rules.evaluator import Engine
 from app.rules.loader import RuleSet
 from app.tables import TABLES, Tables, read_table_file
@@ -138,10 +138,37 @@ def infer_source(obj: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class TimeRange:
+    """A backtest's ``--from``/``--to``: ``[lo, hi)`` in epoch milliseconds, either end open.
+
+    A record is in it by :func:`app.events.record_time_ms`: a valid event by its event time,
+    an invalid record by the ``ts`` it carries if the decoder reads it, else by the time Kafka
+    stamped it; an invalid line of a file with no readable ``ts`` has no time and is in every
+    range. Every backtest (the Faust engine's and Spark's, over a file, a topic or the archive)
+    selects by this, so their counts of invalid records agree as their alerts do."""
+
+    lo: int | None = None
+    hi: int | None = None
+
+    @classmethod
+    def of(cls, time_from: str | None, time_to: str | None) -> TimeRange:
+        """The range of the two options as given (RFC 3339), IngestDecodeError naming a bad one."""
+        lo = parse_ts(time_from, "--from") if time_from else None
+        return cls(lo, parse_ts(time_to, "--to") if time_to else None)
+
+    def holds(self, ts_ms: int | None) -> bool:
+        if ts_ms is None:
+            return True
+        return (self.lo is None or ts_ms >= self.lo) and (self.hi is None or ts_ms < self.hi)
+
+
 def read_events(
-    lines: Iterable[bytes | str], name: str, report: BacktestReport, source: str | None = None
-) -> Iterator[tuple[str, Event]]:
-    """Decode JSON lines into ``(source, event)``; problems go to ``report``."""
+    lines: Iterable[bytes | str], name: str, report: BacktestReport, source: str | None = None,
+    within: TimeRange = TimeRange(),
+) -> Iterator[tuple[str, Event]]:  # fmt: skip
+    """Decode JSON lines into ``(source, event)``; problems go to ``report``, those of the
+    invalid lines ``within`` places in its range only (:class:`TimeRange`)."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -153,6 +180,8 @@ def read_events(
                 raise IngestDecodeError(msg)
             yield src, SCHEMAS[src].validate(obj)
         except IngestDecodeError as exc:
+            if not within.holds(record_time_ms(line, None)):
+                continue
             report.skipped += 1
             reason = exc.reason
             report.problems.append(f"{name}:{lineno}: {reason}")
@@ -179,8 +208,8 @@ def backtest(
     partition's clock, as in the worker; refused events are counted and listed in
     ``report`` (docs/event-time.md).
     """
-    lo = parse_ts(time_from, "--from") if time_from else None
-    hi = parse_ts(time_to, "--to") if time_to else None
+    within = TimeRange.of(time_from, time_to)
+    lo, hi = within.lo, within.hi  # plain compares below: the loop runs per event
     eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables, max_skew_ms=max_skew_ms)
     alerts: list[Alert] = []
     for source, e in events:
@@ -242,12 +271,13 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
 
 
 def read_topic_events(
-    bootstrap: Target, topics: list[str], report: BacktestReport
+    bootstrap: Target, topics: list[str], report: BacktestReport, within: TimeRange = TimeRange()
 ) -> list[tuple[str, Event]]:
     """Source topics from the earliest offset to the current end, as backtest input,
     in record-timestamp order across topics, then topic, partition and offset (as the Spark
     engine's topic backtest orders them). Invalid records are reported with their topic and
-    position, never silently dropped."""
+    position, never silently dropped: each one ``within`` places in its range (its readable
+    ``ts``, else its record timestamp: :class:`TimeRange`)."""
     import asyncio
 
     from app.topics import SOURCE_OF_TOPIC
@@ -262,8 +292,9 @@ def read_topic_events(
             try:
                 stamped.append(((ts, name, part, offset), source, SCHEMAS[source].decode(value)))
             except IngestDecodeError as exc:
-                report.skipped += 1
-                report.problems.append(f"{topic} record {n + 1}: {exc.reason}")
+                if within.holds(record_time_ms(value, ts)):
+                    report.skipped += 1
+                    report.problems.append(f"{topic} record {n + 1}: {exc.reason}")
     stamped.sort(key=lambda x: x[0])
     return [(source, ev) for _, source, ev in stamped]
 
@@ -320,5 +351,6 @@ def backtest_file(
     """The backtest of the JSON lines of ``path`` (plain, ``.gz`` or ``.bz2``); a file that cannot
     be read to its end raises :class:`InputError` once the lines before the damage are done."""
     with open_input(path) as f:
-        events = read_events(_read_lines(f, path), str(path), report, kw.pop("source", None))
+        within = TimeRange.of(kw.get("time_from"), kw.get("time_to"))
+        events = read_events(_read_lines(f, path), str(path), report, kw.pop("source", None), within)
         return backtest(ruleset, events, out, report, **kw)

@@ -302,6 +302,33 @@ def loads(raw: bytes | str) -> Any:
     return obj
 
 
+def record_time_ms(raw: bytes | str | None, stamped_ms: int | None) -> int | None:
+    """Where a time range places a record (a backtest's ``--from``/``--to``, the archive's date
+    partitions): its ``ts`` as the decoder reads it, when the record is a JSON object whose
+    ``ts`` the decoder takes (a valid event's is its event time); else ``stamped_ms``, the time
+    Kafka stamped the record; None when it has neither (an invalid line of a file). One
+    function for every reader, so that a range selects the same records from a topic, a
+    file and the archive."""
+    if raw is not None:
+        try:
+            obj = loads(raw)
+        except IngestDecodeError:
+            obj = None
+        if isinstance(obj, dict) and "ts" in obj:
+            try:
+                return event_ts_ms(obj["ts"])
+            except IngestDecodeError:
+                pass
+    return stamped_ms
+
+
+def event_ts_ms(ts: object) -> int:
+    """An event's ``ts`` as :meth:`Schema.validate` reads it, in epoch milliseconds
+    (IngestDecodeError when it does not)."""
+    ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
+    return ts_ms if ts_ms >= 0 else parse_ts(ts)
+
+
 def check_unique_keys(raw: bytes | str, obj: object) -> None:
     """IngestDecodeError naming a key that an object of ``raw`` repeats, when ``obj`` (what
     ``raw`` parsed to) is an object; see :func:`loads` for how it stays cheap."""

@@ -3,9 +3,10 @@
 One streaming query (``archive``) reads ``events.sensors``, ``events.logs`` and
 ``events.finance`` (valid or not: the archive keeps records, not events) and appends
 them to Parquet under :func:`archive_path`, partitioned by ``source`` and ``date`` (the
-event's UTC date from its ``ts``; the record timestamp's date when ``ts`` is missing or
-unreadable). Columns: ``topic``, ``partition``, ``offset``, ``timestamp`` (the record's),
-``key``, ``value`` (the record's bytes as written), ``source``, ``date``.
+event's UTC date from its ``ts``, read as the decoder reads it; the record timestamp's date
+when ``ts`` is missing or the decoder would refuse it: :func:`record_dates`). Columns:
+``topic``, ``partition``, ``offset``, ``timestamp`` (the record's), ``key``, ``value`` (the
+record's bytes as written), ``source``, ``date``.
 
 Exactly once across restarts: Spark's file sink commits each micro-batch's files in its
 ``_spark_metadata`` log together with the checkpoint's offsets
@@ -23,15 +24,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from prometheus_client import Counter, Gauge
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from app.events import parse_ts
+from app.events import format_ts, parse_ts, record_time_ms
 from app.runtime.settings import Settings
 from app.topics import SOURCE_TOPICS
 from jobs.kafka_source import read_kafka
@@ -72,10 +75,31 @@ def _source_of_topic() -> F.Column:
     return expr
 
 
+#: the archive's columns, ``date`` computed in Python (:func:`record_dates`)
+ARCHIVE_SCHEMA = (
+    "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+    "source string, date string"
+)
+
+
+def record_dates(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``: each record's ``date``, the UTC date of where a backtest's time range
+    places it (:func:`app.events.record_time_ms`: its ``ts`` as the decoder reads it, else its
+    stamp ``__stamp``), so that the date partitions a range reads hold every record it selects.
+    Spark's own reading of ``ts`` (``try_to_timestamp``, before) took forms the decoder refuses
+    (no offset, a region name) and refused some it takes, and filed those records under
+    another date than the one a topic backtest gave them."""
+    for batch in batches:
+        times = map(record_time_ms, batch.column("value").to_pylist(), batch.column("__stamp").to_pylist())
+        dates = [None if t is None else format_ts(t)[:10] for t in times]  # a Kafka record has a stamp
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns[:-1], pa.array(dates, pa.string())],
+            names=[*batch.schema.names[:-1], "date"],
+        )
+
+
 def archive_rows(raw: DataFrame) -> DataFrame:
     """Kafka rows -> archive rows (see the module docstring)."""
-    ts = F.get_json_object(F.col("value").cast("string"), "$.ts")
-    event_date = F.to_date(F.try_to_timestamp(ts))
     return raw.select(
         "topic",
         "partition",
@@ -84,8 +108,8 @@ def archive_rows(raw: DataFrame) -> DataFrame:
         "key",
         "value",
         _source_of_topic().alias("source"),
-        F.coalesce(event_date, F.to_date("timestamp")).cast("string").alias("date"),
-    )
+        F.unix_millis("timestamp").alias("__stamp"),
+    ).mapInArrow(record_dates, ARCHIVE_SCHEMA)
 
 
 def start(spark: SparkSession, settings: Settings, opts: ArchiveOptions) -> StreamingQuery:

@@ -29,15 +29,15 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from app.alerts import Alert
-from app.backtest import BacktestReport
-from app.events import SCHEMAS, parse_ts
+from app.backtest import BacktestReport, TimeRange
+from app.events import SCHEMAS
 from app.rules.loader import RuleSet
 from app.runtime.settings import env_choice
 from app.tables import Tables
 from app.topics import SOURCE_OF_TOPIC
 from jobs import absence, event_alerts, thresholds
 from jobs.compile import SparkPlan, plan_rules, tasks
-from jobs.decode import Decoder
+from jobs.decode import ARRIVAL, Decoder
 from jobs.fastdecode import decode, decode_mode
 from jobs.held import holding
 from jobs.kafka_source import read_kafka
@@ -139,6 +139,7 @@ def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
         F.lit(0).cast("int").alias("partition"),
         position.cast("long").alias("offset"),
         "value",
+        F.unix_millis("timestamp").alias(ARRIVAL),  # where a time range places a dead letter
     )
     return _spread(spark, raw)
 
@@ -220,8 +221,7 @@ def run_backtest(
     ``APP_SPARK_DECODE`` says (default ``python``: every record through the compiled
     Python decoder, which a one-shot command's cold JVM does not beat, docs/spark.md).
     """
-    lo = parse_ts(time_from, "--from") if time_from else None
-    hi = parse_ts(time_to, "--to") if time_to else None
+    within = TimeRange.of(time_from, time_to)
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
     chunk = clock_chunk(spark.sparkContext.defaultParallelism, partitions)
     plan = dataclasses.replace(plan, clock_chunk=chunk)
@@ -237,17 +237,23 @@ def run_backtest(
     first = {rid: min(thr_idx[r] for r in s.rule_ids) for s in plan.streams for rid in s.rule_ids}
     plan_all, plan = plan, thresholds.without(plan, frozenset(r.id for r in native_thr))
     routes = router(plan.streams, partitions, record_partitions=False)
-    decoder = Decoder(topics=SOURCE_OF_TOPIC, source=source, router=routes)
+    decoder = Decoder(topics=SOURCE_OF_TOPIC, source=source, router=routes, timed_dead_letters=True)
     if native_decode is None:
         native_decode = decode_mode() == "jvm"
     decoded = decode(raw, decoder, native=native_decode)
     valid = F.col("__dlq").isNull()
-    in_range = F.lit(True)
-    if lo is not None:
-        in_range = in_range & (F.col("__ts_ms") >= lo)
-    if hi is not None:
-        in_range = in_range & (F.col("__ts_ms") < hi)
-    decoded = decoded.where(~valid | in_range).cache()
+    # every record where app.backtest.TimeRange places it: a dead letter's __ts_ms is its
+    # readable ts or its record's stamp, and one with neither (a file's line) is in every range
+    in_range = F.col("__ts_ms").isNull()
+    if within.lo is not None or within.hi is not None:
+        since = F.lit(True) if within.lo is None else F.col("__ts_ms") >= within.lo
+        until = F.lit(True) if within.hi is None else F.col("__ts_ms") < within.hi
+        decoded = decoded.where(in_range | (since & until))
+    # then a dead letter's time and the stamps go: the plans read __ts_ms as an event's time
+    # (clocks, maxima), and a backtest's order is its offsets' (jobs.state.arrival_order)
+    decoded = decoded.withColumns(
+        {"__ts_ms": F.when(valid, F.col("__ts_ms")), "__arrival": F.lit(None).cast("long")}
+    ).cache()
     with holding(decoded):  # what several plans read is computed once (jobs.held); released at the end
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])

@@ -38,7 +38,7 @@ from pyspark.sql.types import (
 
 from app.backtest import infer_source
 from app.errors import IngestDecodeError
-from app.events import SCHEMAS, dlq_record, loads
+from app.events import SCHEMAS, dlq_record, loads, record_time_ms
 from jobs.streams import StreamRouter
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,9 @@ class Decoder:
     topics: Mapping[str, str] = field(default_factory=dict)
     source: str | None = None
     router: StreamRouter | None = None
+    #: a dead letter's ``__ts_ms`` is where a backtest's time range places it
+    #: (:func:`app.events.record_time_ms`, its ``__arrival`` the record's stamp); else null
+    timed_dead_letters: bool = False
 
     def decode_one(
         self, topic: str | None, raw: bytes | None, partition: int = 0
@@ -144,15 +147,13 @@ class Decoder:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             partitions = batch.column("partition")
-            out = [
-                self.decode_one(t, v, p)
-                for t, v, p in zip(
-                    batch.column("topic").to_pylist(),
-                    batch.column("value").to_pylist(),
-                    partitions.to_pylist(),
-                    strict=True,
-                )
-            ]
+            topics, values = batch.column("topic").to_pylist(), batch.column("value").to_pylist()
+            out = [self.decode_one(*r) for r in zip(topics, values, partitions.to_pylist(), strict=True)]
+            if self.timed_dead_letters:
+                stamps = arrival(batch).to_pylist()
+                for i, o in enumerate(out):
+                    if o[3] is not None:
+                        out[i] = (o[0], record_time_ms(values[i], stamps[i]), *o[2:])
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array([o[0] for o in out], pa.string()),

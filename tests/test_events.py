@@ -236,3 +236,22 @@ def test_a_dead_letter_record_fits_a_kafka_record_and_says_when_it_was_cut() -> 
         kept = base64.b64decode(body["raw"]) if body["raw_encoding"] == "base64" else body["raw"].encode()
         source = raw.encode() if isinstance(raw, str) else raw
         assert len(kept) > 100_000 and source.startswith(kept)
+
+
+@pytest.mark.parametrize(
+    ("raw", "stamped", "expected"),
+    [
+        (b'{"device_id":"a","ts":"2024-01-01T00:00:00.000Z","temperature":1.0}', 5, 1_704_067_200_000),
+        (b'{"device_id":"a","ts":"2024-01-01T01:00:00+01:00","temperature":"hot"}', 5, 1_704_067_200_000),
+        (b'{"ts":"2024-01-01T12:00:00"}', 5, 5),  # no offset: the decoder refuses the time
+        (b'{"ts":"2024-01-01T12:00:00Z","ts":"2024-01-01T12:00:00Z"}', 5, 5),  # a repeated key
+        (b'{"ts":1704067200000}', 5, 5),
+        (b"{broken", 5, 5),
+        (b"[1]", None, None),
+        (None, 7, 7),
+    ],
+)
+def test_a_records_place_in_a_time_range_is_its_readable_ts_else_its_stamp(
+    raw: bytes | None, stamped: int | None, expected: int | None
+) -> None:
+    assert events.record_time_ms(raw, stamped) == expected

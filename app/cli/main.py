@@ -94,6 +94,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from app.backtest import (
         BacktestReport,
         InputError,
+        TimeRange,
         backtest,
         backtest_file,
         input_file,
@@ -138,7 +139,8 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             from app.runtime.credentials import operator_settings
 
             # KAFKA_BOOTSTRAP_SERVERS, or the running `make run` of APP_DATA_DIR (as its console)
-            events: Any = read_topic_events(operator_settings(settings), args.topic, report)
+            within = TimeRange.of(args.time_from, args.time_to)
+            events: Any = read_topic_events(operator_settings(settings), args.topic, report, within)
         else:
             events = None
     except (ValueError, IngestDecodeError) as exc:

@@ -5,7 +5,6 @@ giving the topic backtest's alerts on the same range."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +35,28 @@ def archive_once(spark: SparkSession, settings: Settings, path: Path) -> None:
     await_query(start(spark, settings, ArchiveOptions(once=True, path=str(path))))
 
 
-def backtest(tmp_path: Path, name: str, *args: str) -> list[str]:
+T0_MS = int(T0.timestamp() * 1000)
+HOUR_MS = 3_600_000
+#: invalid records (a string temperature) and where the range [T0 - 1 h, T0 + 1 day) places them
+#: before the range, on a day the archive backtest reads
+BEFORE_RANGE = {"device_id": "bad-a", "ts": format_ts(T0_MS - 2 * HOUR_MS), "temperature": "hot"}
+IN_RANGE = {"device_id": "bad-b", "ts": format_ts(T0_MS + HOUR_MS), "temperature": "hot"}
+#: a time with no offset: the decoder refuses it, so its stamp (now) places it; Spark's own
+#: try_to_timestamp reads it, and the archive once filed it under 2024-01-01
+NO_OFFSET = {"device_id": "bad-d", "ts": "2024-01-01T12:00:00", "temperature": "hot"}
+
+
+def backtest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, *args: str, engine: str = "spark"
+) -> tuple[list[str], str]:
+    """The output lines and the summary line of one backtest of the range."""
     out = tmp_path / f"{name}.jsonl"
-    lo, hi = (
-        format_ts(int((T0 - timedelta(hours=1)).timestamp() * 1000)),
-        format_ts(int(T0.timestamp() * 1000) + DAY_MS),
-    )
+    lo, hi = format_ts(T0_MS - HOUR_MS), format_ts(T0_MS + DAY_MS)
+    capsys.readouterr()
     argv = [
         "backtest",
         "--engine",
-        "spark",
+        engine,
         "--rules",
         str(RULES),
         "--from",
@@ -56,16 +67,22 @@ def backtest(tmp_path: Path, name: str, *args: str) -> list[str]:
         str(out),
     ]
     assert main([*argv, *args]) == 0
-    return out.read_text().splitlines()
+    err = capsys.readouterr().err.splitlines()
+    summary = [x.split(": ", 1)[1] for x in err if x.startswith("backtest") and "alert transitions" in x]
+    return out.read_text().splitlines(), summary[-1]
 
 
 def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
-    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     first = [orjson.dumps(e) for e in crafted()]
     later = [orjson.dumps(next_day(e)) for e in crafted()]
     keyed = [(orjson.loads(v)["device_id"].encode(), v) for v in first]
-    produce(broker.bootstrap, "events.sensors", [*keyed, (b"crafted-1", b"{broken")])
+    invalid = [orjson.dumps(e) for e in (BEFORE_RANGE, IN_RANGE, NO_OFFSET)]
+    bad = [(b"crafted-1", b"{broken"), *((b"bad", v) for v in invalid)]
+    produce(broker.bootstrap, "events.sensors", [*keyed, *bad])
+    invalid.append(b"{broken")
     settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path)})
     path = tmp_path / "archive"
 
@@ -76,18 +93,24 @@ def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
 
     rows = spark.read.parquet(str(path)).collect()
     offsets = Counter((r["topic"], r["partition"], r["offset"]) for r in rows)
-    assert len(rows) == len(first) + 1 + len(later)
+    assert len(rows) == len(first) + len(invalid) + len(later)
     assert max(offsets.values()) == 1, "an offset was archived twice"
-    assert {r["value"] for r in rows} == {*first, b"{broken", *later}
-    dates = {(r["source"], str(r["date"])) for r in rows if r["value"] != b"{broken"}
+    assert {r["value"] for r in rows} == {*first, *invalid, *later}
+    dates = {(r["source"], str(r["date"])) for r in rows if r["value"] not in invalid}
     assert dates == {("sensors", "2024-01-01"), ("sensors", "2024-01-02")}
-    broken = next(r for r in rows if r["value"] == b"{broken")
-    assert broken["date"] == broken["timestamp"].date(), "no ts: the record's date"
+    for value in (b"{broken", invalid[2]):  # no ts, or one the decoder refuses: the record's date
+        row = next(r for r in rows if r["value"] == value)
+        assert row["date"] == row["timestamp"].date(), value
+    assert {str(r["date"]) for r in rows if r["value"] in invalid[:2]} == {"2023-12-31", "2024-01-01"}
     assert (path / "source=sensors" / "date=2024-01-02").is_dir()
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
-    from_archive = backtest(tmp_path, "archive", "--archive", str(path))
-    from_topic = backtest(tmp_path, "topic", "--topic", "events.sensors")
+    from_archive, archive_summary = backtest(tmp_path, capsys, "archive", "--archive", str(path))
+    from_topic, topic_summary = backtest(tmp_path, capsys, "topic", "--topic", "events.sensors")
+    faust, faust_summary = backtest(tmp_path, capsys, "faust", "--topic", "events.sensors", engine="faust")
     assert len(from_archive) >= 4
-    assert from_archive == from_topic
+    assert from_archive == from_topic == faust
     assert not any("-d2" in line for line in from_archive), "the range ends before the second day"
+    # the same invalid records in the range, whatever read them: the one whose ts is in it
+    assert archive_summary == topic_summary == faust_summary
+    assert archive_summary.endswith(", 1 invalid lines skipped"), archive_summary
