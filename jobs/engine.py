@@ -23,7 +23,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from jobs.state import (
     apply_lifecycle,
 )
 from jobs.streams import StreamRunner, router
+from jobs.unread import retire_unread
 
 logger = logging.getLogger(__name__)
 
@@ -245,10 +246,14 @@ def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
     return decode(raw, decoder, native=decode_mode() == "jvm")
 
 
-def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
-    """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``)."""
+def build_stream(
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions,
+    ran: RulesRan, stale: Mapping[str, bytes] | None = None,
+) -> DataFrame:  # fmt: skip
+    """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``); ``ran``: the
+    rules the checkpoint's query ran (:func:`rules_ran`), ``stale``: the groups a start swept
+    (:mod:`jobs.unread`)."""
     events = decoded(records(spark, plan, settings, opts), plan, settings)
-    ran = rules_ran(settings, opts.query, plan)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms, ran=ran,
@@ -256,7 +261,7 @@ def build_stream(spark: SparkSession, plan: SparkPlan, settings: Settings, opts:
     layout = state_layout(settings, opts.query)
     return apply_lifecycle(
         tasks(events, plan), plan, streaming=True, streams=streams, buckets=layout.buckets,
-        codec=layout.codec, ran=ran,
+        codec=layout.codec, ran=ran, stale=stale,
     )  # fmt: skip
 
 
@@ -280,15 +285,20 @@ def start(
     if plan.rule_count:
         write_json(path, {"rules": plan.placement()})
     sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
-    writer = (
-        build_stream(spark, plan, settings, opts)
-        .writeStream.queryName(opts.query)
-        .foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint_dir(settings, opts.query)))
-        .outputMode("append")
-    )
-    writer = writer.trigger(availableNow=True) if opts.once else writer.trigger(processingTime=opts.trigger)
     try:
+        ran = rules_ran(settings, opts.query, plan)
+        # the groups this plan will not read end their open alerts now (not the query of no rule
+        # that reads past: the rules' query after it does)
+        stale = end_unread(spark, plan, settings, opts, ran, sink) if plan.rule_count else {}
+        writer = (
+            build_stream(spark, plan, settings, opts, ran, stale)
+            .writeStream.queryName(opts.query)
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint_dir(settings, opts.query)))
+            .outputMode("append")
+        )
+        once, every = opts.once, opts.trigger
+        writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=every)
         query = writer.start()
     except Exception:
         sink.close()
@@ -307,6 +317,17 @@ def start(
         checkpoint_dir(settings, opts.query),
     )
     return query, sink
+
+
+def end_unread(
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions, ran: RulesRan,
+    sink: KafkaSink,
+) -> dict[str, bytes]:  # fmt: skip
+    """End the open alerts of the state groups ``plan`` will not read, through ``sink``
+    (:func:`jobs.unread.retire_unread`); the swept groups' digests."""
+    checkpoint = checkpoint_dir(settings, opts.query)
+    codec = state_layout(settings, opts.query).codec
+    return retire_unread(spark, plan, checkpoint, settings.partitions, codec, ran, sink.publish)
 
 
 def spark_rules(ruleset: RuleSet) -> list[tuple[str, str]]:
@@ -488,7 +509,11 @@ def _reload(
         follower.pending = plan
         return query, sink, None
     stop_between_batches(query)
-    sink.close()
+    try:
+        if not plan.rule_count:  # no group is read while the query waits: their alerts end now
+            end_unread(spark, plan, settings, opts, rules_ran(settings, opts.query, plan), sink)
+    finally:
+        sink.close()
     if not plan.rule_count:
         logger.warning("no rule has engine: spark or both any more; the query waits for one")
         found = follower.wait_for_rules(stop)

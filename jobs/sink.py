@@ -34,9 +34,11 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, Row
 
+from app.alerts import Alert
 from app.kafka.clients import make_producer
 from app.runtime.settings import Settings
 from app.runtime.statefile import write_json
+from app.topics import ALERTS
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +216,14 @@ class KafkaSink:
         self.produced += len(records)
         if records:
             logger.info("batch %d: produced %d record(s)", batch_id, len(records))
+
+    def publish(self, alerts: list[Alert]) -> None:
+        """Send ``alerts`` to ``alerts`` now, outside any micro-batch (the transitions a start
+        ends, :mod:`jobs.unread`); returns once the broker has them all."""
+        self._loop.run(self._send([(ALERTS, a.fingerprint.encode(), a.to_json()) for a in alerts]))
+        for a in alerts:
+            ALERTS_OUT.labels(a.rule_id, a.status).inc()
+        self.produced += len(alerts)
 
     def close(self) -> None:
         """Stop the producer and its loop; a second call does nothing (a query stopped for a

@@ -34,7 +34,7 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import groupby
 from typing import Any
 
@@ -88,6 +88,8 @@ Rows = list[tuple[Any, ...]]
 LIVE_STATES: dict[tuple[str, Any], tuple[str | bytes, dict[str, State]]] = {}
 #: more live buckets than that: those of other queries are dropped (all, if there are none)
 MAX_LIVE_STATES = 256
+#: the dead letters' state group (:func:`bucket`): it keeps no state
+DLQ_GROUP = "-1"
 _ROW_COLUMNS = ("__fields", "__holds", "__ts_ms", "__part", "__offset", "__source", "__dlq", "__conds")
 
 
@@ -128,12 +130,15 @@ class GroupRunner:
 
     def __init__(
         self, plan: SparkPlan, streams: StreamRunner | None = None,
-        ran: RulesRan | None = None,
+        ran: RulesRan | None = None, stale: Mapping[str, bytes] | None = None,
     ) -> None:  # fmt: skip
         self.rules = {r.rule.id: (r.idx, with_native_condition(r.rule)) for r in plan.rules}
         self.streams = streams
         #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
         self.ran = ran if ran is not None else RulesRan()
+        #: the digests of state groups' values whose alerts a start ended (:mod:`jobs.unread`):
+        #: a group whose stored value is still that one starts afresh
+        self.stale = dict(stale or {})
         #: this runner and its copies on the executors: one query's live states (:func:`streaming_fn`)
         self.token = uuid.uuid4().hex
         #: signs what its copies send each other about their live states (:mod:`jobs.peers`)
@@ -346,7 +351,9 @@ def evaluate(
         if reply is not None:
             rows, after = reply
             return rows, after, "peer"
-    states, retired = runner.current(decode_states(before))
+    swept = runner.stale.get(str(slot[1]))
+    stored = {} if swept is not None and peers.digest(before) == swept else decode_states(before)
+    states, retired = runner.current(stored)
     rows, after = _run(runner, codec, slot, states, pdf)
     result = (retired + rows, after)
     if peers.ENABLED:
@@ -418,7 +425,7 @@ def bucket(key: Column, buckets: int) -> Column:
     hash, stable across runs and hosts), or a stream key itself (one evaluator stream
     partition per group)."""
     return (
-        F.when(key == DLQ_KEY, F.lit("-1"))
+        F.when(key == DLQ_KEY, F.lit(DLQ_GROUP))
         .when(key.startswith(STREAM_PREFIX), key)
         .otherwise(F.pmod(F.hash(key), F.lit(buckets)).cast("string"))
     )
@@ -427,7 +434,7 @@ def bucket(key: Column, buckets: int) -> Column:
 def apply_lifecycle(
     tasks: DataFrame, plan: SparkPlan, *, streaming: bool, streams: StreamRunner | None = None,
     buckets: int = STATE_BUCKETS, codec: str = STATE_CODEC,
-    ran: RulesRan | None = None,
+    ran: RulesRan | None = None, stale: Mapping[str, bytes] | None = None,
 ) -> DataFrame:  # fmt: skip
     """Run :class:`GroupRunner` on every key's rows.
 
@@ -436,9 +443,10 @@ def apply_lifecycle(
     Batch: a keyed rule's rows from its first TRUE condition on (the earlier ones cannot change
     anything), a stream key's rows all, hash-partitioned by key, each partition's keys in one
     Python call. ``ran``: the rules the query ran (``jobs.engine.rules_ran``), whose restored
-    states end their open alerts when their rule no longer runs.
+    states end their open alerts when their rule no longer runs; ``stale``: the groups whose
+    stored values a start swept (:mod:`jobs.unread`), by digest.
     """
-    runner = GroupRunner(plan, streams, ran)
+    runner = GroupRunner(plan, streams, ran, stale)
     if streaming:
         return (
             tasks.withColumn("__bucket", bucket(F.col("__key"), buckets))

@@ -23,6 +23,15 @@ from tests.conftest import NAB_MACHINE_TEMP, require_dataset
 from tests.spark.conftest import await_query
 
 RULES = Path(__file__).with_name("rules.yaml")  # machine-overheat and machine-cold, engine: both
+#: a rule of the stream path (a sliding window grouped by the topic key), as an item of ``rules:``
+SPIKE = """\
+  - id: spike
+    source: sensors
+    group_by: [device_id]
+    window: {type: sliding, size: 5m}
+    aggregate: {hi: max(temperature)}
+    having: hi > 100
+"""
 
 
 def both_engines() -> RuleSet:

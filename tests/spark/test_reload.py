@@ -24,6 +24,7 @@ from jobs.streams import StreamRunner, stream_key
 from tests.conftest import child_env
 from tests.kafka_helpers import consume_json, produce
 from tests.procs import gone, role, wait_for
+from tests.spark.helpers import SPIKE
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -41,6 +42,13 @@ COLD = """\
 engine: spark
 rules:
   - {id: cold, source: sensors, where: "temperature < -40", group_by: [device_id]}
+"""
+
+#: no rule on sensors: its stream's state groups are read no more
+TEAPOT = """\
+engine: spark
+rules:
+  - {id: teapot, source: logs, where: "status = 418", group_by: [host]}
 """
 
 
@@ -113,18 +121,24 @@ def test_the_role_follows_rule_edits_and_keeps_the_last_good_rules(
         }
         assert third[-1]["rule_version"] != v1
 
-        pack.write_text(COLD)  # hot removed
+        pack.write_text(TEAPOT)  # hot and cold removed: no rule reads sensors
         wait_for(
             lambda: text().count("reloaded the spark query's rules") == 2,
             timeout_s=60,
             what="the second reload",
         )
-        produce(broker.bootstrap, "events.sensors", [reading("d5", 5, 130.0), reading("d6", 6, -50.0)])
-        fourth = alerts(7)  # hot is gone: d5 raises nothing, d4's alert ends; cold still runs
-        v2 = third[-1]["rule_version"]
+        # d4's alert ends as the query restarts, with no event: its state is read no more
+        fourth, v2 = alerts(6), third[-1]["rule_version"]
         assert by_device(fourth)["d4"] == [("hot", "firing", v2), ("hot", "resolved", v2)]
-        assert [s for rule, s, _ in by_device(fourth)["d6"]] == ["firing"]
-        assert "d5" not in by_device(fourth)
+        ended = fourth[-1]
+        assert ended["values"] == {"retired": True} and ended["ends_at"] == "2026-03-01T00:04:00.000Z"
+        assert "ended 1 open alert(s) held by state groups the rules no longer read: hot" in text()
+        produce(broker.bootstrap, "events.sensors", [reading("d5", 5, 130.0), reading("d6", 6, -50.0)])
+        teapot = {"host": "h1", "ts": "2026-03-01T00:07:00Z", "status": 418}
+        produce(broker.bootstrap, "events.logs", [(b"h1", orjson.dumps(teapot))])
+        fifth = alerts(7)  # hot and cold are gone: d5 and d6 raise nothing; the new rule runs
+        (last,) = fifth[6:]
+        assert (last["rule_id"], last["status"], last["labels"]["host"]) == ("teapot", "firing", "h1")
         assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 7
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
@@ -245,11 +259,15 @@ def test_records_that_came_while_spark_had_no_rule_are_read_past_as_a_worker_rea
         assert devices(1) == ["d1"]
         pack.write_text(hot.replace("engine: spark", "engine: faust"))  # no rule left for Spark
         wait_for(lambda: "the query waits for one" in text(), timeout_s=60, what="the stop")
+        # the query reads no group while it waits: d1's alert ends as it stops
+        resolved = alerts_when(broker, 2)[-1]
+        assert (resolved["labels"]["device_id"], resolved["status"]) == ("d1", "resolved")
+        assert "no longer runs on this engine" in resolved["annotations"]["retired"]
         produce(broker.bootstrap, "events.sensors", [reading("d2", 2, 105.0)])
         pack.write_text(hot)
         wait_for(lambda: "reloaded the spark query's rules" in text(), timeout_s=60, what="the reload")
         produce(broker.bootstrap, "events.sensors", [reading("d3", 3, 105.0)])
-        assert devices(2) == ["d1", "d3"]
+        assert devices(3) == ["d1", "d1", "d3"]
         assert "read past 1 record(s) that came while the Spark engine had no rule" in text()
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
@@ -262,26 +280,23 @@ def test_records_that_came_while_spark_had_no_rule_are_read_past_as_a_worker_rea
         pack.write_text(hot)
         wait_for(lambda: "spark query 'rules' started: 1 rule(s)" in text(), timeout_s=120, what="the query")
         produce(broker.bootstrap, "events.sensors", [reading("d6", 6, 105.0)])
-        assert devices(3) == ["d1", "d3", "d6"]
+        assert devices(4) == ["d1", "d1", "d3", "d6"]
         assert "read past 2 record(s) that came while the Spark engine had no rule" in text()
-        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 3
+        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 4
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
     assert "Traceback" not in text()
     assert gone(str(data)) == []
 
 
-SLIDING = """\
+SLIDING = (
+    """\
 engine: spark
 rules:
   - {id: hot, source: sensors, where: "temperature > 100", group_by: [status]}
-  - id: spike
-    source: sensors
-    group_by: [device_id]
-    window: {type: sliding, size: 5m}
-    aggregate: {hi: max(temperature)}
-    having: hi > 100
 """
+    + SPIKE
+)
 
 
 def test_a_restarted_query_drops_the_states_of_rules_that_no_longer_run(tmp_path: Path) -> None:
