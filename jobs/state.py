@@ -351,7 +351,8 @@ def evaluate(
         if reply is not None:
             rows, after = reply
             return rows, after, "peer"
-    swept = runner.stale.get(str(slot[1]))
+    group = slot[1][0] if isinstance(slot[1], tuple) else slot[1]  # pyspark hands the key as a tuple
+    swept = runner.stale.get(str(group))
     stored = {} if swept is not None and peers.digest(before) == swept else decode_states(before)
     states, retired = runner.current(stored)
     rows, after = _run(runner, codec, slot, states, pdf)

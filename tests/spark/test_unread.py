@@ -95,8 +95,8 @@ def test_a_group_read_again_starts_afresh_while_its_value_is_the_swept_one(tmp_p
     stored = encode_states({key: state}, "zstd")
     streams = StreamRunner(before.stream_rules, before.streams, 1, max_skew_ms=-1)
     swept = GroupRunner(before, streams, stale={key: peers.digest(stored)})
-    rows, after, _ = evaluate(swept, "zstd", (swept.token, key), stored, None)
+    rows, after, _ = evaluate(swept, "zstd", (swept.token, (key,)), stored, None)  # as pyspark gives it
     assert rows == [] and after == encode_states({}, "zstd")  # the swept states are gone
     kept = GroupRunner(before, streams, stale={key: peers.digest(b"another value")})
-    rows, after, _ = evaluate(kept, "zstd", (kept.token, key), stored, None)
+    rows, after, _ = evaluate(kept, "zstd", (kept.token, (key,)), stored, None)
     assert after == stored  # a value written since the sweep is the group's own
