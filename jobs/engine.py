@@ -60,7 +60,7 @@ from jobs.state import (
     apply_lifecycle,
 )
 from jobs.streams import StreamRunner, router
-from jobs.unread import retire_unread
+from jobs.unread import GROUPS_FILE, Groups, retire_unread, unread_after
 
 logger = logging.getLogger(__name__)
 
@@ -411,20 +411,41 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     )
     plan = follower.plan()
     idle = not plan.rule_count
+    spark: SparkSession | None = None
+    jvm = None
+    if idle and not opts.once and holds_groups(settings, opts.query):
+        # its last query left state groups that no query reads now: their alerts end before
+        # the wait, in the session the rules that come later will run in
+        spark, jvm = _session(settings, opts, stop)
+        if spark is None:
+            return 0
+        try:
+            sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
+            try:
+                end_unread(spark, plan, settings, opts, rules_ran(settings, opts.query, plan), sink)
+            finally:
+                sink.close()
+        except BaseException:
+            shut_down(None, spark, jvm, stop)
+            raise
     if idle:
         logger.warning("no rule has engine: spark or both; the Spark engine has nothing to do")
         found = None if opts.once else follower.wait_for_rules(stop)
         if found is None:
+            if spark is not None:
+                shut_down(None, spark, jvm, stop)
             return 0
         plan = found
-    if opts.master:  # under spark-submit (master None) its --jars bring the connector
-        connector.require(kafka_format())
-    decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts
-    asyncio.run(ensure_output_topics(plan, settings))
-    spark = session_unless_stopped(stop, opts.master)
+    try:
+        asyncio.run(ensure_output_topics(plan, settings))
+    except BaseException:
+        if spark is not None:
+            shut_down(None, spark, jvm, stop)
+        raise
     if spark is None:
-        return 0
-    jvm = launched_jvm()
+        spark, jvm = _session(settings, opts, stop)
+        if spark is None:
+            return 0
     failure = skip_unruled(spark, settings, opts, stop) if idle else None
     if failure is not None or stop.is_set():
         shut_down(None, spark, jvm, stop)
@@ -442,6 +463,25 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     finally:
         shut_down(query, spark, jvm, stop, sink.close)
     return outcome(failure, stop, opts.query)
+
+
+def _session(
+    settings: Settings, opts: EngineOptions, stop: threading.Event
+) -> tuple[SparkSession | None, subprocess.Popen[bytes] | None]:
+    """The role's session and the JVM it launched (None, None: a stop came while it started)."""
+    if opts.master:  # under spark-submit (master None) its --jars bring the connector
+        connector.require(kafka_format())
+    decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts
+    spark = session_unless_stopped(stop, opts.master)
+    return (spark, launched_jvm()) if spark is not None else (None, None)
+
+
+def holds_groups(settings: Settings, query: str) -> bool:
+    """Whether the checkpoint's state may hold groups with open alerts: its record of the groups
+    its last query read names some (or there is no record), and it has a state store."""
+    checkpoint = checkpoint_dir(settings, query)
+    before = Groups.read(checkpoint / GROUPS_FILE)
+    return (checkpoint / "state").is_dir() and unread_after(before, plan_rules(RuleSet()))
 
 
 #: how many of a query's micro-batch progress reports it keeps (``recentProgress``)

@@ -236,7 +236,8 @@ def test_records_that_came_while_spark_had_no_rule_are_read_past_as_a_worker_rea
     what arrives from then on. The Spark role did not read while it had no rule, so the rules
     that came back evaluated that backlog: here d2's reading, which no rule ran on, raised an
     alert, late. Both ways to have no rule: an edit that removes the last one (the query stops and
-    waits), and a role started with none (no JVM until a rule comes)."""
+    waits), and a role started with none (a JVM only to end the alerts its checkpoint holds).
+    Either way, the alerts open then end, as the worker ends those of a rule it no longer runs."""
     rules = tmp_path / "rules"
     rules.mkdir()
     pack = rules / "hot.yaml"
@@ -276,14 +277,16 @@ def test_records_that_came_while_spark_had_no_rule_are_read_past_as_a_worker_rea
     pack.write_text(hot.replace("engine: spark", "engine: faust"))
     log = tmp_path / "spark-again.log"
     with role(args, env, log) as proc:
-        wait_for(lambda: "the Spark engine has nothing to do" in text(), timeout_s=60, what="the idle role")
+        wait_for(lambda: "the Spark engine has nothing to do" in text(), timeout_s=120, what="the idle role")
+        # started with no rule: the alerts its checkpoint's groups held (d1's second, d3's) end first
+        assert "ended 2 open alert(s) held by state groups the rules no longer read: hot" in text()
         produce(broker.bootstrap, "events.sensors", [reading("d4", 4, 105.0), reading("d5", 5, 105.0)])
         pack.write_text(hot)
         wait_for(lambda: "spark query 'rules' started: 1 rule(s)" in text(), timeout_s=120, what="the query")
         produce(broker.bootstrap, "events.sensors", [reading("d6", 6, 105.0)])
-        assert devices(5) == ["d1", "d1", "d1", "d3", "d6"]
+        assert devices(7) == ["d1", "d1", "d1", "d1", "d3", "d3", "d6"]
         assert "read past 2 record(s) that came while the Spark engine had no rule" in text()
-        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 5
+        assert len(consume_json(broker.bootstrap, "alerts", timeout_s=2)) == 7
         proc.terminate()
         assert proc.wait(15) == 0, text()[-3000:]
     assert "Traceback" not in text()
