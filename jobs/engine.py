@@ -416,7 +416,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     if idle and not opts.once and holds_groups(settings, opts.query):
         # its last query left state groups that no query reads now: their alerts end before
         # the wait, in the session the rules that come later will run in
-        spark, jvm = _session(settings, opts, stop)
+        _preflight(opts)
+        spark, jvm = _session(opts, stop)
         if spark is None:
             return 0
         try:
@@ -436,6 +437,8 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
                 shut_down(None, spark, jvm, stop)
             return 0
         plan = found
+    if spark is None:
+        _preflight(opts)
     try:
         asyncio.run(ensure_output_topics(plan, settings))
     except BaseException:
@@ -443,7 +446,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
             shut_down(None, spark, jvm, stop)
         raise
     if spark is None:
-        spark, jvm = _session(settings, opts, stop)
+        spark, jvm = _session(opts, stop)
         if spark is None:
             return 0
     failure = skip_unruled(spark, settings, opts, stop) if idle else None
@@ -465,13 +468,17 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     return outcome(failure, stop, opts.query)
 
 
-def _session(
-    settings: Settings, opts: EngineOptions, stop: threading.Event
-) -> tuple[SparkSession | None, subprocess.Popen[bytes] | None]:
-    """The role's session and the JVM it launched (None, None: a stop came while it started)."""
+def _preflight(opts: EngineOptions) -> None:
+    """What the role refuses before it makes topics or starts a JVM."""
     if opts.master:  # under spark-submit (master None) its --jars bring the connector
         connector.require(kafka_format())
-    decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts
+    decode_mode()  # a wrong APP_SPARK_DECODE
+
+
+def _session(
+    opts: EngineOptions, stop: threading.Event
+) -> tuple[SparkSession | None, subprocess.Popen[bytes] | None]:
+    """The role's session and the JVM it launched (None, None: a stop came while it started)."""
     spark = session_unless_stopped(stop, opts.master)
     return (spark, launched_jvm()) if spark is not None else (None, None)
 
