@@ -129,12 +129,15 @@ def _digits(text: str, begin: int, end: int) -> int:
     return n
 
 
-def canonical_ms(text: str) -> int:
-    """The epoch milliseconds of a time in the canonical form ``_CANONICAL_TS`` matched
-    (``2014-01-07T02:55:00.123Z``), or -1 when a field is out of range or the time is
-    outside 1970..2100: :func:`parse_ts` then names the problem. The digits are read in
-    place and the date's day remembered, so the common form skips ``parse_ts``'s general
-    path on every event decoded."""
+def canonical_ms(ts: object) -> int:
+    """The epoch milliseconds of ``ts`` when it is a text in the canonical form
+    ``_CANONICAL_TS`` (``2014-01-07T02:55:00.123Z``); -1 for any other value or form, or when
+    a field is out of range or the time is outside 1970..2100: :func:`parse_ts` then reads it
+    or names the problem. The digits are read in place and the date's day remembered, so the
+    common form skips ``parse_ts``'s general path on every event decoded."""
+    if type(ts) is not str or not _CANONICAL_TS.fullmatch(ts):
+        return -1
+    text: str = ts
     day = DAY_NUMBERS.get(text[:10])
     if day is None:
         try:
@@ -232,7 +235,7 @@ class Schema:
                 msg = "field 'ts' (event time, RFC 3339 UTC) is missing"
                 raise IngestDecodeError(msg, "ts")
             ts = obj["ts"]
-            ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
+            ts_ms = canonical_ms(ts)
             if ts_ms < 0:  # another form (or out of range: parse_ts names the problem)
                 ts_ms = parse_ts(ts)
                 ts = format_ts(ts_ms)
@@ -325,7 +328,7 @@ def record_time_ms(raw: bytes | str | None, stamped_ms: int | None) -> int | Non
 def event_ts_ms(ts: object) -> int:
     """An event's ``ts`` as :meth:`Schema.validate` reads it, in epoch milliseconds
     (IngestDecodeError when it does not)."""
-    ts_ms = canonical_ms(ts) if type(ts) is str and _CANONICAL_TS.fullmatch(ts) else -1
+    ts_ms = canonical_ms(ts)
     return ts_ms if ts_ms >= 0 else parse_ts(ts)
 
 

@@ -413,7 +413,7 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     idle = not plan.rule_count
     spark: SparkSession | None = None
     jvm = None
-    if idle and not opts.once and holds_groups(settings, opts.query):
+    if idle and not opts.once and holds_groups(settings, opts.query, plan):
         # its last query left state groups that no query reads now: their alerts end before
         # the wait, in the session the rules that come later will run in
         _preflight(opts)
@@ -483,12 +483,13 @@ def _session(
     return (spark, launched_jvm()) if spark is not None else (None, None)
 
 
-def holds_groups(settings: Settings, query: str) -> bool:
-    """Whether the checkpoint's state may hold groups with open alerts: its record of the groups
-    its last query read names some (or there is no record), and it has a state store."""
+def holds_groups(settings: Settings, query: str, plan: SparkPlan) -> bool:
+    """Whether the checkpoint's state may hold groups that ``plan`` (the role's plan of no rule)
+    leaves unread: its record of the groups its last query read names some (or there is no
+    record), and it has a state store."""
     checkpoint = checkpoint_dir(settings, query)
     before = Groups.read(checkpoint / GROUPS_FILE)
-    return (checkpoint / "state").is_dir() and unread_after(before, plan_rules(RuleSet()))
+    return (checkpoint / "state").is_dir() and unread_after(before, plan)
 
 
 #: how many of a query's micro-batch progress reports it keeps (``recentProgress``)

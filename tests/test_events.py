@@ -201,6 +201,15 @@ def test_canonical_times_decode_as_parse_ts_reads_them() -> None:
         assert events.canonical_ms(text) == -1, text
         with pytest.raises(IngestDecodeError, match=problem):
             SENSORS.validate({"device_id": "d", "ts": text})
+    # other forms and values are parse_ts's to read or refuse
+    for other in [
+        "2014-01-07T02:55:00Z",
+        "2014-01-07T02:55:00.123+00:00",
+        " 2014-01-07T02:55:00.123Z",
+        1_389_063_300_000,
+        None,
+    ]:
+        assert events.canonical_ms(other) == -1, other
 
 
 @pytest.mark.parametrize(

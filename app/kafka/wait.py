@@ -159,6 +159,14 @@ async def group_coordinator_ready(
         await admin.close()
 
 
+async def back_off(stop: asyncio.Event, delay: float, cap_s: float) -> float:
+    """Wait ``delay`` seconds, or less when ``stop`` is set; the next try's delay, doubled up
+    to ``cap_s`` (the retry loops of :func:`wait_for_broker` and :func:`until_answered`)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay)
+    return min(delay * 2, cap_s)
+
+
 async def wait_for_broker(
     target: Target,
     stop: asyncio.Event | None = None,
@@ -200,9 +208,7 @@ async def wait_for_broker(
                 bootstrap, first_s, cap_s,
             )  # fmt: skip
             warned = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, cap_s)
+        delay = await back_off(stop, delay, cap_s)
     logger.info("stopped while waiting for Kafka at %s", bootstrap)
     return False
 
@@ -251,9 +257,7 @@ async def until_answered(
             if warned:
                 logger.info("could %s after %.1f s", what, time.monotonic() - began)
             return result
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, cap_s)
+        delay = await back_off(stop, delay, cap_s)
     return None
 
 
