@@ -40,7 +40,7 @@ test: venv system-deps jars ## Lint and type-check, then the whole suite (slow t
 	@$(MAKE) --no-print-directory -j2 lint native  # side by side: mypy and mypyc have caches of their own
 	$(PY) -m app native status
 	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PY) -m pytest -m slow --durations=40 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -n 2 -q -m slow --durations=40 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	APP_NATIVE=0 $(PY) -m pytest -n 2 -q -m "not slow" tests/rules tests/conformance
 
 test-fast: $(DEV_STAMP) jars ## Run only the fast unit tests (two processes)
