@@ -24,6 +24,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -141,8 +143,9 @@ def port_range() -> tuple[int, int]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now and that this process has not handed out
-    among its last ``_PORTS_REMEMBERED``.
+    """A TCP port that is free on ``host`` right now, that this process has not handed out
+    among its last ``_PORTS_REMEMBERED``, and that no other process on this machine has
+    claimed (:func:`claim_port`); this process then holds the claim.
 
     It is picked at random in :func:`port_range`; the kernel's choice (``bind`` to port 0) is
     the last resort, when that range has nothing left. The kernel's choice alone went wrong
@@ -153,18 +156,22 @@ def free_port(host: str = "127.0.0.1") -> int:
       a port crash-loops.
     - Its ports are those every outgoing connection on the machine takes its local port from,
       the Kafka clients' included: one of them can take the port before the server binds it.
+
+    The claims keep two processes that pick at the same time (two ``make run`` s started
+    together, two test processes side by side) from handing out one port: a port is handed
+    out a while before its server binds it, and until then it looks free to everyone.
     """
     low, high = port_range()
     with _ports_lock:
         for _ in range(256 if high >= low else 0):
             port = _random.randint(low, high)
-            if port not in _handed_out and port_free(port, host):
+            if port not in _handed_out and _claim(port, host):
                 return _hand_out(port)
         for _ in range(256):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind((host, 0))
                 port = int(s.getsockname()[1])
-            if port not in _handed_out:
+            if port not in _handed_out and _claim(port, host):
                 return _hand_out(port)
     msg = f"no free TCP port on {host}"
     raise OSError(msg)
@@ -173,8 +180,69 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _hand_out(port: int) -> int:
     _handed_out[port] = None
     if len(_handed_out) > _PORTS_REMEMBERED:
-        del _handed_out[next(iter(_handed_out))]
+        forgotten = next(iter(_handed_out))
+        del _handed_out[forgotten]
+        _unclaim(forgotten)
     return port
+
+
+#: the machine's record of claimed ports (:func:`claim_port`), per user; opened once
+_claims: int | None = None
+_claims_opened = False
+
+
+def claims_path() -> Path:
+    """The file whose byte N a process locks while it holds a claim to port N."""
+    return Path(tempfile.gettempdir()) / f"streamalert-ports-{os.getuid()}.lock"
+
+
+def _claims_fd() -> int | None:
+    global _claims, _claims_opened
+    if not _claims_opened:
+        _claims_opened = True
+        try:
+            _claims = os.open(claims_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # a read-only temp dir: ports are then picked as before
+            logger.warning("cannot open %s (%s): ports are not claimed across processes", claims_path(), exc)
+    return _claims
+
+
+def claim_port(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` is free on ``host`` (:func:`port_free`) and no other process of this
+    user on this machine holds a claim to it. When it is, this process now holds the claim,
+    until it exits or has handed out ``_PORTS_REMEMBERED`` ports since, and :func:`free_port`
+    does not hand the port out (a port asked for by number: a broker's of its last start, the
+    dashboard's 8501).
+
+    A claim is a lock (``fcntl`` record lock, non-blocking) on byte ``port`` of
+    :func:`claims_path`: the kernel drops it when its process ends, however it ends, so a
+    crashed run leaves no stale claim; a role started by the claiming process does not
+    inherit it, and the claim stays with its parent, the supervisor, for the run."""
+    with _ports_lock:
+        if not _claim(port, host):
+            return False
+        _hand_out(port)
+        return True
+
+
+def _claim(port: int, host: str) -> bool:
+    fd = _claims_fd()
+    if fd is not None:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, os.SEEK_SET)
+        except OSError:  # another process holds it
+            return False
+    if port_free(port, host):
+        return True
+    if port not in _handed_out:  # not ours to keep: a claim this process holds stays
+        _unclaim(port)
+    return False
+
+
+def _unclaim(port: int) -> None:
+    if _claims is not None:
+        with contextlib.suppress(OSError):
+            fcntl.lockf(_claims, fcntl.LOCK_UN, 1, port, os.SEEK_SET)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -291,8 +359,8 @@ class KafkaBroker:
             saved = json.loads((self.home / "ports.json").read_text())
         port = self._want_port or saved.get("port", 0)
         cport = saved.get("controller_port", 0)
-        self.port = port if port and port_free(port) else free_port()
-        self.controller_port = cport if cport and cport != self.port and port_free(cport) else free_port()
+        self.port = port if port and claim_port(port) else free_port()
+        self.controller_port = cport if cport and cport != self.port and claim_port(cport) else free_port()
         if port and self.port != port:
             logger.warning(
                 "port %d (%s) is taken by another process: the broker listens on %d instead, and "

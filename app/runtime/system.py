@@ -41,7 +41,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -61,7 +60,7 @@ from app.events import parse_ts
 from app.kafka.acls import ENGINES, apply_acls, branch_grants, rule_branch_topics
 from app.kafka.admin import ensure_topics
 from app.kafka.auth import KafkaAuth
-from app.kafka.broker import KafkaBroker, free_port, kafka_version
+from app.kafka.broker import KafkaBroker, claim_port, free_port, kafka_version
 from app.kafka.clients import Endpoint, Target, end_offsets
 from app.runtime import runlock
 from app.runtime.clockgate import GateSpec, write_gate
@@ -109,15 +108,6 @@ class RunOptions:
     fresh: bool = False
     #: the embedded broker with SASL/SCRAM and ACLs, one principal per role (``--no-auth``: off)
     auth: bool = True
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _py(*args: str) -> list[str]:
@@ -278,7 +268,7 @@ def build_roles(
     if opts.dashboard:
         dash_port = (
             settings.dashboard_port
-            if settings.dashboard_port and _port_free(settings.dashboard_port)
+            if settings.dashboard_port and claim_port(settings.dashboard_port)
             else free_port()
         )
         dash_url = f"http://127.0.0.1:{dash_port}"

@@ -5,12 +5,16 @@ its own port do not count as the port being taken)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
+from typing import Any
 
 import pytest
 
 from app.kafka import broker
-from app.kafka.broker import free_port, port_free, port_range
+from app.kafka.broker import claim_port, free_port, port_free, port_range
+from app.runtime.settings import PROJECT_ROOT
 
 
 def test_free_port_hands_out_no_port_twice_and_none_from_the_kernels_outgoing_range() -> None:
@@ -57,3 +61,67 @@ def test_a_port_whose_server_closed_its_connections_first_is_still_free() -> Non
             in_time_wait = True
     assert in_time_wait, "the test did not leave the port in TIME_WAIT"
     assert port_free(port)
+
+
+#: a process that picks a port and holds its claim until its stdin closes, or asks for one
+CLAIMER = """
+import sys
+from app.kafka.broker import claim_port, free_port
+if sys.argv[1] == "pick":
+    print(free_port(), flush=True)
+    sys.stdin.read()
+else:
+    print(claim_port(int(sys.argv[2])), flush=True)
+"""
+
+
+def _claimer(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CLAIMER, *args], cwd=PROJECT_ROOT, text=True,
+        stdout=subprocess.PIPE, **kwargs,
+    )  # fmt: skip
+
+
+def _claims_in_another_process(port: int) -> bool:
+    with _claimer("claim", str(port)) as proc:
+        out, _ = proc.communicate(timeout=60)
+    return out.strip() == "True"
+
+
+def test_a_port_another_process_handed_out_is_not_handed_out_here_until_that_process_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two processes picking at once (two `make run`s, two test processes side by side) never
+    hand out one port, though nothing listens on it yet; the claim ends with its process."""
+    holder = _claimer("pick", stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        port = int(holder.stdout.readline())
+        assert port_free(port)  # nothing listens there: only the other process's claim keeps it
+        assert not claim_port(port)
+        monkeypatch.setattr(broker, "port_range", lambda: (port, port))  # the range is that port
+        assert port not in [free_port() for _ in range(3)]  # the kernel's choice instead
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    assert claim_port(port)  # the claim ended with its process; now this one holds it
+    assert not _claims_in_another_process(port)
+
+
+def test_a_port_asked_for_that_is_in_use_is_not_claimed_and_a_forgotten_claim_is_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        taken = server.getsockname()[1]
+        assert not claim_port(taken)
+        assert _claims_in_another_process(taken) is False  # in use, whoever asks
+    assert _claims_in_another_process(taken)  # a failed ask held no claim
+    monkeypatch.setattr(broker, "_handed_out", {})
+    monkeypatch.setattr(broker, "_PORTS_REMEMBERED", 2)
+    first = free_port()
+    assert not _claims_in_another_process(first)
+    free_port(), free_port()  # the third port handed out since: the first is forgotten
+    assert _claims_in_another_process(first)
