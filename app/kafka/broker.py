@@ -125,9 +125,6 @@ def _own_plain_login() -> Iterator[None]:
 
 
 PORTS_FROM = 20000  # the lowest port free_port picks (below: well-known and registered services)
-_PORTS_REMEMBERED = 4096  # how many handed-out ports free_port keeps from handing out again
-_handed_out: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
-_ports_lock = threading.Lock()
 _random = random.SystemRandom()
 
 
@@ -142,10 +139,80 @@ def port_range() -> tuple[int, int]:
     return PORTS_FROM, low - 1
 
 
+class PortBook:
+    """The ports a process hands out (:func:`free_port`, :func:`claim_port`: the process's one
+    book), each at most once among the last ``remembered``, and each claimed machine-wide
+    while remembered.
+
+    A claim is a lock (``fcntl`` record lock, non-blocking) on byte N of :func:`claims_path`
+    for port N. Two processes that pick at the same time (two ``make run`` s started together,
+    two test processes side by side) never hand out one port: a port is handed out a while
+    before its server binds it, and until then it looks free to everyone. The kernel drops a
+    lock when its process ends, however it ends, so a crashed run leaves no stale claim; a role
+    started by the claiming process does not inherit it, and the claim stays with its parent,
+    the supervisor, for the run. A forgotten port's claim is released, so a long-lived process
+    (a test session) holds at most ``remembered``."""
+
+    def __init__(self, remembered: int = 4096) -> None:
+        self.remembered = remembered
+        self._handed_out: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
+        self._lock = threading.Lock()
+
+    def free(self, host: str = "127.0.0.1") -> int:
+        """See :func:`free_port`."""
+        low, high = port_range()
+        with self._lock:
+            for _ in range(256 if high >= low else 0):
+                port = _random.randint(low, high)
+                if port not in self._handed_out and self._claim(port, host):
+                    return self._hand_out(port)
+            for _ in range(256):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((host, 0))
+                    port = int(s.getsockname()[1])
+                if port not in self._handed_out and self._claim(port, host):
+                    return self._hand_out(port)
+        msg = f"no free TCP port on {host}"
+        raise OSError(msg)
+
+    def claim(self, port: int, host: str = "127.0.0.1") -> bool:
+        """See :func:`claim_port`."""
+        with self._lock:
+            if not self._claim(port, host):
+                return False
+            self._hand_out(port)
+            return True
+
+    def _claim(self, port: int, host: str) -> bool:
+        fd = _claims_fd()
+        if fd is not None:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, os.SEEK_SET)
+            except OSError:  # another process holds it
+                return False
+        if port_free(port, host):
+            return True
+        if port not in self._handed_out:  # not ours to keep: a claim this book holds stays
+            _unclaim(port)
+        return False
+
+    def _hand_out(self, port: int) -> int:
+        self._handed_out[port] = None
+        if len(self._handed_out) > self.remembered:
+            forgotten = next(iter(self._handed_out))
+            del self._handed_out[forgotten]
+            _unclaim(forgotten)
+        return port
+
+
+#: the process's book of ports
+_book = PortBook()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now, that this process has not handed out
-    among its last ``_PORTS_REMEMBERED``, and that no other process on this machine has
-    claimed (:func:`claim_port`); this process then holds the claim.
+    among its last 4,096, and that no other process on this machine has claimed
+    (:class:`PortBook`); this process then holds the claim.
 
     It is picked at random in :func:`port_range`; the kernel's choice (``bind`` to port 0) is
     the last resort, when that range has nothing left. The kernel's choice alone went wrong
@@ -156,39 +223,22 @@ def free_port(host: str = "127.0.0.1") -> int:
       a port crash-loops.
     - Its ports are those every outgoing connection on the machine takes its local port from,
       the Kafka clients' included: one of them can take the port before the server binds it.
-
-    The claims keep two processes that pick at the same time (two ``make run`` s started
-    together, two test processes side by side) from handing out one port: a port is handed
-    out a while before its server binds it, and until then it looks free to everyone.
     """
-    low, high = port_range()
-    with _ports_lock:
-        for _ in range(256 if high >= low else 0):
-            port = _random.randint(low, high)
-            if port not in _handed_out and _claim(port, host):
-                return _hand_out(port)
-        for _ in range(256):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, 0))
-                port = int(s.getsockname()[1])
-            if port not in _handed_out and _claim(port, host):
-                return _hand_out(port)
-    msg = f"no free TCP port on {host}"
-    raise OSError(msg)
+    return _book.free(host)
 
 
-def _hand_out(port: int) -> int:
-    _handed_out[port] = None
-    if len(_handed_out) > _PORTS_REMEMBERED:
-        forgotten = next(iter(_handed_out))
-        del _handed_out[forgotten]
-        _unclaim(forgotten)
-    return port
+def claim_port(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` is free on ``host`` (:func:`port_free`) and no other process of this
+    user on this machine holds a claim to it (:class:`PortBook`). When it is, this process now
+    holds the claim and :func:`free_port` does not hand the port out: a port asked for by
+    number (a broker's of its last start, the dashboard's 8501)."""
+    return _book.claim(port, host)
 
 
-#: the machine's record of claimed ports (:func:`claim_port`), per user; opened once
+#: the machine's record of claimed ports (:class:`PortBook`), per user; opened once
 _claims: int | None = None
 _claims_opened = False
+_claims_lock = threading.Lock()
 
 
 def claims_path() -> Path:
@@ -198,45 +248,16 @@ def claims_path() -> Path:
 
 def _claims_fd() -> int | None:
     global _claims, _claims_opened
-    if not _claims_opened:
-        _claims_opened = True
-        try:
-            _claims = os.open(claims_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:  # a read-only temp dir: ports are then picked as before
-            logger.warning("cannot open %s (%s): ports are not claimed across processes", claims_path(), exc)
-    return _claims
-
-
-def claim_port(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether ``port`` is free on ``host`` (:func:`port_free`) and no other process of this
-    user on this machine holds a claim to it. When it is, this process now holds the claim,
-    until it exits or has handed out ``_PORTS_REMEMBERED`` ports since, and :func:`free_port`
-    does not hand the port out (a port asked for by number: a broker's of its last start, the
-    dashboard's 8501).
-
-    A claim is a lock (``fcntl`` record lock, non-blocking) on byte ``port`` of
-    :func:`claims_path`: the kernel drops it when its process ends, however it ends, so a
-    crashed run leaves no stale claim; a role started by the claiming process does not
-    inherit it, and the claim stays with its parent, the supervisor, for the run."""
-    with _ports_lock:
-        if not _claim(port, host):
-            return False
-        _hand_out(port)
-        return True
-
-
-def _claim(port: int, host: str) -> bool:
-    fd = _claims_fd()
-    if fd is not None:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, os.SEEK_SET)
-        except OSError:  # another process holds it
-            return False
-    if port_free(port, host):
-        return True
-    if port not in _handed_out:  # not ours to keep: a claim this process holds stays
-        _unclaim(port)
-    return False
+    with _claims_lock:
+        if not _claims_opened:
+            _claims_opened = True
+            try:
+                _claims = os.open(claims_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:  # a read-only temp dir: ports are then picked as before
+                logger.warning(
+                    "cannot open %s (%s): ports are not claimed across processes", claims_path(), exc
+                )
+        return _claims
 
 
 def _unclaim(port: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.kafka import broker
-from app.kafka.broker import claim_port, free_port, port_free, port_range
+from app.kafka.broker import PortBook, claim_port, free_port, port_free, port_range
 from app.runtime.settings import PROJECT_ROOT
 
 
@@ -109,9 +109,7 @@ def test_a_port_another_process_handed_out_is_not_handed_out_here_until_that_pro
     assert not _claims_in_another_process(port)
 
 
-def test_a_port_asked_for_that_is_in_use_is_not_claimed_and_a_forgotten_claim_is_released(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_port_asked_for_that_is_in_use_is_not_claimed_and_a_forgotten_claim_is_released() -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -119,9 +117,8 @@ def test_a_port_asked_for_that_is_in_use_is_not_claimed_and_a_forgotten_claim_is
         assert not claim_port(taken)
         assert _claims_in_another_process(taken) is False  # in use, whoever asks
     assert _claims_in_another_process(taken)  # a failed ask held no claim
-    monkeypatch.setattr(broker, "_handed_out", {})
-    monkeypatch.setattr(broker, "_PORTS_REMEMBERED", 2)
-    first = free_port()
+    book = PortBook(remembered=2)
+    first = book.free()
     assert not _claims_in_another_process(first)
-    free_port(), free_port()  # the third port handed out since: the first is forgotten
+    book.free(), book.free()  # the third port handed out: the first is forgotten, its claim released
     assert _claims_in_another_process(first)
