@@ -275,28 +275,40 @@ def read_topic_events(
 ) -> list[tuple[str, Event]]:
     """Source topics from the earliest offset to the current end, as backtest input,
     in record-timestamp order across topics, then topic, partition and offset (as the Spark
-    engine's topic backtest orders them). Invalid records are reported with their topic and
-    position, never silently dropped: each one ``within`` places in its range (its readable
-    ``ts``, else its record timestamp: :class:`TimeRange`)."""
+    engine's topic backtest orders them). Invalid records are reported with their topic,
+    partition and offset (:func:`record_place`), in that order, never silently dropped: each one
+    ``within`` places in its range (its readable ``ts``, else its record timestamp:
+    :class:`TimeRange`)."""
     import asyncio
 
     from app.topics import SOURCE_OF_TOPIC
 
     stamped: list[tuple[tuple[int, str, int, int], str, Event]] = []
+    dead: list[tuple[tuple[int, str, int, int], str]] = []
     for topic in topics:
         source = SOURCE_OF_TOPIC.get(topic)
         if source is None:
             msg = f"--topic {topic}: expected one of {', '.join(SOURCE_OF_TOPIC)}"
             raise ValueError(msg)
-        for n, (ts, name, part, offset, value) in enumerate(asyncio.run(read_topics(bootstrap, [topic]))):
+        for ts, name, part, offset, value in asyncio.run(read_topics(bootstrap, [topic])):
             try:
                 stamped.append(((ts, name, part, offset), source, SCHEMAS[source].decode(value)))
             except IngestDecodeError as exc:
                 if within.holds(record_time_ms(value, ts)):
-                    report.skipped += 1
-                    report.problems.append(f"{topic} record {n + 1}: {exc.reason}")
+                    dead.append(
+                        ((ts, name, part, offset), f"{record_place(name, part, offset)}: {exc.reason}")
+                    )
+    dead.sort(key=lambda x: x[0])  # in the range's order across topics, as the Spark engine lists them
+    report.skipped += len(dead)
+    report.problems.extend(problem for _, problem in dead)
     stamped.sort(key=lambda x: x[0])
     return [(source, ev) for _, source, ev in stamped]
+
+
+def record_place(topic: str, partition: int, offset: int) -> str:
+    """Where an invalid record of a topic range is, as a backtest's problems name it, on both
+    engines: what a consumer needs to read it again (``kcat -t TOPIC -p P -o O -c 1``)."""
+    return f"{topic} partition {partition} offset {offset}"
 
 
 #: compressed input, by the file name's suffix: both backtests read these (Spark's text reader

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from app.alerts import Alert
-from app.backtest import BacktestReport, TimeRange
+from app.backtest import BacktestReport, TimeRange, record_place
 from app.events import SCHEMAS
 from app.rules.loader import RuleSet
 from app.runtime.settings import env_choice
@@ -115,10 +115,9 @@ def _spread(spark: SparkSession, raw: DataFrame) -> DataFrame:
 def topic_records(
     spark: SparkSession, bootstrap: str, topics: list[str], security: Mapping[str, str] | None = None
 ) -> DataFrame:
-    """Every record of ``topics`` from the earliest offset to the latest at start, in
-    record-timestamp order across topics and partitions (ties by topic, partition,
-    offset), as the Faust-engine topic backtest orders them: partition 0, offset =
-    position in that order (from 0)."""
+    """Every record of ``topics`` from the earliest offset to the latest at start, Kafka-shaped
+    (``timestamp``, ``topic``, ``partition``, ``offset``, ``value``) for :func:`ordered_records`,
+    which orders them as the Faust-engine topic backtest does."""
     opts = {
         "kafka.bootstrap.servers": bootstrap,
         "subscribe": ",".join(topics),
@@ -126,22 +125,37 @@ def topic_records(
         "endingOffsets": "latest",
         **(security or {}),  # the role's TLS/SASL as kafka.* options (KafkaAuth.spark_options)
     }
-    return ordered_records(spark, read_kafka(spark, opts, streaming=False))
+    return read_kafka(spark, opts, streaming=False)
+
+
+def _position() -> Column:
+    """A Kafka-shaped record's place in the topic backtest's order (from 0)."""
+    return F.row_number().over(Window.orderBy("timestamp", "topic", "partition", "offset")) - 1
 
 
 def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
     """Kafka-shaped records (``timestamp``, ``topic``, ``partition``, ``offset``, ``value``:
     a topic range, or the archive's rows) as raw records in the topic backtest's order:
     record timestamp, then topic, partition, offset; partition 0, offset = position."""
-    position = F.row_number().over(Window.orderBy("timestamp", "topic", "partition", "offset")) - 1
     raw = records.select(
         "topic",
         F.lit(0).cast("int").alias("partition"),
-        position.cast("long").alias("offset"),
+        _position().cast("long").alias("offset"),
         "value",
         F.unix_millis("timestamp").alias(ARRIVAL),  # where a time range places a dead letter
     )
     return _spread(spark, raw)
+
+
+def record_places(records: DataFrame, positions: list[int]) -> dict[int, str]:
+    """Where the records at ``positions`` of :func:`ordered_records`'s order came from, as the
+    Faust engine names an invalid record (``app.backtest.record_place``: topic, partition,
+    offset). One more job over the records, run only when a range has dead letters to name."""
+    if not positions:
+        return {}
+    placed = records.select("topic", "partition", "offset", _position().alias("__position"))
+    found = placed.where(F.col("__position").isin(sorted(set(positions)))).collect()
+    return {r["__position"]: record_place(r["topic"], r["partition"], r["offset"]) for r in found}
 
 
 def idle_stream_keys(plan: SparkPlan, fallback: Mapping[str, frozenset[str]], partitions: int) -> set[str]:
@@ -201,13 +215,15 @@ def run_backtest(
     native_absence: bool = True,
     native_event_alerts: bool = True,
     native_decode: bool | None = None,
+    places: Callable[[list[int]], Mapping[int, str]] | None = None,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
     Raises :class:`app.errors.RuleConfigError` naming each rule Spark cannot run and why.
 
     ``name`` prefixes problems: ``name:LINE`` when ``lines`` (a file read with
-    :func:`file_records`), else ``name record N`` (:func:`topic_records`).
+    :func:`file_records`); else a record of a range (:func:`ordered_records`) is where
+    ``places`` says (:func:`record_places`), or ``name record N`` without it.
     ``partitions`` and ``tables`` are the Faust-engine backtest's: the partition
     count whose per-partition clocks are emulated, and the registry rows; ``max_skew_ms``
     its time bound (APP_MAX_EVENT_SKEW, -1: off; on, every rule takes the stream path).
@@ -306,7 +322,7 @@ def run_backtest(
             result = result.unionByName(novel)
         # one order for the rows of every plan: the evaluator's at each event (jobs.transitions)
         rows = in_output_order(result.collect())
-    return report_rows(rows, out, report, name, lines=lines)
+    return report_rows(rows, out, report, name, lines=lines, places=places)
 
 
 #: the columns that order a backtest's output rows: the evaluator's order at each event
@@ -331,13 +347,29 @@ def in_output_order(rows: list[Any]) -> list[Any]:
 
 
 def report_rows(
-    rows: Iterable[Any], out: TextIO, report: BacktestReport, name: str, *, lines: bool = True
+    rows: Iterable[Any],
+    out: TextIO,
+    report: BacktestReport,
+    name: str,
+    *,
+    lines: bool = True,
+    places: Callable[[list[int]], Mapping[int, str]] | None = None,
 ) -> list[Alert]:
     """The output rows (``jobs.state.OUTPUT_SCHEMA``: Spark rows, or mappings, by column name),
     in order, into ``report``: each alert written to ``out`` (if its status is shown); routed
     copies, late copies, refused events, dead letters and rule errors counted, the dead
-    letters and refusals as problems (``name``, ``lines``: as :func:`run_backtest`'s)."""
+    letters and refusals as problems (``name``, ``lines``: as :func:`run_backtest`'s).
+
+    A dead letter of a file is ``name:LINE``. One of a record range (``lines`` False) is where
+    ``places`` says its position came from (:func:`record_places`: topic, partition, offset),
+    and the range's dead letters come before its refusals, as the Faust engine lists them
+    (it reads the whole range before it evaluates)."""
+    rows = list(rows)
+    at: Mapping[int, str] = {}
+    if not lines and places is not None:
+        at = places([r["offset"] for r in rows if r["kind"] == "dlq"])
     alerts: list[Alert] = []
+    refusals: list[str] = []
     for r in rows:
         if r["kind"] == "alert":
             alert = Alert.from_json(r["value"])
@@ -354,9 +386,12 @@ def report_rows(
             fields = orjson.loads(record["raw"])
             report.refused += 1
             key = next((fields[s.key] for s in SCHEMAS.values() if s.key in fields), "")
-            report.problems.append(f"refused {key} at {fields.get('ts')}: {record['reason']}")
+            problem = f"refused {key} at {fields.get('ts')}: {record['reason']}"
+            (report.problems if lines else refusals).append(problem)
         elif r["kind"] == "dlq":
             report.skipped += 1
-            where = f"{name}:{r['offset'] + 1}" if lines else f"{name} record {r['offset'] + 1}"
+            n = r["offset"]
+            where = f"{name}:{n + 1}" if lines else at.get(n) or f"{name} record {n + 1}"
             report.problems.append(f"{where}: {orjson.loads(r['value'])['reason']}")
+    report.problems.extend(refusals)
     return alerts

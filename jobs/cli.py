@@ -15,6 +15,7 @@ nothing when another command runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -129,6 +130,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         file_records,
         ordered_records,
         plans_mode,
+        record_places,
         run_backtest,
         topic_records,
         unreadable_file,
@@ -175,12 +177,16 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        if archive:
-            records = archive_records(spark, archive, args.time_from, args.time_to)
-            raw, name = ordered_records(spark, records), archive
-        elif topics:
-            security = settings.kafka_auth.spark_options()
-            raw, name = topic_records(spark, settings.bootstrap_servers, topics, security), ",".join(topics)
+        places = None
+        if archive or topics:
+            if archive:
+                records, name = archive_records(spark, archive, args.time_from, args.time_to), archive
+            else:
+                security = settings.kafka_auth.spark_options()
+                records = topic_records(spark, settings.bootstrap_servers, topics, security)
+                name = ",".join(topics)
+            raw = ordered_records(spark, records)
+            places = functools.partial(record_places, records)  # an invalid record's topic, partition, offset
         else:
             raw, name = file_records(spark, Path(args.input)), str(args.input)
         run_backtest(
@@ -201,6 +207,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             native_thresholds=native,
             native_absence=native,
             native_event_alerts=native,
+            places=places,
         )
     except Exception as exc:
         cause = unreadable_file(exc) if not (topics or archive) else None

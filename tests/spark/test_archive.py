@@ -44,12 +44,15 @@ IN_RANGE = {"device_id": "bad-b", "ts": format_ts(T0_MS + HOUR_MS), "temperature
 #: a time with no offset: the decoder refuses it, so its stamp (now) places it; Spark's own
 #: try_to_timestamp reads it, and the archive once filed it under 2024-01-01
 NO_OFFSET = {"device_id": "bad-d", "ts": "2024-01-01T12:00:00", "temperature": "hot"}
+#: an invalid record of another topic in the range: the topic backtests read both topics
+LOG_IN_RANGE = {"host": "www-1", "ts": format_ts(T0_MS + 2 * HOUR_MS), "status": "teapot"}
 
 
 def backtest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, *args: str, engine: str = "spark"
-) -> tuple[list[str], str]:
-    """The output lines and the summary line of one backtest of the range."""
+) -> tuple[list[str], str, list[str]]:
+    """The output lines, the summary line and the problems (the invalid records named) of one
+    backtest of the range."""
     out = tmp_path / f"{name}.jsonl"
     lo, hi = format_ts(T0_MS - HOUR_MS), format_ts(T0_MS + DAY_MS)
     capsys.readouterr()
@@ -69,7 +72,8 @@ def backtest(
     assert main([*argv, *args]) == 0
     err = capsys.readouterr().err.splitlines()
     summary = [x.split(": ", 1)[1] for x in err if x.startswith("backtest") and "alert transitions" in x]
-    return out.read_text().splitlines(), summary[-1]
+    problems = [x for x in err if x.startswith("events.")]
+    return out.read_text().splitlines(), summary[-1], problems
 
 
 def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
@@ -83,6 +87,8 @@ def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
     bad = [(b"crafted-1", b"{broken"), *((b"bad", v) for v in invalid)]
     produce(broker.bootstrap, "events.sensors", [*keyed, *bad])
     invalid.append(b"{broken")
+    invalid.append(orjson.dumps(LOG_IN_RANGE))
+    produce(broker.bootstrap, "events.logs", [(b"www-1", invalid[-1])])
     settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(tmp_path)})
     path = tmp_path / "archive"
 
@@ -98,6 +104,9 @@ def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
     assert {r["value"] for r in rows} == {*first, *invalid, *later}
     dates = {(r["source"], str(r["date"])) for r in rows if r["value"] not in invalid}
     assert dates == {("sensors", "2024-01-01"), ("sensors", "2024-01-02")}
+    assert {(r["source"], str(r["date"])) for r in rows if r["value"] == invalid[-1]} == {
+        ("logs", "2024-01-01")
+    }
     for value in (b"{broken", invalid[2]):  # no ts, or one the decoder refuses: the record's date
         row = next(r for r in rows if r["value"] == value)
         assert row["date"] == row["timestamp"].date(), value
@@ -105,12 +114,23 @@ def test_archive_writes_each_offset_once_and_backtests_like_the_topic(
     assert (path / "source=sensors" / "date=2024-01-02").is_dir()
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
-    from_archive, archive_summary = backtest(tmp_path, capsys, "archive", "--archive", str(path))
-    from_topic, topic_summary = backtest(tmp_path, capsys, "topic", "--topic", "events.sensors")
-    faust, faust_summary = backtest(tmp_path, capsys, "faust", "--topic", "events.sensors", engine="faust")
+    topics = ("--topic", "events.sensors", "--topic", "events.logs")
+    from_archive, archive_summary, archive_problems = backtest(
+        tmp_path, capsys, "archive", "--archive", str(path)
+    )
+    from_topic, topic_summary, topic_problems = backtest(tmp_path, capsys, "topic", *topics)
+    faust, faust_summary, faust_problems = backtest(tmp_path, capsys, "faust", *topics, engine="faust")
     assert len(from_archive) >= 4
     assert from_archive == from_topic == faust
     assert not any("-d2" in line for line in from_archive), "the range ends before the second day"
-    # the same invalid records in the range, whatever read them: the one whose ts is in it
+    # the same invalid records in the range, whatever read them: the two whose ts is in it,
+    # each named where a consumer finds it, in the same order on both engines
     assert archive_summary == topic_summary == faust_summary
-    assert archive_summary.endswith(", 1 invalid lines skipped"), archive_summary
+    assert archive_summary.endswith(", 2 invalid lines skipped"), archive_summary
+    assert archive_problems == topic_problems == faust_problems
+    expected = {
+        f"{r['topic']} partition {r['partition']} offset {r['offset']}"
+        for r in rows
+        if r["value"] in (invalid[1], invalid[-1])
+    }
+    assert {p.split(": ", 1)[0] for p in faust_problems} == expected, faust_problems

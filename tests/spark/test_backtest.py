@@ -3,13 +3,24 @@ task rows it leaves to the evaluator."""
 
 from __future__ import annotations
 
+import io
+from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 from pyspark.sql import SparkSession
 
+from app.backtest import BacktestReport
 from app.rules.loader import load_rules
-from jobs.backtest import file_records, in_output_order, lifecycle_tasks
+from jobs.backtest import (
+    file_records,
+    in_output_order,
+    lifecycle_tasks,
+    ordered_records,
+    record_places,
+    report_rows,
+)
 from jobs.compile import DLQ_KEY, plan_rules
 from jobs.decode import DECODED_SCHEMA
 from jobs.streams import stream_key
@@ -102,3 +113,50 @@ def test_the_output_rows_are_sorted_on_the_driver_as_sparks_order_by_sorts_them(
     by_spark = [r["n"] for r in df.orderBy("part", "offset", *AT_EVENT).collect()]
     assert [r["n"] for r in in_output_order(df.collect())] == by_spark
     assert by_spark[0] == 9 and by_spark[-1] == 10
+
+
+def test_a_ranges_invalid_records_are_named_where_a_consumer_finds_them_before_its_refusals(
+    spark: SparkSession,
+) -> None:
+    """A topic or archive range's dead letter is named by topic, partition and offset (its
+    position in the range's order is no place an operator can look up), as by the Faust
+    engine, and the range's dead letters come before its refusals, as the Faust engine lists
+    them; a file's keep ``FILE:LINE`` in line order."""
+    records = spark.createDataFrame(
+        [
+            (datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC), "events.sensors", 1, 7, b"x"),
+            (datetime(2024, 1, 1, 0, 0, 0, tzinfo=UTC), "events.logs", 0, 3, b"y"),
+            (datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC), "events.logs", 2, 9, b"z"),
+        ],
+        "timestamp timestamp, topic string, partition int, offset bigint, value binary",
+    )
+    # the order: record time, then topic, partition, offset
+    assert [r["offset"] for r in ordered_records(spark, records).orderBy("offset").collect()] == [0, 1, 2]
+    assert record_places(records, [2, 0]) == {
+        0: "events.logs partition 0 offset 3",
+        2: "events.sensors partition 1 offset 7",
+    }
+    refused = {
+        "raw": orjson.dumps({"device_id": "d1", "ts": "2030-01-01T00:00:00Z"}).decode(),
+        "reason": "too far",
+    }
+    rows = [
+        {"kind": "dlq", "offset": 0, "value": orjson.dumps({"reason": "bad"})},
+        {"kind": "refused", "offset": 1, "value": orjson.dumps(refused)},
+        {"kind": "dlq", "offset": 2, "value": orjson.dumps({"reason": "worse"})},
+    ]
+    ranged = BacktestReport()
+    report_rows(rows, io.StringIO(), ranged, "r", lines=False, places=lambda pos: record_places(records, pos))
+    assert ranged.problems == [
+        "events.logs partition 0 offset 3: bad",
+        "events.sensors partition 1 offset 7: worse",
+        "refused d1 at 2030-01-01T00:00:00Z: too far",
+    ]
+    assert (ranged.skipped, ranged.refused) == (2, 1)
+    filed = BacktestReport()
+    report_rows(rows, io.StringIO(), filed, "in.jsonl")
+    assert filed.problems == [
+        "in.jsonl:1: bad",
+        "refused d1 at 2030-01-01T00:00:00Z: too far",
+        "in.jsonl:3: worse",
+    ]
