@@ -18,6 +18,7 @@ start, in record-timestamp order like the Faust-engine topic backtest.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -147,15 +148,40 @@ def ordered_records(spark: SparkSession, records: DataFrame) -> DataFrame:
     return _spread(spark, raw)
 
 
-def record_places(records: DataFrame, positions: list[int]) -> dict[int, str]:
+#: per position in a range, where its record came from (``app.backtest.record_place``) and its value
+Places = Callable[[list[int]], Mapping[int, tuple[str, bytes]]]
+
+
+def record_places(records: DataFrame, positions: list[int]) -> dict[int, tuple[str, bytes]]:
     """Where the records at ``positions`` of :func:`ordered_records`'s order came from, as the
     Faust engine names an invalid record (``app.backtest.record_place``: topic, partition,
-    offset). One more job over the records, run only when a range has dead letters to name."""
+    offset), with each one's value. One more job over the records, run only when a range has
+    dead letters to name. It reads the records again: a topic that grew meanwhile with a record
+    stamped before others moves their positions, so :func:`report_rows` names a record by its
+    place only when its value is the dead letter's."""
     if not positions:
         return {}
-    placed = records.select("topic", "partition", "offset", _position().alias("__position"))
+    placed = records.select("topic", "partition", "offset", "value", _position().alias("__position"))
     found = placed.where(F.col("__position").isin(sorted(set(positions)))).collect()
-    return {r["__position"]: record_place(r["topic"], r["partition"], r["offset"]) for r in found}
+    return {
+        r["__position"]: (record_place(r["topic"], r["partition"], r["offset"]), bytes(r["value"] or b""))
+        for r in found
+    }
+
+
+def _kept(letter: Mapping[str, Any], value: bytes) -> bool:
+    """Whether ``value`` is the payload the dead-letter record ``letter`` keeps
+    (``app.events.dlq_record``: whole, or its first bytes when ``truncated``)."""
+    raw = str(letter.get("raw", ""))
+    try:
+        payload = (
+            base64.b64decode(raw)
+            if letter.get("raw_encoding") == "base64"
+            else raw.encode("utf-8", "surrogatepass")
+        )
+    except ValueError:
+        return False
+    return value.startswith(payload) if letter.get("truncated") else value == payload
 
 
 def idle_stream_keys(plan: SparkPlan, fallback: Mapping[str, frozenset[str]], partitions: int) -> set[str]:
@@ -215,7 +241,7 @@ def run_backtest(
     native_absence: bool = True,
     native_event_alerts: bool = True,
     native_decode: bool | None = None,
-    places: Callable[[list[int]], Mapping[int, str]] | None = None,
+    places: Places | None = None,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -353,7 +379,7 @@ def report_rows(
     name: str,
     *,
     lines: bool = True,
-    places: Callable[[list[int]], Mapping[int, str]] | None = None,
+    places: Places | None = None,
 ) -> list[Alert]:
     """The output rows (``jobs.state.OUTPUT_SCHEMA``: Spark rows, or mappings, by column name),
     in order, into ``report``: each alert written to ``out`` (if its status is shown); routed
@@ -365,7 +391,7 @@ def report_rows(
     and the range's dead letters come before its refusals, as the Faust engine lists them
     (it reads the whole range before it evaluates)."""
     rows = list(rows)
-    at: Mapping[int, str] = {}
+    at: Mapping[int, tuple[str, bytes]] = {}
     if not lines and places is not None:
         at = places([r["offset"] for r in rows if r["kind"] == "dlq"])
     alerts: list[Alert] = []
@@ -390,8 +416,12 @@ def report_rows(
             (report.problems if lines else refusals).append(problem)
         elif r["kind"] == "dlq":
             report.skipped += 1
-            n = r["offset"]
-            where = f"{name}:{n + 1}" if lines else at.get(n) or f"{name} record {n + 1}"
-            report.problems.append(f"{where}: {orjson.loads(r['value'])['reason']}")
+            n, letter = r["offset"], orjson.loads(r["value"])
+            place, value = at.get(n, ("", b""))
+            if lines:
+                where = f"{name}:{n + 1}"
+            else:  # where it came from, if that is surely this record; else its place in the range
+                where = place if place and _kept(letter, value) else f"{name} record {n + 1}"
+            report.problems.append(f"{where}: {letter['reason']}")
     report.problems.extend(refusals)
     return alerts

@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from app.backtest import BacktestReport
+from app.events import dlq_record
 from app.rules.loader import load_rules
 from jobs.backtest import (
     file_records,
@@ -131,19 +132,24 @@ def test_a_ranges_invalid_records_are_named_where_a_consumer_finds_them_before_i
         "timestamp timestamp, topic string, partition int, offset bigint, value binary",
     )
     # the order: record time, then topic, partition, offset
-    assert [r["offset"] for r in ordered_records(spark, records).orderBy("offset").collect()] == [0, 1, 2]
+    ordered = ordered_records(spark, records).collect()
+    assert sorted((r["offset"], bytes(r["value"])) for r in ordered) == [(0, b"y"), (1, b"z"), (2, b"x")]
     assert record_places(records, [2, 0]) == {
-        0: "events.logs partition 0 offset 3",
-        2: "events.sensors partition 1 offset 7",
+        0: ("events.logs partition 0 offset 3", b"y"),
+        2: ("events.sensors partition 1 offset 7", b"x"),
     }
+
+    def letter(reason: str, raw: bytes) -> bytes:  # a dead-letter record of the payload raw
+        return dlq_record("sensors", reason, raw, adapter="spark-engine")
+
     refused = {
         "raw": orjson.dumps({"device_id": "d1", "ts": "2030-01-01T00:00:00Z"}).decode(),
         "reason": "too far",
     }
     rows = [
-        {"kind": "dlq", "offset": 0, "value": orjson.dumps({"reason": "bad"})},
+        {"kind": "dlq", "offset": 0, "value": letter("bad", b"y")},
         {"kind": "refused", "offset": 1, "value": orjson.dumps(refused)},
-        {"kind": "dlq", "offset": 2, "value": orjson.dumps({"reason": "worse"})},
+        {"kind": "dlq", "offset": 2, "value": letter("worse", b"x")},
     ]
     ranged = BacktestReport()
     report_rows(rows, io.StringIO(), ranged, "r", lines=False, places=lambda pos: record_places(records, pos))
@@ -153,6 +159,23 @@ def test_a_ranges_invalid_records_are_named_where_a_consumer_finds_them_before_i
         "refused d1 at 2030-01-01T00:00:00Z: too far",
     ]
     assert (ranged.skipped, ranged.refused) == (2, 1)
+    # a record that is not the dead letter at its place (the topic grew with an earlier stamp
+    # between the two reads) is named by its place in the range, never by another's offset
+    moved = BacktestReport()
+    stale = [{**rows[0], "value": letter("bad", b"not y")}, rows[2]]
+    report_rows(stale, io.StringIO(), moved, "r", lines=False, places=lambda pos: record_places(records, pos))
+    assert moved.problems == ["r record 1: bad", "events.sensors partition 1 offset 7: worse"]
+    # a payload kept in part (a dead letter larger than a record may be) is matched by its start
+    cut = dlq_record("sensors", "big", b"x" * 5000, adapter="spark-engine", max_bytes=1000)
+    assert orjson.loads(cut)["truncated"]
+    big = spark.createDataFrame(
+        [(datetime(2024, 1, 1, tzinfo=UTC), "events.sensors", 0, 42, b"x" * 5000)],
+        "timestamp timestamp, topic string, partition int, offset bigint, value binary",
+    )
+    whole = BacktestReport()
+    big_rows = [{"kind": "dlq", "offset": 0, "value": cut}]
+    report_rows(big_rows, io.StringIO(), whole, "r", lines=False, places=lambda pos: record_places(big, pos))
+    assert whole.problems == ["events.sensors partition 0 offset 42: big"]
     filed = BacktestReport()
     report_rows(rows, io.StringIO(), filed, "in.jsonl")
     assert filed.problems == [
