@@ -495,6 +495,21 @@ def dlq_record(
         body["truncated"] = True
 
 
+def dlq_holds(letter: Mapping[str, Any], payload: bytes) -> bool:
+    """Whether the dead-letter record ``letter`` (:func:`dlq_record`, parsed) keeps
+    ``payload``: whole, or its first bytes when ``truncated``."""
+    raw = str(letter.get("raw", ""))
+    try:
+        kept = (
+            base64.b64decode(raw)
+            if letter.get("raw_encoding") == "base64"
+            else raw.encode("utf-8", "surrogatepass")
+        )
+    except ValueError:
+        return False
+    return payload.startswith(kept) if letter.get("truncated") else payload == kept
+
+
 def _raw_text(data: bytes, *, cut: bool) -> tuple[str, str]:
     """``data`` as UTF-8 text, or base64 when it is not UTF-8; when ``data`` was ``cut`` from a
     longer payload, a character the cut split is dropped rather than making it base64."""

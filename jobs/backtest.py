@@ -18,7 +18,6 @@ start, in record-timestamp order like the Faust-engine topic backtest.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -31,7 +30,7 @@ from pyspark.sql import functions as F
 
 from app.alerts import Alert
 from app.backtest import BacktestReport, TimeRange, record_place
-from app.events import SCHEMAS
+from app.events import SCHEMAS, dlq_holds
 from app.rules.loader import RuleSet
 from app.runtime.settings import env_choice
 from app.tables import Tables
@@ -167,21 +166,6 @@ def record_places(records: DataFrame, positions: list[int]) -> dict[int, tuple[s
         r["__position"]: (record_place(r["topic"], r["partition"], r["offset"]), bytes(r["value"] or b""))
         for r in found
     }
-
-
-def _kept(letter: Mapping[str, Any], value: bytes) -> bool:
-    """Whether ``value`` is the payload the dead-letter record ``letter`` keeps
-    (``app.events.dlq_record``: whole, or its first bytes when ``truncated``)."""
-    raw = str(letter.get("raw", ""))
-    try:
-        payload = (
-            base64.b64decode(raw)
-            if letter.get("raw_encoding") == "base64"
-            else raw.encode("utf-8", "surrogatepass")
-        )
-    except ValueError:
-        return False
-    return value.startswith(payload) if letter.get("truncated") else value == payload
 
 
 def idle_stream_keys(plan: SparkPlan, fallback: Mapping[str, frozenset[str]], partitions: int) -> set[str]:
@@ -421,7 +405,7 @@ def report_rows(
             if lines:
                 where = f"{name}:{n + 1}"
             else:  # where it came from, if that is surely this record; else its place in the range
-                where = place if place and _kept(letter, value) else f"{name} record {n + 1}"
+                where = place if place and dlq_holds(letter, value) else f"{name} record {n + 1}"
             report.problems.append(f"{where}: {letter['reason']}")
     report.problems.extend(refusals)
     return alerts

@@ -9,7 +9,7 @@ import pytest
 
 import app.events as events
 from app.errors import IngestDecodeError
-from app.events import FINANCE, LOGS, MAX_STRING_LEN, SENSORS, dlq_record, format_ts, parse_ts
+from app.events import FINANCE, LOGS, MAX_STRING_LEN, SENSORS, dlq_holds, dlq_record, format_ts, parse_ts
 
 
 def test_valid_sensor_event_is_normalised_to_utc() -> None:
@@ -264,3 +264,14 @@ def test_a_records_place_in_a_time_range_is_its_readable_ts_else_its_stamp(
     raw: bytes | None, stamped: int | None, expected: int | None
 ) -> None:
     assert events.record_time_ms(raw, stamped) == expected
+
+
+def test_dlq_holds_reads_back_the_payload_a_dead_letter_keeps() -> None:
+    """The inverse of ``dlq_record``'s payload: text, base64 (not UTF-8) and a cut payload's start."""
+    for payload in [b'{"device_id": "d", "ts": 1}', b"\xff\xfe not utf-8", "é \u2028".encode()]:
+        letter = orjson.loads(dlq_record("sensors", "bad", payload, adapter="test"))
+        assert dlq_holds(letter, payload)
+        assert not dlq_holds(letter, payload + b"x") and not dlq_holds(letter, payload[:-1])
+    big = b"x" * 5000
+    cut = orjson.loads(dlq_record("sensors", "big", big, adapter="test", max_bytes=1000))
+    assert cut["truncated"] and dlq_holds(cut, big) and not dlq_holds(cut, b"y" + big)
