@@ -132,7 +132,15 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="T",
         help="skip events before this event time (RFC 3339)",
     )
-    rp.add_argument("--live", action="store_true", help="shift event times so the first event is now")
+    shift = rp.add_mutually_exclusive_group()
+    shift.add_argument("--live", action="store_true", help="shift event times so the first event is now")
+    shift.add_argument(
+        "--shift-to",
+        type=timestamp_ms,
+        metavar="T",
+        help="shift event times by one offset so that --from's time falls at T (RFC 3339; needs --from): "
+        "a series recorded on other dates joins another replay's axis, and a resumed run keeps it",
+    )
     add_clock(rp, " (needs --speedup)")
     add_progress(
         rp,
@@ -201,6 +209,11 @@ def _replay(args: argparse.Namespace) -> int:
         msg = "--clock and --clock-gate pace the replay: give --speedup too"
         raise IngestArgError(msg)
 
+    if args.shift_to is not None and args.time_from is None:
+        msg = "--shift-to T moves --from's time to T: give --from too"
+        raise IngestArgError(msg)
+    shift_ms = 0 if args.shift_to is None else args.shift_to - args.time_from
+
     def body(settings: Settings, stop: asyncio.Event) -> Awaitable[ReplaySummary]:
         source = source_for_topic(args.topic)
         if not os.path.isfile(args.file):
@@ -214,8 +227,9 @@ def _replay(args: argparse.Namespace) -> int:
             items = starting_at(items, args.time_from)
         progress = None if args.progress is None else ProgressFile(args.progress, replay_identity(args))
         options = ReplayOptions(
-            speedup=args.speedup, limit=args.limit, live=args.live, progress=progress, clock=clock
-        )
+            speedup=args.speedup, limit=args.limit, live=args.live, shift_ms=shift_ms, progress=progress,
+            clock=clock,
+        )  # fmt: skip
         topic, fmt, origin = args.topic, args.format, args.file
         return replay(settings, items, topic=topic, adapter=fmt, options=options, stop=stop, origin=origin)
 
@@ -223,8 +237,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def replay_identity(args: argparse.Namespace) -> dict[str, object]:
-    """What decides the sequence of a replay's items: a progress file of another is refused.
-    The file's name, not its directory, so a moved dataset still resumes."""
+    """What decides the sequence of a replay's items (and, with ``--shift-to``, their times): a
+    progress file of another is refused. The file's name, not its directory, so a moved dataset
+    still resumes. ``shift_to`` only when given, so the files of earlier runs still match."""
+    shifted = {} if args.shift_to is None else {"shift_to": args.shift_to}
     return {
         "command": "replay",
         "file": os.path.basename(args.file),
@@ -235,4 +251,5 @@ def replay_identity(args: argparse.Namespace) -> dict[str, object]:
         "host": args.host,
         "tz": str(args.tz),
         "from": args.time_from,
+        **shifted,
     }

@@ -71,11 +71,12 @@ def address(text: str) -> tuple[str, int]:
 
 
 def timestamp_ms(text: str) -> int:
-    """An RFC 3339 time with a zone (``2024-01-01T00:00:00Z``) as epoch ms."""
+    """An RFC 3339 time with a zone (``2024-01-01T00:00:00Z``) as epoch ms. argparse names the
+    option in its error (``argument --from: the time is not an RFC 3339 timestamp: ...``)."""
     try:
-        return parse_ts(text, "--start")
+        return parse_ts(text, "T")
     except IngestDecodeError as exc:
-        raise argparse.ArgumentTypeError(exc.reason) from None
+        raise argparse.ArgumentTypeError(exc.reason.replace("field 'T'", "the time", 1)) from None
 
 
 def shared_clock(text: str) -> Clock:

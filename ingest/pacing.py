@@ -1,4 +1,4 @@
-"""Event-time pacing for replays, and timestamp rebasing for ``--live``.
+"""Event-time pacing for replays, and timestamp rebasing for ``--live`` and ``--shift-to``.
 
 Both are pure: the wall clock is passed in, so tests drive them with numbers.
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 
-from app.events import Event, format_ts
+from app.errors import IngestDecodeError
+from app.events import TS_RANGE_MS, Event, format_ts
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +72,29 @@ class Pacer:
 
 
 class Rebaser:
-    """Shifts event times so the first event is at ``now_ms``, keeping every
-    gap (and every out-of-order step) exactly as recorded."""
+    """Shifts event times by one offset, keeping every gap (and every out-of-order step)
+    exactly as recorded: so the first event is at ``now_ms`` (``--live``), or by a fixed
+    ``offset_ms`` (``--shift-to``, see :meth:`fixed`)."""
 
     def __init__(self, now_ms: int) -> None:
         self._now_ms = now_ms
         self._offset_ms: int | None = None
 
+    @classmethod
+    def fixed(cls, offset_ms: int) -> Rebaser:
+        """Every event moved by ``offset_ms``, whatever the first event is: a replay that
+        resumes after what an earlier run sent keeps that run's axis."""
+        rebaser = cls(0)
+        rebaser._offset_ms = offset_ms
+        return rebaser
+
     def apply(self, event: Event) -> Event:
-        """The event with ``ts`` (and ``ts_ms``) moved by the first event's offset."""
+        """The event with ``ts`` (and ``ts_ms``) moved by the offset. Raises
+        IngestDecodeError (field ``ts``) when that takes it outside 1970..2100."""
         if self._offset_ms is None:
             self._offset_ms = self._now_ms - event.ts_ms
         ts_ms = event.ts_ms + self._offset_ms
+        if not TS_RANGE_MS[0] <= ts_ms < TS_RANGE_MS[1]:
+            msg = f"field 'ts' {event.fields['ts']} moved to {format_ts(ts_ms)} is outside 1970..2100"
+            raise IngestDecodeError(msg, "ts")
         return Event(event.key, ts_ms, {**event.fields, "ts": format_ts(ts_ms)})

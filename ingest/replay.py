@@ -6,8 +6,9 @@ validated by the :class:`~ingest.publisher.Publisher`; converter errors and inva
 go to ``dlq.events`` with the reason and the raw line, never dropped. Items given as
 :class:`Line` (``open_input`` numbers every item) and an ``origin`` (the file name) put
 ``FILE:LINE: `` before every dead-letter reason; without an origin it is ``line N: ``.
-Event time is kept (or shifted as a whole with ``live``); pacing is described in
-:mod:`ingest.pacing`. Setting ``stop`` ends the replay after the current event: what was
+Event time is kept, or shifted as a whole (``live``: the first event is now; ``shift_ms``: by
+a fixed offset), before pacing, so a shared clock paces the times the topic gets; pacing is
+described in :mod:`ingest.pacing`. Setting ``stop`` ends the replay after the current event: what was
 sent is flushed and the summary still returned.
 
 Resuming (``ReplayOptions.progress``, see :mod:`ingest.progress`): the input must be a
@@ -72,6 +73,7 @@ class ReplayOptions:
     """``speedup``: divide event-time gaps by this (None: no waiting at all);
     ``limit``: stop after this many events were sent, over all runs when resuming (None: whole input);
     ``live``: rebase event times so the first event is now;
+    ``shift_ms``: move every event time by this (``--shift-to``; a resumed run keeps it);
     ``rate``: send at most this many events per wall-clock second (None: no cap);
     ``progress``: resume from and record into this file (None: start at the first item);
     ``end_is_final``: the input's end is its last item, recorded as finished (False for a
@@ -83,6 +85,7 @@ class ReplayOptions:
     speedup: float | None = None
     limit: int | None = None
     live: bool = False
+    shift_ms: int = 0
     max_sleep_s: float = MAX_SLEEP_S
     rate: float | None = None
     progress: ProgressFile | None = None
@@ -285,7 +288,7 @@ async def replay(
             base.sent,
         )
         return ReplaySummary(topic, 0, 0, 0, False, 0.0, base.consumed, base)
-    rebaser = Rebaser(wall_ms()) if opts.live else None
+    rebaser = Rebaser(wall_ms()) if opts.live else Rebaser.fixed(opts.shift_ms) if opts.shift_ms else None
     started, interrupted, finished = clock(), False, False
     marks = _Checkpoints(opts.progress, base, opts.checkpoint_s, clock)
     stream = iter(items)
@@ -314,7 +317,8 @@ async def replay(
                     break
                 continue
             try:
-                event = pub.accept(pub.check(item))
+                event = pub.check(item)
+                event = pub.accept(rebaser.apply(event) if rebaser else event)
             except IngestDecodeError as exc:
                 raw = item if isinstance(item, bytes | str) else orjson.dumps(item, default=str)
                 await pub.reject(prefix + exc.reason, raw, field=exc.field)
@@ -332,7 +336,7 @@ async def replay(
                 if await stopped_within(stop, wait):
                     interrupted = True
                     break
-            await pub.send(rebaser.apply(event) if rebaser else event, where=where)
+            await pub.send(event, where=where)
             marks.sent += 1
             marks.consumed += 1
             if not await marks.due(pub):

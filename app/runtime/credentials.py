@@ -49,6 +49,8 @@ CONSOLE = "console"
 #: The principal each role of ``make run`` connects as (None: the role does not use Kafka).
 ROLE_PRINCIPALS: dict[str, str | None] = {
     "replay-sensors": "ingest",
+    "replay-cpu": "ingest",
+    "replay-latency": "ingest",
     "replay-logs": "ingest",
     "sim-fleet": "ingest",
     "mqtt-bridge": "ingest",

@@ -5,7 +5,8 @@ under ``APP_DATA_DIR/kafka``) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, creates
 topics, and runs these roles as child processes (stop order in
 brackets, producers first):
 
-- [1] ``replay-sensors``: the NAB machine-temperature series -> events.sensors
+- [1] ``replay-sensors``, ``replay-cpu``, ``replay-latency``: real NAB series (a machine's
+  temperature, a database's CPU, an API's latency) on one event-time axis -> events.sensors
 - [1] ``replay-logs``: the real Apache access log -> events.logs
 - [1] ``sim-fleet``: a seeded fleet (sensors, vehicles) -> MQTT (mosquitto)
 - [2] ``mqtt-bridge``: MQTT -> events.sensors
@@ -82,9 +83,42 @@ NAB_FILE = "nab/data/realKnownCause/machine_temperature_system_failure.csv"
 # The demo starts the machine-temperature replay the day before its first labelled failure,
 # and the simulated fleet and trades on the same event-time axis (one clock per partition).
 NAB_START = "2013-12-10T12:00:00Z"
+
+
+@dataclass(frozen=True)
+class NabSeries:
+    """A real NAB series the demo replays onto ``events.sensors`` (``role``), as ``device``'s
+    ``field``, and as ``value`` with its ``kind``, which the anomaly pack reads
+    (``rules/anomaly.yaml``). ``start`` is its first event in its own time, at ``NAB_START``
+    on the demo's axis (``--from`` and ``--shift-to``): the series' first labelled anomaly
+    comes a minute or two into a fresh run, once the baseline is warm."""
+
+    role: str
+    file: str  # under the datasets dir
+    device: str
+    field: str
+    kind: str
+    start: str
+
+
+#: One series per anomaly kind the demo shows. Each rule fires in its series' labelled anomaly
+#: windows and nowhere else from ``start`` on (``tests/runtime/test_system_state.py``); the
+#: CPU and latency series joined on 2026-11-30, until then ``anomaly-cpu`` and
+#: ``anomaly-latency`` never fired under ``make run``.
+NAB_SERIES = (
+    NabSeries("replay-sensors", NAB_FILE, "machine-temp-1", "temperature", "temperature", NAB_START),
+    NabSeries(
+        "replay-cpu", "nab/data/realAWSCloudwatch/rds_cpu_utilization_cc0c53.csv",
+        "rds-cpu-1", "value", "cpu", "2014-02-22T12:00:00Z",
+    ),
+    NabSeries(
+        "replay-latency", "nab/data/realKnownCause/ec2_request_latency_system_failure.csv",
+        "api-latency-1", "value", "latency", "2014-03-12T12:00:00Z",
+    ),
+)  # fmt: skip
 #: the producers on that axis share one clock (``--clock-gate``, ``app.runtime.clockgate``), kept
 #: in the data dir so a second run goes on where the first had got (``demo_clock``)
-ON_THE_NAB_AXIS = ("replay-sensors", "sim-fleet", "sim-ticks")
+ON_THE_NAB_AXIS = (*(series.role for series in NAB_SERIES), "sim-fleet", "sim-ticks")
 DEMO_CLOCK_FILE = "demo-clock.json"
 #: their first events are due this long after the last of them is ready (connected to its
 #: sink; the fleet's MQTT bridge subscribed)
@@ -156,44 +190,29 @@ def build_roles(
     def progress(role: str) -> list[str]:
         return ["--progress", str(progress_path(settings, role))]
 
-    nab = settings.datasets_dir / NAB_FILE
     apache = settings.datasets_dir / APACHE_FILE
-    gate = demo_clock(settings, [r for r in ON_THE_NAB_AXIS if r != "replay-sensors" or nab.exists()])
+    missing = {series.role for series in NAB_SERIES if not (settings.datasets_dir / series.file).exists()}
+    gate = demo_clock(settings, [r for r in ON_THE_NAB_AXIS if r not in missing])
 
     def clock(role: str) -> list[str]:
         return ["--clock-gate", str(gate), "--clock-party", role]
 
-    if nab.exists():
-        nab_args = [
-            "--format",
-            "nab",
-            "--device",
-            "machine-temp-1",
-            "--field",
-            "temperature",
-            "--kind",  # and as `value` with its kind: the anomaly pack learns the machine's normal
-            "temperature",
-            "--from",
-            NAB_START,
-        ]
-        sensors_topic = SOURCE_TOPICS["sensors"]
+    for series in NAB_SERIES:
+        if series.role in missing:
+            logger.warning("no %s: %s is missing", series.role, settings.datasets_dir / series.file)
+            continue
+        # on the demo's axis: a series recorded on other dates is shifted there as a whole
+        shift = [] if series.start == NAB_START else ["--shift-to", NAB_START]
         replay = [
             "ingest",
             "replay",
-            str(nab),
-            *nab_args,
-            "--topic",
-            sensors_topic,
-            "--speedup",
-            speed,
-            *clock("replay-sensors"),
-            "--limit",
-            limit,
-            *progress("replay-sensors"),
+            str(settings.datasets_dir / series.file),
+            *("--format", "nab", "--device", series.device, "--field", series.field),
+            *("--kind", series.kind, "--from", series.start, *shift),
+            *("--topic", SOURCE_TOPICS["sensors"], "--speedup", speed, *clock(series.role)),
+            *("--limit", limit, *progress(series.role)),
         ]
-        roles.append(Role("replay-sensors", _py(*replay), one_shot=True, stage=1))
-    else:
-        logger.warning("no sensor replay: %s is missing", nab)
+        roles.append(Role(series.role, _py(*replay), one_shot=True, stage=1))
     if apache.exists():
         roles.append(
             Role(

@@ -76,6 +76,22 @@ def test_bad_field_and_missing_bootstrap_are_usage_errors(tmp_path: Path) -> Non
     assert b"KAFKA_BOOTSTRAP_SERVERS is not set; start the system with `make run`" in result.stderr
 
 
+@pytest.mark.timeout(30)
+def test_shift_to_needs_from_and_excludes_live(tmp_path: Path) -> None:
+    """``--shift-to T`` moves ``--from``'s time to T: without ``--from`` there is no offset a
+    resumed run could keep, and ``--live`` is another shift."""
+    args = ("replay", str(tmp_path / "x.csv"), "--topic", topics.SENSORS, "--format", "nab")
+    result = _ingest(*args, "--shift-to", "2013-12-10T12:00:00Z")
+    assert result.returncode == 2
+    assert b"--shift-to T moves --from's time to T: give --from too" in result.stderr
+    result = _ingest(*args, "--shift-to", "2013-12-10T12:00:00Z", "--from", "2014-01-01T00:00:00Z", "--live")
+    assert result.returncode == 2
+    assert b"not allowed with argument --shift-to" in result.stderr
+    result = _ingest(*args, "--shift-to", "yesterday", "--from", "2014-01-01T00:00:00Z")
+    assert result.returncode == 2
+    assert b"argument --shift-to: the time is not an RFC 3339 timestamp: 'yesterday'" in result.stderr
+
+
 @pytest.mark.timeout(90)
 def test_replay_cli_prints_the_summary(broker: KafkaBroker) -> None:
     path = require_dataset(NAB_MACHINE_TEMP)

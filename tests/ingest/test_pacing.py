@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from app.errors import IngestDecodeError
 from app.events import SENSORS
 from app.eventtime import Clock
 from ingest.pacing import Pacer, Rebaser
 
 MIN = 60_000
+DAY = 1440 * MIN
 
 
 def test_gaps_are_divided_by_the_speedup() -> None:
@@ -84,3 +86,17 @@ def test_rebase_moves_the_first_event_to_now_and_keeps_spacing() -> None:
     assert a.fields["ts"] == "2023-11-14T22:13:20.000Z"
     assert a.ts_ms - b.ts_ms == 55 * MIN
     assert SENSORS.validate(b.fields).ts_ms == b.ts_ms
+
+
+def test_a_fixed_shift_moves_every_event_by_one_offset_and_refuses_to_leave_the_schema_range() -> None:
+    """``--shift-to``: the offset does not depend on the first event, so a replay resumed after
+    what an earlier run sent stays on that run's axis; a time moved past 2100 is bad input."""
+    rebaser = Rebaser.fixed(-3 * DAY)
+    later = SENSORS.validate({"device_id": "d", "ts": "2014-03-14T09:06:00Z", "value": 1})
+    assert rebaser.apply(later).fields["ts"] == "2014-03-11T09:06:00.000Z"
+    assert SENSORS.validate(rebaser.apply(later).fields).ts_ms == later.ts_ms - 3 * DAY
+    early = SENSORS.validate({"device_id": "d", "ts": "1970-01-02T00:00:00Z", "value": 1})
+    moved = r"field .ts. 1970-01-02T00:00:00.000Z moved to 1969-12-30T00:00:00.000Z is outside 1970..2100"
+    with pytest.raises(IngestDecodeError, match=moved) as caught:
+        rebaser.apply(early)
+    assert caught.value.field == "ts"

@@ -134,6 +134,33 @@ def test_resume_skips_exactly_what_was_sent_and_the_limit_counts_over_runs(
     assert _temperatures(settings.bootstrap_servers, 30) == [float(i) for i in range(30)]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_shifted_replay_resumes_on_its_axis_and_dead_letters_a_time_shifted_past_2100(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``--shift-to`` (a fixed ``shift_ms``): the run that resumes after the first 10 readings
+    moves them by the same offset, not by one taken from its own first event; the last reading,
+    moved to 2100, goes to the dead-letter topic with its reason, and nothing is lost."""
+    lines = _readings(30)
+    stamps = [parse_ts(orjson.loads(line)["ts"]) for line in lines]
+    shift_ms = parse_ts("2099-12-31T23:55:00Z") + 300_000 - stamps[-1]  # the last to 2100-01-01
+    file = ProgressFile(tmp_path / "p.json", IDENTITY)
+
+    first = _replay(settings, lines, file, limit=10, shift_ms=shift_ms)
+    second = _replay(settings, lines, file, shift_ms=shift_ms)
+
+    assert (first.published, second.published, second.skipped, second.dlq) == (10, 19, 10, 1)
+    assert file.load() == Progress(30, 29, finished=True)
+    sent = consume_json(settings.bootstrap_servers, topics.SENSORS, min_count=29, timeout_s=10)
+    assert sorted(parse_ts(e["ts"]) for e in sent) == [t + shift_ms for t in stamps[:29]]
+    (dead,) = consume_json(settings.bootstrap_servers, topics.DLQ, min_count=1, timeout_s=10)
+    assert dead["field"] == "ts"
+    assert "moved to 2100-01-01T00:00:00.000Z is outside 1970..2100" in dead["reason"]
+    assert orjson.loads(dead["raw"]) == orjson.loads(lines[-1])
+
+
 @pytest.mark.timeout(10)
 def test_a_finished_replay_returns_at_once_without_a_broker(tmp_path: Path) -> None:
     file = ProgressFile(tmp_path / "p.json", IDENTITY)

@@ -28,9 +28,11 @@ from app.runtime.system import (
     CLOCK_LEAD_S,
     CLOCK_TIMEOUT_S,
     MOSQUITTO,
-    NAB_FILE,
+    NAB_SERIES,
+    NAB_START,
     ON_THE_NAB_AXIS,
     SPARK_NICE,
+    NabSeries,
     RunOptions,
     build_roles,
     check_consistent,
@@ -40,9 +42,9 @@ from app.runtime.system import (
     wipe,
 )
 from ingest.adapters import nab_events
-from tests.conftest import APACHE_LOG, NAB_MACHINE_TEMP, make_settings, require_dataset
+from tests.conftest import APACHE_LOG, DATASETS, NAB_MACHINE_TEMP, make_settings, require_dataset
 
-PRODUCERS = ("replay-sensors", "replay-logs", "sim-fleet", "sim-ticks", "registry")
+PRODUCERS = (*(series.role for series in NAB_SERIES), "replay-logs", "sim-fleet", "sim-ticks", "registry")
 
 
 def test_a_data_dir_whose_broker_log_is_gone_is_refused_while_its_state_remains(tmp_path: Path) -> None:
@@ -123,34 +125,48 @@ def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def test_the_demos_machine_series_meets_the_anomaly_pack_and_it_fires_in_a_labelled_failure(
-    tmp_path: Path,
+@pytest.mark.parametrize("series", NAB_SERIES, ids=lambda series: series.role)
+def test_each_demo_series_fires_its_kinds_anomaly_rule_in_its_labelled_failures_only(
+    tmp_path: Path, series: NabSeries
 ) -> None:
-    """make run's NAB replay carries the reading as `value` with its `kind` too, so the anomaly
-    pack learns the machine's normal (it stayed quiet under make run: `temperature` only). Its
-    events as the replay sends them, backtested with the pack as shipped: the first alert falls
-    in the series' first labelled failure window after the baseline's four days."""
-    path = require_dataset(NAB_MACHINE_TEMP)
-    settings = make_settings(tmp_path)
+    """make run's NAB replays carry the reading as `value` with its `kind` too, so the anomaly
+    pack learns each series' normal (until 2026-11-30 only the machine's temperature was
+    replayed, and the CPU and latency rules never fired under make run). The events as each
+    replay role sends them (its options, shifted onto the demo's axis), backtested with the
+    rules as shipped: its kind's anomaly rule fires (and no other kind's), its first alert falls
+    in one of the series' labelled anomaly windows, and it comes within a few minutes of a
+    fresh demo at its default speed-up."""
+    path = require_dataset(DATASETS / series.file)
+    settings = make_settings(tmp_path, APP_REPLAY_SPEEDUP="3000")
     settings.data_dir.mkdir(parents=True)
     argv = {r.name: r.argv for r in build_roles(settings, "127.0.0.1:9092", RunOptions(dashboard=False))}
-    replay = argv["replay-sensors"]
-    opt = {name: replay[replay.index(name) + 1] for name in ("--device", "--field", "--kind", "--from")}
-    assert opt["--kind"] == "temperature"
-    events = tmp_path / "machine.jsonl"
+    replay = argv[series.role]
+    opt = {name: _option(replay, name) for name in ("--device", "--field", "--kind", "--from")}
+    assert (opt["--device"], opt["--kind"]) == (series.device, series.kind)
+    assert _option(replay, "replay") == str(path)
+    shifted_to = _option(replay, "--shift-to") if "--shift-to" in replay else opt["--from"]
+    shift_ms = parse_ts(shifted_to) - parse_ts(opt["--from"])
+    events = tmp_path / "series.jsonl"
     with events.open("wb") as out:
         for e in nab_events(str(path), device=opt["--device"], field=opt["--field"], kind=opt["--kind"]):
             if isinstance(e, dict) and parse_ts(e["ts"]) >= parse_ts(opt["--from"]):
-                out.write(orjson.dumps(e) + b"\n")
+                out.write(orjson.dumps({**e, "ts": format_ts(parse_ts(e["ts"]) + shift_ms)}) + b"\n")
     alerts = tmp_path / "alerts.jsonl"
-    rules = str(PROJECT_ROOT / "rules" / "anomaly.yaml")
+    rules = str(PROJECT_ROOT / "rules")
     assert main(["backtest", "--rules", rules, "--input", str(events), "--out", str(alerts)]) == 0
-    firing = [a for a in map(orjson.loads, alerts.read_bytes().splitlines()) if a["status"] == "firing"]
-    assert firing and {a["rule_id"] for a in firing} == {"anomaly-temperature"}
-    labels = orjson.loads((path.parents[2] / "labels" / "combined_windows.json").read_bytes())
-    windows = [[parse_ts(t.replace(" ", "T") + "Z") for t in w] for w in labels[NAB_FILE.split("data/")[1]]]
-    first = parse_ts(firing[0]["starts_at"])
-    assert any(lo <= first <= hi for lo, hi in windows), (firing[0]["starts_at"], windows)
+    every = [a for a in map(orjson.loads, alerts.read_bytes().splitlines()) if a["status"] == "firing"]
+    firing = [a for a in every if a["rule_id"].startswith("anomaly-")]  # the machine's heat rules too
+    assert firing and {a["rule_id"] for a in firing} == {f"anomaly-{series.kind}"}
+    labels = orjson.loads((DATASETS / "nab" / "labels" / "combined_windows.json").read_bytes())
+    windows = [
+        [parse_ts(t.replace(" ", "T") + "Z") for t in w]
+        for w in labels[series.file.removeprefix("nab/data/")]
+    ]
+    first = parse_ts(firing[0]["starts_at"]) - shift_ms  # in the series' own time
+    assert any(lo <= first <= hi for lo, hi in windows), (firing[0]["starts_at"], shift_ms, windows)
+    first_s = (parse_ts(firing[0]["starts_at"]) - parse_ts(NAB_START)) / 1000 / settings.replay_speedup
+    print(f"{series.role}: the first alert {first_s:.0f} s into a fresh demo")
+    assert 0 < first_s < 180, first_s
 
 
 def _progress_at(settings: Settings, role: str, updated_at: str) -> None:
