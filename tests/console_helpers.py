@@ -11,6 +11,8 @@ from app.rules.loader import load_rules
 from app.storage.alert_store import AlertStore
 
 PASSWORD = "correct horse battery"
+#: when the seeded notification died: 2024-05-01T10:00:30Z, 30 s after pump-7 fired, as Unix seconds
+NOTIFIED_AT = 1_714_557_630.0
 
 
 def make_alert(
@@ -55,7 +57,7 @@ def seed(path: Path) -> list[Alert]:
         store.apply_batch(alerts, engines=["faust"] * 5 + ["spark"])
         store.apply_batch(
             notifications=[{"event": "dead", "msg_id": "wh-123", "receiver": "ops", "group_key": "g",
-                            "at": 1.0, "alert_ids": [firing_pump7.alert_id], "attempts": 2,
+                            "at": NOTIFIED_AT, "alert_ids": [firing_pump7.alert_id], "attempts": 2,
                             "reason": "answered 400"}],
         )  # fmt: skip
     return alerts

@@ -231,16 +231,27 @@ class Tab:
         return base64.b64decode(data["data"])
 
     def screenshot(self, path: Path, width: int = 1280) -> None:
-        """A PNG of the whole page, scaled to ``width`` pixels wide."""
-        metrics = self._run(self.page.call("Page.getLayoutMetrics"))
-        size = metrics.get("cssContentSize") or metrics["contentSize"]
-        scale = min(1.0, width / max(1, size["width"]))
-        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 2400), "scale": scale}
-        data = self._run(
-            self.page.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
+        """A PNG of the page from its top, as high as its content or the window, scaled to
+        ``width`` pixels wide.
+
+        Streamlit's page does not scroll: its main container does, inside a window-high body,
+        so a capture of the page held the window at wherever the last interaction had scrolled
+        that container (the README's pictures showed the bottoms of pages). The container is
+        scrolled to its top first; a window made taller for the picture re-laid the page out
+        and caught the sidebar sliding back in, so a tall picture wants a tall ``browser``."""
+        main = "document.querySelector('[data-testid=\"stMain\"], section.main')"
+        blocks = "m.querySelector('[data-testid=\"stMainBlockContainer\"], .block-container')"
+        content = self.eval(
+            f"(() => {{ const m = {main}; if (!m) return 0; m.scrollTop = 0; const b = {blocks};"
+            " return b ? b.getBoundingClientRect().bottom + 16 : m.scrollHeight; })()"
         )
+        view = self.eval("({width: window.innerWidth, height: window.innerHeight})")
+        height = min(int(view["height"]), max(1, int(content or view["height"])))
+        time.sleep(0.5)  # the scroll's repaint
+        scale = min(1.0, width / max(1, int(view["width"])))
+        clip = {"x": 0, "y": 0, "width": int(view["width"]), "height": height, "scale": scale}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(data["data"]))
+        path.write_bytes(self.png(clip=clip))
 
 
 @contextlib.contextmanager

@@ -37,7 +37,8 @@ def run_console(cwd: Path, data: Path, bootstrap: str, port: int | None = None) 
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "dashboard" / "streamlit_app.py"),
              "--server.port", str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
-             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+             "--client.toolbarMode", "viewer"],  # as make run serves it: no "Deploy" button
             cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:

@@ -115,7 +115,7 @@ def _wait_markers(tab: Tab, canvas: str, wanted: set[str], timeout_s: float = 30
 def test_operator_signs_in_filters_opens_detail_acks_silences_and_sees_the_map(
     console: str, broker: KafkaBroker, tmp_path: Path
 ) -> None:
-    with browser() as tab:
+    with browser(height=2600) as tab:  # tall: each picture holds its whole page (Tab.screenshot)
         tab.open(f"{console}/?page=overview")
         tab.wait_text("Latest firing")
         tab.wait_text("consumer lag")  # the pipeline's first sample, from the broker

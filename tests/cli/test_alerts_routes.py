@@ -103,7 +103,7 @@ def test_dead_letters_say_when_each_was_given_up_on(
     assert main(["alerts", "dead-letters"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        f"1970-01-01T00:00:01.000Z  wh-123  ops  attempts=2  alerts={alerts[1].alert_id}  answered 400"
+        f"2024-05-01T10:00:30.000Z  wh-123  ops  attempts=2  alerts={alerts[1].alert_id}  answered 400"
     ]
     assert err.strip() == "1 dead letter(s)"
 
@@ -117,7 +117,7 @@ def test_show_gives_every_time_as_rfc_3339(
     shown = orjson.loads(capsys.readouterr().out)
     [notification] = shown["notifications"]
     assert (notification["msg_id"], notification["status"]) == ("wh-123", "dead")
-    assert (notification["queued_at"], notification["updated_at"]) == ("1970-01-01T00:00:01.000Z",) * 2
+    assert (notification["queued_at"], notification["updated_at"]) == ("2024-05-01T10:00:30.000Z",) * 2
     assert shown["current"]["starts_at"] == alerts[1].starts_at
 
 

@@ -47,7 +47,7 @@ def test_detail_transitions_notifications_and_acks(store: Path) -> None:
         assert [t.status for t in ts] == ["pending", "firing"]
         (sent,) = q.notifications_for([t.alert_id for t in ts])
         assert (sent["webhook_id"], sent["receiver"], sent["status"]) == ("wh-123", "ops", "dead")
-        assert sent["updated_at"] == "1970-01-01T00:00:01.000Z"  # stored as Unix seconds: 1.0
+        assert sent["updated_at"] == "2024-05-01T10:00:30.000Z"  # stored as Unix seconds
         assert q.acks_of(pump.fingerprint) == []
 
 

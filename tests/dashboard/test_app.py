@@ -117,7 +117,7 @@ def test_alert_detail_shows_runbook_values_transitions_and_notifications(data_di
     assert list(timeline["status"]) == ["pending", "firing"]
     (sent,) = [t.value for t in at.table if t.value.index.name == "webhook_id"]
     assert list(sent.index) == ["wh-123"] and list(sent["receiver"]) == ["ops"]
-    assert list(sent["updated_at"]) == ["1970-01-01T00:00:01.000Z"]  # not Unix seconds
+    assert list(sent["updated_at"]) == ["2024-05-01T10:00:30.000Z"]  # not Unix seconds
     assert at.json[0].value == '{"temperature": 104.0}'
     assert any("threshold > 100" in c.value for c in at.caption)
     assert any("engine **faust**" in c.value for c in at.caption)

@@ -28,11 +28,15 @@ from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint
 from app.runtime.credentials import read_client_env, role_auth
 from app.runtime.settings import PROJECT_ROOT
+from app.runtime.system import NAB_SERIES
 from app.topics import ALERTS, COMMANDS, SENSORS
 from tests.browser.cdp import chromium_path, visit
 from tests.conftest import NAB_MACHINE_TEMP, child_env, own_broker, require_dataset
 from tests.kafka_helpers import can_write, consume
 from tests.procs import http_ok, http_text, processes_with_env, stop, wait_for
+
+#: the devices of the NAB replays; every other sensors reading is the simulated fleet's
+REPLAYED = {series.device for series in NAB_SERIES}
 
 Done = Callable[[str], bool]
 
@@ -174,9 +178,14 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     assert len(sensors) == second["events"]["events.sensors"]
     assert _repeated((e["device_id"], e["ts"]) for e in sensors) == []  # no reading published twice
     assert sum(e["device_id"] == "machine-temp-1" for e in sensors) == nab_sent
+    # each NAB series exactly as far as its progress says, across the two runs
+    sent = collections.Counter(e["device_id"] for e in sensors)
+    assert {s.device: sent[s.device] for s in NAB_SERIES} == {
+        s.device: after_second[s.role]["sent"] for s in NAB_SERIES
+    }
     # the fleet: what mosquitto acknowledged in run 1 reached Kafka by the end of run 2 (its queue
     # for the bridge persists), and nothing more than the simulator sent
-    fleet = sum(e["device_id"] != "machine-temp-1" for e in sensors)
+    fleet = sum(e["device_id"] not in REPLAYED for e in sensors)
     assert after_first["sim-fleet"]["sent"] <= fleet <= after_second["sim-fleet"]["sent"]
     assert _repeated(t["trade_id"] for t in trades) == []
     # the worker went on from its committed offsets: a rerun from the start would repeat run 1's ids.
@@ -233,7 +242,7 @@ def _behind_partition_clock(records: list[Any]) -> dict[str, float]:
     for r in sorted(records, key=lambda r: (r.partition, r.offset)):
         e = orjson.loads(r.value)
         ts = parse_ts(e["ts"])
-        if e["device_id"] != "machine-temp-1":
+        if e["device_id"] not in REPLAYED:
             lags.append(max(0, newest.get(r.partition, ts) - ts))
         newest[r.partition] = max(ts, newest.get(r.partition, ts))
     lags.sort()
