@@ -101,19 +101,23 @@ class NabSeries:
     start: str
 
 
-#: One series per anomaly kind the demo shows. Each rule fires in its series' labelled anomaly
-#: windows and nowhere else from ``start`` on (``tests/runtime/test_system_state.py``); the
-#: CPU and latency series joined on 2026-11-30, until then ``anomaly-cpu`` and
-#: ``anomaly-latency`` never fired under ``make run``.
+#: One series per anomaly kind the demo shows: each one's rule fires, first in one of the
+#: series' labelled anomaly windows (``tests/runtime/test_system_state.py``). The CPU and
+#: latency series joined on 2026-11-30; until then ``anomaly-cpu`` and ``anomaly-latency``
+#: never fired under ``make run``. Their devices share the machine's partition (of the default
+#: 4): a replay is punctual and drives its partition's clock, and at the demo's speed-up a fleet
+#: reading held back 0.9 s on a busy CPU comes 45 minutes of event time late, past the rule's
+#: lateness, and ``device-silent`` fires for its device. Spread over three partitions (as first written), they had
+#: 8 of the fleet's 9 devices judged by a replay's clock, where the machine alone has 4.
 NAB_SERIES = (
     NabSeries("replay-sensors", NAB_FILE, "machine-temp-1", "temperature", "temperature", NAB_START),
     NabSeries(
         "replay-cpu", "nab/data/realAWSCloudwatch/rds_cpu_utilization_cc0c53.csv",
-        "rds-cpu-1", "value", "cpu", "2014-02-22T12:00:00Z",
+        "db-cpu-1", "value", "cpu", "2014-02-22T12:00:00Z",
     ),
     NabSeries(
         "replay-latency", "nab/data/realKnownCause/ec2_request_latency_system_failure.csv",
-        "api-latency-1", "value", "latency", "2014-03-12T12:00:00Z",
+        "web-api-1", "value", "latency", "2014-03-12T12:00:00Z",
     ),
 )  # fmt: skip
 #: the producers on that axis share one clock (``--clock-gate``, ``app.runtime.clockgate``), kept

@@ -203,27 +203,47 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     # from its own start, the fleet ran an hour of event time behind the replay on the partitions
     # they share, and its devices fired `device-silent` every 30 minutes while reporting every 5;
     # on a clock fixed 5 s ahead, the fleet's bridge was not always up in time
-    behind = _behind_partition_clock(readings)
-    print(f"fleet readings behind their partition's clock, in minutes of event time: {behind}")
-    silences = _false_silences(sensors, [orjson.loads(r.value) for r in alert_records])
-    assert silences == [], behind
+    # A silence with a reading in it is the engine's error only when that reading reached the
+    # worker within the rule's lateness (15 minutes behind its partition's clock). One that came
+    # later was late on the wire: at the demo's speed-up a fleet reading held back 0.9 s on a busy
+    # host is 45 minutes late, and the rule rightly counts it out. Beside another slow test that
+    # happened in 5 of 16 runs beside another make run (1 of 3 on the code before 2026-11-30);
+    # each run prints how late the readings came.
+    lags = _arrival_lags(readings)
+    behind = _behind_partition_clock(lags)
+    silences = [orjson.loads(r.value) for r in alert_records]
+    late = _false_silences(sensors, silences, lags, within_ms=None)
+    print(f"fleet readings behind their partition's clock, in minutes of event time: {behind}; late: {late}")
+    assert _false_silences(sensors, silences, lags, within_ms=15 * 60_000) == [], behind
+    assert behind["p50"] == 0.0  # the fleet publishes on the replays' clock (see above)
 
-    fresh = _run(env, 25, "--fresh", until=_delivered)
+    # a fresh start waits for every producer on the demo's clock (five since 2026-11-30) before any
+    # sends: beside another such test on 2 cores, none had sent within 25 s, twice
+    fresh = _run(env, 45, "--fresh", until=_delivered)
 
-    assert fresh["events"]["events.logs"] <= 1000
-    assert fresh["events"]["events.sensors"] < second["events"]["events.sensors"]
-    assert fresh["alerts"] < second["alerts"]
-    assert _progress(data)["replay-sensors"]["sent"] < nab_sent
+    # nothing of the two runs is left: the log topic held their 1,000 lines and holds the fresh
+    # run's alone (it sends from its start, off the demo's clock), and the NAB replay started its
+    # file over. Not "fewer than the two runs": beside another such test the fresh run, stopped at
+    # its first webhook, once made 42 alerts where the two runs had made 21
+    assert 0 < fresh["events"]["events.logs"] <= 1000
     (nab_fresh,) = _summaries(data, "replay-sensors")  # the logs were wiped with the rest
     assert nab_fresh["skipped"] == 0
 
 
-def _false_silences(readings: list[dict[str, Any]], alerts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _false_silences(
+    readings: list[dict[str, Any]],
+    alerts: list[dict[str, Any]],
+    lags: dict[tuple[str, int], int],
+    within_ms: int | None,
+) -> list[tuple[str, str]]:
     """The ``device-silent`` alerts (device, start) of a device that sent a reading during the
-    silence they tell of (after ``silent_since``, before ``starts_at``)."""
+    silence they tell of (after ``silent_since``, before ``starts_at``) that reached the worker
+    at most ``within_ms`` behind its partition's clock (``lags``; None: however late)."""
     seen: dict[str, list[int]] = collections.defaultdict(list)
     for e in readings:
-        seen[e["device_id"]].append(parse_ts(e["ts"]))
+        t = parse_ts(e["ts"])
+        if within_ms is None or lags.get((e["device_id"], t), 0) <= within_ms:
+            seen[e["device_id"]].append(t)
     return [
         (a["labels"]["device_id"], a["starts_at"])
         for a in alerts
@@ -233,19 +253,24 @@ def _false_silences(readings: list[dict[str, Any]], alerts: list[dict[str, Any]]
     ]
 
 
-def _behind_partition_clock(records: list[Any]) -> dict[str, float]:
-    """How far the fleet's readings came behind their partition's clock (the newest event
-    time on it so far, in offset order: the worker's): median, 99th percentile and most, and
-    how many were more than the 15 minutes ``device-silent`` allows, in minutes."""
+def _arrival_lags(records: list[Any]) -> dict[tuple[str, int], int]:
+    """How far each fleet reading (device, event time) came behind its partition's clock (the
+    newest event time on it so far, in offset order: the worker's), in ms."""
     newest: dict[int, int] = {}
-    lags: list[int] = []
+    lags: dict[tuple[str, int], int] = {}
     for r in sorted(records, key=lambda r: (r.partition, r.offset)):
         e = orjson.loads(r.value)
         ts = parse_ts(e["ts"])
         if e["device_id"] not in REPLAYED:
-            lags.append(max(0, newest.get(r.partition, ts) - ts))
+            lags[(e["device_id"], ts)] = max(0, newest.get(r.partition, ts) - ts)
         newest[r.partition] = max(ts, newest.get(r.partition, ts))
-    lags.sort()
+    return lags
+
+
+def _behind_partition_clock(by_reading: dict[tuple[str, int], int]) -> dict[str, float]:
+    """The fleet's readings' lags (:func:`_arrival_lags`): median, 99th percentile and most,
+    and how many were more than the 15 minutes ``device-silent`` allows, in minutes."""
+    lags = sorted(by_reading.values()) or [0]
 
     def at(q: float) -> float:
         return round(lags[min(len(lags) - 1, int(q * len(lags)))] / 60_000, 1)

@@ -22,6 +22,7 @@ from app.cli.main import main
 from app.errors import ConfigError
 from app.events import format_ts, parse_ts
 from app.kafka.broker import KafkaBroker, free_port
+from app.placement import partition_for
 from app.runtime.clockgate import read_spec
 from app.runtime.settings import PROJECT_ROOT, Settings
 from app.runtime.system import (
@@ -164,6 +165,10 @@ def test_each_demo_series_fires_its_kinds_anomaly_rule_in_its_labelled_failures_
     ]
     first = parse_ts(firing[0]["starts_at"]) - shift_ms  # in the series' own time
     assert any(lo <= first <= hi for lo, hi in windows), (firing[0]["starts_at"], shift_ms, windows)
+    # on the machine's partition, so the fleet's other partitions keep the fleet's own clock
+    assert partition_for(series.device.encode(), settings.partitions) == partition_for(
+        b"machine-temp-1", settings.partitions
+    )
     first_s = (parse_ts(firing[0]["starts_at"]) - parse_ts(NAB_START)) / 1000 / settings.replay_speedup
     print(f"{series.role}: the first alert {first_s:.0f} s into a fresh demo")
     assert 0 < first_s < 180, first_s
