@@ -107,8 +107,8 @@ class NabSeries:
 #: never fired under ``make run``. Their devices share the machine's partition (of the default
 #: 4): a replay is punctual and drives its partition's clock, and at the demo's speed-up a fleet
 #: reading held back 0.9 s on a busy CPU comes 45 minutes of event time late, past the rule's
-#: lateness, and ``device-silent`` fires for its device. Spread over three partitions (as first written), they had
-#: 8 of the fleet's 9 devices judged by a replay's clock, where the machine alone has 4.
+#: lateness, and ``device-silent`` fires for its device. Spread over three partitions (as first
+#: written), they had 8 of the fleet's 9 devices judged by a replay's clock; the machine has 4.
 NAB_SERIES = (
     NabSeries("replay-sensors", NAB_FILE, "machine-temp-1", "temperature", "temperature", NAB_START),
     NabSeries(
