@@ -206,9 +206,9 @@ def test_a_second_run_resumes_and_delivers_new_alerts_and_fresh_starts_from_noth
     # A silence with a reading in it is the engine's error only when that reading reached the
     # worker within the rule's lateness (15 minutes behind its partition's clock). One that came
     # later was late on the wire: at the demo's speed-up a fleet reading held back 0.9 s on a busy
-    # host is 45 minutes late, and the rule rightly counts it out. Beside another slow test that
-    # happened in 5 of 16 runs beside another make run (1 of 3 on the code before 2026-11-30);
-    # each run prints how late the readings came.
+    # host is 45 minutes late, and the rule rightly counts it out. With another make run beside
+    # it, that happened in 5 of 16 runs (1 of 3 on the code before 2026-11-30); each run prints
+    # how late the readings came and the silences they made.
     lags = _arrival_lags(readings)
     behind = _behind_partition_clock(lags)
     silences = [orjson.loads(r.value) for r in alert_records]
