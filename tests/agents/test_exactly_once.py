@@ -102,21 +102,36 @@ async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[TopicP
         await consumer.stop()
 
 
-async def _open_transaction(bootstrap: str, topic: str, timeout_s: float) -> bool:
-    """Poll until some partition of ``topic`` has an open transaction holding records: its last
-    stable offset (what read_committed sees) below its high watermark."""
+async def _freeze_in_transaction(bootstrap: str, topic: str, pid: int, timeout_s: float) -> bool:
+    """Stop (SIGSTOP) the worker's process group at a moment some partition of ``topic`` has an
+    open transaction holding records: its last stable offset (what read_committed sees) below its
+    high watermark. Seeing one and then killing is a race: the worker may commit it in between
+    (a CI run lost it once). So: see one, stop the worker, let its requests in flight land, and
+    keep it stopped only if the transaction is still open and the log no longer moves; else let
+    it go on and try again. False if no such moment came within ``timeout_s``."""
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     committed = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     everything = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await committed.start()
     await everything.start()
+
+    async def open_ends() -> dict[TopicPartition, tuple[int, int]]:
+        stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
+        return {tp: (stable[tp], high[tp]) for tp in tps if stable[tp] < high[tp]}
+
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
-            if any(stable[tp] < high[tp] for tp in tps):
+            if not await open_ends():
+                await asyncio.sleep(0.01)
+                continue
+            os.killpg(pid, signal.SIGSTOP)
+            await asyncio.sleep(0.5)  # a commit already sent completes without the worker
+            settled = await open_ends()
+            await asyncio.sleep(0.3)
+            if settled and await open_ends() == settled:
                 return True
-            await asyncio.sleep(0.01)
+            os.killpg(pid, signal.SIGCONT)
         return False
     finally:
         await committed.stop()
@@ -151,11 +166,11 @@ def read_all(bootstrap: str, topic: str, isolation_level: str, timeout_s: float 
 async def replay_and_kill(
     bootstrap: str, records: list[tuple[bytes, bytes]], pid: int, *, transaction: bool = True
 ) -> int:
-    """Replay ``records`` to the sensors topic in chunks; once a quarter of them is committed and a
-    transaction with records is open on the regroup topic (every event is regrouped; with
-    ``transaction`` False, at least once, as soon as the quarter is committed), kill -9 the
-    worker (process group ``pid``), and finish the replay. Returns how many were sent at the kill.
-    One event loop, no thread: the test process stays single-threaded."""
+    """Replay ``records`` to the sensors topic in chunks; once a quarter of them is committed
+    (and, with ``transaction``, the worker is stopped with a transaction holding records open on
+    the regroup topic, to which every event is regrouped), kill -9 the worker (process group
+    ``pid``), and finish the replay. Returns how many were sent at the kill. One event loop, no
+    thread: the test process stays single-threaded."""
     sent = 0
 
     async def replay() -> None:
@@ -178,7 +193,7 @@ async def replay_and_kill(
             assert time.monotonic() < deadline and not task.done(), "a quarter of the replay not committed"
             await asyncio.sleep(0.1)
         if transaction:
-            assert await _open_transaction(bootstrap, REGROUP, 10), "no open transaction seen"
+            assert await _freeze_in_transaction(bootstrap, REGROUP, pid, 20), "no open transaction caught"
         os.killpg(pid, signal.SIGKILL)
         killed_at = sent
     finally:
