@@ -16,9 +16,10 @@ from app.errors import ExpressionError
 from app.events import Schema
 from app.rules.aggregates import AggSpec, compile_aggregate
 from app.rules.baselines import BaselineSpec, Collector
-from app.rules.expr import Compiled, compile_expr
+from app.rules.durations import MAX_DURATION_MS
+from app.rules.expr import Compiled, Synthetic, compile_expr
 from app.rules.model import Rule
-from app.rules.template import placeholders
+from app.rules.template import placeholders, static_problem, template_problem
 from app.tables import TABLES, enriched_fields
 
 Report = Callable[[tuple[str | int, ...], str], None]
@@ -85,6 +86,12 @@ class WhereFunctions:
             msg = f"'{fname}' is not a numeric field of the {self.source} schema"
             raise ValueError(msg)
         lookback = _interval_ms(args[1])
+        if lookback <= 0:
+            msg = "the lookback must be above 0, e.g. pct_change(adj_close, 1d)"
+            raise ValueError(msg)
+        if lookback > MAX_DURATION_MS:
+            msg = "the lookback is longer than the maximum of 366d"
+            raise ValueError(msg)
         col = f"pct_change({fname}, {lookback}ms)"
         self.pct[col] = PctChange(col, fname, lookback)
         return col, "double"
@@ -97,9 +104,8 @@ def check_condition(text: str, source: str, schema: Schema) -> None:
     ``pct_change`` and the baselines are taken whatever the rule's kind (a kind that may not
     call them is told once the rule validates)."""
     fields = dict(enriched_fields(schema, ()))
-    compile_expr(
-        text, fields, boolean=True, allow_intervals=True, synthetic=WhereFunctions(fields, source).resolve
-    )
+    resolve = WhereFunctions(fields, source).resolve
+    compile_expr(text, fields, boolean=True, allow_intervals=True, synthetic=resolve, check_literals=True)
 
 
 def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | None:
@@ -129,11 +135,23 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
     synthetic_where = functions.resolve
     pct, base_where = functions.pct, functions.baselines
 
-    def expr(path: tuple[str | int, ...], text: str | None, **kw: object) -> Compiled | None:
+    def expr(
+        path: tuple[str | int, ...],
+        text: str | None,
+        scope: Mapping[str, str] | None = None,
+        synthetic: Synthetic | None = None,
+    ) -> Compiled | None:
         if text is None:
             return None
         try:
-            return compile_expr(text, kw.pop("schema", fields), boolean=True, allow_intervals=True, **kw)  # type: ignore[arg-type]
+            return compile_expr(
+                text,
+                fields if scope is None else scope,
+                boolean=True,
+                allow_intervals=True,
+                synthetic=synthetic,
+                check_literals=True,
+            )
         except ExpressionError as exc:
             fail(path, str(exc))
             return None
@@ -168,7 +186,7 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
                 raise ValueError(msg)
             return f"prev.{args[0].name}", agg_types[args[0].name]
 
-        having = expr(("having",), rule.having, schema=having_schema, synthetic=synthetic_having)
+        having = expr(("having",), rule.having, scope=having_schema, synthetic=synthetic_having)
 
     steps = tuple(expr(("sequence", i, "where"), s.where) for i, s in enumerate(rule.sequence))
     arms = tuple((expr(("branch", i, "when"), a.when), a.topic) for i, a in enumerate(rule.branch))
@@ -184,11 +202,19 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
     known = set(fields) | {a.name for a in aggs} | {"previous", "count", "window_start", "window_end"}
     if pct:
         known.add("pct_change")  # the value of the rule's (first) pct_change() call
+    for name, value in rule.labels.items():
+        problem = static_problem(value)
+        if problem is not None:
+            fail(("labels", name), problem)
     for name, template in rule.annotations.items():
         try:
             unknown = [p for p in placeholders(template) if p not in known]
         except ValueError as exc:
             fail(("annotations", name), str(exc))
+            continue
+        problem = template_problem(template)
+        if problem is not None:
+            fail(("annotations", name), problem)
             continue
         if unknown:
             fail(("annotations", name), f"template names unknown field(s): {', '.join(unknown)}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -377,7 +378,12 @@ def _unsupported(node: exp.Expression) -> str:
 
 class _Compiler:
     def __init__(
-        self, text: str, schema: Mapping[str, str], allow_intervals: bool, synthetic: Synthetic | None
+        self,
+        text: str,
+        schema: Mapping[str, str],
+        allow_intervals: bool,
+        synthetic: Synthetic | None,
+        check_literals: bool = False,
     ) -> None:
         self.text = text
         self.schema = schema
@@ -385,6 +391,7 @@ class _Compiler:
         self.synthetic_cols: set[str] = set()
         self.allow_intervals = allow_intervals
         self.synthetic = synthetic
+        self.check_literals = check_literals
 
     def fail(self, message: str) -> ExpressionError:
         return ExpressionError(f"in {self.text!r}: {message}")
@@ -454,6 +461,8 @@ class _Compiler:
             fv = float(text)
         except ValueError:
             raise self.fail(f"bad number {text!r}") from None
+        if not math.isfinite(fv):
+            raise self.fail(f"number {text} is out of a double's range (it would be infinite)")
         return (lambda _r: fv), "double"
 
     def _column(self, node: exp.Column) -> tuple[Eval, str]:
@@ -653,6 +662,10 @@ class _Compiler:
             result_type = spec.check(types)
         except TypeError as exc:
             raise self.fail(f"{name}(): {exc}") from None
+        if self.check_literals:
+            problem = fn.literal_problem(name, args)
+            if problem is not None:
+                raise self.fail(f"{name}(): {problem}")
         return spec.build([f for f, _ in compiled], types), result_type
 
 
@@ -752,14 +765,19 @@ def compile_expr(
     boolean: bool = False,
     allow_intervals: bool = False,
     synthetic: Synthetic | None = None,
+    check_literals: bool = False,
 ) -> Compiled:
     """Compile ``text`` against ``schema`` (field name -> type).
 
-    With ``boolean=True`` the expression must be a condition. Raises
-    :class:`ExpressionError` naming the problem; never evaluates any code.
+    With ``boolean=True`` the expression must be a condition. With ``check_literals`` (the
+    rule loader's), literal arguments a function can only answer NULL or nothing useful for
+    are refused too: coordinates out of range, a negative radius, a malformed polygon
+    (:func:`app.rules.functions.literal_problem`); without it they evaluate as any value
+    would, to NULL. Raises :class:`ExpressionError` naming the problem; never evaluates any
+    code.
     """
     tree = parse(text)
-    comp = _Compiler(text, schema, allow_intervals, synthetic)
+    comp = _Compiler(text, schema, allow_intervals, synthetic, check_literals)
     f, t = comp.compile(tree)
     if boolean and t not in ("boolean", "null"):
         msg = f"in {text!r}: expected a condition (true/false), but the expression is {t}"

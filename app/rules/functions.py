@@ -279,26 +279,53 @@ def inside_radius(lat: float, lon: float, clat: float, clon: float, radius_km: f
     return distance_compare("<=", lat, lon, clat, clon, radius_km)
 
 
-@lru_cache(maxsize=256)
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def parse_polygon(text: str) -> tuple[tuple[float, float], ...]:
-    """``'lat lon, lat lon, ...'`` (at least three vertices) -> vertex tuple."""
+    """``'lat lon, lat lon, ...'`` (at least three vertices) -> vertex tuple.
+
+    Raises ValueError naming the first vertex that is not two numbers, or not a latitude in
+    [-90, 90] and a longitude in [-180, 180] (so never NaN or infinite), or when there are
+    fewer than three vertices."""
     points = []
     for pair in text.split(","):
-        parts = pair.split()
-        if len(parts) != 2:
-            msg = f"polygon vertex {pair.strip()!r} is not 'lat lon'"
+        numbers = pair.split()
+        lat, lon = (_number(numbers[0]), _number(numbers[1])) if len(numbers) == 2 else (None, None)
+        vertex = pair.strip()[:40]
+        if lat is None or lon is None:
+            msg = f"polygon vertex {vertex!r} is not 'lat lon' (two numbers)"
             raise ValueError(msg)
-        points.append((float(parts[0]), float(parts[1])))
+        if not (-90 <= lat <= 90 and -180 <= lon <= 180):
+            msg = f"polygon vertex {vertex!r} is out of range: latitude -90 to 90, longitude -180 to 180"
+            raise ValueError(msg)
+        points.append((lat, lon))
     if len(points) < 3:
         msg = "a polygon needs at least three 'lat lon' vertices"
         raise ValueError(msg)
     return tuple(points)
 
 
-def inside_polygon(lat: float, lon: float, polygon: str) -> bool:
+@lru_cache(maxsize=256)
+def polygon_or_none(text: str) -> tuple[tuple[float, float], ...] | None:
+    """:func:`parse_polygon`, None for a malformed polygon (cached either way)."""
+    try:
+        return parse_polygon(text)
+    except ValueError:
+        return None
+
+
+def inside_polygon(lat: float, lon: float, polygon: str) -> bool | None:
     """Even-odd ray casting on (lat, lon) treated as planar; fine for geofences
-    far from the poles and the antimeridian."""
-    pts = parse_polygon(polygon)
+    far from the poles and the antimeridian. NULL when ``polygon`` is malformed (see
+    :func:`parse_polygon`): a polygon read from an event or a table at run time."""
+    pts = polygon_or_none(polygon)
+    if pts is None:
+        return None
     inside = False
     j = len(pts) - 1
     for i, (yi, xi) in enumerate(pts):
@@ -309,6 +336,58 @@ def inside_polygon(lat: float, lon: float, polygon: str) -> bool:
                 inside = not inside
         j = i
     return inside
+
+
+def _constant(node: exp.Expression) -> float | None:
+    """The value of a number literal (``5``, ``-5``, ``(2.5)``), None for anything else."""
+    sign = 1.0
+    while isinstance(node, exp.Paren | exp.Neg):
+        if isinstance(node, exp.Neg):
+            sign = -sign
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return sign * float(str(node.this))
+        except ValueError:
+            return None
+    return None
+
+
+#: the arguments of each geo function that are latitudes, longitudes and a radius
+_GEO_ARGS: dict[str, tuple[tuple[int, ...], tuple[int, ...], int | None]] = {
+    "distance_km": ((0, 2), (1, 3), None),
+    "inside_radius": ((0, 2), (1, 3), 4),
+    "inside_polygon": ((0,), (1,), None),
+}
+
+
+def literal_problem(name: str, args: Sequence[exp.Expression]) -> str | None:
+    """Why a call of the function ``name`` cannot mean what it says, from its literal
+    arguments alone (the loader refuses it), None when nothing is wrong with them: a
+    latitude outside [-90, 90] or a longitude outside [-180, 180] (the call is always NULL),
+    a negative radius (never inside), a polygon that :func:`parse_polygon` refuses.
+    Arguments read from fields are checked per event instead: bad ones give NULL."""
+    spec = _GEO_ARGS.get(name)
+    if spec is None:
+        return None
+    lats, lons, radius = spec
+    ranges = [(i, -90.0, 90.0, "latitude") for i in lats] + [(i, -180.0, 180.0, "longitude") for i in lons]
+    for i, low, high, what in ranges:
+        value = _constant(args[i]) if i < len(args) else None
+        if value is not None and not low <= value <= high:
+            return f"argument {i + 1} is a {what}, from {low:g} to {high:g}; got {value:g}"
+    if radius is not None and radius < len(args):
+        value = _constant(args[radius])
+        if value is not None and value < 0:
+            return f"argument {radius + 1} is a radius in km, 0 or more; got {value:g}"
+    if name == "inside_polygon" and len(args) == 3:
+        polygon = args[2]
+        if isinstance(polygon, exp.Literal) and polygon.is_string:
+            try:
+                parse_polygon(str(polygon.this))
+            except ValueError as exc:
+                return str(exc)
+    return None
 
 
 Checker = Callable[[list[str]], str]

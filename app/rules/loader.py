@@ -24,7 +24,7 @@ from app.events import SCHEMAS, Schema, schema_for
 from app.rules.compile import Report, RuleParts, check_condition, compile_parts
 from app.rules.expr import Compiled, parse
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
-from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
+from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, not_a_string, position_of
 
 logger = logging.getLogger(__name__)
 
@@ -122,22 +122,32 @@ def _pydantic_message(err: Mapping[str, Any]) -> str:
     if kind == "missing":
         return f"missing required key '{loc[-1]}'"
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind.startswith("literal_error") or kind in (
-        "string_pattern_mismatch",
-        "greater_than_equal",
-        "greater_than",
-    ):
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than" and loc and "gt" in ctx:  # the durations that must be above 0
+        return f"'{loc[-1]}' must be above {ctx['gt']} (got {err.get('input')!r})"
+    if kind.startswith("literal_error") or kind in ("string_pattern_mismatch", "greater_than_equal"):
         return f"'{loc[-1]}': {msg} (got {err.get('input')!r})"
     return f"'{loc[-1]}': {msg}" if loc else msg
 
 
 class _FileLoader:
-    def __init__(self, path: str, positions: Positions, data: Any) -> None:
+    def __init__(self, path: str, positions: Positions, data: Any, text: str) -> None:
         self.path = path
         self.positions = positions
         self.data = data
+        self.text = text
         self.problems: list[RuleProblem] = []
         self.unlisted = 0
+
+    def message(self, loc: tuple[str | int, ...], err: Mapping[str, Any]) -> str:
+        """The problem pydantic reports at ``loc`` (the value's whole path), in the rule
+        language's words: where YAML typed a plain scalar that should be a string (``id:
+        yes``, ``description: 2024-01-01``), what it was read as and how to quote it."""
+        if err.get("type") == "string_type" and loc:
+            hint = not_a_string(self.text, self.positions, self.data, loc, err.get("input"))
+            if hint is not None:
+                return hint
+        return _pydantic_message(err)
 
     def rule_id_at(self, index: int) -> str | None:
         try:
@@ -198,7 +208,7 @@ class _FileLoader:
             top = RuleFile.model_validate(self.data)
         except ValidationError as exc:
             for err in exc.errors():
-                self.add(tuple(err["loc"]), _pydantic_message(err))
+                self.add(tuple(err["loc"]), self.message(tuple(err["loc"]), err))
             return []
         compiled: list[CompiledRule] = []
         for i, raw in enumerate(top.rules):
@@ -206,7 +216,8 @@ class _FileLoader:
                 rule = Rule.model_validate(raw)
             except ValidationError as exc:
                 for err in exc.errors():
-                    self.add(("rules", i, *err["loc"]), _pydantic_message(err))
+                    loc = ("rules", i, *err["loc"])
+                    self.add(loc, self.message(loc, err))
                 self.check_syntax(i, raw, {err["loc"][0] for err in exc.errors() if err["loc"]})
                 continue
             c = self.compile_rule(i, rule, rule.engine or top.engine)
@@ -221,7 +232,7 @@ def load_text(text: str, path: str) -> tuple[list[CompiledRule], list[RuleProble
         data, positions = load_with_positions(text)
     except YamlProblem as exc:
         return [], [RuleProblem(path, exc.line, exc.col, None, exc.message)]
-    loader = _FileLoader(path, positions, data)
+    loader = _FileLoader(path, positions, data, text)
     rules = loader.load()
     if loader.unlisted:
         more = f"{loader.unlisted} more problem(s) in this file; only the first {MAX_PROBLEMS} are listed"
@@ -269,6 +280,16 @@ def running_versions(paths: Iterable[Path | str]) -> frozenset[tuple[str, str]]:
     return frozenset((r.id, r.version) for r in load_rules(paths).rules)
 
 
+def _not_utf8(name: str, raw: bytes, exc: UnicodeDecodeError) -> RuleProblem:
+    """A file that is not UTF-8, reported at its first bad byte: the line, the column (in
+    characters, the line's start before it being UTF-8) and the byte's offset in the file."""
+    at = exc.start
+    start = raw.rfind(b"\n", 0, at) + 1
+    col = len(raw[start:at].decode("utf-8", errors="replace")) + 1
+    msg = f"file is not UTF-8: {exc.reason}, byte 0x{raw[at]:02x} at offset {at}; save it as UTF-8"
+    return RuleProblem(name, raw.count(b"\n", 0, at) + 1, col, None, msg)
+
+
 def load_rules(paths: Iterable[Path | str]) -> RuleSet:
     """Load and compile every rule file under ``paths``; raise on any problem."""
     problems: list[RuleProblem] = []
@@ -289,7 +310,7 @@ def load_rules(paths: Iterable[Path | str]) -> RuleSet:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.append(RuleProblem(name, 1, 1, None, f"file is not UTF-8: {exc.reason}"))
+            problems.append(_not_utf8(name, raw, exc))
             continue
         files[name] = hashlib.sha256(raw).hexdigest()
         try:

@@ -25,6 +25,9 @@ LatePolicy = Literal["drop", "side", "amend"]
 
 #: A duration in milliseconds, written as ``30s``, ``15m``, ``1h``...
 DurationMs = Annotated[int, BeforeValidator(parse_duration)]
+#: A duration that must be above 0: a window's size, advance or gap, a wait, a horizon.
+#: ``0s`` is refused when the rule loads (``'size' must be above 0``), never met per event.
+PositiveDurationMs = Annotated[int, BeforeValidator(parse_duration), Field(gt=0)]
 
 _ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 _LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$"
@@ -46,9 +49,9 @@ class WindowSpec(_Frozen):
     every expiry; ``session``: events closer than ``gap``."""
 
     type: Literal["tumbling", "hopping", "sliding", "session"]
-    size: DurationMs | None = None
-    advance: DurationMs | None = None
-    gap: DurationMs | None = None
+    size: PositiveDurationMs | None = None
+    advance: PositiveDurationMs | None = None
+    gap: PositiveDurationMs | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> WindowSpec:
@@ -81,7 +84,7 @@ class EnrichSpec(_Frozen):
 
 class NewTermSpec(_Frozen):
     field: str
-    horizon: DurationMs = 7 * 86_400_000
+    horizon: PositiveDurationMs = 7 * 86_400_000
 
 
 NoDataState = Literal["no_data", "alerting", "ok", "keep"]
@@ -94,7 +97,7 @@ class NoDataSpec(_Frozen):
     recorded and shown, not notified), ``alerting`` (fire), ``ok`` (resolve a
     firing alert, end a pending one) or ``keep`` (change nothing)."""
 
-    after: DurationMs = Field(gt=0)
+    after: PositiveDurationMs
     state: NoDataState = "no_data"
 
 
@@ -165,13 +168,13 @@ class Rule(_Frozen):
     #: event-time order once the watermark (clock - allowed_lateness) passes them
     order: Literal["arrival", "event_time"] = "arrival"
     # absence, change, new term, sequence
-    absent_for: DurationMs | None = None
+    absent_for: PositiveDurationMs | None = None
     expect_from: Literal["devices"] | None = None
     change: str | None = None
     new_term: NewTermSpec | None = None
     sequence: tuple[SequenceStep, ...] = ()
-    within: DurationMs | None = None
-    resolve_after: DurationMs = DEFAULT_RESOLVE_AFTER_MS
+    within: PositiveDurationMs | None = None
+    resolve_after: PositiveDurationMs = DEFAULT_RESOLVE_AFTER_MS
     # routing of events
     branch: tuple[BranchArm, ...] = ()
 

@@ -3,7 +3,9 @@
 Deliberately tiny: a placeholder is a field name (``device.site`` for enriched
 fields), optionally with one formatting filter (``| round(1)``, ``| upper``,
 ``| lower``). There is no code execution, no attribute access and no loops.
-Unknown names are load-time errors, found by :func:`placeholders`.
+Unknown names are load-time errors, found by :func:`placeholders`; so are an unclosed
+``{{``, a stray ``}}`` and a ``{% %}`` block (:func:`template_problem`). Labels are static:
+a ``{{`` in one is an error (:func:`static_problem`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,47 @@ def placeholders(template: str) -> list[str]:
             )
             raise ValueError(msg)
     return [m.group(1) for m in _PLACEHOLDER.finditer(template)]
+
+
+def template_problem(template: str) -> str | None:
+    """Why an annotation would print part of itself as written, None when it would not: a
+    ``{% ... %}`` block (there is no code: no statements, loops or imports), a ``{{`` that no
+    ``}}`` closes on its line, or a ``}}`` that closes no ``{{``. Linear in the template's
+    length. (A closed but malformed ``{{ ... }}`` is :func:`placeholders`' to report.)"""
+    if "{%" in template or "%}" in template:
+        return (
+            "'{% ... %}' blocks are not supported: an annotation only fills {{ name }} "
+            "placeholders, with an optional filter round(N), upper or lower"
+        )
+    base = 0
+    for line in template.split("\n"):
+        pos = 0
+        while True:
+            opens, closes = line.find("{{", pos), line.find("}}", pos)
+            if closes != -1 and (opens == -1 or closes < opens):
+                return f"'}}}}' (character {base + closes + 1}) closes no '{{{{'"
+            if opens == -1:
+                break
+            end = line.find("}}", opens + 2)
+            if end == -1:
+                return (
+                    f"'{{{{' (character {base + opens + 1}) is not closed by '}}}}' on its line; "
+                    "expected {{ name }}"
+                )
+            pos = end + 2
+        base += len(line) + 1
+    return None
+
+
+def static_problem(value: str) -> str | None:
+    """Why a label's value looks like a template, None when it does not. Labels are static:
+    they identify the alert (its fingerprint and id), so they are never filled in."""
+    if "{{" in value or "{%" in value:
+        return (
+            "labels are static, never filled in (they identify the alert); templates go in "
+            "annotations, and a field in group_by becomes a label of each alert"
+        )
+    return None
 
 
 def format_value(value: Any, digits: int | None = None) -> str:

@@ -3,7 +3,9 @@
 ``load_with_positions`` returns plain Python data plus a map from the path of
 each value (a tuple of keys and list indexes) to its 1-based ``(line, col)``.
 Duplicate keys, which PyYAML silently overwrites, are reported as errors.
-Only the safe YAML subset is constructed: no Python tags, no code.
+Only the safe YAML subset is constructed: no Python tags, no code. Where a
+string was expected and YAML typed a plain scalar (``id: yes`` is a boolean),
+:func:`not_a_string` says what it was read as and how to quote it.
 
 What a file may ask of the parser is bounded, so that any file (rule files and
 the routes file both come through here) is read in time and memory in
@@ -25,6 +27,7 @@ position, never another exception:
 
 from __future__ import annotations
 
+from datetime import date, datetime
 from typing import Any
 
 import yaml
@@ -226,3 +229,108 @@ def position_of(positions: Positions, path: Path) -> tuple[int, int]:
     while path not in positions and path:
         path = path[:-1]
     return positions.get(path, (1, 1))
+
+
+def _read_as(value: object) -> str | None:
+    """What YAML made of a plain scalar that is not a string, in words; None for a list or a
+    mapping (quoting does not make those a string)."""
+    if value is None:
+        return "null (no value)"
+    if isinstance(value, bool):
+        return f"the boolean {'true' if value else 'false'}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, datetime):
+        return f"the timestamp {value.isoformat()}"
+    if isinstance(value, date):
+        return f"the date {value.isoformat()}"
+    if isinstance(value, bytes):
+        return "binary data"
+    return None
+
+
+def _unbalanced(text: str) -> int:
+    return text.count("(") - text.count(")")
+
+
+def _comma_runs(mapping: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Where an inline ``{n: f(x, 0.5)}`` mapping was split at its commas: YAML reads it as
+    ``{n: "f(x", "0.5)": null}``. Each run is the key whose value opens a ``(`` it does not
+    close and the texts (its value, then the keys without a value after it) that together
+    were the expression."""
+    runs: list[tuple[str, list[str]]] = []
+    owner: str | None = None
+    parts: list[str] = []
+    depth = 0
+    for key, value in mapping.items():
+        if owner is not None and value is None:
+            parts.append(str(key))
+            depth += _unbalanced(str(key))
+            if depth > 0:
+                continue
+        if owner is not None:
+            runs.append((owner, parts))
+            owner = None
+        if isinstance(value, str) and _unbalanced(value) > 0:
+            owner, parts, depth = str(key), [value], _unbalanced(value)
+    if owner is not None:
+        runs.append((owner, parts))
+    return runs
+
+
+def _value_at(data: Any, path: Path) -> Any:
+    """The value at ``path`` in loaded data (None when there is none)."""
+    for step in path:
+        if isinstance(data, dict) and step in data:
+            data = data[step]
+        elif isinstance(data, list) and isinstance(step, int) and 0 <= step < len(data):
+            data = data[step]
+        else:
+            return None
+    return data
+
+
+def written(text: str, at: tuple[int, int] | None) -> str:
+    """The plain scalar at ``at`` (a 1-based ``(line, col)``) as ``text`` spells it, empty when
+    it cannot tell: to the end of its line, a comment, or a flow collection's ``,``, ``]`` or
+    ``}`` (none of which a number, boolean, date or null holds)."""
+    lines = text.split("\n")
+    if at is None or not 1 <= at[0] <= len(lines):
+        return ""
+    rest = lines[at[0] - 1][at[1] - 1 :]
+    if rest.startswith("!"):  # an explicit tag (!!int 5): the value follows it
+        rest = rest.partition(" ")[2]
+    for end in (" #", ",", "]", "}"):
+        rest = rest.split(end, 1)[0]
+    return rest.strip()
+
+
+def not_a_string(text: str, positions: Positions, data: Any, path: Path, value: object) -> str | None:
+    """Where a string was expected at ``path`` of a document (``text``, loaded as ``data`` with
+    ``positions``) and YAML typed the scalar ``value`` instead (``id: yes``, ``description:
+    2024-01-01``): what it was read as and how to quote it, named by the key, or that an inline
+    ``{...}`` mapping was split at a comma inside an expression. None for a value quoting
+    would not fix (a list, a mapping)."""
+    if not path:
+        return None
+    name = path[-1]
+    parent = _value_at(data, path[:-1])
+    if value is None and isinstance(parent, dict):
+        for owner, parts in _comma_runs(parent):
+            if name in parts[1:]:
+                expression = ", ".join(parts).replace("\\", "\\\\").replace('"', '\\"')
+                return (
+                    f"'{name}': an inline {{...}} mapping splits at commas, so the value of "
+                    f"'{owner}' was cut there; quote the expression: {owner}: \"{expression}\""
+                )
+    what = _read_as(value)
+    if what is None:
+        return None
+    spelt = written(text, positions.get(path))
+    if not spelt:
+        if value is None:
+            return f"'{name}': no value given (YAML reads that as null); a string is expected"
+        return f"'{name}': read as {what}, not a string; quote it"
+    quoted = '"' + spelt.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    example = f"{name}: {quoted}" if isinstance(name, str) else quoted
+    return f"'{name}': read as {what}, not a string; quote it: {example}"

@@ -119,7 +119,7 @@ def test_no_data_survives_a_restart_through_the_store(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("opts", "message"),
     [
-        ("    no_data: {after: 0s}\n", "'after': Input should be greater than 0"),
+        ("    no_data: {after: 0s}\n", "'after' must be above 0"),
         ("    no_data: {after: soon}\n", "'after'"),
         ("    no_data: {after: 5m, state: unknown}\n", "'state'"),
         ("    no_data: {after: 5m, when: x}\n", "unknown key 'when'"),
