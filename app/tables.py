@@ -4,21 +4,29 @@ Tables live in compacted topics (``tables.devices`` keyed by device_id,
 ``tables.watchlists`` keyed by symbol). A record's value is a flat JSON row;
 a null value (tombstone) deletes the key. Rules join with them through
 ``enrich:`` and see the columns as ``<as>.<column>``.
+
+A table file (``backtest --table``, the console's fleet registry) is read by
+:func:`read_table_file` as a snapshot of valid rows, every problem named by
+file, line and column; its CSV reader :func:`read_csv_rows` is also the ingest
+registry loader's (:mod:`ingest.registry.load`).
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
 import logging
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-from app.events import FieldType, Schema
+from app.errors import IngestDecodeError
+from app.events import FieldType, Schema, check_value
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
 
@@ -40,9 +48,14 @@ class TableSchema:
 
     def validate(self, obj: object) -> dict[str, Any]:
         """A row with its key, typed; IngestDecodeError for a key that is not a non-empty
-        string, an unknown column or a mistyped value. Checked as an event is
-        (:meth:`Schema.validate <app.events.Schema.validate>`), without ``ts``."""
-        return self._rows.validate(obj).fields
+        string, an unknown column, a mistyped value or a NaN or infinite number. Checked as
+        an event is (:meth:`Schema.validate <app.events.Schema.validate>`), without ``ts``;
+        JSON has no NaN, so only rows from elsewhere (YAML, CSV, code) can hold one."""
+        row = self._rows.validate(obj).fields
+        for column, value in row.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise IngestDecodeError(_non_finite(column, value), column)
+        return row
 
 
 DEVICES = TableSchema(
@@ -120,40 +133,229 @@ class Tables:
             self.rows[table][row[TABLES[table].key]] = row
 
 
+#: The column of a table file that marks a row deleted: with a true value (``true``,
+#: ``yes``, ``1``, ``on``) the key is left out of the table (the registry loader sends a
+#: tombstone for it), so one file serves ``ingest registry`` and ``backtest --table``.
+DELETED = "deleted"
+TRUE_WORDS, FALSE_WORDS = frozenset({"true", "yes", "1", "on"}), frozenset({"false", "no", "0", "off"})
+
+
+class TableFileProblem(NamedTuple):
+    """One problem of a registry file: its 1-based line (the row's first) and what is wrong,
+    in words that name the column when there is one."""
+
+    line: int
+    message: str
+
+
+#: Separators a spreadsheet may have used instead of the comma, named for the hint.
+_OTHER_SEPARATORS = {";": "';'", "\t": "tab", "|": "'|'"}
+
+
+def read_csv_rows(
+    path: Path, columns: Sequence[str], key: str
+) -> tuple[list[tuple[int, dict[str, str]]], list[TableFileProblem]]:
+    """``(line, {column: cell})`` of each row of a CSV registry file, and its problems.
+
+    The first non-blank line is the header; a UTF-8 byte order mark (Excel's "CSV UTF-8")
+    is dropped, names and cells are stripped, and lines of empty cells are skipped. The
+    header is refused with an empty, repeated or unknown name (not in ``columns``), without
+    ``key``, or when it is one name holding ``;``, tabs or ``|`` (a hint at the separator);
+    then no row is read. A row with more or fewer fields than the header is a problem, not
+    padded. An empty file is a problem; a header without rows is not (the caller decides).
+    Raises UnicodeDecodeError and OSError as :meth:`Path.open` and reading do."""
+    problems: list[TableFileProblem] = []
+    rows: list[tuple[int, dict[str, str]]] = []
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        names: list[str] | None = None
+        last = 0  # the line the previous record ended on
+        try:
+            for record in reader:
+                line, last = last + 1, reader.line_num
+                if not any(cell.strip() for cell in record):
+                    continue
+                if names is None:
+                    names = [name.strip() for name in record]
+                    problems += _header_problems(line, names, columns, key)
+                    if problems:
+                        return [], problems
+                    continue
+                if len(record) != len(names):
+                    problems.append(TableFileProblem(line, _ragged(line, record, names)))
+                    continue
+                rows.append((line, {n: cell.strip() for n, cell in zip(names, record, strict=True)}))
+        except csv.Error as exc:  # a NUL byte, a field past the csv module's size limit
+            problems.append(TableFileProblem(reader.line_num, f"not valid CSV: {exc}"))
+    if names is None:
+        expected = ",".join([key, *[c for c in columns if c != key][:2]])
+        problems.append(
+            TableFileProblem(1, f"the file is empty: expected a header naming the columns (e.g. {expected})")
+        )
+    return rows, problems
+
+
+def _header_problems(line: int, names: list[str], columns: Sequence[str], key: str) -> list[TableFileProblem]:
+    if len(names) == 1:
+        for sep, what in _OTHER_SEPARATORS.items():
+            if sep in names[0]:
+                msg = (
+                    f"the header is one column {names[0][:80]!r}: the file looks {what}-separated; "
+                    "save it as CSV with commas (Excel: CSV UTF-8 (Comma delimited))"
+                )
+                return [TableFileProblem(line, msg)]
+    out: list[TableFileProblem] = []
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, 1):
+        if not name:
+            out.append(TableFileProblem(line, f"column {i} of the header has no name"))
+        elif name in seen:
+            msg = f"column '{name}' appears twice in the header (columns {seen[name]} and {i})"
+            out.append(TableFileProblem(line, msg))
+        elif name not in columns:
+            out.append(TableFileProblem(line, unknown_column(name, columns, f" (column {i} of the header)")))
+        seen.setdefault(name, i)
+    if key not in seen:
+        out.append(TableFileProblem(line, f"the header has no '{key}' column (the key of every row)"))
+    return out
+
+
+def unknown_column(name: str, columns: Sequence[str], where: str = "") -> str:
+    """``unknown column 'max_tmp'<where>; did you mean 'max_temp'? expected one of: ...``."""
+    close = difflib.get_close_matches(name, columns, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"unknown column '{name[:80]}'{where}; {hint}expected one of: {', '.join(columns)}"
+
+
+def _ragged(line: int, record: list[str], names: list[str]) -> str:
+    n, m = len(record), len(names)
+    if n > m:
+        detail = f"field {m + 1} ({record[m].strip()[:40]!r}) has no column"
+    else:
+        detail = f"no field for {', '.join(repr(c) for c in names[n:])}"
+    return f"line {line} has {n} field{'s' * (n != 1)}, the header has {m}: {detail}"
+
+
 def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
-    """Rows of a registry file for a backtest or rule test: CSV with a header, or YAML
-    (a list of rows, or ``{rows: [...]}``). CSV cells are converted by column type;
-    an empty cell is NULL. Raises ValueError naming the file and line."""
+    """The validated rows of a registry file for a backtest or rule test: CSV with a header
+    (:func:`read_csv_rows`; cells converted by column type, an empty cell is NULL), or YAML
+    (a list of rows, or ``{rows: [...]}``).
+
+    A table file is a snapshot: every key once, every row a valid row of the table, numbers
+    finite, at least one row (an empty table needs no file); a row whose :data:`DELETED`
+    column is true is left out, as the registry loader deletes its key. Raises ValueError listing every
+    problem, one a line, as ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``), each naming
+    its column; UnicodeDecodeError and OSError as reading the file raises them."""
     schema = TABLES[table]
+    problems: list[str] = []
+    checked: list[tuple[int, str, dict[str, Any]]] = []  # (line, where its key is, row)
     if path.suffix.lower() == ".csv":
-        rows: list[dict[str, Any]] = []
-        with path.open(newline="", encoding="utf-8") as f:
-            for lineno, raw in enumerate(csv.DictReader(f), 2):
-                row: dict[str, Any] = {}
-                for col, cell in raw.items():
-                    ftype = schema.columns.get(col) if col != schema.key else "string"
-                    if cell is None or cell == "":
-                        continue
-                    try:
-                        row[col] = float(cell) if ftype == "double" else cell
-                    except ValueError:
-                        msg = f"{path}:{lineno}: column '{col}' must be a number, got {cell!r}"
-                        raise ValueError(msg) from None
-                rows.append(row)
-        return rows
-    data, positions = _read_yaml(path)
-    prefix: tuple[str, ...] = ()
-    if isinstance(data, dict):
-        data, prefix = data.get("rows"), ("rows",)
-    if not isinstance(data, list):
-        msg = f"{path}: expected a list of rows (or rows: [...])"
-        raise ValueError(msg)
-    for i, r in enumerate(data):
-        if not isinstance(r, dict):
-            line, col = position_of(positions, (*prefix, i))
-            msg = f"{path}:{line}:{col}: a row must be a mapping of column: value"
+        rows, structure = read_csv_rows(path, [schema.key, *schema.columns, DELETED], schema.key)
+        problems += [f"{path}:{p.line}: {p.message}" for p in structure]
+        for line, cells in rows:
+            at = f"{path}:{line}"
+            row = _check_row(schema, {c: v for c, v in cells.items() if v}, partial(_csv_place, at), problems)
+            if row is not None:
+                checked.append((line, at, row))
+    else:
+        data, positions = _read_yaml(path)
+        prefix: tuple[str, ...] = ()
+        if isinstance(data, dict):
+            data, prefix = data.get("rows"), ("rows",)
+        if not isinstance(data, list):
+            msg = f"{path}: expected a list of rows (or rows: [...])"
             raise ValueError(msg)
-    return [dict(r) for r in data]
+        for i, raw in enumerate(data):
+            place = partial(_yaml_place, path, positions, (*prefix, i))
+            if not isinstance(raw, dict):
+                problems.append(f"{place(None)}: a row must be a mapping of column: value")
+                continue
+            row = _check_row(schema, {str(c): v for c, v in raw.items() if v is not None}, place, problems)
+            if row is not None:
+                checked.append((position_of(positions, (*prefix, i))[0], place(schema.key), row))
+    first: dict[str, int] = {}
+    for line, at, row in checked:
+        key = row[schema.key]
+        if key in first:
+            problems.append(
+                f"{at}: {schema.key} {key!r} is already on line {first[key]}; "
+                "a table file lists each key once"
+            )
+        first.setdefault(key, line)
+    if not problems and not checked:
+        msg = f"{path}: no rows (a table file lists the table's rows; an empty table needs no file)"
+        problems.append(msg)
+    if problems:
+        raise ValueError("\n".join(problems))
+    return [row for _line, _at, row in checked if not row.pop(DELETED, False)]
+
+
+def _csv_place(at: str, _column: str | None) -> str:
+    """``FILE:LINE`` of a CSV row, whatever the column (the message names it)."""
+    return at
+
+
+def _yaml_place(path: Path, positions: Positions, row: tuple[str | int, ...], column: str | None) -> str:
+    """``FILE:LINE:COL`` of a YAML row's ``column`` (of the row itself for None)."""
+    line, col = position_of(positions, row if column is None else (*row, column))
+    return f"{path}:{line}:{col}"
+
+
+def _check_row(
+    schema: TableSchema,
+    cells: Mapping[str, Any],
+    place: Callable[[str | None], str],
+    problems: list[str],
+) -> dict[str, Any] | None:
+    """One row typed by ``schema`` (text converted for number columns; ``deleted: True``
+    added when the row says so), or None after appending each of its problems, as
+    ``place(column): ...``, to ``problems``."""
+    row: dict[str, Any] = {}
+    before = len(problems)
+    cells = dict(cells)
+    deleted = cells.pop(DELETED, False)
+    if isinstance(deleted, str) and deleted.lower() in TRUE_WORDS | FALSE_WORDS:
+        deleted = deleted.lower() in TRUE_WORDS
+    if not isinstance(deleted, bool):
+        problems.append(f"{place(DELETED)}: column '{DELETED}' must be true or false, got {deleted!r}")
+    for column, value in cells.items():
+        ftype = "string" if column == schema.key else schema.columns.get(column)
+        if ftype is None:
+            problems.append(f"{place(column)}: {unknown_column(column, [schema.key, *schema.columns])}")
+            continue
+        given = value
+        if ftype == "double" and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                problems.append(f"{place(column)}: column '{column}' must be a number, got {given!r}")
+                continue
+        try:
+            row[column] = check_value(column, ftype, value)
+        except IngestDecodeError as exc:
+            problems.append(f"{place(column)}: {exc.reason}")
+            continue
+        if isinstance(row[column], float) and not math.isfinite(row[column]):
+            problems.append(f"{place(column)}: {_non_finite(column, given)}")
+    key = row.get(schema.key)
+    if schema.key not in cells:
+        problems.append(f"{place(None)}: column '{schema.key}' (the key) is missing or empty")
+    elif isinstance(key, str) and not key.strip():
+        problems.append(f"{place(schema.key)}: column '{schema.key}' (the key) is blank")
+    if len(problems) > before:
+        return None
+    try:
+        return {**schema.validate(row), DELETED: deleted} if deleted else schema.validate(row)
+    except IngestDecodeError as exc:  # every check above passed: not expected
+        problems.append(f"{place(exc.field)}: {exc.reason}")
+        return None
+
+
+def _non_finite(column: str, value: object) -> str:
+    return (
+        f"column '{column}' must be a finite number, got {value!r} "
+        "(as in events, NaN and infinities are refused)"
+    )
 
 
 #: The largest YAML registry file a backtest or rule test reads (CSV has no such limit).

@@ -30,8 +30,10 @@ from app.notify.config import (
     AlertmanagerReceiverConfig,
     FrozenModel,
     KafkaReceiverConfig,
+    Receivers,
     Seconds,
     WebhookReceiverConfig,
+    non_empty,
 )
 from app.rules.yamlpos import YamlProblem, load_with_positions, position_of
 from app.runtime.settings import ENV_DOCS
@@ -49,11 +51,6 @@ def _matcher(value: object) -> Matcher:
 
 
 MatcherField = Annotated[Matcher, BeforeValidator(_matcher)]
-
-
-ReceiverConfig = Annotated[
-    WebhookReceiverConfig | AlertmanagerReceiverConfig | KafkaReceiverConfig, Field(discriminator="type")
-]
 
 
 class EscalationConfig(FrozenModel):
@@ -83,8 +80,8 @@ class InhibitRuleConfig(FrozenModel):
     """Firing alerts matching ``source_matchers`` mute alerts matching ``target_matchers``
     that have equal values for every label in ``equal``."""
 
-    source_matchers: tuple[MatcherField, ...] = Field(min_length=1)
-    target_matchers: tuple[MatcherField, ...] = Field(min_length=1)
+    source_matchers: Annotated[tuple[MatcherField, ...], non_empty("matcher")]
+    target_matchers: Annotated[tuple[MatcherField, ...], non_empty("matcher")]
     equal: tuple[str, ...] = ()
 
 
@@ -105,7 +102,7 @@ class DeliveryConfig(FrozenModel):
 
 
 class RoutesFile(FrozenModel):
-    receivers: tuple[ReceiverConfig, ...] = Field(min_length=1)
+    receivers: Receivers
     route: RouteConfig
     inhibit_rules: tuple[InhibitRuleConfig, ...] = ()
     flapping: FlappingConfig = FlappingConfig()

@@ -1,7 +1,8 @@
 """The receivers' typed configuration, as written under ``receivers:`` in the routes file.
 
 Each receiver type has one frozen pydantic model (unknown keys refused, durations
-converted while validating); :data:`AnyReceiver` is any of them. The notifiers
+converted while validating); :data:`AnyReceiver` is any of them, :data:`Receivers`
+the non-empty list of them under ``receivers:``. The notifiers
 (:mod:`app.notify.webhook`, :mod:`app.notify.receivers`) and the checks
 (:mod:`app.notify.check`) take these; the dispatcher's routes file embeds them.
 """
@@ -27,6 +28,22 @@ def _seconds(value: object) -> float:
 
 #: Seconds, written as a duration (``30s``, ``5m``).
 Seconds = Annotated[float, BeforeValidator(_seconds)]
+
+
+def non_empty(what: str) -> BeforeValidator:
+    """A list that must have items, checked as written, before its items are validated.
+
+    ``Field(min_length=1)`` counts the items that validated: a list whose every item is
+    invalid also got ``Tuple should have at least 1 item after validation, not 0``, a
+    second error for the same mistake. This says only what is wrong: an empty list."""
+
+    def check(value: object) -> object:
+        if isinstance(value, list | tuple) and not value:
+            msg = f"at least one {what} is needed, got an empty list"
+            raise ValueError(msg)
+        return value
+
+    return BeforeValidator(check)
 
 
 class FrozenModel(BaseModel):
@@ -75,3 +92,6 @@ class KafkaReceiverConfig(FrozenModel):
 
 #: Any receiver's configuration.
 AnyReceiver = WebhookReceiverConfig | AlertmanagerReceiverConfig | KafkaReceiverConfig
+
+#: The ``receivers:`` of the routes file: at least one, each told apart by its ``type``.
+Receivers = Annotated[tuple[Annotated[AnyReceiver, Field(discriminator="type")], ...], non_empty("receiver")]

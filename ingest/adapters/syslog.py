@@ -11,15 +11,25 @@ sender's address on the network), ``ts``, ``program`` (APP-NAME / TAG), ``pid``
 ``err``), ``level`` normalised from the severity, and ``message``.
 MSGID and STRUCTURED-DATA have no field in the logs schema and are dropped.
 
-Time rules. RFC 5424 timestamps carry a zone; a nil timestamp is the receive
-time. RFC 3164 timestamps carry neither year nor zone: they are read in
-``LineContext.tz`` (``--tz``, default UTC) in the latest year that does not
-put them more than one day after the receive time: ``Dec 31 23:59:59``
-received on 1 January belongs to the old year, ``Jan 1 00:00:01`` from a
-sender whose clock runs ahead, received on 31 December, to the new one, and a
-file line from February read in November to this year. A
-message with no recognisable timestamp keeps its text whole as the message
-and gets the receive time (RFC 3164 section 4.3.3).
+Time rules. RFC 5424 timestamps carry a zone. RFC 3164 timestamps carry neither
+year nor zone: they are read in ``LineContext.tz`` (``--tz``, default UTC) in
+the latest year that does not put them more than one day after the receive
+time: ``Dec 31 23:59:59`` received on 1 January belongs to the old year,
+``Jan 1 00:00:01`` from a sender whose clock runs ahead, received on 31
+December, to the new one, and a file line from February read in November to
+this year.
+
+A message with no time of its own (no recognisable timestamp, e.g. no header
+at all, or an RFC 5424 nil TIMESTAMP) is treated by where it comes from:
+
+- :func:`parse_received`, for a message received live from the network (the
+  syslog server): it keeps its text whole as the message and gets the receive
+  time, as a relay does (RFC 3164 section 4.3.3; RFC 5424 section 6.2.3.1);
+- :func:`parse_record`, for a line of a file (``convert``, ``replay``,
+  ``tail``: the log formats of :mod:`ingest.adapters.logformats`): it is a
+  LineParseError on ``ts``. The time a file is read is not when its line was
+  written, so stamping it would invent the event's time; the line is counted
+  invalid (listed with its line number, or dead-lettered) like other bad lines.
 """
 
 from __future__ import annotations
@@ -50,9 +60,20 @@ _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct N
 
 
 def parse_record(text: str, ctx: LineContext) -> Record:
-    """Parse one syslog message (either RFC); raises LineParseError for a bad
-    ``<PRI>``, an RFC 5424 header with missing parts or structured data that
-    is not closed, and a message without a host when ``ctx.host`` is None."""
+    """Parse one syslog line of a file (either RFC); raises LineParseError for a
+    line without a timestamp (no syslog header), a bad ``<PRI>``, an RFC 5424
+    header with missing parts or structured data that is not closed, and a
+    line without a host when ``ctx.host`` is None."""
+    return _parse(text, ctx, received=False)
+
+
+def parse_received(text: str, ctx: LineContext) -> Record:
+    """Parse one syslog message received from the network: as :func:`parse_record`,
+    but a message without a timestamp gets ``ctx.received_ms``, as relays stamp it."""
+    return _parse(text, ctx, received=True)
+
+
+def _parse(text: str, ctx: LineContext, *, received: bool) -> Record:
     record: Record = {"host": None, "ts": None}
     pos = 0
     pri = _PRI.match(text)
@@ -64,10 +85,20 @@ def parse_record(text: str, ctx: LineContext) -> Record:
         record["facility"], record["severity"] = FACILITIES[value >> 3], SEVERITIES[value & 7]
         record["level"] = normalise_level(record["severity"])
         pos = pri.end()
-    if pri is not None and _V5424.match(text, pos):
-        _rfc5424(text, pri.end() + 2, ctx, record)
+    rfc5424 = pri is not None and _V5424.match(text, pos) is not None
+    if rfc5424:
+        _rfc5424(text, pos + 2, ctx, record)
     else:
         _rfc3164(text, pos, ctx, record)
+    if record["ts"] is None and not received:
+        msg = (
+            "RFC 5424 TIMESTAMP is '-' (nil): a line of a file needs its own time"
+            if rfc5424
+            else "no syslog header (no timestamp): expected 'Mmm dd hh:mm:ss HOST TAG: MSG' (RFC 3164) "
+            "or '<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD MSG' (RFC 5424) after the optional <PRI>; "
+            "a line of a file needs its own time"
+        )
+        raise LineParseError(msg, "ts")
     record["host"] = record["host"] or ctx.host
     if not record["host"]:
         msg = "the message has no HOSTNAME and no sender address is known"

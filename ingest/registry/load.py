@@ -1,9 +1,13 @@
 """Read a registry file (CSV or YAML) into table records, all or nothing.
 
-CSV: a header row naming the columns, one row per entity; blank cells are
+CSV: a header row naming the columns, one row per entity, each with as many
+fields as the header (a UTF-8 byte order mark is dropped; a repeated or unknown
+column, or a ``;``-separated file, is refused at the header); blank cells are
 null. YAML: a list of mappings, or a mapping with one key (the table name,
 e.g. ``devices:``) holding that list. Each row is validated with the table's
-schema (:mod:`ingest.registry.model`); a key given twice is an error.
+schema (:mod:`ingest.registry.model`); a key given twice is an error (the file
+is the table's snapshot, not a log of changes: ``deleted: true`` and ``--delete``
+remove a key), and so is a file without rows.
 
 A registry is configuration: a half-loaded one is worse than none. So
 :func:`load_rows` collects every problem, as ``FILE:LINE: column: message``,
@@ -12,13 +16,13 @@ and raises them together; the caller then publishes nothing.
 
 from __future__ import annotations
 
-import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.rules.yamlpos import YamlProblem, load_with_positions
+from app.tables import read_csv_rows
 from ingest.model import IngestArgError
 from ingest.registry.model import RowError, TableSpec
 
@@ -35,25 +39,23 @@ class TableRecord:
 
 
 def read_file(path: Path, spec: TableSpec) -> list[tuple[int, Any]]:
-    """``(line, row)`` pairs of a CSV (``.csv``) or YAML (``.yaml``/``.yml``) file."""
+    """``(line, row)`` pairs of a CSV (``.csv``, :func:`app.tables.read_csv_rows`: the header
+    checked, every row as many fields as the header) or YAML (``.yaml``/``.yml``) file;
+    IngestArgError listing the problems of the file's shape."""
     suffix = path.suffix.lower()
+    if suffix not in (".csv", ".yaml", ".yml"):
+        msg = f"{path}: expected a .csv, .yaml or .yml file"
+        raise IngestArgError(msg)
     try:
+        if suffix == ".csv":
+            rows, problems = read_csv_rows(path, spec.columns(), spec.key)
+            if problems:
+                raise IngestArgError("\n".join(f"{path}:{p.line}: {p.message}" for p in problems))
+            return list(rows)
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         msg = f"{path}: cannot read: {exc}"
         raise IngestArgError(msg) from None
-    if suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        rows = []
-        for row in reader:
-            if None in row:
-                msg = f"{path}:{reader.line_num}: more cells than header columns"
-                raise IngestArgError(msg)
-            rows.append((reader.line_num, row))
-        return rows
-    if suffix not in (".yaml", ".yml"):
-        msg = f"{path}: expected a .csv, .yaml or .yml file"
-        raise IngestArgError(msg)
     try:
         data, positions = load_with_positions(text)
     except YamlProblem as exc:
@@ -87,6 +89,11 @@ def load_rows(path: Path, spec: TableSpec) -> list[TableRecord]:
             problems += [f"{path}:{line}: {column}: {message}" for column, message in exc.problems]
             continue
         records.append(TableRecord(key, value, line))
+    if not records and not problems:
+        problems.append(
+            f"{path}: no rows: nothing to load (a registry file lists every row of the table; "
+            "--delete KEY removes one)"
+        )
     if problems:
         raise IngestArgError("\n".join(problems))
     return records

@@ -25,13 +25,12 @@ import orjson
 
 from app.errors import IngestDecodeError
 from app.events import MAX_KEY_LEN
+from app.tables import DELETED, FALSE_WORDS, TRUE_WORDS, TableSchema
 from app.tables import TABLES as SCHEMAS
-from app.tables import TableSchema
 
 logger = logging.getLogger(__name__)
 
-DELETED = "deleted"
-_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+_TRUE, _FALSE = TRUE_WORDS, FALSE_WORDS
 _RANGES = {"lat": 90.0, "lon": 180.0, "depot_lat": 90.0, "depot_lon": 180.0}
 _PAIRS = (("lat", "lon"), ("depot_lat", "depot_lon"))
 
@@ -112,14 +111,19 @@ def _boolean(value: Any, column: str, problems: list[tuple[str, str]]) -> bool:
 
 
 def _convert(value: Any, ftype: str, column: str, problems: list[tuple[str, str]]) -> Any:
-    """Cell text to the column's type (typed YAML values pass through to the schema)."""
+    """Cell text to the column's type (typed YAML values pass through to the schema, but
+    NaN and infinities, which events cannot hold either, are refused here)."""
     if not isinstance(value, str):
+        if ftype in ("double", "long") and isinstance(value, float) and not math.isfinite(value):
+            problems.append((column, f"expected a finite number, got {value!r}"))
+            return None
         return value
     try:
         if ftype == "double":
             number = float(value)
             if not math.isfinite(number):
-                raise ValueError(value)
+                problems.append((column, f"expected a finite number, got {value!r}"))
+                return None
             return number
         if ftype == "long":
             return int(value)

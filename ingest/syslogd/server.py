@@ -1,8 +1,9 @@
 """``python -m ingest syslog``: receive syslog over UDP and/or TCP onto ``events.logs``.
 
 Each message (a UDP datagram, or a TCP frame: :mod:`ingest.syslogd.framing`)
-is parsed by :mod:`ingest.adapters.syslog` with the sender's address as the
-host of last resort and the arrival time as the receive time, validated and
+is parsed by :func:`ingest.adapters.syslog.parse_received` with the sender's address as the
+host of last resort and the arrival time as the receive time (also the time of a
+message without a timestamp, as a relay stamps it), validated and
 published keyed by host. Messages that do not parse, and framing errors, go to
 ``dlq.events`` with the transport and sender in the reason.
 
@@ -27,7 +28,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, tzinfo
 from typing import NamedTuple
 
@@ -37,6 +38,7 @@ from app.runtime.settings import Settings
 from app.topics import LOGS
 from ingest.adapters.logbase import LineContext
 from ingest.adapters.logformats import log_format, parse_log_line
+from ingest.adapters.syslog import parse_received
 from ingest.publisher import Publisher
 from ingest.runtime import AdapterSummary, take_batch
 from ingest.syslogd.framing import FrameDecoder, FramingError
@@ -104,7 +106,7 @@ async def serve_syslog(
     on_ready: Callable[[dict[str, Address]], None] | None = None,
 ) -> AdapterSummary:
     """Listen until ``stop`` is set; ``on_ready`` gets the bound addresses."""
-    fmt = log_format("syslog")
+    fmt = replace(log_format("syslog"), parse=parse_received)  # a file's parser refuses a line with no time
     queue: asyncio.Queue[_Message] = asyncio.Queue(opts.queue_size)
     counts = {"udp": 0, "tcp": 0, "dropped": 0, "connections": 0}
     conns: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}

@@ -12,6 +12,7 @@ from ingest.adapters.apache_error import parse_record as apache_error
 from ingest.adapters.applog import parse_record as applog
 from ingest.adapters.logbase import LineContext, LineParseError, normalise_level
 from ingest.adapters.logformats import LOG_FORMATS, parse_log_line, require_host
+from ingest.adapters.syslog import parse_received
 from ingest.adapters.syslog import parse_record as syslog
 from ingest.model import ConvertError, IngestArgError
 
@@ -96,9 +97,9 @@ def test_syslog_rfc5424_with_structured_data_and_bom() -> None:
     }
 
 
-def test_syslog_rfc5424_nil_values_use_sender_and_receive_time() -> None:
+def test_syslog_received_rfc5424_nil_values_use_sender_and_receive_time() -> None:
     ctx = LineContext(host="10.0.0.7", received_ms=_ms(2024, 1, 2, 3, 4, 5))
-    record = syslog("<11>1 - - - - - - disk failing", ctx)
+    record = parse_received("<11>1 - - - - - - disk failing", ctx)
     assert (record["host"], record["ts"], record["program"], record["pid"]) == (
         "10.0.0.7",
         "2024-01-02T03:04:05.000Z",
@@ -141,14 +142,14 @@ def test_rfc3164_year_rule(received: tuple[int, ...], stamp: str, expected: str)
     assert syslog(f"<13>{stamp} host app: x", ctx)["ts"] == expected
 
 
-def test_syslog_without_timestamp_keeps_the_whole_message() -> None:
+def test_syslog_received_without_timestamp_keeps_the_whole_message() -> None:
     ctx = LineContext(host="10.0.0.7", received_ms=_ms(2024, 1, 1))
-    record = syslog("<30>systemd[1]: Started", ctx)
+    record = parse_received("<30>systemd[1]: Started", ctx)
     assert (record["message"], record["ts"]) == ("systemd[1]: Started", "2024-01-01T00:00:00.000Z")
     with pytest.raises(LineParseError, match="out of range"):
         syslog("<200>Oct 11 22:14:15 h a: x", ctx)
     with pytest.raises(LineParseError, match="no HOSTNAME"):
-        syslog("<13>1 - - - - - - x", LineContext(host=None))
+        parse_received("<13>1 - - - - - - x", LineContext(host=None))
 
 
 def test_levels_are_normalised_across_formats() -> None:
