@@ -185,8 +185,8 @@ class Outbox:
             ALERTS_OUT.labels(rule_id, status).inc(n)
         for topic, n in routed.items():
             ROUTED.labels(topic).inc(n)
-        if out.late:
-            LATE.labels(source).inc(len(out.late))
+        if out.late_count:  # every late policy: drop counts them too (docs/rules.md)
+            LATE.labels(source).inc(out.late_count)
         return records
 
 

@@ -125,19 +125,23 @@ class _Runner:
 
 @dataclass
 class Output:
-    """What one event produced: alert transitions, routed events, unusable late events, and
-    events refused for their time (each with the reason, for the dead-letter topic)."""
+    """What one event produced: alert transitions, routed events, unusable late events (the
+    copies of ``late_policy: side`` rules, and how many rules, of every policy, found the
+    event too late: ``late_count``), and events refused for their time (each with the
+    reason, for the dead-letter topic)."""
 
     alerts: list[Alert] = field(default_factory=list)
     routed: list[tuple[str, bytes, bytes]] = field(default_factory=list)
     late: list[tuple[str, bytes]] = field(default_factory=list)
     refused: list[tuple[Event, str]] = field(default_factory=list)
+    late_count: int = 0
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
         self.routed += other.routed
         self.late += other.late
         self.refused += other.refused
+        self.late_count += other.late_count
 
 
 @dataclass
@@ -566,6 +570,7 @@ class StreamEvaluator:
             return
         if late:
             self.stats.late += 1
+            out.late_count += 1
             if rule.rule.late_policy == "side":
                 out.late.append((rid, orjson.dumps({"rule_id": rid, "event": ev.fields})))
         if alerts:

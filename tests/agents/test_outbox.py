@@ -19,6 +19,7 @@ from agents.state_store import TableStore
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import CachedPartitioner
+from app.rules.evaluator import LATE_TOPIC, Output
 from app.topics import TopicSpec
 from tests.agents.worker_helpers import TOPIC, fake_table
 
@@ -162,6 +163,22 @@ def test_delivered_records_leave_the_commit_alone() -> None:
     box = asyncio.run(run())
     box.check()  # no exception: the commit may go ahead
     assert box.failed is None
+
+
+def test_late_events_are_counted_whatever_their_rules_late_policy() -> None:
+    """``worker_late_events_total`` counts every rule an event came too late for: two here,
+    of which one copies it aside (the one record) and one drops it. It counted the copies
+    alone, so under the default policy (drop) it stayed at 0 whatever came late."""
+    from prometheus_client import REGISTRY
+
+    def late() -> float:
+        return REGISTRY.get_sample_value("worker_late_events_total", {"source": "late-test"}) or 0.0
+
+    box = Outbox(_App(_Producer()), CachedPartitioner())  # type: ignore[arg-type]
+    before = late()
+    records = box.records(Output(late=[("hourly-side", b"{}")], late_count=2), "late-test")
+    assert records == [(LATE_TOPIC, b"hourly-side", b"{}")]
+    assert late() - before == 2
 
 
 def test_an_undelivered_record_crashes_the_worker_and_fails_the_commit() -> None:

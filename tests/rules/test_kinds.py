@@ -90,6 +90,19 @@ def test_late_event_within_lateness_counts_and_beyond_is_dropped_or_sided(tmp_pa
         out2 = eng.process(s, e)
     assert eng.stats.late == 1
     assert [orjson.loads(v)["rule_id"] for _, v in out2.late] == ["hourly-heat"]
+    assert out2.late_count == 1
+
+
+def test_every_late_policy_counts_the_late_event_in_its_output(tmp_path: Path) -> None:
+    """The worker's ``worker_late_events_total`` counts an event's ``late_count``: a rule that
+    drops it (the default) counts it as one that copies it aside does, without a copy."""
+    both = HOURLY + HOURLY.replace("id: hourly-heat", "id: hourly-side").replace(
+        "allowed_lateness: 10m", "allowed_lateness: 10m\n    late_policy: side"
+    )
+    eng = Engine(rules(tmp_path, both))
+    outs = [eng.process(*sensor(m, temperature=1.0)) for m in (10, 75, 30)]
+    assert [o.late_count for o in outs] == [0, 0, 2]
+    assert [orjson.loads(v)["rule_id"] for _, v in outs[2].late] == ["hourly-side"]
 
 
 def test_amend_policy_raises_an_alert_from_a_late_event(tmp_path: Path) -> None:
