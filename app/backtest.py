@@ -16,6 +16,7 @@ import gzip
 import io
 import logging
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,9 @@ _KEY_TO_SOURCE = {s.key: s.source for s in SCHEMAS.values()}
 
 #: The statuses a backtest prints unless told otherwise: the notified ones.
 DEFAULT_STATUSES = frozenset({"firing", "resolved"})
+
+#: The problems the summary names one by one; a note gives the number of the others.
+NAMED_PROBLEMS = 50
 
 
 def parse_statuses(text: str | None) -> frozenset[str]:
@@ -82,7 +86,10 @@ class BacktestReport:
     skipped: int = 0
     alerts: int = 0  # transitions written
     routed: int = 0
-    late: int = 0
+    late: int = 0  # late events copied aside (``late_policy: side``), as the worker's events.late
+    #: events a rule could not use for their time, every late policy: counted once per rule
+    #: the event came too late for (the evaluator's ``stats.late``); the Faust engine's only
+    late_events: int = 0
     refused: int = 0  # events refused for their time (APP_MAX_EVENT_SKEW, docs/event-time.md)
     problems: list[str] = field(default_factory=list)
     statuses: frozenset[str] = DEFAULT_STATUSES
@@ -100,9 +107,23 @@ class BacktestReport:
             self.rule_errors[rule_id] = self.rule_errors.get(rule_id, 0) + n
 
     def print_summary(self, label: str = "backtest") -> None:
-        """The first problems and the totals, on stderr (stdout may carry the alert lines)."""
-        for line in self.problems[:50]:
+        """The first problems (a note counts the others), the late events when there are
+        some, and the totals, last, on stderr (stdout may carry the alert lines)."""
+        for line in self.problems[:NAMED_PROBLEMS]:
             print(line, file=sys.stderr)
+        if len(self.problems) > NAMED_PROBLEMS:
+            print(
+                f"{label}: ... and {len(self.problems) - NAMED_PROBLEMS} more not shown "
+                f"(the first {NAMED_PROBLEMS} are named above)",
+                file=sys.stderr,
+            )
+        if self.late_events:
+            n = self.late_events
+            print(
+                f"{label}: {n} event{'' if n == 1 else 's'} later than {'its' if n == 1 else 'their'} "
+                "rule's allowed lateness, not counted (once per rule; late_policy in docs/rules.md)",
+                file=sys.stderr,
+            )
         if self.rule_errors:
             failed = ", ".join(f"{rid} ({n})" for rid, n in sorted(self.rule_errors.items()))
             print(
@@ -153,9 +174,17 @@ class TimeRange:
 
     @classmethod
     def of(cls, time_from: str | None, time_to: str | None) -> TimeRange:
-        """The range of the two options as given (RFC 3339), IngestDecodeError naming a bad one."""
+        """The range of the two options as given (RFC 3339), IngestDecodeError naming a bad one,
+        ValueError naming both when ``--from`` is not before ``--to`` (a range of no time)."""
         lo = parse_ts(time_from, "--from") if time_from else None
-        return cls(lo, parse_ts(time_to, "--to") if time_to else None)
+        hi = parse_ts(time_to, "--to") if time_to else None
+        if lo is not None and hi is not None and lo >= hi:
+            msg = (
+                f"--from {time_from} is not before --to {time_to}: the range [--from, --to) "
+                "holds no event time"
+            )
+            raise ValueError(msg)
+        return cls(lo, hi)
 
     def holds(self, ts_ms: int | None) -> bool:
         if ts_ms is None:
@@ -212,18 +241,23 @@ def backtest(
     lo, hi = within.lo, within.hi  # plain compares below: the loop runs per event
     eng = Engine(ruleset, engine=engine, partitions=partitions, tables=tables, max_skew_ms=max_skew_ms)
     alerts: list[Alert] = []
-    for source, e in events:
-        if (lo is not None and e.ts_ms < lo) or (hi is not None and e.ts_ms >= hi):
-            continue
-        report.events += 1
-        result = eng.process(source, e)
-        report.routed += len(result.routed)
-        report.late += len(result.late)
-        report.refuse(result.refused)
-        for a in result.alerts:
-            alerts.append(a)
-            report.emit(out, a)
+    try:
+        for source, e in events:
+            if (lo is not None and e.ts_ms < lo) or (hi is not None and e.ts_ms >= hi):
+                continue
+            report.events += 1
+            result = eng.process(source, e)
+            report.routed += len(result.routed)
+            report.late += len(result.late)
+            report.refuse(result.refused)
+            for a in result.alerts:
+                alerts.append(a)
+                report.emit(out, a)
+    except InputError:  # the summary then counts the late events read before the damage
+        report.late_events += eng.stats.late
+        raise
     report.refuse(eng.finish().refused)
+    report.late_events += eng.stats.late
     report.count_rule_errors(eng.take_rule_errors())
     return alerts
 
@@ -344,7 +378,13 @@ def open_input(path: Path) -> io.BufferedIOBase:
 
 
 class InputError(ValueError):
-    """The input file could not be read to its end (a damaged ``.gz``, a disk error)."""
+    """The input file could not be read to its end (a damaged ``.gz`` or ``.bz2``, a disk error)."""
+
+
+#: what reading a damaged file raises: OSError (a disk error; gzip.BadGzipFile, a bad header;
+#: bz2's "Invalid data stream"), EOFError (a file cut short) and zlib.error (a ``.gz`` damaged
+#: inside its deflate stream: "invalid distance too far back", a bad block type, ...)
+UNREADABLE = (OSError, EOFError, zlib.error)
 
 
 def _read_lines(f: io.BufferedIOBase, path: Path) -> Iterator[bytes]:
@@ -352,7 +392,7 @@ def _read_lines(f: io.BufferedIOBase, path: Path) -> Iterator[bytes]:
     try:
         for n, line in enumerate(f, 1):  # noqa: B007  # n: the lines read, for the error
             yield line
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+    except UNREADABLE as exc:
         msg = f"--input {path}: unreadable after line {n}: {exc}"
         raise InputError(msg) from exc
 

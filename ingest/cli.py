@@ -29,6 +29,7 @@ from typing import BinaryIO
 import orjson
 
 from app.errors import AppError, ConfigError
+from app.runtime.outfile import OutputPathError, check_output
 from app.runtime.settings import Settings
 from ingest.adapters import FORMAT_SOURCES, apache_events, nab_events, ohlc_events
 from ingest.adapters.logfile import log_events
@@ -180,6 +181,8 @@ def _convert(args: argparse.Namespace) -> int:
         results, name = log_events(args.file, args.format, host=args.host, tz=args.tz), args.file
     else:
         results, name = ohlc_events(args.symbol), "bokeh_sampledata.stocks"
+    if args.out is not None:  # before the output is opened, which empties it
+        check_output(args.out, [("the input", args.file)] if args.kind != "ohlc" else [])
     errors = 0
     with _output(args.out) as out:
         for result in results:
@@ -199,7 +202,12 @@ def _output(path: str | None) -> Iterator[BinaryIO]:
         yield sys.stdout.buffer
         sys.stdout.flush()
         return
-    with open(path, "wb") as f:
+    try:
+        f = open(path, "wb")  # closed below; its errors named as --out's
+    except OSError as exc:
+        msg = f"--out {path}: cannot write: {exc.strerror or exc}"
+        raise OutputPathError(msg) from None
+    with f:
         yield f
 
 

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.errors import AppError, RuleConfigError
+from app.errors import AppError, ConfigError, RuleConfigError
 from app.roles import ROLES, RoleEntry
 from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
+
+Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -48,8 +50,14 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
-    from app.rules.loader import load_rules
+    from app.rules.loader import load_rules, rule_files
 
+    # a directory with no rule file is an error, not "0 rule(s) in 0 file(s): all valid"
+    empty = [p for p in args.paths if p.is_dir() and not rule_files([p])]
+    for directory in empty:
+        print(f"error: no rule files found in {directory}{_unread_rule_files(directory)}", file=sys.stderr)
+    if empty:
+        return 2
     try:
         ruleset = load_rules(args.paths)
     except RuleConfigError as exc:
@@ -65,18 +73,30 @@ def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
     return 0
 
 
+def _unread_rule_files(directory: Path) -> str:
+    """A note naming the files of ``directory`` that look like rule files but are not read
+    (the loader reads ``*.yaml`` and ``*.yml``, case-sensitively), else ''."""
+    near = sorted(f for f in directory.rglob("*") if f.suffix.lower() in (".yaml", ".yml") and f.is_file())
+    if not near:
+        return " (rule files end in .yaml or .yml)"
+    shown = ", ".join(str(f) for f in near[:3]) + (f" and {len(near) - 3} more" if len(near) > 3 else "")
+    return f" (rule files end in .yaml or .yml, in lower case; not read: {shown})"
+
+
 def _cmd_rules_test(args: argparse.Namespace, _settings: Settings) -> int:
     from app.rules.ruletest import run_tests
 
     report = run_tests(args.paths)
     for r in report.results:
-        mark = "ok  " if r.ok else "FAIL"
-        print(f"{mark} {r.file}: {r.name}")
+        mark = "ok  " if r.ok else "ERR " if r.error else "FAIL"
+        print(f"{mark} {r.file}" + (f": {r.name}" if r.name != "-" or not r.error else ""))
         if not r.ok:
             print("\n".join(f"     {line}" for line in r.detail.splitlines()))
-    n, bad = len(report.results), len(report.failed)
-    print(f"{n - bad} passed, {bad} failed", file=sys.stderr)
-    return 1 if bad or not n else 0
+    n, errors = len(report.results), len(report.errors)
+    bad = len(report.failed) - errors
+    more = f", {errors} error(s) (invalid test files, not run)" if errors else ""
+    print(f"{n - bad - errors} passed, {bad} failed{more}", file=sys.stderr)
+    return 2 if errors else 1 if bad or not n else 0
 
 
 def _statuses_arg(text: str) -> str:
@@ -88,6 +108,52 @@ def _statuses_arg(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _partitions_arg(text: str) -> int:
+    """argparse check of ``backtest --partitions``: a whole number, 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        msg = f"{text!r}: expected a whole number of partitions, 1 or more (default APP_PARTITIONS)"
+        raise argparse.ArgumentTypeError(msg)
+    return n
+
+
+def _backtest_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """What a backtest reads from files, as ``(option, path)``: its ``--out`` must be none of them."""
+    from app.rules.loader import rule_files
+
+    given: list[tuple[str, str]] = [("--rules", str(f)) for f in rule_files(args.rules)]
+    if args.input:
+        given.append(("--input", args.input))
+    given += [("--table", spec.partition("=")[2]) for spec in args.table or ()]
+    return given
+
+
+def _checked_backtest(cmd: Command) -> Command:
+    """``cmd`` (the backtest of either engine) after the checks of arguments that need no
+    engine, each an error naming the options, exit 2, before anything is read or written:
+    ``--out`` is not a directory, its directory exists and it is no input
+    (:func:`app.runtime.outfile.check_output`), and ``--from`` is before ``--to``."""
+
+    def checked(args: argparse.Namespace, settings: Settings) -> int:
+        from app.backtest import TimeRange
+        from app.errors import IngestDecodeError
+        from app.runtime.outfile import check_output
+
+        try:
+            if args.out:
+                check_output(args.out, _backtest_inputs(args))
+            TimeRange.of(args.time_from, args.time_to)
+        except (ValueError, IngestDecodeError, ConfigError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return cmd(args, settings)
+
+    return checked
 
 
 def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
@@ -147,7 +213,11 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     partitions = args.partitions or settings.partitions
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    except OSError as exc:  # checked before (_checked_backtest): permissions, a dangling link
+        print(f"error: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         if events is not None:
             backtest(
@@ -183,9 +253,6 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             out.close()
     report.print_summary()
     return 0 if report.complete else 1
-
-
-Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def _role(entry: RoleEntry) -> Command:
@@ -281,10 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", help="rule tooling")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
-    check = rsub.add_parser("check", help="validate rule files; exit 1 on any problem")
+    check = rsub.add_parser(
+        "check", help="validate rule files; exit 1 on any problem, 2 when a directory holds none"
+    )
     check.add_argument("paths", nargs="+", type=Path, help="rule files or directories")
     check.set_defaults(func=_cmd_rules_check)
-    rtest = rsub.add_parser("test", help="run rule unit tests (*.test.yaml); exit 1 on a failure")
+    rtest = rsub.add_parser(
+        "test", help="run rule unit tests (*.test.yaml); exit 1 on a failure, 2 on an invalid test file"
+    )
     rtest.add_argument("paths", nargs="+", type=Path, help="test files or directories")
     rtest.set_defaults(func=_cmd_rules_test)
 
@@ -301,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--archive", metavar="PATH", help="with --engine spark: the topics' Parquet archive")
     bt.add_argument(
         "--partitions",
-        type=int,
+        type=_partitions_arg,
         default=0,
         help="partitions to emulate (default APP_PARTITIONS, as the live worker sees them)",
     )
@@ -330,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
 
     register_spark_commands(sub, bt)
+    bt.set_defaults(func=_checked_backtest(bt.get_default("func")))  # both engines' backtests
     for entry in ROLES:
         sub.add_parser(entry.name, help=entry.help).set_defaults(func=_role(entry))
         for alias in entry.aliases:
