@@ -120,8 +120,8 @@ class BacktestReport:
         if self.late_events:
             n = self.late_events
             print(
-                f"{label}: {n} event{'' if n == 1 else 's'} later than {'its' if n == 1 else 'their'} "
-                "rule's allowed lateness, not counted (once per rule; late_policy in docs/rules.md)",
+                f"{label}: {n} late event{'' if n == 1 else 's'} not used by a rule (past its "
+                "allowed_lateness, or older than its group's newest; once per rule: docs/rules.md)",
                 file=sys.stderr,
             )
         if self.rule_errors:

@@ -175,8 +175,8 @@ def test_late_events_are_counted_in_the_summary(tmp_path: Path, capsys: pytest.C
     assert _backtest(rules, path, "--statuses", "all", "--out", str(tmp_path / "out.jsonl")) == 0
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "backtest: 1 event later than its rule's allowed lateness, not counted "
-        "(once per rule; late_policy in docs/rules.md)",
+        "backtest: 1 late event not used by a rule (past its allowed_lateness, or older than "
+        "its group's newest; once per rule: docs/rules.md)",
         "backtest: 4 events, 3 alert transitions, 0 invalid lines skipped",
     ]
 
