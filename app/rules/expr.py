@@ -257,6 +257,17 @@ def _syntax_problem(sql: str, spans: list[Span], exc: ParseError | TokenError) -
     return f"{described}{where}"
 
 
+def _comment_problem(text: str, comment: str) -> str:
+    """Why an expression with an SQL comment is refused: ``--`` and ``/* */`` would silently
+    cut it (``battery < 20--5`` read as ``battery < 20``, ``t > 100 -- AND h > 90`` as
+    ``t > 100``); YAML's ``#`` comments a rule."""
+    return (
+        f"{text!r} holds an SQL comment ({comment.strip()[:40]!r} after '--' or inside '/* */'), "
+        "which would cut the expression: comment with YAML's '#' after the value, and write "
+        "a minus before a negative number with a space ('20 - -5')"
+    )
+
+
 def parse(text: str) -> exp.Expression:
     """Parse one expression; raise ExpressionError on anything else."""
     if not isinstance(text, str) or not text.strip():
@@ -270,6 +281,9 @@ def parse(text: str) -> exp.Expression:
         tokens = _SPARK.tokenize(sql)
         if nesting(tokens) > MAX_DEPTH:
             raise ExpressionError(_TOO_DEEP)
+        commented = next((t for t in tokens if t.comments), None)
+        if commented is not None:
+            raise ExpressionError(_comment_problem(text, commented.comments[0]))
         result = _SPARK.parser().parse(tokens, sql)
     except (ParseError, TokenError) as exc:
         raise ExpressionError(f"cannot parse {text!r}: {_syntax_problem(sql, spans, exc)}") from None

@@ -184,6 +184,27 @@ def test_large_and_tiny_finite_numbers_still_load() -> None:
     assert compile_expr("temperature > 1e308 or temperature > 1e-999", FIELDS)({"temperature": 1.0}) is True
 
 
+@pytest.mark.parametrize(
+    ("condition", "comment"),
+    [
+        ("battery < 20--5", "'5'"),  # read as battery < 20: quiet at 22, where 20 - -5 fires
+        ("temperature > 100 -- AND humidity > 90", "'AND humidity > 90'"),
+        ("temperature > 100 /* AND humidity > 90 */", "'AND humidity > 90'"),
+    ],
+)
+def test_an_sql_comment_that_would_cut_the_expression_is_refused(
+    tmp_path: Path, condition: str, comment: str
+) -> None:
+    one_problem(tmp_path, where(condition), 4, f"holds an SQL comment ({comment}")
+    with pytest.raises(ExpressionError, match="YAML's '#'"):
+        compile_expr(condition, FIELDS)
+
+
+def test_dashes_in_strings_and_a_spaced_double_minus_still_load() -> None:
+    check = compile_expr("battery < 20 - -5 and device_id != '--x'", FIELDS)
+    assert check({"battery": 22.0, "device_id": "a"})
+
+
 # -- 5. a file that is not UTF-8 ----------------------------------------------------------
 
 
