@@ -123,7 +123,10 @@ def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path) -> None:
     bad = tmp_path / "devices.csv"
     bad.write_text("device_id,colour\nd1,red\n")
     cases = [
-        (["registry", "devices", str(bad), "--dry-run"], f"{bad}:2: colour: unknown column"),
+        (
+            ["registry", "devices", str(bad), "--dry-run"],
+            f"{bad}:1: unknown column 'colour' (column 2 of the header)",
+        ),
         (["tail", "x.log", "--format", "applog", "--state", "s.json"], "KAFKA_BOOTSTRAP_SERVERS is not set"),
         (["mqtt", "--map", "a/#/b=temperature"], "'#' may only be the last level"),
         (["syslog", "--udp", "nope"], "expected HOST:PORT or PORT"),
