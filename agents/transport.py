@@ -25,7 +25,10 @@ under it a commit takes the offsets and hands the changed states to the producer
 (``commit_snapshot``: the rule worker's write the changed states); then, handlers
 running again, it flushes and checks every delivery (``commit_delivery``) and
 commits the offsets. So delivery stays at least once, and the changelog holds the
-states of exactly the batches the offsets cover. Every other topic (table
+states of exactly the batches the offsets cover, but after a crash between the states'
+flush and the offset commit (docs/worker.md). A handler's call and the offsets it covers go
+together, even when a stop cancels the fetch loop mid-batch (:meth:`BatchConsumer._handle`).
+Every other topic (table
 changelogs in recovery, other agents) takes Faust's path unchanged. A topic registered with
 :meth:`RulesApp.round_agent` instead waits in a :class:`agents.merge.TimeMerge` and goes to its
 handler a round at a time: its partitions merged by record time (the rule worker's source
@@ -60,6 +63,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from functools import partial
 from typing import Any, cast
 
 import aiokafka
@@ -139,6 +143,8 @@ def _from(batch: list[Any], offset: int | None) -> list[Any]:
 #: the partitions over (a batch of ``APP_WORKER_BATCH`` events takes milliseconds; the group
 #: waits up to the rebalance timeout, 10 s, for this worker to rejoin)
 REVOKE_DRAIN_S = 5.0
+#: how long a stop waits for the batch its cancel interrupted to finish (:meth:`BatchConsumer._handle`)
+FINISH_BATCH_S = 10.0
 #: the backpressure's pauses and resumes of one topic reach the log at INFO at most this often,
 #: in seconds: a catch-up may pause and resume its partitions every few rounds (the others go
 #: to DEBUG, and are counted in the next INFO line)
@@ -153,6 +159,8 @@ class BatchConsumer(Consumer):
     _clean_revoke: bool = False
     _fetches_in_flight: int = 0
     _no_fetch_in_flight: asyncio.Event | None = None
+    #: why memory holds part of a batch no offset covers (:meth:`_tear`); None: it does not
+    _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
     _batch_acked: dict[TP, int]
     #: held by a handler call (with its offset bookkeeping), by a commit while it takes the
@@ -207,12 +215,7 @@ class BatchConsumer(Consumer):
         idle.clear()
         try:
             records, active = await super()._wait_next_records(timeout)
-            handlers: Mapping[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
-            if records and handlers:
-                records = await self._deliver_batches(records, active, handlers)
-            if getattr(self.app, "round_handlers", None) and (records or self._waiting()):
-                records = await self._deliver_rounds(records or {}, active)
-            return records, active
+            return await self._deliver(records, active), active
         finally:
             self._fetches_in_flight -= 1
             if not self._fetches_in_flight:
@@ -250,8 +253,8 @@ class BatchConsumer(Consumer):
                 async with gate:
                     if transactions is not None and (not transactions.open or self.should_stop):
                         return rest
-                    await handler(tp, chunk)
-                    self._batch_done(tp, chunk[-1].offset + 1)
+                    done = partial(self._batch_done, tp, chunk[-1].offset + 1)
+                    await self._handle(handler(tp, chunk), done)
                 if monitor is not None:
                     monitor.stream_inbound_time[tp] = time.monotonic()  # Faust's "stream idle" check
                 await asyncio.sleep(0)  # let timers (the commit each second) and other tasks run
@@ -299,9 +302,7 @@ class BatchConsumer(Consumer):
                     if transactions is not None and (not transactions.open or self.should_stop):
                         waiting.drop()  # read again from the committed offsets
                         return rest
-                    await handler(parts)
-                    for tp, chunk in parts:
-                        self._batch_done(tp, chunk[-1].offset + 1)
+                    await self._handle(handler(parts), partial(self._rounds_done, parts))
                 if monitor is not None:
                     for tp, _ in parts:
                         monitor.stream_inbound_time[tp] = time.monotonic()
@@ -427,6 +428,70 @@ class BatchConsumer(Consumer):
         self._batch_acked[tp] = done
         return first
 
+    async def _deliver(self, records: Any, active: set[TP] | None) -> Any:
+        """Run the handlers on a fetch's batch-agent and merged partitions; return the other
+        partitions' records. To the end, even when the fetch loop's task is cancelled meanwhile.
+
+        A stop cancels that task, and a handler awaits as it sends its outputs, after it has
+        changed the states. Cancelled there, the states counted part of the batch and the
+        offsets none of it: the stop's commit wrote those states, and the restarted worker read
+        the batch again on top of them, counted twice. So the handlers run in a task of their
+        own, which a cancel waits for, at most :data:`FINISH_BATCH_S`. The stop has stopped the
+        flow first, so no new batch begins meanwhile. A batch still running then is cancelled,
+        and tears the states (:meth:`_handle`)."""
+        handlers: Mapping[str, BatchHandler] = getattr(self.app, "batch_handlers", {})
+        rounds = bool(getattr(self.app, "round_handlers", None))
+        if not (records and handlers) and not (rounds and (records or self._waiting())):
+            return records
+
+        async def deliver() -> Any:
+            rest = records
+            if rest and handlers:
+                rest = await self._deliver_batches(rest, active, handlers)
+            if rounds and (rest or self._waiting()):
+                rest = await self._deliver_rounds(rest or {}, active)
+            return rest
+
+        task = asyncio.ensure_future(deliver())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            try:
+                if not task.done():
+                    await asyncio.wait({task}, timeout=FINISH_BATCH_S)
+            finally:
+                if not task.done():
+                    self._tear(f"a batch did not finish within {FINISH_BATCH_S:.0f} s of the stop")
+                    task.cancel()
+            raise
+
+    async def _handle(self, call: Awaitable[None], done: Callable[[], None]) -> None:
+        """Run one handler call (under the gate), then ``done``, which takes its records as
+        handled. A call that fails or is cancelled half-way tears the states (:meth:`_tear`)."""
+        try:
+            await call
+        except BaseException as exc:
+            self._tear(f"a batch stopped half-way ({exc!r})")
+            raise
+        done()
+
+    def _tear(self, why: str) -> None:
+        """Memory holds part of a batch that no offset covers: keep every later commit from
+        writing the states (the worker stops, or a rebalance restores every partition from the
+        changelogs), so a restart reads again from the last commit on the states it wrote.
+        Exactly-once: the open transactions are not committed (the broker aborts them)."""
+        if self._torn is None:
+            logger.error("%s: the states it changed are not written; the worker reads again from "
+                         "the last commit after a restart", why)  # fmt: skip
+            self._torn = why
+        transactions = self._transactions()
+        if transactions is not None and transactions.failed is None:
+            transactions.failed = RuntimeError(why)
+
+    def _rounds_done(self, parts: list[tuple[TP, list[Any]]]) -> None:
+        for tp, chunk in parts:
+            self._batch_done(tp, chunk[-1].offset + 1)
+
     def _batch_done(self, tp: TP, after: int) -> None:
         self._read_offset[tp] = after
         self._acked.setdefault(tp, [])  # lists tp in Faust's commit loop
@@ -503,6 +568,8 @@ class BatchConsumer(Consumer):
         partitions kept are restored too, from the changelog's start."""
         numbers = self._batch_numbers(assigned)
         moved = (self._owned ^ numbers) if self._clean_revoke else (self._owned | numbers)
+        if not self._clean_revoke and self._transactions() is None:
+            self._torn = None  # every partition is restored from the changelogs: memory is whole again
         self._owned, self._clean_revoke = numbers, False
         for tp in [tp for tp in self._read_offset if tp.topic in self._batch_topics()]:
             self._read_offset.pop(tp, None)  # set by a batch that outlived the revoke
@@ -581,6 +648,8 @@ class BatchConsumer(Consumer):
         states even with no offset to commit (before a rebalance: a timer may have changed
         them), and report success when there was nothing to commit."""
         async with self.gate:
+            if self._torn is not None:
+                return False
             # every partition with handled batches, taken under the gate: ``tps`` was listed
             # before it, and a partition whose first batch ended meanwhile is in the states
             offsets = self._filter_committable_offsets(list(self._filter_tps_with_pending_acks(None)))
@@ -595,7 +664,25 @@ class BatchConsumer(Consumer):
         await self._run_hooks("commit_delivery")
         if not offsets:
             return True
-        return bool(await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction))
+        before = {tp: self._committed_offset.get(tp) for tp in offsets}
+        done = bool(await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction))
+        if not done:
+            self._commit_again(offsets, before)
+        return done
+
+    def _commit_again(self, offsets: Mapping[TP, int], before: Mapping[TP, int | None]) -> None:
+        """After a commit whose offsets did not land (the group rebalanced meanwhile: Faust says
+        nothing), make the next commit (the revocation's) take them again. Faust records them as
+        committed whatever the outcome, and the batches were taken as committed here: that
+        commit found nothing to do, the rebalance took it as clean, and the partitions kept
+        were read again from the old offsets on top of states that count them."""
+        logger.warning("the offsets of %d partitions were not committed (a rebalance?): the next "
+                       "commit takes them again", len(offsets))  # fmt: skip
+        for tp, offset in offsets.items():
+            self._committed_offset[tp] = before[tp]
+            if self._batch_acked.get(tp, -1) < offset:  # a later batch ended meanwhile: it covers this one
+                self._batch_acked[tp] = offset
+            self._acked.setdefault(tp, [])
 
     async def _commit_transactions(self, *, begin: bool) -> bool:
         """One exactly-once commit: under the gate (no handler running), take the offsets
