@@ -53,6 +53,12 @@ REFORWARDED = Counter(
     "forwarded again when their source batch was read again after a crash (agents.wiring)",
     ["source"],
 )
+REREAD = Counter(
+    "worker_replayed_total",
+    "Source records the rules on a source's own partitions had evaluated already, dropped: read "
+    "again after a crash between a commit's states and its offsets (agents.wiring)",
+    ["source"],
+)
 CONSUME_LAG = Histogram(
     "worker_consume_lag_seconds", "From a record's timestamp to the start of its batch's evaluation",
     ["source"], buckets=(1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import faust
@@ -85,14 +85,19 @@ class Outbox:
 
     async def send_placed(self, records: Iterable[tuple[str, int, bytes, bytes | None]]) -> None:
         """Queue ``(topic, partition, key, value)`` records (the state changelog) on their
-        given partitions, in order; a None value is a tombstone.
+        given partitions, in order; a None value is a tombstone (:meth:`place`, then
+        :meth:`send_placement`)."""
+        await self.send_placement(self.place(records))
 
-        Each record is copied into its partition's record batch as it comes, and every
-        one is in a batch before the first batch is sent: ``records`` is read in one go,
-        with no other task running in between (a generator of states sees none change).
-        Under exactly-once each record goes into the transaction of its own partition number:
-        a state's changelog partition is that of the input partition whose events own it.
-        """
+    def place(self, records: Iterable[tuple[str, int, bytes, bytes | None]]) -> Placement:
+        """Copy ``(topic, partition, key, value)`` records into record batches, per partition
+        and in order, to send later (:meth:`send_placement`).
+
+        Each record is copied into its partition's record batch as it comes, and every one is
+        in a batch before any is sent: ``records`` is read in one go, with no other task
+        running in between (a generator of states sees none change). Under exactly-once each
+        record goes into the transaction of its own partition number: a state's changelog
+        partition is that of the input partition whose events own it."""
         building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
         producers: dict[int, Any] = {}
         for topic, partition, key, value in records:
@@ -102,9 +107,13 @@ class Outbox:
                 if partition not in producers:
                     producers[partition] = self.producer_for(partition)
             self._append(producers[partition], batches, key, value)
-        for (topic, partition), batches in building.items():
+        return Placement(building, producers)
+
+    async def send_placement(self, placement: Placement) -> None:
+        """Queue the record batches :meth:`place` built, each partition's in order."""
+        for (topic, partition), batches in placement.batches.items():
             for batch in batches:
-                await self._send_batch(producers[partition], batch, topic, partition)
+                await self._send_batch(placement.producers[partition], batch, topic, partition)
 
     @property
     def exactly_once(self) -> bool:
@@ -190,6 +199,15 @@ class Outbox:
         return records
 
 
+class Placement(NamedTuple):
+    """Records copied into record batches, not sent yet (:meth:`Outbox.place`)."""
+
+    #: per topic partition, its record batches in order
+    batches: dict[tuple[str, int], list[Any]]
+    #: per partition number, the producer its batches go through
+    producers: dict[int, Any]
+
+
 class CommitHooks(NamedTuple):
     """What runs before every offset commit: ``snapshot`` under the commit gate, with the
     offsets taken (``RulesApp.commit_snapshot``), then ``delivery`` with the handlers
@@ -206,22 +224,45 @@ def commit_hooks(
     *,
     exactly_once: bool = False,
 ) -> CommitHooks:
-    """What runs before every offset commit, in order: fail if an output was lost; hand the
-    changed states to the producer (the snapshot, under the gate); flush the producer
-    (``flush``) and fail if any output or state record handed to it was not delivered.
-    The consumer then commits.
+    """What runs before every offset commit, in order. Under the gate: fail if an output was
+    lost; take the changed states, copied into record batches (the snapshot). Then, the
+    handlers running again: flush the producer (``flush``), so every output of the batches
+    the snapshot covers is delivered; send the states; flush again; fail if any output or
+    state record was not delivered. The consumer then commits the offsets.
 
-    ``exactly_once``: no flush. The states go into the partitions' transactions, and the
-    commit that follows flushes each transactional producer and fails when a record of
+    The outputs go first so that a state record never lands without the outputs of the
+    events it counts: a crash after the states and before the offsets makes the restart
+    drop those events as evaluated (``agents.wiring.first_records``, ``first_forwards``),
+    and an alert they raised, still in the producer at the crash, would have been lost.
+
+    ``exactly_once``: the states go into the partitions' transactions in the snapshot, and
+    the commit that follows flushes each transactional producer and fails when a record of
     its transaction was not delivered."""
     stores = tuple(stores)
 
-    async def write_state() -> None:
-        """The changed states, as changelog records, before the offsets that cover them."""
-        await outbox.send_placed(record for store in stores for record in store.changes())
+    def changes() -> Iterator[tuple[str, int, bytes, bytes | None]]:
+        return (record for store in stores for record in store.changes())
+
+    if exactly_once:
+
+        async def write_state() -> None:
+            """The changed states, into the transactions, before the offsets that cover them."""
+            await outbox.send_placed(changes())
+
+        return CommitHooks((outbox.check, write_state), ())
+
+    taken: list[Placement] = []
+
+    def take_states() -> None:
+        taken.append(outbox.place(changes()))
 
     async def delivered() -> None:
         await flush()
         outbox.check()
+        placements, taken[:] = list(taken), []
+        for placement in placements:
+            await outbox.send_placement(placement)
+        await flush()
+        outbox.check()
 
-    return CommitHooks((outbox.check, write_state), () if exactly_once else (delivered,))
+    return CommitHooks((outbox.check, take_states), (delivered,))

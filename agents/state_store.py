@@ -16,7 +16,7 @@ from faust.types import TableT
 from agents.metrics import STATE_TOO_LARGE
 from app.rules.evaluator import DictStore, State
 from app.rules.state import partition_of
-from app.rules.statekey import StateKey
+from app.rules.statekey import FORWARDED_PREFIX, StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,24 @@ def encode_state(value: State) -> bytes:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:  # an integer beyond 64 bits: the standard library writes it
         return json.dumps(value).encode()
+
+
+def ordered(pending: dict[str, int]) -> Iterator[tuple[str, int]]:
+    """The changed keys of a commit with the records of the last offsets evaluated
+    (:func:`app.rules.statekey.forwarded_key`) last.
+
+    A partition's changelog records go out in order, and Kafka appends a partition's record
+    batches in order, so a crash that cuts the commit short leaves a prefix of them. With an
+    offset's record first, a prefix could hold it without the states that count its events:
+    the restart then dropped those events as evaluated, and they were counted nowhere. Last,
+    the record is there only if the states are."""
+    later: list[tuple[str, int]] = []
+    for key, partition in pending.items():
+        if key.startswith(FORWARDED_PREFIX):
+            later.append((key, partition))
+        else:
+            yield key, partition
+    yield from later
 
 
 class TableStore:
@@ -108,7 +126,8 @@ class TableStore:
         """
         pending, self.store.changed = self.store.changed or {}, {}
         topic, live = self.topic, self.live
-        for key, partition in pending.items():
+        # the offsets evaluated last go after the states that count them (:func:`ordered`)
+        for key, partition in ordered(pending):
             value = live.get(key)
             raw_key = json_string(key).encode()  # the table's key codec (json) reads it back
             if value is None:

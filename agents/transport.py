@@ -22,11 +22,12 @@ to the topic's handler, on the fetcher task, and counts the batch as processed
 when the handler returns. Offsets are then committed by Faust's commit loop
 (``_new_offset``). The handlers and each commit take turns on a lock (the gate):
 under it a commit takes the offsets and hands the changed states to the producer
-(``commit_snapshot``: the rule worker's write the changed states); then, handlers
-running again, it flushes and checks every delivery (``commit_delivery``) and
-commits the offsets. So delivery stays at least once, and the changelog holds the
-states of exactly the batches the offsets cover, but after a crash between the states'
-flush and the offset commit (docs/worker.md). A handler's call and the offsets it covers go
+(``commit_snapshot``: the rule worker's take the changed states); then, handlers
+running again, it flushes the outputs, sends those states and checks every delivery
+(``commit_delivery``), and commits the offsets. So delivery stays at least once, and the
+changelog holds the states of exactly the batches the offsets cover; a crash between the
+states and the offsets leaves states ahead, and the rule worker drops the records they
+count when it reads them again (docs/worker.md). A handler's call and the offsets it covers go
 together, even when a stop cancels the fetch loop mid-batch (:meth:`BatchConsumer._handle`).
 Every other topic (table
 changelogs in recovery, other agents) takes Faust's path unchanged. A topic registered with

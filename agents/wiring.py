@@ -79,6 +79,7 @@ from agents.metrics import (
     MERGE_FORCED,
     MERGE_WAITING,
     REFORWARDED,
+    REREAD,
     RULES,
 )
 from agents.outbox import Outbox, commit_hooks
@@ -147,6 +148,7 @@ def _register_source(
     direct_store, regroup_store = rt.stores[source], rt.stores[f"{source}.regroup"]
     events_c, dlq_c, timer = EVENTS.labels(source), DLQ_EVENTS.labels(source), BATCH_SECONDS.labels(source)
     lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
+    reread_c = REREAD.labels(source)
     waiting_g, forced_c = MERGE_WAITING.labels(regroup), MERGE_FORCED.labels(regroup)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
@@ -167,11 +169,14 @@ def _register_source(
         decode = schema.decode
         forwards: list[tuple[int, list[Forward]]] = []  # per partition, in offset order
         for tp, records in parts:
-            events_c.inc(len(records))
-            lag_c.observe(max(0.0, time.time() - records[0].timestamp / 1000))
             partition = tp.partition
             if direct is not None:
                 rt.ensure_restored(direct, direct_store, partition)
+                records = first_records(direct_store.store, direct_name, partition, records, reread_c)
+                if not records:
+                    continue
+            events_c.inc(len(records))
+            lag_c.observe(max(0.0, time.time() - records[0].timestamp / 1000))
             events: list[Event] = []
             sends: list[tuple[str, bytes, bytes]] = []  # the dead letters, in order
             mine: list[Forward] = []
@@ -380,6 +385,30 @@ async def forward(
         return
     merged = heapq.merge(*(mine for _, mine in forwards), key=itemgetter(0))
     await outbox.send_all([record for _, record in merged], placed=[m for ms in markers.values() for m in ms])
+
+
+def first_records(
+    store: DictStore, stream: str, partition: int, records: list[Any], reread: Counter
+) -> list[Any]:
+    """The source batch's ``records`` that ``partition``'s own stream (``stream``: the rules
+    grouped by the topic key) has not evaluated yet; marks the batch's last as evaluated.
+
+    At least once, a crash after a commit's states are written and before its offsets are
+    committed makes the restarted worker read that commit's batches again, on states that
+    count them. The stream keeps the last offset it evaluated in the state store
+    (:func:`app.rules.statekey.forwarded_key`, written after the states it covers:
+    :meth:`agents.state_store.TableStore.changes`): a record at or before it is dropped and
+    counted in ``reread``. Its outputs went out before those states (``agents.outbox.commit_hooks``)."""
+    key = forwarded_key(stream, partition, partition)
+    record = store.get(key)
+    if record is not None and records[0].offset <= int(record["offset"]):
+        done = int(record["offset"])
+        fresh = [r for r in records if r.offset > done]
+        reread.inc(len(records) - len(fresh))
+        records = fresh
+    if records:
+        store.put(key, {"partition": partition, "offset": records[-1].offset})
+    return records
 
 
 def first_forwards(

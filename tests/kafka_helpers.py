@@ -126,3 +126,20 @@ def committed(bootstrap: str, group: str, topic: str = ALERTS) -> int:
             await consumer.stop()
 
     return asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def rewind(bootstrap: str, group: str, topic: str, offset: int = 0) -> None:
+    """Commit ``offset`` for every partition of ``topic`` in ``group`` (which must have no
+    member): the offsets a crash between a commit's states and its offsets leaves behind."""
+
+    async def main() -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = await partitions_of(bootstrap, [topic])
+            consumer.assign(tps)
+            await consumer.commit({tp: offset for tp in tps})
+        finally:
+            await consumer.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from agents import transport
 from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
 from agents.transport import BatchConsumer
-from agents.wiring import Told, first_forwards, forward, progress_markers
+from agents.wiring import Told, first_forwards, first_records, forward, progress_markers
 from app.errors import ConfigError
 from app.rules.evaluator import DictStore
 from app.rules.statekey import forwarded_key
@@ -195,6 +195,28 @@ def test_a_regroup_partition_evaluates_each_forwarded_source_offset_once() -> No
         fwd("ip", 0, 5),
         {"s": "ip", "e": {}},
     ]
+
+
+def test_the_rules_on_a_source_partition_drop_the_records_they_evaluated_before_a_crash() -> None:
+    """A crash after a commit's states and before its offsets: the restart reads that commit's
+    batches again, and the states already count them."""
+    registry = CollectorRegistry()
+    reread = Counter("test_reread", "", registry=registry)
+    store = DictStore({}, {})
+    assert [r.offset for r in first_records(store, "sensors", 1, recs((0, 0), (1, 0), (2, 0)), reread)] == [
+        0,
+        1,
+        2,
+    ]
+    assert store.get(forwarded_key("sensors", 1, 1)) == {"partition": 1, "offset": 2}
+    assert store.changed == {forwarded_key("sensors", 1, 1): 1}  # written with the states at the commit
+    again = recs((1, 0), (2, 0), (3, 0))  # read again from the committed offset 1
+    assert [r.offset for r in first_records(store, "sensors", 1, again, reread)] == [3]
+    assert first_records(store, "sensors", 1, recs((2, 0), (3, 0)), reread) == []
+    assert registry.get_sample_value("test_reread_total") == 4
+    assert store.get(forwarded_key("sensors", 1, 1)) == {"partition": 1, "offset": 3}
+    # another partition keeps its own
+    assert [r.offset for r in first_records(store, "sensors", 0, recs((2, 0)), reread)] == [2]
 
 
 def test_where_the_records_still_to_process_start() -> None:

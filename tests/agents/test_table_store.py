@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agents.state_store import TableStore
+from app.rules.statekey import forwarded_key
 from tests.agents.worker_helpers import TOPIC, fake_table
 
 
@@ -113,3 +114,16 @@ def test_forgetting_partitions_drops_their_states_and_unwritten_changes_without_
     changes = [(t, p, k) for t, p, k, _ in store.changes()]
     assert changes == [(TOPIC, 0, KA)]  # partition 1's write and tombstone are dropped
     assert store.forget(set()) == 0 and store.forget({0}) == 1 and data == {}
+
+
+def test_the_last_offsets_evaluated_go_after_the_states_that_count_them() -> None:
+    """A crash that cuts a commit short leaves a prefix of a partition's records. An offset's
+    record ahead of the states would let the restart drop events no state counts."""
+    store = TableStore(fake_table(), 10_000)
+    mark = forwarded_key("sensors", 1, 1)
+    store.store.put("r\x1fa", {"partition": 1, "n": 1})
+    store.store.put(mark, {"partition": 1, "offset": 2})  # the first batch
+    store.store.put("r\x1fb", {"partition": 1, "n": 1})  # the second batch: first change of b
+    store.store.put(mark, {"partition": 1, "offset": 5})
+    keys = [orjson.loads(key) for _, _, key, _ in store.changes()]
+    assert keys == ["r\x1fa", "r\x1fb", mark]

@@ -19,7 +19,7 @@ from app.tables import Tables
 from ingest.adapters.apache import apache_events
 from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.conftest import APACHE_LOG, require_dataset
-from tests.kafka_helpers import consume_json, produce, wait_for_json
+from tests.kafka_helpers import committed, consume_json, produce, rewind, wait_for_json
 from tests.procs import role, stop, wait_for
 from tests.regrouped import regrouped_backlog
 
@@ -192,6 +192,41 @@ def test_restart_resumes_window_state_from_the_changelog(broker: KafkaBroker, tm
         )
     # 0..50 are the first hour (61 closes it): 3 before the restart + 3 after; losing the state
     # would leave 3, below the threshold, and no alert at all
+    assert [(a["rule_id"], a["status"], a["values"]["n"]) for a in alerts] == [("busy", "firing", 6)]
+
+
+def test_a_crash_between_the_states_and_the_offsets_does_not_count_a_batch_twice(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """At least once, a commit writes the states, then commits the offsets. A crash between the
+    two left the states counting a batch the offsets did not cover, and the restart counted it
+    again: an hour of 6 readings counted as 9. Here the offsets
+    are put back after a clean stop, as that crash leaves them."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "w.yaml").write_text(
+        "rules:\n  - id: busy\n    source: sensors\n    group_by: [device_id]\n"
+        "    window: {type: tumbling, size: 1h}\n    aggregate: {n: count(*)}\n    having: n >= 6\n"
+    )
+    env = worker_env(broker, tmp_path, rules_dir)
+    first = [sensor(m, "d1", 1.0) for m in (0, 10, 20)]
+    second = [sensor(m, "d1", 1.0) for m in (30, 40, 50, 61)]
+    with role(["agents", "worker", "-l", "info"], env, tmp_path / "w1.log") as w1:
+        produce(broker.bootstrap, "events.sensors", [(b"d1", v) for v in first])
+        wait_for(
+            lambda: committed(broker.bootstrap, "streamalert-rules", "events.sensors") == 3,
+            timeout_s=60,
+            what="the first readings committed",
+        )
+        assert stop(w1) == 0
+    rewind(broker.bootstrap, "streamalert-rules", "events.sensors", 0)
+    produce(broker.bootstrap, "events.sensors", [(b"d1", v) for v in second])
+    with role(["agents", "worker", "-l", "info"], env, tmp_path / "w2.log"):
+        alerts = wait_for(
+            lambda: consume_json(broker.bootstrap, "alerts", min_count=1, timeout_s=3),
+            timeout_s=60,
+            what="the window alert after the restart",
+        )
     assert [(a["rule_id"], a["status"], a["values"]["n"]) for a in alerts] == [("busy", "firing", 6)]
 
 
