@@ -50,12 +50,17 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
-    from app.rules.loader import load_rules, rule_files
+    from app.rules.loader import is_yaml_file, load_rules, rule_files
 
     # a directory with no rule file is an error, not "0 rule(s) in 0 file(s): all valid"
     empty = [p for p in args.paths if p.is_dir() and not rule_files([p])]
     for directory in empty:
-        print(f"error: no rule files found in {directory}{_unread_rule_files(directory)}", file=sys.stderr)
+        tests = any(is_yaml_file(f) for f in directory.rglob("*"))
+        note = "; rule tests (*.test.yaml, or in a tests folder) are not rule files" if tests else ""
+        print(
+            f"error: no rule files found in {directory} (rule files end in .yaml or .yml{note})",
+            file=sys.stderr,
+        )
     if empty:
         return 2
     try:
@@ -71,16 +76,6 @@ def _cmd_rules_check(args: argparse.Namespace, _settings: Settings) -> int:
         )
     print(f"{len(ruleset.rules)} rule(s) in {len(ruleset.files)} file(s): all valid", file=sys.stderr)
     return 0
-
-
-def _unread_rule_files(directory: Path) -> str:
-    """A note naming the files of ``directory`` that look like rule files but are not read
-    (the loader reads ``*.yaml`` and ``*.yml``, case-sensitively), else ''."""
-    near = sorted(f for f in directory.rglob("*") if f.suffix.lower() in (".yaml", ".yml") and f.is_file())
-    if not near:
-        return " (rule files end in .yaml or .yml)"
-    shown = ", ".join(str(f) for f in near[:3]) + (f" and {len(near) - 3} more" if len(near) > 3 else "")
-    return f" (rule files end in .yaml or .yml, in lower case; not read: {shown})"
 
 
 def _cmd_rules_test(args: argparse.Namespace, _settings: Settings) -> int:

@@ -100,9 +100,12 @@ def load_catalog(rules_dir: Path) -> Catalog:
 
 
 def files_key(rules_dir: Path) -> tuple[tuple[str, int, int], ...]:
-    """What changes when a rule file changes: (name, mtime ns, size) of each file."""
+    """What changes when a rule file changes: (name, mtime ns, size) of each file
+    :func:`load_catalog` reads."""
+    from app.rules.loader import rule_files
+
     out = []
-    for f in sorted(rules_dir.rglob("*.y*ml")):
+    for f in rule_files([rules_dir]) if rules_dir.is_dir() else []:
         try:
             st = f.stat()
         except OSError:

@@ -426,12 +426,16 @@ def percentile(values: Sequence[int | float], p: float) -> float:
 _SIMPLE: dict[type[exp.Expression], str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 
 
-def compile_aggregate(name: str, text: str, schema: Mapping[str, str]) -> AggSpec:
-    """Parse ``text`` (one aggregate call) against the source ``schema``."""
+def compile_aggregate(
+    name: str, text: str, schema: Mapping[str, str], *, check_literals: bool = False
+) -> AggSpec:
+    """Parse ``text`` (one aggregate call) against the source ``schema``. ``check_literals``:
+    refuse the literal arguments a function cannot mean, as in a condition
+    (:func:`app.rules.expr.compile_expr`). Raises :class:`ExpressionError` naming ``text``."""
     node = parse(text)
 
     def arg_of(n: exp.Expression) -> Compiled:
-        compiled = compile_expr(n.sql(dialect="spark"), schema)
+        compiled = compile_expr(text, schema, check_literals=check_literals, part=n)
         if compiled.type == "boolean":
             msg = f"in {text!r}: aggregate argument must be a value, not a condition"
             raise ExpressionError(msg)
@@ -457,13 +461,16 @@ def compile_aggregate(name: str, text: str, schema: Mapping[str, str]) -> AggSpe
         args = call_args(node)
         if fname == "count_distinct" and len(args) == 1:
             return AggSpec(name, "count_distinct", arg_of(args[0]), None, "long", text)
+        got = ""
         if len(args) == 2 and isinstance(args[1], exp.Literal) and not args[1].is_string:
             p = float(str(args[1].this))
             if 0.0 <= p <= 1.0:
                 arg = arg_of(args[0])
                 if arg.type in ("long", "double"):
                     return AggSpec(name, "percentile", arg, p, "double", text)
-        msg = f"in {text!r}: expected percentile(field, p) with 0 <= p <= 1"
+            else:
+                got = f"; got p = {args[1].this}"  # as written, not as the float it was read as
+        msg = f"in {text!r}: expected percentile(field, p) with 0 <= p <= 1{got}"
         raise ExpressionError(msg)
     allowed = "count(*), count(x), count(distinct x), sum, avg, min, max, percentile(x, p)"
     msg = f"in {text!r}: expected one aggregate call: {allowed}"

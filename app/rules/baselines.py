@@ -82,6 +82,7 @@ _FORMS = {
 }
 _UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
 _UNIT_MS["WEEK"] = 7 * _UNIT_MS["DAY"]
+_UNIT_LETTERS = {"MILLISECOND": "ms", "SECOND": "s", "MINUTE": "m", "HOUR": "h", "DAY": "d", "WEEK": "w"}
 
 State = list[Any]
 
@@ -128,13 +129,19 @@ def _duration(node: exp.Expression, what: str) -> int:
     return ms
 
 
+def _written(node: exp.Expression) -> str:
+    """A duration :func:`_duration` took, as the rule wrote it (``36h``)."""
+    unit = node.args["unit"].name.upper()
+    return f"{node.this.this}{_UNIT_LETTERS.get(unit, ' ' + unit)}"
+
+
 def _fraction(node: exp.Expression, what: str) -> float:
     if not isinstance(node, exp.Literal) or node.is_string:
         msg = f"{what} must be a number between 0 and 1 (exclusive)"
         raise ValueError(msg)
     x = float(str(node.this))
     if not 0.0 < x < 1.0:
-        msg = f"{what} must be between 0 and 1 (exclusive), got {x}"
+        msg = f"{what} must be between 0 and 1 (exclusive), got {node.this}"  # as written, not as a float
         raise ValueError(msg)
     return x
 
@@ -176,13 +183,13 @@ class Collector:
             what = {"ewma": "half-life", "seasonal": "period"}.get(name, "lookback")
             lookback = _duration(args[1], what)
             if lookback > MAX_LOOKBACK_MS:
-                msg = f"the {what} may be at most 1w (7 days); got {lookback / 86_400_000:g}d"
+                msg = f"the {what} may be at most 1w (7 days); got {_written(args[1])}"
                 raise ValueError(msg)
             horizon = 0
             if name == "predict_linear":
                 horizon = _duration(args[2], "horizon")
                 if horizon > MAX_HORIZON_MS:
-                    msg = f"the horizon may be at most 366d; got {horizon // 1000} s"
+                    msg = f"the horizon may be at most 366d; got {_written(args[2])}"
                     raise ValueError(msg)
             tail = f", {horizon}ms" if name == "predict_linear" else ""
             column = f"{name}({fname}, {lookback}ms{tail})"

@@ -19,7 +19,7 @@ from app.rules.baselines import BaselineSpec, Collector
 from app.rules.durations import MAX_DURATION_MS
 from app.rules.expr import Compiled, Synthetic, compile_expr
 from app.rules.model import Rule
-from app.rules.template import placeholders, static_problem, template_problem
+from app.rules.template import filter_problems, placeholders, static_problem, template_problem
 from app.tables import TABLES, enriched_fields
 
 Report = Callable[[tuple[str | int, ...], str], None]
@@ -165,7 +165,7 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
             fail(("aggregate", name), f"aggregate name '{name}' clashes with a field")
             continue
         try:
-            aggs.append(compile_aggregate(name, text, fields))
+            aggs.append(compile_aggregate(name, text, fields, check_literals=True))
         except ExpressionError as exc:
             fail(("aggregate", name), str(exc))
     having = None
@@ -202,6 +202,12 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
     known = set(fields) | {a.name for a in aggs} | {"previous", "count", "window_start", "window_end"}
     if pct:
         known.add("pct_change")  # the value of the rule's (first) pct_change() call
+    # what each name an annotation may use holds (window_start/end: epoch milliseconds;
+    # previous: the change field's value); a filter of the wrong type is refused
+    types = {**fields, **{a.name: a.type for a in aggs}, "count": "long", "pct_change": "double"}
+    types.update(window_start="long", window_end="long")
+    if rule.change is not None and rule.change in fields:
+        types["previous"] = fields[rule.change]
     for name, value in rule.labels.items():
         problem = static_problem(value)
         if problem is not None:
@@ -218,6 +224,9 @@ def compile_parts(rule: Rule, schema: Schema, report: Report) -> RuleParts | Non
             continue
         if unknown:
             fail(("annotations", name), f"template names unknown field(s): {', '.join(unknown)}")
+            continue
+        for problem in filter_problems(template, types):
+            fail(("annotations", name), problem)
     if problems:
         return None
     return RuleParts(

@@ -377,6 +377,11 @@ _BITWISE: dict[type[exp.Expression], str] = {
 }  # fmt: skip
 
 
+def is_integer(node: exp.Expression) -> bool:
+    """Whether ``node`` is an integer literal (digits alone: no point, no exponent)."""
+    return isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdecimal()
+
+
 def _unsupported(node: exp.Expression) -> str:
     """Why a parsed construct is not in the rule language, in its words where a usual slip
     gives it: a word after a whole expression parses as an alias, ``> >`` as a shift."""
@@ -415,6 +420,8 @@ class _Compiler:
             return self.compile(node.this)
         if isinstance(node, exp.Literal):
             return self._literal(node)
+        if isinstance(node, exp.Neg) and is_integer(node.this):  # -9223372036854775808 is a long
+            return self._literal(node.this, negative=True)
         if isinstance(node, exp.Boolean):
             value = bool(node.this)
             return (lambda _r: value), "boolean"
@@ -461,23 +468,40 @@ class _Compiler:
             return self._function(node)
         raise self.fail(_unsupported(node))
 
-    def _literal(self, node: exp.Literal) -> tuple[Eval, str]:
-        if node.is_string:
+    def _literal(self, node: exp.Expression, negative: bool = False) -> tuple[Eval, str]:
+        if isinstance(node, exp.Literal) and node.is_string:
             s = str(node.this)
             return (lambda _r: s), "string"
         text = str(node.this)
-        if re.fullmatch(r"\d+", text):
-            iv = int(text)
-            if iv > _LONG_MAX:
-                raise self.fail(f"number {text} does not fit in a 64-bit integer")
+        if is_integer(node):
+            iv = -int(text) if negative else int(text)
+            if not _LONG_MIN <= iv <= _LONG_MAX:
+                written = ("-" if negative else "") + text
+                raise self.fail(
+                    f"the integer {written}{self._at(node, negative)} is outside the 64-bit range, "
+                    f"{_LONG_MIN} to {_LONG_MAX}; write {written}.0 for a double"
+                )
             return (lambda _r: iv), "long"
         try:
             fv = float(text)
         except ValueError:
-            raise self.fail(f"bad number {text!r}") from None
+            raise self.fail(f"bad number {text!r}{self._at(node)}") from None
         if not math.isfinite(fv):
-            raise self.fail(f"number {text} is out of a double's range (it would be infinite)")
+            at = self._at(node)
+            raise self.fail(f"number {text}{at} is out of a double's range (it would be infinite)")
         return (lambda _r: fv), "double"
+
+    def _at(self, node: exp.Expression, signed: bool = False) -> str:
+        """`` (character N)``: where ``node`` starts in the expression as written, at the minus
+        sign before it when ``signed``; empty when the parser does not say."""
+        start = node.meta.get("start")
+        if not isinstance(start, int):
+            return ""
+        at = _original_offset(_rewrite(self.text)[1], start)
+        if signed:
+            before = self.text[:at].rstrip()
+            at = len(before) - 1 if before.endswith("-") else at
+        return f" (character {at + 1})"
 
     def _column(self, node: exp.Column) -> tuple[Eval, str]:
         name = _column_name(node)
@@ -780,8 +804,10 @@ def compile_expr(
     allow_intervals: bool = False,
     synthetic: Synthetic | None = None,
     check_literals: bool = False,
+    part: exp.Expression | None = None,
 ) -> Compiled:
-    """Compile ``text`` against ``schema`` (field name -> type).
+    """Compile ``text`` against ``schema`` (field name -> type); with ``part``, that part of
+    ``text``'s parse alone (an aggregate's argument), its problems named by ``text``.
 
     With ``boolean=True`` the expression must be a condition. With ``check_literals`` (the
     rule loader's), literal arguments a function can only answer NULL or nothing useful for
@@ -790,7 +816,7 @@ def compile_expr(
     would, to NULL. Raises :class:`ExpressionError` naming the problem; never evaluates any
     code.
     """
-    tree = parse(text)
+    tree = parse(text) if part is None else part
     comp = _Compiler(text, schema, allow_intervals, synthetic, check_literals)
     f, t = comp.compile(tree)
     if boolean and t not in ("boolean", "null"):

@@ -1,6 +1,6 @@
 """Load rule files into compiled rules, collecting every problem like promtool.
 
-``load_rules(paths)`` accepts files and directories (``*.yaml``/``*.yml``),
+``load_rules(paths)`` accepts files and directories (``*.yaml``/``*.yml``, in any case),
 returns a :class:`RuleSet`, and raises :class:`RuleConfigError` listing every
 problem as ``file:line:col: rule-id: message`` when anything is wrong.
 """
@@ -24,15 +24,14 @@ from app.events import SCHEMAS, Schema, schema_for
 from app.rules.compile import Report, RuleParts, check_condition, compile_parts
 from app.rules.expr import Compiled, parse
 from app.rules.model import Engine, Rule, RuleFile, dump_canonical
-from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, not_a_string, position_of
+from app.rules.problems import Problems, key_label
+from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 
 logger = logging.getLogger(__name__)
 
 #: the largest rule file (256 KiB, about 500 rules): loading costs up to ~10 us a byte, most
 #: of it sqlglot parsing expressions, so this bounds one file to a second or two
 MAX_FILE_BYTES = 256 * 1024
-#: problems listed per file; past it, one more problem counts the rest
-MAX_PROBLEMS = 100
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,13 @@ def _compiled(rule: Rule, engine: Engine, path: str, line: int, report: Report) 
     return CompiledRule(rule, rule_version(rule, engine), engine, path, schema, parts.where, line, parts)
 
 
+def _rule_key_label(loc: tuple[str | int, ...]) -> str:
+    """How a rule file's problem names the value at ``loc``: by its key (``'size'``), or
+    nothing for a rule itself (its id comes before the message)."""
+    in_rule = len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int)
+    return key_label(loc[2:] if in_rule else loc)
+
+
 def _recompile(rule: Rule, engine: Engine, path: str, line: int) -> CompiledRule:
     """The CompiledRule the loader made of ``rule`` (see CompiledRule.__reduce__)."""
     problems: list[str] = []
@@ -114,40 +120,12 @@ def _recompile(rule: Rule, engine: Engine, path: str, line: int) -> CompiledRule
     return compiled
 
 
-def _pydantic_message(err: Mapping[str, Any]) -> str:
-    kind = err.get("type", "")
-    loc = err.get("loc", ())
-    if kind == "extra_forbidden":
-        return f"unknown key '{loc[-1]}'"
-    if kind == "missing":
-        return f"missing required key '{loc[-1]}'"
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    ctx = err.get("ctx") or {}
-    if kind == "greater_than" and loc and "gt" in ctx:  # the durations that must be above 0
-        return f"'{loc[-1]}' must be above {ctx['gt']} (got {err.get('input')!r})"
-    if kind.startswith("literal_error") or kind in ("string_pattern_mismatch", "greater_than_equal"):
-        return f"'{loc[-1]}': {msg} (got {err.get('input')!r})"
-    return f"'{loc[-1]}': {msg}" if loc else msg
-
-
 class _FileLoader:
     def __init__(self, path: str, positions: Positions, data: Any, text: str) -> None:
         self.path = path
         self.positions = positions
         self.data = data
-        self.text = text
-        self.problems: list[RuleProblem] = []
-        self.unlisted = 0
-
-    def message(self, loc: tuple[str | int, ...], err: Mapping[str, Any]) -> str:
-        """The problem pydantic reports at ``loc`` (the value's whole path), in the rule
-        language's words: where YAML typed a plain scalar that should be a string (``id:
-        yes``, ``description: 2024-01-01``), what it was read as and how to quote it."""
-        if err.get("type") == "string_type" and loc:
-            hint = not_a_string(self.text, self.positions, self.data, loc, err.get("input"))
-            if hint is not None:
-                return hint
-        return _pydantic_message(err)
+        self.problems = Problems(path, text, data, positions, self.rule_id_of, _rule_key_label)
 
     def rule_id_at(self, index: int) -> str | None:
         try:
@@ -156,17 +134,13 @@ class _FileLoader:
             return None
         return rid if isinstance(rid, str) else None
 
+    def rule_id_of(self, loc: tuple[str | int, ...]) -> str | None:
+        """The id of the rule a path is in, None outside a rule (or for a rule without one)."""
+        in_rule = len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int)
+        return self.rule_id_at(int(loc[1])) if in_rule else None
+
     def add(self, loc: tuple[str | int, ...], message: str) -> None:
-        if len(self.problems) >= MAX_PROBLEMS:
-            self.unlisted += 1
-            return
-        line, col = position_of(self.positions, loc)
-        rid = (
-            self.rule_id_at(loc[1])
-            if len(loc) > 1 and loc[0] == "rules" and isinstance(loc[1], int)
-            else None
-        )
-        self.problems.append(RuleProblem(self.path, line, col, rid, message))
+        self.problems.add(loc, message)
 
     def compile_rule(self, index: int, rule: Rule, engine: Engine) -> CompiledRule | None:
         base = ("rules", index)
@@ -208,7 +182,7 @@ class _FileLoader:
             top = RuleFile.model_validate(self.data)
         except ValidationError as exc:
             for err in exc.errors():
-                self.add(tuple(err["loc"]), self.message(tuple(err["loc"]), err))
+                self.problems.add_pydantic(err)
             return []
         compiled: list[CompiledRule] = []
         for i, raw in enumerate(top.rules):
@@ -216,8 +190,7 @@ class _FileLoader:
                 rule = Rule.model_validate(raw)
             except ValidationError as exc:
                 for err in exc.errors():
-                    loc = ("rules", i, *err["loc"])
-                    self.add(loc, self.message(loc, err))
+                    self.problems.add_pydantic(err, ("rules", i))
                 self.check_syntax(i, raw, {err["loc"][0] for err in exc.errors() if err["loc"]})
                 continue
             c = self.compile_rule(i, rule, rule.engine or top.engine)
@@ -234,10 +207,7 @@ def load_text(text: str, path: str) -> tuple[list[CompiledRule], list[RuleProble
         return [], [RuleProblem(path, exc.line, exc.col, None, exc.message)]
     loader = _FileLoader(path, positions, data, text)
     rules = loader.load()
-    if loader.unlisted:
-        more = f"{loader.unlisted} more problem(s) in this file; only the first {MAX_PROBLEMS} are listed"
-        loader.problems.append(RuleProblem(path, 1, 1, None, more))
-    return rules, loader.problems
+    return rules, loader.problems.listed()
 
 
 def read_rule_file(path: Path) -> bytes:
@@ -255,21 +225,35 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(read_rule_file(path)).hexdigest()
 
 
+#: the endings of rule files and rule test files, matched in any case (``x.YAML``, ``x.Yml``)
+YAML_SUFFIXES = (".yaml", ".yml")
+TEST_SUFFIXES = (".test.yaml", ".test.yml")
+
+
+def is_yaml_file(path: Path) -> bool:
+    """Whether ``path`` is named as a YAML file: ``.yaml`` or ``.yml``, in any case."""
+    return path.name.lower().endswith(YAML_SUFFIXES)
+
+
+def is_rule_test_file(path: Path) -> bool:
+    """Whether ``path`` is named as a rule test file: ``.test.yaml`` or ``.test.yml``, in any case."""
+    return path.name.lower().endswith(TEST_SUFFIXES)
+
+
 def rule_files(paths: Iterable[Path]) -> list[Path]:
-    """Expand directories to their ``*.yaml``/``*.yml`` files (sorted), skipping rule tests."""
+    """Expand directories to their YAML files (:func:`is_yaml_file`; sorted), skipping rule
+    tests (:func:`is_rule_test_file`, and any file in a ``tests`` directory)."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            out.extend(
-                sorted(f for f in p.rglob("*") if f.suffix in (".yaml", ".yml") and not _is_test_file(f))
-            )
+            out.extend(sorted(f for f in p.rglob("*") if is_yaml_file(f) and not _is_test_file(f)))
         else:
             out.append(p)
     return out
 
 
 def _is_test_file(path: Path) -> bool:
-    return path.name.endswith((".test.yaml", ".test.yml")) or "tests" in path.parts[-2:-1]
+    return is_rule_test_file(path) or "tests" in path.parts[-2:-1]
 
 
 def running_versions(paths: Iterable[Path | str]) -> frozenset[tuple[str, str]]:

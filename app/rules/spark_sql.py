@@ -37,7 +37,7 @@ from sqlglot import exp
 
 from app.errors import ExpressionError
 from app.rules import functions as fn
-from app.rules.expr import parse
+from app.rules.expr import is_integer, parse
 from app.rules.model import Rule
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ class _Translator:
                 raise ExpressionError(msg)
             self.columns.add(name)
             return self.prefix + ".".join(f"`{p.name}`" for p in node.parts), self.schema[name]
+        if isinstance(node, exp.Neg) and is_integer(node.this) and int(str(node.this.this)) == 2**63:
+            return "(-9223372036854775807L - 1L)", "long"  # the least long: its magnitude is no long
         if isinstance(node, exp.Neg):
             x, t = self.numeric(node.this)
             return (f"try_subtract(0L, {x})" if t == "long" else f"(- {x})"), t

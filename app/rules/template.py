@@ -4,8 +4,9 @@ Deliberately tiny: a placeholder is a field name (``device.site`` for enriched
 fields), optionally with one formatting filter (``| round(1)``, ``| upper``,
 ``| lower``). There is no code execution, no attribute access and no loops.
 Unknown names are load-time errors, found by :func:`placeholders`; so are an unclosed
-``{{``, a stray ``}}`` and a ``{% %}`` block (:func:`template_problem`). Labels are static:
-a ``{{`` in one is an error (:func:`static_problem`).
+``{{``, a stray ``}}`` and a ``{% %}`` block (:func:`template_problem`), and a filter on a
+value of the wrong type, ``round`` on text or ``upper`` on a number (:func:`filter_problems`).
+Labels are static: a ``{{`` in one is an error (:func:`static_problem`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,40 @@ def placeholders(template: str) -> list[str]:
             )
             raise ValueError(msg)
     return [m.group(1) for m in _PLACEHOLDER.finditer(template)]
+
+
+#: how a problem names a value's type
+_TYPE_WORDS = {
+    "string": "text (a string)",
+    "long": "a number",
+    "double": "a number",
+    "boolean": "true/false (a boolean)",
+    "timestamp": "a timestamp",
+}
+
+
+def filter_problems(template: str, types: Mapping[str, str]) -> list[str]:
+    """One problem for each placeholder whose filter cannot apply to the value it names, by
+    the value's type (``types``: name -> ``string``, ``long``, ``double``, ``boolean`` or
+    ``timestamp``); empty when every filter can. ``round(N)`` rounds a number, ``upper`` and
+    ``lower`` change the case of text: on another value either would leave it as it is, or
+    render it oddly, at every alert. A name missing from ``types`` is not checked."""
+    problems = []
+    for m in _PLACEHOLDER.finditer(template):
+        name, flt = m.group(1), m.group(2)
+        kind = types.get(name)
+        if flt is None or kind is None:
+            continue
+        numeric = kind in ("long", "double")
+        if flt.startswith("round") and not numeric:
+            need = "a number"
+        elif flt in ("upper", "lower") and numeric:
+            need = "text (a string)"
+        else:
+            continue
+        what = _TYPE_WORDS.get(kind, kind)
+        problems.append(f"{m.group(0)!r}: the filter {flt} needs {need}, but '{name}' is {what}")
+    return problems
 
 
 def template_problem(template: str) -> str | None:

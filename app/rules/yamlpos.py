@@ -308,9 +308,9 @@ def written(text: str, at: tuple[int, int] | None) -> str:
 def not_a_string(text: str, positions: Positions, data: Any, path: Path, value: object) -> str | None:
     """Where a string was expected at ``path`` of a document (``text``, loaded as ``data`` with
     ``positions``) and YAML typed the scalar ``value`` instead (``id: yes``, ``description:
-    2024-01-01``): what it was read as and how to quote it, named by the key, or that an inline
-    ``{...}`` mapping was split at a comma inside an expression. None for a value quoting
-    would not fix (a list, a mapping)."""
+    2024-01-01``): what it was read as and how to quote it, or that an inline ``{...}`` mapping
+    was split at a comma inside an expression; the caller names the key before it. None for a
+    value quoting would not fix (a list, a mapping)."""
     if not path:
         return None
     name = path[-1]
@@ -320,7 +320,7 @@ def not_a_string(text: str, positions: Positions, data: Any, path: Path, value: 
             if name in parts[1:]:
                 expression = ", ".join(parts).replace("\\", "\\\\").replace('"', '\\"')
                 return (
-                    f"'{name}': an inline {{...}} mapping splits at commas, so the value of "
+                    f"an inline {{...}} mapping splits at commas, so the value of "
                     f"'{owner}' was cut there; quote the expression: {owner}: \"{expression}\""
                 )
     what = _read_as(value)
@@ -329,8 +329,8 @@ def not_a_string(text: str, positions: Positions, data: Any, path: Path, value: 
     spelt = written(text, positions.get(path))
     if not spelt:
         if value is None:
-            return f"'{name}': no value given (YAML reads that as null); a string is expected"
-        return f"'{name}': read as {what}, not a string; quote it"
+            return "no value given (YAML reads that as null); a string is expected"
+        return f"read as {what}, not a string; quote it"
     quoted = '"' + spelt.replace("\\", "\\\\").replace('"', '\\"') + '"'
     example = f"{name}: {quoted}" if isinstance(name, str) else quoted
-    return f"'{name}': read as {what}, not a string; quote it: {example}"
+    return f"read as {what}, not a string; quote it: {example}"

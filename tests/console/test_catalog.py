@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.console.catalog import chart_spec, load_catalog
+from app.console.catalog import chart_spec, files_key, load_catalog
 from app.runtime.settings import PROJECT_ROOT
 
 
@@ -34,3 +34,13 @@ def test_chart_spec() -> None:
     assert chart_spec("temp_c >= 80.5", {}) == ("temp_c", 80.5, ">=")
     assert chart_spec("status == 'x' and temp > 3", {}) == ("status", None, None)
     assert chart_spec(None, {"avg_t": "avg(temperature)"}) == ("temperature", None, None)
+
+
+def test_the_files_key_follows_every_rule_file_the_catalog_reads(tmp_path: Path) -> None:
+    rule = "rules:\n  - id: hot\n    source: sensors\n    where: temperature > 5\n"
+    (tmp_path / "r.YAML").write_text(rule)
+    assert [r.id for r in load_catalog(tmp_path).rules] == ["hot"]
+    before = files_key(tmp_path)
+    assert [name for name, _, _ in before] == [str(tmp_path / "r.YAML")]
+    (tmp_path / "r.YAML").write_text(rule.replace("> 5", "> 50"))
+    assert files_key(tmp_path) != before

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from app.errors import ExpressionError, RuleConfigError
-from app.events import SENSORS
+from app.events import LOGS, SENSORS
 from app.rules.evaluator import Engine
 from app.rules.expr import compile_expr
 from app.rules.functions import inside_polygon
 from app.rules.loader import load_rules
+from app.rules.spark_sql import to_spark_sql
 from tests.rules.helpers import T0, rules
 
 FIELDS = SENSORS.all_fields()
@@ -299,3 +300,149 @@ def test_templates_that_fill_every_placeholder_still_load(tmp_path: Path) -> Non
     )
     body += "    labels: {team: plant-ops}\n"
     assert [r.id for r in rules(tmp_path, body).rules] == ["t"]
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (
+            "{{ kind | round(2) }}",
+            "'{{ kind | round(2) }}': the filter round(2) needs a number, but 'kind' is text",
+        ),
+        ("{{ device_id | round(0) }}", "the filter round(0) needs a number, but 'device_id' is text"),
+        ("{{ ts | round(1) }}", "the filter round(1) needs a number, but 'ts' is a timestamp"),
+        (
+            "{{ temperature | upper }}",
+            "the filter upper needs text (a string), but 'temperature' is a number",
+        ),
+    ],
+    ids=["string-field", "key", "timestamp", "upper-on-a-number"],
+)
+def test_a_filter_on_a_value_of_the_wrong_type_is_refused(
+    tmp_path: Path, template: str, message: str
+) -> None:
+    """``round`` on text rendered it unrounded at every alert, ``upper`` on a number did nothing."""
+    problem = one_problem(tmp_path, annotated("annotations", f'      summary: "{template}"\n'), 6, message)
+    assert problem.startswith(f"{tmp_path / 'r.yaml'}:6:16: t: "), problem
+
+
+def test_a_filter_on_an_aggregate_or_a_previous_value_follows_its_type(tmp_path: Path) -> None:
+    """An aggregate has its function's type (``min`` of text is text); ``previous`` the
+    changed field's."""
+    body = window("{type: tumbling, size: 1h}").replace("{n: count(*)}", "{n: count(*), k: min(kind)}")
+    body += '    annotations: {s: "{{ n | round(0) }} {{ k | round(1) }}"}\n'
+    body += "  - id: c\n    source: sensors\n    change: status\n"
+    body += '    annotations: {s: "{{ previous | round(1) }}"}\n'
+    got = problems(tmp_path, body)
+    assert [p.split(": ", 2)[1:] for p in got] == [
+        ["w", "'{{ k | round(1) }}': the filter round(1) needs a number, but 'k' is text (a string)"],
+        [
+            "c",
+            "'{{ previous | round(1) }}': the filter round(1) needs a number, but 'previous' is text "
+            "(a string)",
+        ],
+    ]
+
+
+def test_filters_on_values_of_their_type_still_load(tmp_path: Path) -> None:
+    body = window("{type: tumbling, size: 1h}").replace("{n: count(*)}", "{n: count(*), a: avg(temperature)}")
+    body += (
+        '    annotations: {s: "{{ n | round(0) }} {{ a | round(2) }} {{ window_start | round(0) }} '
+        '{{ kind | upper }} {{ device_id | lower }} {{ temperature | round(1) }}"}\n'
+    )
+    assert [r.id for r in rules(tmp_path, body).rules] == ["w"]
+
+
+# -- 8. integers outside 64 bits ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("condition", "written", "character"),
+    [
+        ("temperature > 12345678901234567890123", "12345678901234567890123", 15),
+        ("temperature > -12345678901234567890123", "-12345678901234567890123", 15),
+        ("temperature in (1.5, - 9223372036854775809)", "-9223372036854775809", 22),
+        ("pct_change(temperature, 1d) > 9223372036854775808", "9223372036854775808", 31),
+    ],
+)
+def test_an_integer_outside_64_bits_is_named_as_one_at_its_character(
+    tmp_path: Path, condition: str, written: str, character: int
+) -> None:
+    one_problem(
+        tmp_path,
+        where(condition),
+        4,
+        f"the integer {written} (character {character}) is outside the 64-bit range, "
+        f"-9223372036854775808 to 9223372036854775807; write {written}.0 for a double",
+    )
+
+
+def test_the_least_64_bit_integer_is_a_long_on_both_engines(tmp_path: Path) -> None:
+    body = '  - id: m\n    source: logs\n    where: "bytes = -9223372036854775808"\n'
+    engine = Engine(rules(tmp_path, body))
+    event = LOGS.validate({"host": "h", "ts": T0.isoformat(), "bytes": -(2**63)})
+    assert [a.status for a in engine.process("logs", event).alerts] == ["firing"]
+    assert (
+        "(-9223372036854775807L - 1L)" in to_spark_sql("bytes = -9223372036854775808", LOGS.all_fields()).sql
+    )
+
+
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        ("holt_residual(temperature, 12345678901234567890123, 0.5) > 1", "got 12345678901234567890123"),
+        (
+            "ewma(temperature, 12345678901234567890123m) > 1",
+            "at most 1w (7 days); got 12345678901234567890123m",
+        ),
+        ("predict_linear(temperature, 1h, 9999999999999999999999h) > 1", "got 9999999999999999999999h"),
+    ],
+    ids=["fraction", "half-life", "horizon"],
+)
+def test_a_big_integer_argument_is_named_as_written(tmp_path: Path, condition: str, message: str) -> None:
+    """Not as the float it was turned into (``1.2345678901234568e+22``, ``8.57339e+18d``)."""
+    assert one_problem(tmp_path, where(condition), 4, message).endswith(message)
+
+
+# -- 9. literals in every expression of a rule ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "message"),
+    [
+        (
+            "max(distance_km(lat, lon, 95, 0))",
+            "distance_km(): argument 3 is a latitude, from -90 to 90; got 95",
+        ),
+        ("min(distance_km(lat, lon, 45, -181))", "distance_km(): argument 4 is a longitude"),
+        ("sum(temperature * 12345678901234567890123)", "the integer 12345678901234567890123 (character 19)"),
+        (
+            "percentile(temperature, 12345678901234567890123)",
+            "with 0 <= p <= 1; got p = 12345678901234567890123",
+        ),
+    ],
+    ids=["latitude", "longitude", "integer", "percentile"],
+)
+def test_literals_in_an_aggregate_are_checked_as_in_a_condition(
+    tmp_path: Path, aggregate: str, message: str
+) -> None:
+    body = window("{type: tumbling, size: 1h}").replace("{n: count(*)}", f'{{n: "{aggregate}"}}')
+    problem = one_problem(tmp_path, body, 5, message)
+    assert f"w: in {aggregate!r}: " in problem, problem
+
+
+def test_every_expression_slot_checks_its_literals(tmp_path: Path) -> None:
+    geo = "distance_km(lat, lon, 91, 0)"
+    body = window("{type: tumbling, size: 1h}").replace("{n: count(*)}", f'{{n: "max({geo})"}}')
+    having = "having: n > distance_km(0, 0, 91, 0)"
+    body += window("{type: tumbling, size: 1h}").replace("id: w", "id: h").replace("having: n > 3", having)
+    steps = f'[{{name: a, where: "{geo} > 1"}}, {{name: b, where: temperature > 1}}]'
+    body += f"  - id: s\n    source: sensors\n    sequence: {steps}\n    within: 1h\n"
+    body += f'  - id: b\n    source: sensors\n    branch: [{{when: "{geo} > 1", to: far}}]\n'
+    got = problems(tmp_path, body)
+    assert [(p.split(": ")[1], "argument 3 is a latitude" in p) for p in got] == [
+        ("w", True),
+        ("h", True),
+        ("s", True),
+        ("b", True),
+    ], got

@@ -18,7 +18,8 @@ from app.rules import loader as loader_module
 from app.rules import template, yamlpos
 from app.rules.expr import MAX_DEPTH, compile_expr, rewrite_durations
 from app.rules.functions import MAX_LIKE_RUN, like_runs
-from app.rules.loader import MAX_FILE_BYTES, MAX_PROBLEMS, load_rules
+from app.rules.loader import MAX_FILE_BYTES, load_rules
+from app.rules.problems import MAX_PROBLEMS
 from tests.rules.like_oracle import old_like_regex
 
 SCHEMA = LOGS.all_fields()

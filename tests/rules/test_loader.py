@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import RuleConfigError
-from app.rules.loader import load_rules
+from app.rules.loader import check_rule_files, load_rules, rule_files
 from app.runtime.settings import PROJECT_ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -122,6 +122,28 @@ def test_duplicate_rule_ids_across_files(tmp_path: Path) -> None:
         )
     got = problems_of(tmp_path)
     assert any("b.yaml:2:" in s and "duplicate rule id" in s and "a.yaml:2" in s for s in got), got
+
+
+def rule_text(rule_id: str) -> str:
+    return f"rules:\n  - id: {rule_id}\n    source: sensors\n    where: temperature > 1\n"
+
+
+def test_rule_files_are_found_whatever_the_case_of_their_extension(tmp_path: Path) -> None:
+    for name in ("a.YAML", "b.Yml", "c.yml", "d.yaml.bak", "e.Test.YAML", "tests/f.yaml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(rule_text(name.split(".")[0].split("/")[-1]))
+    assert [f.name for f in rule_files([tmp_path])] == ["a.YAML", "b.Yml", "c.yml"]
+    assert [r.id for r in load_rules([tmp_path]).rules] == ["a", "b", "c"]
+
+
+def test_a_reload_takes_a_rule_file_with_an_upper_case_extension(tmp_path: Path) -> None:
+    """The engines' hot reload (agents/, jobs/) reads the files through check_rule_files."""
+    (tmp_path / "a.yaml").write_text(rule_text("a"))
+    running = load_rules([tmp_path])
+    (tmp_path / "b.YML").write_text(rule_text("b"))
+    check = check_rule_files([tmp_path], running, None)
+    assert check.error is None and check.ruleset is not None
+    assert [r.id for r in check.ruleset.rules] == ["a", "b"]
 
 
 def test_shipped_rule_packs_are_valid() -> None:

@@ -235,3 +235,10 @@ def test_a_rule_on_the_spark_engine_alone_is_tested_too(
     f = write(GOOD.replace("    expect:\n      - {rule: hot, status: firing}\n", "    expect: []\n"))
     code, out, _ = run(capsys, f)
     assert code == 1 and "+rule=hot status=firing" in out, out
+
+
+def test_a_test_file_ending_in_test_yml_in_any_case_runs(write, tmp_path: Path) -> None:
+    """Neither a rule file (the loader skips rule tests) nor run: such a file was lost."""
+    names = [write(GOOD, name).name for name in ("a.test.yml", "b.Test.YAML", "c.TEST.YML")]
+    results = run_tests([tmp_path]).results
+    assert [(Path(r.file).name, r.name, r.ok) for r in results] == [(n, "fires", True) for n in names]
