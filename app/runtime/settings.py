@@ -79,7 +79,7 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "needs the idempotent producer. See docs/exactly-once.md for the cost and the default.",
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
-    "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml`)."),
+    "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml` or `*.yml`, in any case)."),
     "APP_ROUTES_FILE": (
         "config/routes.yaml",
         "The dispatcher's routes and receivers file (routing tree, grouping, inhibition, delivery).",
