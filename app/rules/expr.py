@@ -680,6 +680,11 @@ class _Compiler:
         name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
         if isinstance(node, exp.AggFunc):
             raise self.fail(f"aggregate function {name}() belongs in 'aggregate:', not in a condition")
+        if isinstance(node, exp.Case | exp.If):
+            raise self.fail(
+                "CASE and IF are not in the rule language: write each case as a rule's 'where' "
+                "(or a branch rule's 'when' arms), or use coalesce, greatest or least"
+            )
         if self.synthetic is not None:
             try:
                 resolved = self.synthetic(name, fn.call_args(node))

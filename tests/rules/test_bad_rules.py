@@ -201,6 +201,14 @@ def test_an_sql_comment_that_would_cut_the_expression_is_refused(
         compile_expr(condition, FIELDS)
 
 
+@pytest.mark.parametrize(
+    "condition", ["CASE WHEN temperature > 30 THEN 1 ELSE 0 END > 0", "IF(temperature > 30, 1, 0) > 0"]
+)
+def test_case_and_if_are_named_as_not_in_the_rule_language(tmp_path: Path, condition: str) -> None:
+    """They read as "function case() is not allowed", as if a function had been misspelt."""
+    one_problem(tmp_path, where(condition), 4, "CASE and IF are not in the rule language")
+
+
 def test_dashes_in_strings_and_a_spaced_double_minus_still_load() -> None:
     check = compile_expr("battery < 20 - -5 and device_id != '--x'", FIELDS)
     assert check({"battery": 22.0, "device_id": "a"})
