@@ -185,6 +185,35 @@ def check_value(name: str, ftype: FieldType, value: object) -> object:
     return value
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The closed range ``low..high`` (in ``unit``) outside which a double field's value cannot
+    be real, whatever the device: a latitude of 999 degrees is a glitch, not a reading.
+
+    Only such impossibilities get a bound. An odd but possible value (a temperature of -60, a
+    battery at 104 %, a heading of -1 or 720) is data a rule may want to see, never a reason to
+    dead-letter an event. NaN lies outside every bound."""
+
+    low: float
+    high: float
+    unit: str
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` lies within the bound (False for NaN)."""
+        return self.low <= value <= self.high
+
+    def refusal(self, name: str, value: float, noun: str = "field") -> str:
+        """The reason ``value`` of field (or ``noun``) ``name`` is refused when it lies outside:
+        ``field 'lat' must be within -90..90 (degrees), got float 999.0``."""
+        span = f"{self.low:g}..{self.high:g} ({self.unit})"
+        return f"{noun} '{name}' must be within {span}, got float {value!r}"
+
+
+#: WGS 84 latitude and longitude: no point on Earth lies outside them
+LATITUDE: Final = Bound(-90.0, 90.0, "degrees")
+LONGITUDE: Final = Bound(-180.0, 180.0, "degrees")
+
+
 def _show(value: object) -> str:
     try:
         text = orjson.dumps(value, default=str).decode()
@@ -201,7 +230,10 @@ class Schema:
     fields are rejected so that a rule can only name fields that exist. A table's
     rows (``timed=False``, ``source`` the table's name) are checked the same way but
     have no ``ts`` (their :class:`Event` has ``ts_ms`` 0 and no ``ts`` in its fields)
-    and no limit on the key's length.
+    and no limit on the key's length. ``bounds`` pairs the double fields whose values
+    outside a :class:`Bound` are impossible (coordinates) with their bound: such a value is
+    refused too. Pairs, not a dict: compiled, :meth:`validate` walks a tuple natively, and a
+    dict's iterator cost it 340 more instructions per event (1.4 % of a decode).
     """
 
     source: str
@@ -209,13 +241,16 @@ class Schema:
     fields: Mapping[str, FieldType]
     doc: str = ""
     timed: bool = True
+    bounds: tuple[tuple[str, Bound], ...] = ()
 
     def all_fields(self) -> dict[str, FieldType]:
         """Every field a rule may name, with its type."""
         return {self.key: "string", "ts": "timestamp", **self.fields}
 
     def validate(self, obj: object) -> Event:
-        """Check a decoded JSON value; return the normalised event (or row)."""
+        """Check a decoded JSON value; return the normalised event (or row). IngestDecodeError
+        naming the field for anything else: not an object, a missing or bad key or ``ts``, an
+        unknown field, a value of the wrong type, a double outside its field's bound."""
         timed = self.timed
         if not isinstance(obj, dict):
             msg = (
@@ -265,6 +300,15 @@ class Schema:
                 out[name] = value
             else:
                 out[name] = check_value(name, ftype, value)
+        if self.bounds:  # after the loop: a bounded field is a double (or None) by now
+            for name, bound in self.bounds:
+                value = out.get(name)
+                if value is None:
+                    continue
+                number: float = value  # compiled: unboxed once, compared as a C double
+                if not bound.low <= number <= bound.high:
+                    msg = bound.refusal(name, number, "field" if timed else "column")
+                    raise IngestDecodeError(msg, name)
         return Event(key, ts_ms, out)
 
     def decode(self, raw: bytes | str | None) -> Event:
@@ -385,6 +429,7 @@ SENSORS = Schema(
         "kind": "string",
     },
     doc="IoT sensor readings and vehicle positions; battery in percent, speed in km/h.",
+    bounds=(("lat", LATITUDE), ("lon", LONGITUDE)),
 )
 
 LOGS = Schema(

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from app.errors import IngestDecodeError
-from app.events import FieldType, Schema, check_value
+from app.events import LATITUDE, LONGITUDE, Bound, FieldType, Schema, check_value
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
 
@@ -35,22 +35,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TableSchema:
-    """A registry table: its name, compacted topic, key and typed columns."""
+    """A registry table: its name, compacted topic, key and typed columns; ``bounds`` names the
+    double columns whose values outside a :class:`~app.events.Bound` are impossible (the
+    events' own bounds: one definition for both)."""
 
     name: str
     topic: str
     key: str
     columns: Mapping[str, FieldType]
+    bounds: Mapping[str, Bound] = field(default_factory=dict)
 
     @cached_property
     def _rows(self) -> Schema:
-        return Schema(source=self.name, key=self.key, fields=self.columns, timed=False)
+        bounds = tuple(self.bounds.items())
+        return Schema(source=self.name, key=self.key, fields=self.columns, timed=False, bounds=bounds)
 
     def validate(self, obj: object) -> dict[str, Any]:
         """A row with its key, typed; IngestDecodeError for a key that is not a non-empty
-        string, an unknown column, a mistyped value or a NaN or infinite number. Checked as
-        an event is (:meth:`Schema.validate <app.events.Schema.validate>`), without ``ts``;
-        JSON has no NaN, so only rows from elsewhere (YAML, CSV, code) can hold one."""
+        string, an unknown column, a mistyped value, a value outside its column's bound or a
+        NaN or infinite number. Checked as an event is (:meth:`Schema.validate
+        <app.events.Schema.validate>`), without ``ts``; JSON has no NaN, so only rows from
+        elsewhere (YAML, CSV, code) can hold one."""
         row = self._rows.validate(obj).fields
         for column, value in row.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -75,6 +80,7 @@ DEVICES = TableSchema(
         "min_temp": "double",
         "battery_min": "double",
     },
+    {"lat": LATITUDE, "lon": LONGITUDE, "depot_lat": LATITUDE, "depot_lon": LONGITUDE},
 )
 
 WATCHLISTS = TableSchema(
@@ -242,10 +248,11 @@ def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
     (a list of rows, or ``{rows: [...]}``).
 
     A table file is a snapshot: every key once, every row a valid row of the table, numbers
-    finite, at least one row (an empty table needs no file); a row whose :data:`DELETED`
-    column is true is left out, as the registry loader deletes its key. Raises ValueError listing every
-    problem, one a line, as ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``), each naming
-    its column; UnicodeDecodeError and OSError as reading the file raises them."""
+    finite and within their column's bound (coordinates), at least one row (an empty table
+    needs no file); a row whose :data:`DELETED` column is true is left out, as the registry
+    loader deletes its key. Raises ValueError listing every problem, one a line, as
+    ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``), each naming its column;
+    UnicodeDecodeError and OSError as reading the file raises them."""
     schema = TABLES[table]
     problems: list[str] = []
     checked: list[tuple[int, str, dict[str, Any]]] = []  # (line, where its key is, row)
@@ -335,8 +342,11 @@ def _check_row(
         except IngestDecodeError as exc:
             problems.append(f"{place(column)}: {exc.reason}")
             continue
-        if isinstance(row[column], float) and not math.isfinite(row[column]):
+        number, bound = row[column], schema.bounds.get(column)
+        if isinstance(number, float) and not math.isfinite(number):
             problems.append(f"{place(column)}: {_non_finite(column, given)}")
+        elif isinstance(number, float) and bound is not None and not bound.holds(number):
+            problems.append(f"{place(column)}: {bound.refusal(column, number, 'column')}")
     key = row.get(schema.key)
     if schema.key not in cells:
         problems.append(f"{place(None)}: column '{schema.key}' (the key) is missing or empty")

@@ -12,7 +12,9 @@ here without Python (:func:`decode`):
   (a double written with a decimal point, so that Python reads a float as the decoder keeps
   it; a long as digits; a string of printable ASCII without ``"`` or ``\\``, within the
   decoder's length limits; or ``null``), no whitespace, no repeated key (the names are
-  compared), and a ``ts`` that Spark's strict parser reads as a time in 1970..2100;
+  compared), a ``ts`` that Spark's strict parser reads as a time in 1970..2100, and each
+  bounded double (``Schema.bounds``: coordinates) within its bound as Spark parses it (Java
+  and Python both read a decimal text as the nearest double, so they agree at the edges);
 * **decoded** as the worker decodes it: ``__fields`` is the record itself (the decoder's
   output would serialise the same values in the same order), ``__ts_ms`` the time, and
   ``__streams`` the evaluator's stream keys: Kafka's partition of the key or group values
@@ -169,6 +171,7 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
         stream_keys = _streams(decoder.router, source, typed) if decoder.router is not None else None
         if decoder.router is not None and stream_keys is None:
             continue  # a non-string group field: this source's records stay with the decoder
+        within = _within_bounds(schema, typed)
         # Spark's own ISO parser (a cast: no pattern to interpret per row) reads the canonical
         # form the pattern admits; a date or time out of range gives NULL
         ms = F.unix_millis(F.regexp_extract(F.col("__text"), f'"ts":"({_TS})"', 1).try_cast("timestamp"))
@@ -176,6 +179,7 @@ def recognise(raw: DataFrame, decoder: Decoder) -> DataFrame:
             (F.col("__src") == source)
             & (F.col("__by_pattern") | F.col("__text").rlike(record_pattern(schema)))
             & (F.size(F.array_distinct(names)) == F.size(names))
+            & within
         )
         if decoder.router is not None and decoder.router.record_partitions:
             # a live record's topic-key stream is its own partition's: a partition beyond the
@@ -255,7 +259,18 @@ def decode(raw: DataFrame, decoder: Decoder, *, native: bool = True) -> DataFram
     return df.mapInArrow(_Finish(decoder), DECODED_SCHEMA)
 
 
+def _within_bounds(schema: Schema, typed: Column) -> Column:
+    """Whether each bounded field of a record (``typed``: its fields parsed) is NULL or within
+    its bound; a value outside is left to the Python decoder, which refuses it with the reason."""
+    within: Column = F.lit(True)
+    for name, bound in schema.bounds:
+        value = typed[name]
+        within = within & (value.isNull() | value.between(bound.low, bound.high))
+    return within
+
+
 def _struct(schema: Schema) -> str:
-    """The DDL of ``schema``'s key and string fields (what stream keys read)."""
+    """The DDL of ``schema``'s key and string fields (what stream keys read) and of its
+    bounded doubles (what :func:`_within_bounds` reads)."""
     names = [schema.key, *sorted(n for n, t in schema.fields.items() if t == "string")]
-    return ", ".join(f"`{n}` string" for n in names)
+    return ", ".join([*(f"`{n}` string" for n in names), *(f"`{n}` double" for n, _ in schema.bounds)])

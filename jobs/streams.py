@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 import orjson
 
 from app.alerts import Alert
+from app.errors import IngestDecodeError
 from app.events import SCHEMAS, Event, dlq_record
 from app.placement import partition_for
 from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEvaluator
@@ -280,7 +281,10 @@ class RegistryFollower:
             start = max(known, snap.earliest[tp])
             for chunk in fetch(opts, tp, start, snap.latest[tp]) if start < snap.latest[tp] else ():
                 for r in chunk:
-                    self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
+                    try:
+                        self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
+                    except (IngestDecodeError, ValueError) as exc:  # as the worker does: the task goes on
+                        logger.warning("ignored bad row in %s at offset %d: %s", tp[0], r.offset, exc)
             self.positions[tp] = max(start, snap.latest[tp])
         self.polled = time.monotonic()
         return self.tables

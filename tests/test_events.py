@@ -42,6 +42,56 @@ def test_invalid_events_name_the_field(raw: bytes, field: str | None, fragment: 
     assert fragment in info.value.reason
 
 
+def _position(lat: object, lon: object) -> bytes:
+    return orjson.dumps({"device_id": "v1", "ts": "2024-01-01T00:00:00Z", "lat": lat, "lon": lon})
+
+
+@pytest.mark.parametrize(
+    ("lat", "lon", "reason"),
+    [
+        (999, 10, "field 'lat' must be within -90..90 (degrees), got float 999.0"),
+        (90.0001, 10.0, "field 'lat' must be within -90..90 (degrees), got float 90.0001"),
+        (-90.0001, 10.0, "field 'lat' must be within -90..90 (degrees), got float -90.0001"),
+        (48.1, 180.0001, "field 'lon' must be within -180..180 (degrees), got float 180.0001"),
+        (48.1, -181, "field 'lon' must be within -180..180 (degrees), got float -181.0"),
+        (1e308, 1e308, "field 'lat' must be within -90..90 (degrees), got float 1e+308"),
+    ],
+)
+def test_a_position_off_the_globe_is_refused_naming_the_field(lat: float, lon: float, reason: str) -> None:
+    """A GPS glitch used to pass, and a geofence rule read NULL from it and stayed quiet."""
+    with pytest.raises(IngestDecodeError) as info:
+        SENSORS.decode(_position(lat, lon))
+    assert (info.value.reason, info.value.field) == (reason, reason.split("'")[1])
+
+
+@pytest.mark.parametrize(
+    ("lat", "lon"), [(-90, -180), (90, 180), (-90.0, 180.0), (90.0, -180.0), (0.0, -0.0), (None, None)]
+)
+def test_positions_on_the_edges_of_the_globe_are_kept(lat: float | None, lon: float | None) -> None:
+    fields = SENSORS.decode(_position(lat, lon)).fields
+    assert (fields["lat"], fields["lon"]) == (lat, lon)
+    assert lat is None or isinstance(fields["lat"], float)
+
+
+def test_a_position_off_the_globe_is_dead_lettered_with_its_reason_and_field() -> None:
+    """As the rule worker does with a record it cannot decode: the letter keeps the payload whole."""
+    raw = b'{"device_id":"v1","ts":"2024-01-01T00:00:00Z","lat":999,"lon":10}'
+    with pytest.raises(IngestDecodeError) as info:
+        SENSORS.decode(raw)
+    reason, field = info.value.reason, info.value.field
+    letter = orjson.loads(dlq_record("sensors", reason, raw, adapter="test", field=field))
+    assert letter["reason"] == "field 'lat' must be within -90..90 (degrees), got float 999.0"
+    assert letter["field"] == "lat" and dlq_holds(letter, raw)
+
+
+def test_only_coordinates_have_bounds() -> None:
+    """Odd but possible readings pass: a device's unusual value is data for a rule, not a dead letter."""
+    odd = {"temperature": -273.5, "humidity": 140.0, "battery": 104.0, "speed_kmh": -1.0, "heading": 720.0}
+    event = SENSORS.validate({"device_id": "v1", "ts": "2024-01-01T00:00:00Z", **odd, "voltage": -12.0})
+    assert event.fields["heading"] == 720.0 and event.fields["temperature"] == -273.5
+    assert [name for name, _ in SENSORS.bounds] == ["lat", "lon"] and not LOGS.bounds and not FINANCE.bounds
+
+
 def test_a_record_without_value_is_invalid_not_a_crash() -> None:
     with pytest.raises(IngestDecodeError, match="no value"):
         SENSORS.decode(None)

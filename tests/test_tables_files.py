@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import IngestDecodeError
+from app.events import SENSORS
 from app.tables import DEVICES, Tables, read_table_file
 
 
@@ -47,6 +48,39 @@ def test_rows_given_in_code_with_nan_are_refused() -> None:
     with pytest.raises(IngestDecodeError, match="'max_temp' must be a finite number") as err:
         Tables().load_rows("devices", [{"device_id": "m1", "max_temp": math.nan}])
     assert err.value.field == "max_temp"
+
+
+def test_coordinates_off_the_globe_name_the_file_line_and_column(tmp_path: Path) -> None:
+    """``backtest --table`` loaded them, and a geofence rule read NULL for the device."""
+    text = "device_id,lat,lon,depot_lat,depot_lon\nm1,90,-180,-90,180\nm2,999,10,,\nm3,1,2,90.0001,-181\n"
+    path = _csv(tmp_path, text)
+    assert _problems(path) == [
+        f"{path}:3: column 'lat' must be within -90..90 (degrees), got float 999.0",
+        f"{path}:4: column 'depot_lat' must be within -90..90 (degrees), got float 90.0001",
+        f"{path}:4: column 'depot_lon' must be within -180..180 (degrees), got float -181.0",
+    ]
+    edges = _csv(tmp_path, "device_id,lat,lon,depot_lat,depot_lon\nm1,90,-180,-90,180\n", "edges.csv")
+    assert read_table_file("devices", edges) == [
+        {"device_id": "m1", "lat": 90.0, "lon": -180.0, "depot_lat": -90.0, "depot_lon": 180.0}
+    ]
+
+
+def test_a_yaml_coordinate_off_the_globe_names_its_position(tmp_path: Path) -> None:
+    path = _csv(tmp_path, "- {device_id: m1, lat: 48.1, lon: 200}\n", "d.yaml")
+    expected = f"{path}:1:35: column 'lon' must be within -180..180 (degrees), got float 200.0"
+    assert _problems(path) == [expected]
+
+
+def test_a_table_record_off_the_globe_is_refused_naming_the_column() -> None:
+    """A ``tables.devices`` record, as the worker applies it: the row it had is kept."""
+    tables = Tables()
+    tables.apply("devices", "m1", b'{"device_id":"m1","lat":48.1,"lon":11.5}')
+    with pytest.raises(IngestDecodeError) as err:
+        tables.apply("devices", "m1", b'{"device_id":"m1","lat":-90.5,"lon":11.5}')
+    assert err.value.reason == "column 'lat' must be within -90..90 (degrees), got float -90.5"
+    assert err.value.field == "lat"
+    assert tables.get("devices", "m1") == {"device_id": "m1", "lat": 48.1, "lon": 11.5}
+    assert DEVICES.bounds["lat"] is DEVICES.bounds["depot_lat"] is dict(SENSORS.bounds)["lat"]
 
 
 def test_a_repeated_key_names_both_lines(tmp_path: Path) -> None:

@@ -9,29 +9,30 @@ is true.
 
 File cells are text (CSV) or typed (YAML); text is converted by the column's
 type (``double``, ``long``, ``boolean``, ``string``). On top of the types,
-device rows must have latitudes in -90..90, longitudes in -180..180,
-``lat``/``lon`` and ``depot_lat``/``depot_lon`` in pairs, and a positive
-``geofence_km``. Every problem of a row is reported, not just the first.
+device rows must have latitudes in -90..90 and longitudes in -180..180 (the table's
+``bounds``, the same as the events'), ``lat``/``lon`` and ``depot_lat``/``depot_lon``
+in pairs, and a positive ``geofence_km``. Every problem of a row is reported, not
+just the first.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from app.errors import IngestDecodeError
-from app.events import MAX_KEY_LEN
+from app.events import MAX_KEY_LEN, Bound
 from app.tables import DELETED, FALSE_WORDS, TRUE_WORDS, TableSchema
 from app.tables import TABLES as SCHEMAS
 
 logger = logging.getLogger(__name__)
 
 _TRUE, _FALSE = TRUE_WORDS, FALSE_WORDS
-_RANGES = {"lat": 90.0, "lon": 180.0, "depot_lat": 90.0, "depot_lon": 180.0}
 _PAIRS = (("lat", "lon"), ("depot_lat", "depot_lon"))
 
 
@@ -83,7 +84,7 @@ class TableSpec:
             problems.append(
                 (self.key, f"the key must be a non-empty string of at most {MAX_KEY_LEN} characters")
             )
-        _check_places(row, problems)
+        _check_places(row, self.schema.bounds, problems)
         if not problems:
             try:
                 row = self.schema.validate(row)
@@ -137,11 +138,11 @@ def _convert(value: Any, ftype: str, column: str, problems: list[tuple[str, str]
     return value
 
 
-def _check_places(row: dict[str, Any], problems: list[tuple[str, str]]) -> None:
-    for column, limit in _RANGES.items():
+def _check_places(row: dict[str, Any], bounds: Mapping[str, Bound], problems: list[tuple[str, str]]) -> None:
+    for column, bound in bounds.items():
         value = row.get(column)
-        if isinstance(value, int | float) and not -limit <= value <= limit:
-            problems.append((column, f"must be within -{limit:g}..{limit:g}, got {value}"))
+        if isinstance(value, int | float) and not bound.holds(value):
+            problems.append((column, f"must be within {bound.low:g}..{bound.high:g}, got {value}"))
     for a, b in _PAIRS:
         if (a in row) != (b in row):
             problems.append((a if a not in row else b, f"{a} and {b} go together: give both or neither"))

@@ -128,6 +128,8 @@ cases = [
     {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "temperature": 2**70},
     {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "temperature": {"a": 1}},
     {"device_id": "d1", "ts": "2024-01-01T00:00:00+02:00", "temperature": 7, "lat": "1.5"},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "lat": 999, "lon": 10},
+    {"device_id": "d1", "ts": "2024-01-01T00:00:00Z", "lat": 90, "lon": -180.0},
     [1, 2],
     {"host": "h", "ts": "2024-01-01T00:00:00Z", "status": "403", "client_ip": 7},
     {"host": "h", "ts": "2024-01-01T00:00:00Z", "status": 400.0, "bytes": 1.5},

@@ -106,6 +106,13 @@ CASES: list[tuple[str, bool]] = [
     ("[1,2]", False),
     ('{"host":"web-1","ts":"2024-01-01T00:00:00.000Z","status":403.0}', False),  # float -> long
     ('{"host":"web-1","ts":"2024-01-01T00:00:00.000Z","bytes":123456789012345678901}', False),
+    # coordinates: the pattern takes any double, the decoder refuses one off the globe
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":90.0,"lon":-180.0}', True),
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":-90.0,"lon":180.0}', True),
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":90.000000000000001}', True),  # 90.0
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":999.0,"lon":10.0}', False),
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":90.0001,"lon":null}', False),
+    ('{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lon":-180.00000000000003}', False),
 ]
 
 
@@ -156,6 +163,33 @@ def test_the_jvm_takes_the_records_the_decoder_keeps_unchanged_and_no_other(
     raw = raw_frame(spark, [r for r, _ in CASES])
     found = {r["offset"]: r["__fast"] for r in recognise(raw, routed_decoder(3, tmp_path)).collect()}
     assert found == {i: jvm for i, (_, jvm) in enumerate(CASES)}
+
+
+def test_a_coordinate_off_the_globe_is_dead_lettered_with_its_reason_by_both_decoders(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The pattern takes ``"lat":999.0`` (a double); decoded in the JVM it passed, and a geofence
+    rule read NULL on Spark while the worker dead-lettered it."""
+    records = [
+        '{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":999.0,"lon":10.0}',
+        '{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":48.1,"lon":11.5}',
+        '{"device_id":"v-1","ts":"2024-01-01T00:00:00.000Z","lat":-45.0,"lon":-180.5}',
+    ]
+    raw = raw_frame(spark, records)
+    decoder = routed_decoder(3, tmp_path)
+    fast = {r["offset"]: r["__fast"] for r in recognise(raw, decoder).collect()}
+    assert fast == {0: False, 1: True, 2: False}
+    rows = rows_of(decode(raw, decoder))
+    assert (rows[0]["__dlq"]["reason"], rows[0]["__dlq"]["field"]) == (
+        "field 'lat' must be within -90..90 (degrees), got float 999.0",
+        "lat",
+    )
+    assert (rows[2]["__dlq"]["reason"], rows[2]["__dlq"]["field"]) == (
+        "field 'lon' must be within -180..180 (degrees), got float -180.5",
+        "lon",
+    )
+    assert rows[1]["__dlq"] is None and rows[1]["__fields"] is not None
+    same_rows(raw, decoder)
 
 
 def test_a_regrouped_stream_on_a_number_leaves_its_source_to_the_python_decoder(

@@ -79,8 +79,10 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
 def test_the_registry_follower_reads_a_recreated_table_topic_again(broker: KafkaBroker) -> None:
     follower = RegistryFollower(broker.bootstrap, every_s=0)
     rows = [{"device_id": f"d-{i}", "site": "old", "max_temp": 90.0} for i in range(5)]
-    produce(broker.bootstrap, DEVICES_TABLE, [(r["device_id"].encode(), orjson.dumps(r)) for r in rows])
-    assert follower.poll().get("devices", "d-4") == rows[4]
+    bad = [(b"d-x", b'{"device_id": "d-x", "lat": 999.0}'), (b"d-y", b"not json")]
+    produce(broker.bootstrap, DEVICES_TABLE, [(r["device_id"].encode(), orjson.dumps(r)) for r in rows] + bad)
+    assert follower.poll().get("devices", "d-4") == rows[4]  # a bad row is skipped: the task goes on
+    assert follower.poll().get("devices", "d-x") is None
 
     asyncio.run(reset_topics(broker.bootstrap))  # recreated: empty, its end before what was read
     new = {"device_id": "d-9", "site": "new", "max_temp": 80.0}
