@@ -243,16 +243,27 @@ def _ragged(line: int, record: list[str], names: list[str]) -> str:
 
 
 def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
-    """The validated rows of a registry file for a backtest or rule test: CSV with a header
+    """The rows of a registry file for a backtest or rule test, every one valid
+    (:func:`table_file_rows`); ValueError listing every problem, one a line, when any is not."""
+    rows, problems = table_file_rows(table, path)
+    if problems:
+        raise ValueError("\n".join(problems))
+    return rows
+
+
+def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The valid rows of a registry file, and its problems: CSV with a header
     (:func:`read_csv_rows`; cells converted by column type, an empty cell is NULL), or YAML
     (a list of rows, or ``{rows: [...]}``).
 
     A table file is a snapshot: every key once, every row a valid row of the table, numbers
     finite and within their column's bound (coordinates), at least one row (an empty table
     needs no file); a row whose :data:`DELETED` column is true is left out, as the registry
-    loader deletes its key. Raises ValueError listing every problem, one a line, as
-    ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``), each naming its column;
-    UnicodeDecodeError and OSError as reading the file raises them."""
+    loader deletes its key. Each problem is ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``),
+    naming its column; an invalid row is left out, and so is a repeated key's later row (a
+    CSV file whose header is not valid has no rows). YAML that does not parse, or is not a
+    list of rows, raises ValueError; UnicodeDecodeError and OSError are raised as reading the
+    file raises them."""
     schema = TABLES[table]
     problems: list[str] = []
     checked: list[tuple[int, str, dict[str, Any]]] = []  # (line, where its key is, row)
@@ -281,6 +292,7 @@ def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
             if row is not None:
                 checked.append((position_of(positions, (*prefix, i))[0], place(schema.key), row))
     first: dict[str, int] = {}
+    kept: list[dict[str, Any]] = []
     for line, at, row in checked:
         key = row[schema.key]
         if key in first:
@@ -288,13 +300,14 @@ def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
                 f"{at}: {schema.key} {key!r} is already on line {first[key]}; "
                 "a table file lists each key once"
             )
-        first.setdefault(key, line)
+            continue
+        first[key] = line
+        if not row.pop(DELETED, False):
+            kept.append(row)
     if not problems and not checked:
         msg = f"{path}: no rows (a table file lists the table's rows; an empty table needs no file)"
         problems.append(msg)
-    if problems:
-        raise ValueError("\n".join(problems))
-    return [row for _line, _at, row in checked if not row.pop(DELETED, False)]
+    return kept, problems
 
 
 def _csv_place(at: str, _column: str | None) -> str:

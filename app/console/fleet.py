@@ -46,26 +46,28 @@ def registry_path(data_dir: Path, env: Mapping[str, str] | None = None) -> Path:
     return Path(env["APP_REGISTRY_FILE"]) if env.get("APP_REGISTRY_FILE") else data_dir / "fleet-devices.csv"
 
 
+#: problems of the registry file logged per read; the map shows the valid rows meanwhile
+MAX_LOGGED_PROBLEMS = 20
+
+
 def load_registry(path: Path) -> list[dict[str, Any]]:
-    """The registry's rows, typed by the devices table's schema; [] when the file is missing.
-    A bad row is logged (file and row) and left out."""
-    from app.errors import IngestDecodeError
-    from app.tables import DEVICES, read_table_file
+    """The registry's valid rows, typed by the devices table's schema; [] when the file is
+    missing or unreadable. Each bad row is logged (file, line and column, as
+    ``ingest registry`` names it) and left out: one bad row emptied the whole map before."""
+    from app.tables import table_file_rows
 
     if not path.exists():
         return []
-    out = []
     try:
-        rows = read_table_file("devices", path)
-    except (OSError, ValueError, IngestDecodeError) as exc:
+        rows, problems = table_file_rows("devices", path)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         logger.warning("registry %s: %s", path, exc)
         return []
-    for i, row in enumerate(rows, start=1):
-        try:
-            out.append(DEVICES.validate(row))
-        except IngestDecodeError as exc:
-            logger.warning("registry %s row %d: %s", path, i, exc)
-    return out
+    for problem in problems[:MAX_LOGGED_PROBLEMS]:
+        logger.warning("registry row left off the map: %s", problem)
+    if len(problems) > MAX_LOGGED_PROBLEMS:
+        logger.warning("registry %s: %d more problems not shown", path, len(problems) - MAX_LOGGED_PROBLEMS)
+    return rows
 
 
 def _num(row: Mapping[str, Any], key: str) -> float | None:
