@@ -400,15 +400,27 @@ def first_records(
     :meth:`agents.state_store.TableStore.changes`): a record at or before it is dropped and
     counted in ``reread``. Its outputs went out before those states (``agents.outbox.commit_hooks``)."""
     key = forwarded_key(stream, partition, partition)
-    record = store.get(key)
-    if record is not None and records[0].offset <= int(record["offset"]):
-        done = int(record["offset"])
+    done = evaluated(store, key)
+    if records[0].offset <= done:
         fresh = [r for r in records if r.offset > done]
         reread.inc(len(records) - len(fresh))
         records = fresh
     if records:
-        store.put(key, {"partition": partition, "offset": records[-1].offset})
+        mark_evaluated(store, key, partition, records[-1].offset)
     return records
+
+
+def evaluated(store: DictStore, key: str) -> int:
+    """The last source offset evaluated that the record under ``key`` holds
+    (:func:`app.rules.statekey.forwarded_key`), -1 for none."""
+    record = store.get(key)
+    return -1 if record is None else int(record["offset"])
+
+
+def mark_evaluated(store: DictStore, key: str, partition: int, offset: int) -> None:
+    """Record ``offset`` as the last source offset evaluated under ``key``, in ``partition``'s
+    state (its changelog partition)."""
+    store.put(key, {"partition": partition, "offset": offset})
 
 
 def first_forwards(
@@ -436,8 +448,7 @@ def first_forwards(
         where = (msg["s"], sent[0])
         done = last.get(where)
         if done is None:
-            record = store.get(forwarded_key(where[0], partition, where[1]))
-            done = -1 if record is None else int(record["offset"])
+            done = evaluated(store, forwarded_key(where[0], partition, where[1]))
         if sent[1] <= done:
             dropped += 1
             last[where] = done
@@ -445,7 +456,7 @@ def first_forwards(
         last[where] = sent[1]
         yield msg
     for (stream, source), offset in last.items():
-        store.put(forwarded_key(stream, partition, source), {"partition": partition, "offset": offset})
+        mark_evaluated(store, forwarded_key(stream, partition, source), partition, offset)
     if dropped:
         replayed.inc(dropped)
 
