@@ -154,33 +154,36 @@ def canonical_ms(ts: object) -> int:
     return ms if _MIN_TS_MS <= ms < _MAX_TS_MS else -1
 
 
-def check_value(name: str, ftype: FieldType, value: object) -> object:
+def check_value(name: str, ftype: FieldType, value: object, noun: str = "field") -> object:
+    """``value`` of field (or ``noun``, ``column`` for a table's row) ``name`` as ``ftype`` holds
+    it (an integral float as a long, an int as a double); IngestDecodeError naming it otherwise:
+    ``field 'lat' must be a number, got str "x"``."""
     if value is None:
         return None
     if ftype == "double":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            msg = f"field '{name}' must be a number, got {_show(value)}"
+            msg = f"{noun} '{name}' must be a number, got {_show(value)}"
             raise IngestDecodeError(msg, name)
         return float(value)
     if ftype == "long":
         number = int(value) if isinstance(value, float) and value.is_integer() else value
         if isinstance(number, bool) or not isinstance(number, int):
-            msg = f"field '{name}' must be a whole number, got {_show(value)}"
+            msg = f"{noun} '{name}' must be a whole number, got {_show(value)}"
             raise IngestDecodeError(msg, name)
         if not LONG_MIN <= number <= LONG_MAX:  # the rule language's integers are 64-bit
-            msg = f"field '{name}' is outside the 64-bit range, got {_show(value)}"
+            msg = f"{noun} '{name}' is outside the 64-bit range, got {_show(value)}"
             raise IngestDecodeError(msg, name)
         return number
     if ftype == "boolean":
         if not isinstance(value, bool):
-            msg = f"field '{name}' must be true or false, got {_show(value)}"
+            msg = f"{noun} '{name}' must be true or false, got {_show(value)}"
             raise IngestDecodeError(msg, name)
         return value
     if not isinstance(value, str):
-        msg = f"field '{name}' must be a string, got {_show(value)}"
+        msg = f"{noun} '{name}' must be a string, got {_show(value)}"
         raise IngestDecodeError(msg, name)
     if len(value) > MAX_STRING_LEN:
-        msg = f"field '{name}' is longer than {MAX_STRING_LEN} characters"
+        msg = f"{noun} '{name}' is longer than {MAX_STRING_LEN} characters"
         raise IngestDecodeError(msg, name)
     return value
 

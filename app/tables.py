@@ -7,8 +7,9 @@ a null value (tombstone) deletes the key. Rules join with them through
 
 A table file (``backtest --table``, the console's fleet registry) is read by
 :func:`read_table_file` as a snapshot of valid rows, every problem named by
-file, line and column; its CSV reader :func:`read_csv_rows` is also the ingest
-registry loader's (:mod:`ingest.registry.load`).
+file, line and column; its CSV reader :func:`read_csv_rows` and its row checker
+:func:`check_row` are also the ingest registry loader's (:mod:`ingest.registry`),
+so both name a problem in the same words.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import csv
 import difflib
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from app.errors import IngestDecodeError
-from app.events import LATITUDE, LONGITUDE, Bound, FieldType, Schema, check_value
+from app.events import LATITUDE, LONGITUDE, MAX_KEY_LEN, Bound, FieldType, Schema, check_value
 from app.rules.yamlpos import Positions, YamlProblem, load_with_positions, position_of
 from app.topics import DEVICES_TABLE, WATCHLISTS_TABLE
 
@@ -37,13 +38,16 @@ logger = logging.getLogger(__name__)
 class TableSchema:
     """A registry table: its name, compacted topic, key and typed columns; ``bounds`` names the
     double columns whose values outside a :class:`~app.events.Bound` are impossible (the
-    events' own bounds: one definition for both)."""
+    events' own bounds: one definition for both). ``pairs`` names columns given together or not
+    at all, ``positive`` columns that must be above 0 (with their unit)."""
 
     name: str
     topic: str
     key: str
     columns: Mapping[str, FieldType]
     bounds: Mapping[str, Bound] = field(default_factory=dict)
+    pairs: tuple[tuple[str, str], ...] = ()
+    positive: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def _rows(self) -> Schema:
@@ -81,6 +85,8 @@ DEVICES = TableSchema(
         "battery_min": "double",
     },
     {"lat": LATITUDE, "lon": LONGITUDE, "depot_lat": LATITUDE, "depot_lon": LONGITUDE},
+    pairs=(("lat", "lon"), ("depot_lat", "depot_lon")),
+    positive={"geofence_km": "km"},
 )
 
 WATCHLISTS = TableSchema(
@@ -256,25 +262,25 @@ def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[
     (:func:`read_csv_rows`; cells converted by column type, an empty cell is NULL), or YAML
     (a list of rows, or ``{rows: [...]}``).
 
-    A table file is a snapshot: every key once, every row a valid row of the table, numbers
-    finite and within their column's bound (coordinates), at least one row (an empty table
-    needs no file); a row whose :data:`DELETED` column is true is left out, as the registry
-    loader deletes its key. Each problem is ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``),
-    naming its column; an invalid row is left out, and so is a repeated key's later row (a
-    CSV file whose header is not valid has no rows). YAML that does not parse, or is not a
-    list of rows, raises ValueError; UnicodeDecodeError and OSError are raised as reading the
-    file raises them."""
+    A table file is a snapshot: every key once, every row a valid row of the table
+    (:func:`check_row`: numbers finite and within their column's bound, coordinates), at least
+    one row (an empty table needs no file); a row whose :data:`DELETED` column is true is left
+    out, as the registry loader deletes its key. Each problem is ``FILE:LINE: ...`` (YAML:
+    ``FILE:LINE:COL: ...``), naming its column; an invalid row is left out, and so is a repeated
+    key's later row (a CSV file whose header is not valid has no rows). YAML that does not
+    parse, or is not a list of rows, raises ValueError; UnicodeDecodeError and OSError are
+    raised as reading the file raises them."""
     schema = TABLES[table]
     problems: list[str] = []
-    checked: list[tuple[int, str, dict[str, Any]]] = []  # (line, where its key is, row)
+    checked: list[tuple[int, str, CheckedRow]] = []  # (line, where its key is, the checked row)
     if path.suffix.lower() == ".csv":
         rows, structure = read_csv_rows(path, [schema.key, *schema.columns, DELETED], schema.key)
         problems += [f"{path}:{p.line}: {p.message}" for p in structure]
         for line, cells in rows:
             at = f"{path}:{line}"
-            row = _check_row(schema, {c: v for c, v in cells.items() if v}, partial(_csv_place, at), problems)
-            if row is not None:
-                checked.append((line, at, row))
+            result = check_row(schema, cells)
+            problems += [f"{at}: {p.message}" for p in result.problems]
+            checked.append((line, at, result))
     else:
         data, positions = _read_yaml(path)
         prefix: tuple[str, ...] = ()
@@ -285,34 +291,30 @@ def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[
             raise ValueError(msg)
         for i, raw in enumerate(data):
             place = partial(_yaml_place, path, positions, (*prefix, i))
-            if not isinstance(raw, dict):
-                problems.append(f"{place(None)}: a row must be a mapping of column: value")
-                continue
-            row = _check_row(schema, {str(c): v for c, v in raw.items() if v is not None}, place, problems)
-            if row is not None:
-                checked.append((position_of(positions, (*prefix, i))[0], place(schema.key), row))
+            result = check_row(schema, raw)
+            problems += [f"{place(p.column)}: {p.message}" for p in result.problems]
+            checked.append((position_of(positions, (*prefix, i))[0], place(schema.key), result))
     first: dict[str, int] = {}
     kept: list[dict[str, Any]] = []
-    for line, at, row in checked:
+    for line, at, (row, deleted, _) in checked:
+        if row is None:
+            continue
         key = row[schema.key]
         if key in first:
-            problems.append(
-                f"{at}: {schema.key} {key!r} is already on line {first[key]}; "
-                "a table file lists each key once"
-            )
+            problems.append(f"{at}: {repeated_key(schema.key, key, first[key])}")
             continue
         first[key] = line
-        if not row.pop(DELETED, False):
+        if not deleted:
             kept.append(row)
-    if not problems and not checked:
+    if not problems and not first:
         msg = f"{path}: no rows (a table file lists the table's rows; an empty table needs no file)"
         problems.append(msg)
     return kept, problems
 
 
-def _csv_place(at: str, _column: str | None) -> str:
-    """``FILE:LINE`` of a CSV row, whatever the column (the message names it)."""
-    return at
+def repeated_key(key: str, value: str, line: int) -> str:
+    """A key a table file gives on two rows: ``device_id 'm1' is already on line 2; ...``."""
+    return f"{key} {value!r} is already on line {line}; a table file lists each key once"
 
 
 def _yaml_place(path: Path, positions: Positions, row: tuple[str | int, ...], column: str | None) -> str:
@@ -321,62 +323,140 @@ def _yaml_place(path: Path, positions: Positions, row: tuple[str | int, ...], co
     return f"{path}:{line}:{col}"
 
 
-def _check_row(
-    schema: TableSchema,
-    cells: Mapping[str, Any],
-    place: Callable[[str | None], str],
-    problems: list[str],
-) -> dict[str, Any] | None:
-    """One row typed by ``schema`` (text converted for number columns; ``deleted: True``
-    added when the row says so), or None after appending each of its problems, as
-    ``place(column): ...``, to ``problems``."""
-    row: dict[str, Any] = {}
-    before = len(problems)
-    cells = dict(cells)
+class RowProblem(NamedTuple):
+    """One problem of a table row: the column it is about (None: the row as a whole) and what
+    is wrong, in words that name the column; the reader adds where the row is."""
+
+    column: str | None
+    message: str
+
+
+class CheckedRow(NamedTuple):
+    """A row as :func:`check_row` found it: typed (None when it has a problem), whether its
+    :data:`DELETED` column is true, and every problem."""
+
+    row: dict[str, Any] | None
+    deleted: bool
+    problems: list[RowProblem]
+
+
+def check_row(schema: TableSchema, raw: object) -> CheckedRow:
+    """One row of a table file (``raw``: a mapping of column to cell, text from CSV, typed from
+    YAML) typed by ``schema``, with every problem: the one check of a row for a backtest's or
+    the console's table file (:func:`table_file_rows`) and the registry loader
+    (:mod:`ingest.registry.model`).
+
+    Names and text are stripped, and a None cell or empty text is NULL (left out), so a file
+    gives a backtest the rows the registry loader publishes from it. Text is converted by
+    its column's type (a number; a whole number; true or false as :data:`TRUE_WORDS` and
+    :data:`FALSE_WORDS`), and every value is checked as an event's field is
+    (:func:`~app.events.check_value`), numbers finite and within their column's bound. The
+    key is required, of at most :data:`~app.events.MAX_KEY_LEN` characters (as an event's);
+    :data:`DELETED` is true or false (text as the words); ``schema.pairs`` are given
+    together and ``schema.positive`` columns are above 0."""
+    if not isinstance(raw, Mapping):
+        problem = RowProblem(None, f"a row must be a mapping of column: value, got {type(raw).__name__}")
+        return CheckedRow(None, False, [problem])
+    cells = _cells(raw)
+    problems: list[RowProblem] = []
     deleted = cells.pop(DELETED, False)
     if isinstance(deleted, str) and deleted.lower() in TRUE_WORDS | FALSE_WORDS:
         deleted = deleted.lower() in TRUE_WORDS
     if not isinstance(deleted, bool):
-        problems.append(f"{place(DELETED)}: column '{DELETED}' must be true or false, got {deleted!r}")
+        message = f"column '{DELETED}' must be true or false, got {_given(deleted)}"
+        problems.append(RowProblem(DELETED, message))
+        deleted = False
+    row: dict[str, Any] = {}
     for column, value in cells.items():
         ftype = "string" if column == schema.key else schema.columns.get(column)
         if ftype is None:
-            problems.append(f"{place(column)}: {unknown_column(column, [schema.key, *schema.columns])}")
+            names = [schema.key, *schema.columns, DELETED]
+            problems.append(RowProblem(column, unknown_column(column, names)))
             continue
-        given = value
-        if ftype == "double" and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                problems.append(f"{place(column)}: column '{column}' must be a number, got {given!r}")
-                continue
         try:
-            row[column] = check_value(column, ftype, value)
+            row[column] = _cell(column, ftype, value, schema.bounds.get(column))
         except IngestDecodeError as exc:
-            problems.append(f"{place(column)}: {exc.reason}")
-            continue
-        number, bound = row[column], schema.bounds.get(column)
-        if isinstance(number, float) and not math.isfinite(number):
-            problems.append(f"{place(column)}: {_non_finite(column, given)}")
-        elif isinstance(number, float) and bound is not None and not bound.holds(number):
-            problems.append(f"{place(column)}: {bound.refusal(column, number, 'column')}")
-    key = row.get(schema.key)
+            problems.append(RowProblem(column, exc.reason))
+    key, name = row.get(schema.key), f"column '{schema.key}' (the key)"
     if schema.key not in cells:
-        problems.append(f"{place(None)}: column '{schema.key}' (the key) is missing or empty")
+        problems.append(RowProblem(None, f"{name} is missing or empty"))
     elif isinstance(key, str) and not key.strip():
-        problems.append(f"{place(schema.key)}: column '{schema.key}' (the key) is blank")
-    if len(problems) > before:
-        return None
+        problems.append(RowProblem(schema.key, f"{name} is blank"))
+    elif isinstance(key, str) and len(key) > MAX_KEY_LEN:
+        problems.append(RowProblem(schema.key, f"{name} is longer than {MAX_KEY_LEN} characters"))
+    problems += _pair_and_sign_problems(schema, cells, row)
+    if problems:
+        return CheckedRow(None, deleted, problems)
     try:
-        return {**schema.validate(row), DELETED: deleted} if deleted else schema.validate(row)
+        return CheckedRow(schema.validate(row), deleted, [])
     except IngestDecodeError as exc:  # every check above passed: not expected
-        problems.append(f"{place(exc.field)}: {exc.reason}")
-        return None
+        return CheckedRow(None, deleted, [RowProblem(exc.field, exc.reason)])
+
+
+def _cells(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """The cells of a row by column name, names and text stripped, NULL and blank ones left
+    out (see :func:`check_row`)."""
+    cells = {str(c).strip(): v.strip() if isinstance(v, str) else v for c, v in raw.items()}
+    return {c: v for c, v in cells.items() if v is not None and v != ""}
+
+
+def _cell(column: str, ftype: FieldType, value: Any, bound: Bound | None) -> object:
+    """A cell as its column holds it; IngestDecodeError naming the column otherwise."""
+    given = value
+    if isinstance(value, str) and ftype in ("double", "long", "boolean"):
+        value = _from_text(column, ftype, value)
+    if isinstance(value, float) and ftype in ("double", "long") and not math.isfinite(value):
+        raise IngestDecodeError(_non_finite(column, given), column)
+    value = check_value(column, ftype, value, "column")
+    if isinstance(value, float) and bound is not None and not bound.holds(value):
+        raise IngestDecodeError(bound.refusal(column, value, "column"), column)
+    return value
+
+
+def _from_text(column: str, ftype: FieldType, text: str) -> object:
+    """A CSV cell's (or quoted YAML) text as a number, a whole number or true or false."""
+    if ftype == "boolean":
+        if text.lower() in TRUE_WORDS | FALSE_WORDS:
+            return text.lower() in TRUE_WORDS
+        msg = f"column '{column}' must be true or false, got {_given(text)}"
+        raise IngestDecodeError(msg, column)
+    try:
+        return float(text) if ftype == "double" else int(text)
+    except ValueError:
+        what = "a number" if ftype == "double" else "a whole number"
+        msg = f"column '{column}' must be {what}, got {_given(text)}"
+        raise IngestDecodeError(msg, column) from None
+
+
+def _pair_and_sign_problems(
+    schema: TableSchema, cells: Mapping[str, Any], row: Mapping[str, Any]
+) -> list[RowProblem]:
+    """``schema.pairs`` given together (by the cells
+    given, typed or not), ``schema.positive`` columns above 0."""
+    out: list[RowProblem] = []
+    for a, b in schema.pairs:
+        if (a in cells) != (b in cells):
+            missing = b if a in cells else a
+            message = f"column '{missing}' is missing: '{a}' and '{b}' go together, give both or neither"
+            out.append(RowProblem(missing, message))
+    for column, unit in schema.positive.items():
+        value = row.get(column)
+        if isinstance(value, float) and value <= 0:
+            out.append(RowProblem(column, f"column '{column}' must be above 0 ({unit}), got float {value!r}"))
+    return out
+
+
+def _given(value: object) -> str:
+    """A cell as a message shows it: text quoted as the file has it, another value with its
+    type (as :func:`~app.events.check_value` shows a value)."""
+    if isinstance(value, str):
+        return repr(value[:80])
+    return f"{type(value).__name__} {value!r:.40}"
 
 
 def _non_finite(column: str, value: object) -> str:
     return (
-        f"column '{column}' must be a finite number, got {value!r} "
+        f"column '{column}' must be a finite number, got {_given(value)} "
         "(as in events, NaN and infinities are refused)"
     )
 

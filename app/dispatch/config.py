@@ -7,10 +7,11 @@ child routes), ``inhibit_rules``, ``flapping`` and ``delivery`` settings.
 Unknown keys are errors; durations are written ``30s``, ``5m``, ``4h``.
 
 :func:`load_routes` collects every problem, each as ``file:line:col: message``
-(like ``rules check``), and raises :class:`RoutesConfigError`. String values
-may name environment variables as ``${NAME}``; an unset variable of this
-application falls back to its documented default (``app.runtime.settings.ENV_DOCS``),
-any other unset variable is an error.
+in the words of ``rules check`` (:class:`app.rules.problems.Problems`: pydantic's
+errors named by the key at fault and the value given, at most 100 listed), and raises
+:class:`RoutesConfigError`. String values may name environment variables as
+``${NAME}``; an unset variable of this application falls back to its documented
+default (``app.runtime.settings.ENV_DOCS``), any other unset variable is an error.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from app.notify.config import (
     WebhookReceiverConfig,
     non_empty,
 )
-from app.rules.yamlpos import YamlProblem, load_with_positions, position_of
+from app.rules.problems import Problems, key_label
+from app.rules.yamlpos import YamlProblem, load_with_positions
 from app.runtime.settings import ENV_DOCS
 
 logger = logging.getLogger(__name__)
@@ -153,36 +155,16 @@ def expand_env(
     return data, missing
 
 
-def _loc(data: Any, loc: tuple[Any, ...]) -> tuple[str | int, ...]:
-    """The data path of a pydantic error location, without union tags and with aliases."""
-    out: list[str | int] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and part == "continue_":
-            part = "continue"
-        if isinstance(node, dict) and part in node:
-            out.append(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            out.append(part)
-            node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not out[-1:] == [part]:
-            if part not in ("webhook", "kafka", "alertmanager"):
-                out.append(part)
-                break
-    return tuple(out)
+#: what pydantic puts after a receiver's index in an error's location: the receiver's ``type``
+#: (the receivers are a union tagged by it), not a key of the file
+_RECEIVER_TAGS = ("webhook", "kafka", "alertmanager")
 
 
-def _message(err: Mapping[str, Any]) -> str:
-    kind, loc = err.get("type", ""), err.get("loc", ())
-    last = next((p for p in reversed(loc) if isinstance(p, str)), "")
-    last = "continue" if last == "continue_" else last
-    if kind == "extra_forbidden":
-        return f"unknown key '{last}'"
-    if kind == "missing":
-        return f"missing required key '{last}'"
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"'{last}': {msg}" if last else msg
+def _file_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic error location as a path in the file's data: without a receiver's union tag."""
+    if len(loc) > 2 and loc[0] == "receivers" and loc[2] in _RECEIVER_TAGS:
+        return (*loc[:2], *loc[3:])
+    return loc
 
 
 #: ``(field, message)`` for each reason a receiver cannot deliver (:func:`app.notify.check.receiver_problems`)
@@ -210,23 +192,24 @@ def load_routes(
     if not isinstance(raw, dict):
         raise RoutesConfigError([f"{name}:1:1: a routes file is a mapping with receivers: and route:"])
     data, missing = expand_env(raw, env)
-    problems: list[tuple[tuple[int, int], str]] = []
+    problems = Problems(name, text, data, positions, lambda _: None, key_label)
     for where, var in missing:
-        problems.append((position_of(positions, where), f"environment variable {var} is not set"))
+        problems.add(where, f"environment variable {var} is not set")
     try:
         cfg = RoutesFile.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors():
-            problems.append((position_of(positions, _loc(data, err["loc"])), _message(err)))
+            problems.add_pydantic({**err, "loc": _file_loc(err["loc"])})
         cfg = None
     if cfg is not None:
-        problems += [(position_of(positions, p), m) for p, m in semantic_problems(cfg)]
+        for where, message in semantic_problems(cfg):
+            problems.add(where, message)
         for i, r in enumerate(cfg.receivers):
             for field, message in receivers(r) if receivers is not None else ():
-                where = position_of(positions, ("receivers", i, field))
-                problems.append((where, f"receiver '{r.name}': '{field}': {message}"))
-    if problems:
-        raise RoutesConfigError([f"{name}:{ln}:{col}: {msg}" for (ln, col), msg in sorted(problems)])
+                problems.add(("receivers", i, field), f"receiver '{r.name}': '{field}': {message}")
+    if problems.count:
+        problems.found.sort(key=lambda p: (p.line, p.col, p.message))
+        raise RoutesConfigError(problems.lines())
     return cfg  # type: ignore[return-value]
 
 

@@ -1,12 +1,13 @@
-"""The problems of one YAML file, a rule file or a rule test file, in the same words whatever
-the file: each at the line and column of the value it is about, pydantic's validation errors
-in the rule language's words, and at most :data:`MAX_PROBLEMS` of them listed, a last line
-counting the others.
+"""The problems of one YAML file, a rule file, a rule test file or the routes file
+(:mod:`app.dispatch.config`), in the same words whatever the file: each at the line and
+column of the value it is about, pydantic's validation errors in the rule language's words,
+and at most :data:`MAX_PROBLEMS` of them listed, a last line counting the others.
 
 The files differ only in how a problem names where it is (:class:`Problems`' ``context``
 and ``label``): a rule file by the rule's id and the key at fault
 (``file:line:col: hot: 'size' must be above 0 (got '0s')``), a test file by the case and the
-path to the value in it (``file:line:col: case 1 'x': expect 1: unknown key 'stauts'``).
+path to the value in it (``file:line:col: case 1 'x': expect 1: unknown key 'stauts'``), the
+routes file by the key alone (``file:line:col: matchers 2: expected a matcher ...``).
 """
 
 from __future__ import annotations

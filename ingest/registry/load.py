@@ -10,8 +10,9 @@ is the table's snapshot, not a log of changes: ``deleted: true`` and ``--delete`
 remove a key), and so is a file without rows.
 
 A registry is configuration: a half-loaded one is worse than none. So
-:func:`load_rows` collects every problem, as ``FILE:LINE: column: message``,
-and raises them together; the caller then publishes nothing.
+:func:`load_rows` collects every problem, as ``FILE:LINE: message`` (the message
+naming the column, in the words a backtest's table file uses), and raises them
+together; the caller then publishes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.rules.yamlpos import YamlProblem, load_with_positions
-from app.tables import read_csv_rows
+from app.tables import read_csv_rows, repeated_key
 from ingest.model import IngestArgError
 from ingest.registry.model import RowError, TableSpec
 
@@ -80,13 +81,13 @@ def load_rows(path: Path, spec: TableSpec) -> list[TableRecord]:
         if isinstance(key, str) and key.strip():
             key = key.strip()
             if key in seen:
-                problems.append(f"{path}:{line}: {spec.key}: {key!r} is already defined on line {seen[key]}")
+                problems.append(f"{path}:{line}: {repeated_key(spec.key, key, seen[key])}")
                 continue
             seen[key] = line
         try:
             key, value = spec.parse_row(raw)
         except RowError as exc:
-            problems += [f"{path}:{line}: {column}: {message}" for column, message in exc.problems]
+            problems += [f"{path}:{line}: {p.message}" for p in exc.problems]
             continue
         records.append(TableRecord(key, value, line))
     if not records and not problems:

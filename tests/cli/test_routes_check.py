@@ -24,7 +24,7 @@ def test_the_only_receiver_missing_its_secret_is_one_problem(
 ) -> None:
     receivers = "receivers:\n  - name: default\n    type: webhook\n    url: http://example.com/hook\n"
     path, out = _check(tmp_path, receivers, capsys)
-    assert out == [f"{path}:2:5: missing required key 'secret'"]
+    assert out == [f"{path}:2:5: receivers 1: missing required key 'secret'"]
 
 
 def test_every_receiver_invalid_lists_each_and_nothing_else(
@@ -35,8 +35,8 @@ def test_every_receiver_invalid_lists_each_and_nothing_else(
     )
     path, out = _check(tmp_path, receivers, capsys)
     assert len(out) == 2, out
-    assert out[0] == f"{path}:2:5: missing required key 'secret'"
-    assert out[1].startswith(f"{path}:3:5: 'receivers': Input tag 'smtp' found using 'type'")
+    assert out[0] == f"{path}:2:5: receivers 1: missing required key 'secret'"
+    assert out[1].startswith(f"{path}:3:5: receivers 2: Input tag 'smtp' found using 'type'")
 
 
 def test_an_empty_receivers_list_is_one_problem_that_says_so(
@@ -56,4 +56,4 @@ def test_an_inhibit_rule_with_a_bad_matcher_is_one_problem(
     assert main(["routes", "check", str(path)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1, out
-    assert out[0].startswith(f"{path}:6:23: 'source_matchers': bad regex in matcher")
+    assert out[0].startswith(f"{path}:6:23: source_matchers 1: bad regex in matcher")

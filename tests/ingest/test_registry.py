@@ -56,11 +56,12 @@ def test_every_problem_is_reported_with_its_line(tmp_path: Path) -> None:
         load_rows(path, DEVICES)
     lines = str(err.value).splitlines()
     assert lines == [
-        f"{path}:2: lat: must be within -90..90, got 95",
-        f"{path}:5: depot_lon: depot_lat and depot_lon go together: give both or neither",
-        f"{path}:7: colour: unknown column; expected one of: " + ", ".join(DEVICES.columns()),
-        f"{path}:9: max_temp: expected a number, got 'hot'",
-        f"{path}:11: device_id: 'a' is already defined on line 2",
+        f"{path}:2: column 'lat' must be within -90..90 (degrees), got float 95.0",
+        f"{path}:5: column 'depot_lon' is missing: 'depot_lat' and 'depot_lon' go together, "
+        "give both or neither",
+        f"{path}:7: unknown column 'colour'; expected one of: " + ", ".join(DEVICES.columns()),
+        f"{path}:9: column 'max_temp' must be a number, got 'hot'",
+        f"{path}:11: device_id 'a' is already on line 2; a table file lists each key once",
     ]
 
 
