@@ -389,6 +389,8 @@ def report_rows(
             report.routed += 1
         elif r["kind"] == "side":
             report.late += 1
+        elif r["kind"] == "late":  # the events a rule could not use, counted per rule or task
+            report.late_events += int(r["value"])
         elif r["kind"] == "error":  # a rule's evaluations that raised on the stream or keyed path
             report.count_rule_errors({r["rule"]: int(r["value"])})
         elif r["kind"] == "refused":

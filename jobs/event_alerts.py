@@ -64,6 +64,7 @@ from jobs.transitions import (
     GroupStep,
     Transitions,
     common_problem,
+    late_count,
     placed,
     stepped,
 )
@@ -104,23 +105,33 @@ def native_rules(plan: SparkPlan) -> list[CompiledRule]:
     return [r for r in plan.stream_rules if native_problem(r) is None]
 
 
-def trigger_rows(ev: DataFrame, rule: CompiledRule) -> DataFrame:
-    """The rows of ``rule``'s groups the Python step needs (see the module), from ``ev``
-    (:func:`jobs.windows.clocked`): ``__sk``, ``__g``, ``__part``, ``__offset``, ``__o``,
-    ``__ts_ms``, ``__clock``, ``__final`` (the partition's final clock), ``__trig`` (it
-    triggers), ``__all`` (the group keeps every row) and ``__prev`` (change: the previous
-    value)."""
+def valued_rows(ev: DataFrame, rule: CompiledRule) -> DataFrame:
+    """The rows of ``ev`` (:func:`jobs.windows.clocked`) that ``rule``'s ``where`` takes:
+    ``__sk``, ``__g``, ``__part``, ``__offset``, ``__ts_ms``, ``__clock`` and ``__v`` (the
+    term's or changing field's value, NULL where the event has none), marked: ``__late``
+    (change: older than the newest of its group's earlier rows with a value) and, among those
+    with a value, ``__trig`` (it triggers), ``__all`` (the group keeps every row) and
+    ``__prev`` (change: the previous on-time value)."""
     r = rule.rule
     field = _field(rule)
-    final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
     parsed = F.from_json(F.col("__fields"), source_struct(r.source, only={*r.group_by, field}))
-    mine = taken(ev, rule).withColumn("__q", parsed).where(F.col("__q").getField(field).isNotNull())
+    mine = taken(ev, rule).withColumn("__q", parsed)
     group = F.array(*(F.coalesce(F.col("__q").getField(g), F.lit("")) for g in r.group_by))
     rows = mine.select(
         "__sk", group.cast("array<string>").alias("__g"), "__part", "__offset", "__ts_ms", "__clock",
         F.col("__q").getField(field).alias("__v"),
     )  # fmt: skip
-    rows = _changes(rows) if r.new_term is None else _new_terms(rows, r.new_term.horizon)
+    if r.new_term is None:
+        return _changes(rows)
+    # a new term's events without a value touch nothing, and none is ever late
+    terms = _new_terms(rows.where(F.col("__v").isNotNull()), r.new_term.horizon)
+    return terms.withColumn("__late", F.lit(False))
+
+
+def trigger_rows(rows: DataFrame, ev: DataFrame) -> DataFrame:
+    """The rows of :func:`valued_rows` the Python step needs (see the module), with
+    ``__final`` (the partition's final clock, from ``ev``) and ``__o``."""
+    final = ev.groupBy("__sk").agg(F.max("__clock").alias("__final"))
     kept = rows.where(F.col("__trig") | F.col("__all")).join(F.broadcast(final), "__sk")
     cols = ["__sk", "__g", "__part", "__offset", "__ts_ms", "__clock", "__final", "__trig", "__all", "__prev"]
     return kept.select(*cols, F.lit(1).alias("__o"))
@@ -152,14 +163,18 @@ def _new_terms(rows: DataFrame, horizon: int) -> DataFrame:
 
 
 def _changes(rows: DataFrame) -> DataFrame:
-    """``__trig``: an on-time value other than the previous on-time one (``__prev``)."""
+    """``__late``: older than the newest of the group's earlier rows with a value, as
+    ``ChangeLogic`` decides before it reads the value; ``__trig``: an on-time value other than
+    the previous on-time one (``__prev``)."""
     w = Window.partitionBy("__sk", "__g").orderBy("__part", "__offset")
     before = w.rowsBetween(Window.unboundedPreceding, -1)
-    newest = F.max("__ts_ms").over(before)
-    rows = rows.withColumn("__on", newest.isNull() | (F.col("__ts_ms") >= newest))
-    previous = F.last(F.when(F.col("__on"), F.col("__v")), ignorenulls=True).over(before)
+    valued = F.col("__v").isNotNull()
+    newest = F.max(F.when(valued, F.col("__ts_ms"))).over(before)
+    rows = rows.withColumn("__late", F.coalesce(F.col("__ts_ms") < newest, F.lit(False)))
+    on = valued & ~F.col("__late")
+    previous = F.last(F.when(on, F.col("__v")), ignorenulls=True).over(before)
     rows = rows.withColumn("__prev", previous)
-    trig = F.col("__on") & F.col("__prev").isNotNull() & (F.col("__prev") != F.col("__v"))
+    trig = on & F.col("__prev").isNotNull() & (F.col("__prev") != F.col("__v"))
     return rows.select("*", trig.alias("__trig"), F.lit(False).alias("__all"))
 
 
@@ -215,12 +230,16 @@ def native_output(
     out: DataFrame | None = None
     for rule in rules:
         ev = clocked(decoded, stream_of(plan, rule), skip=stream_path.get(rule.id, ()))
-        kept = trigger_rows(ev, rule).withColumn("__rule", F.lit(rule.id))
+        marked = valued_rows(ev, rule)
+        kept = trigger_rows(marked, ev).withColumn("__rule", F.lit(rule.id))
         done = stepped(decoded, kept, GroupStep([rule], order, run_group))
         # a row the step did not place (a resolve at a later clock) goes where its due is
         # reached: one as-of lookup over every row, so the Python step runs once
         rows = at_clock(ev, done, "__due")
         rows = rows.withColumn("part", F.coalesce(F.col("part"), F.col("__at.__part")))
         rows = rows.withColumn("offset", F.coalesce(F.col("offset"), F.col("__at.__offset"))).drop("__at")
+        rows = placed(rows)
+        if rule.rule.new_term is None:
+            rows = rows.unionByName(late_count(marked.where(F.col("__late")), rule.id, order[rule.id]))
         out = rows if out is None else out.unionByName(rows)
-    return None if out is None else placed(out)
+    return out

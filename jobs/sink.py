@@ -48,7 +48,7 @@ ALERTS_OUT = Counter(
     "spark_alerts_total", "Alert transitions produced by the Spark engine", ["rule", "status"]
 )
 DLQ_OUT = Counter("spark_dlq_total", "Invalid events sent to the dead-letter topic by the Spark engine")
-LATE = Counter("spark_late_events_total", "Events skipped as late by a Spark threshold rule")
+LATE = Counter("spark_late_events_total", "Events a Spark-engine rule could not use (late), once per rule")
 RULE_ERRORS = Counter(
     "spark_rule_errors_total",
     "Evaluations of a rule that raised in Spark's Python workers (logged there with the traceback); "

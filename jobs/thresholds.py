@@ -291,7 +291,9 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
     """The rows of :func:`cohort_events` that can change an alert (the module's steps 1 to 3),
     one per (rule, event) kept: ``__rule``, ``__g``, ``__part``, ``__offset``, ``__ts_ms``,
     ``__h``, ``__c``, ``__skipped`` (dropped ``holds`` TRUE rows since the group's previous
-    kept row) and ``__newest`` (the group's newest time before it, NULL for its first).
+    kept row), ``__newest`` (the group's newest time before it, NULL for its first) and
+    ``__late`` (on the group's first row, the count of its rows the rule takes that are late:
+    dropped here, counted by the evaluator's ``stats.late``; 0 on the others).
 
     Every step is a window function over one order of the cohort's events per group
     ((partition, offset)): per rule, a row the rule does not take is passed over by
@@ -331,10 +333,21 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
         F.coalesce(col("st", k) & (col("n", k).isNull() | (F.col("__ts_ms") >= col("n", k))), F.lit(False))
         for k in n
     ]
-    ev = ev.select(*base, *hc, *(col("n", k) for k in n), *(on[k].alias(f"__o{k}") for k in n))
+    # the group's late rows (taken, not on time), counted on its first row taken (no newest
+    # time before it: always kept, below)
+    late = [
+        F.when(col("n", k).isNull() & on[k], F.count(F.when(col("st", k) & ~on[k], 1)).over(whole)) for k in n
+    ]
+    ev = ev.select(
+        *base,
+        *hc,
+        *(col("n", k) for k in n),
+        *(on[k].alias(f"__o{k}") for k in n),
+        *(late[k].alias(f"__l{k}") for k in n),
+    )
     # 3. segments of equal (holds, clr) among the on-time rows: __b, a segment's first row
     sig = [F.struct(col("h", k).alias("h"), col("c", k).alias("c")) for k in n]
-    keep3 = [*hc, *(col("n", k) for k in n), *(col("o", k) for k in n)]
+    keep3 = [*hc, *(col("n", k) for k in n), *(col("o", k) for k in n), *(col("l", k) for k in n)]
     ev = ev.select(
         *base, *keep3,
         *(F.last(F.when(col("o", k), sig[k]), ignorenulls=True).over(before).alias(f"__p{k}") for k in n),
@@ -361,6 +374,7 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
         *hc,
         *(col("n", k) for k in n),
         *(col("t", k) for k in n),
+        *(col("l", k) for k in n),
         *(keep[k].alias(f"__kp{k}") for k in n),
     )
     ev = ev.select(
@@ -376,6 +390,7 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
         row = F.struct(
             F.lit(r.id).alias("__rule"), col("h", k).alias("__h"), col("c", k).alias("__c"),
             skipped.cast("long").alias("__skipped"), col("n", k).alias("__newest"),
+            F.coalesce(col("l", k), F.lit(0)).cast("long").alias("__late"),
         )  # fmt: skip
         kept.append(F.when(col("kp", k), row))
     rows = ev.select(*base[1:], F.explode(F.filter(F.array(*kept), lambda x: x.isNotNull())).alias("__k"))
@@ -389,6 +404,7 @@ def kept_rows(events: DataFrame, rules: Sequence[CompiledRule]) -> DataFrame:
         "__k.__c",
         "__k.__skipped",
         "__k.__newest",
+        "__k.__late",
     )
 
 
@@ -448,7 +464,7 @@ class ThresholdStep:
         store = store if store is not None else DictStore()
         idx, key_field = self.idx[rule.id], SCHEMAS[rule.rule.source].key
         out: list[tuple[Any, ...]] = []
-        key = ""
+        key, dropped = "", 0
         # the evaluator's own join (composed), for rules with enrich: the row its logic reads
         joiner = StreamEvaluator("native", [rule], DictStore(), self.tables) if rule.rule.enrich else None
         joins = joiner.joins(rule) if joiner is not None else []
@@ -466,6 +482,7 @@ class ThresholdStep:
                 st["streak"] += r["__skipped"]
                 if r["__newest"] is not None and r["__newest"] > st["last_event"]:
                     st["last_event"] = r["__newest"]
+            dropped += r.get("__late") or 0
             row[HOLDS], row[CLEARS] = r["__h"], r["__c"]
             ev = Event(str(fields.get(key_field)), r["__ts_ms"], fields)
             alerts, late = logic.on_event(store, key, group, ev, row)
@@ -478,6 +495,8 @@ class ThresholdStep:
                     ("alert", ALERTS, a.fingerprint, body, r["__part"], r["__offset"], idx, a.rule_id,
                      a.status, a.alert_id)
                 )  # fmt: skip
+        if dropped:  # the group's late events, which kept_rows dropped: counted as the evaluator does
+            out.append(("late", None, None, str(dropped), None, None, idx, rule.id, None, None))
         return out
 
 

@@ -156,6 +156,27 @@ def at_event(
     ]
 
 
+def late_count(late: DataFrame, rule_id: str, place: int) -> DataFrame:
+    """One output row counting the rows of ``late``, the events rule ``rule_id`` could not use
+    for their time (the evaluator's ``stats.late``, a backtest's ``late_events``), with
+    :data:`AT_EVENT` (``place``: the rule's in the evaluator's per-event order); no row when
+    there are none. ``part`` and ``offset`` are NULL: the count is the whole input's."""
+    n = late.agg(F.count(F.lit(1)).alias("__n")).where(F.col("__n") > 0)
+    return n.select(
+        F.lit("late").alias("kind"),
+        F.lit(None).cast("string").alias("topic"),
+        F.lit(None).cast("string").alias("key"),
+        F.col("__n").cast("string").alias("value"),
+        F.lit(None).cast("int").alias("part"),
+        F.lit(None).cast("bigint").alias("offset"),
+        F.lit(0).alias("idx"),
+        F.lit(rule_id).alias("rule"),
+        F.lit(None).cast("string").alias("status"),
+        F.lit(None).cast("string").alias("alert_id"),
+        *at_event(place, ON_EVENT),
+    )
+
+
 def placed(rows: DataFrame) -> DataFrame:
     """Rows of :data:`STEP`, all placed, as output rows (``jobs.state.OUTPUT_SCHEMA``) with
     their place at their event (:data:`AT_EVENT`)."""

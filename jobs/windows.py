@@ -70,7 +70,7 @@ from app.rules.logic.windows import MAX_EMPTY_STEPS, TumblingLogic
 from app.topics import ALERTS
 from jobs.compile import SparkPlan, native_where
 from jobs.held import hold
-from jobs.transitions import BEFORE, ON_EVENT, at_event
+from jobs.transitions import BEFORE, ON_EVENT, at_event, late_count
 from jobs.udfs import guarded
 
 logger = logging.getLogger(__name__)
@@ -384,18 +384,23 @@ def _condition_struct(rule: CompiledRule, columns: frozenset[str]) -> StructType
     return source_struct(rule.rule.source, only=columns)
 
 
-def late_rows(
-    decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str], place: int
-) -> DataFrame:
-    """``late_policy: side``: the events ``rule`` takes (``where`` TRUE) that fold into no
-    window, as the evaluator's late copies (output rows, topic ``events.late``, in its
-    ``on_event``; ``place``: the rule's in the evaluator's per-event order)."""
+def late_events(decoded: DataFrame, plan: SparkPlan, rule: CompiledRule, skip: frozenset[str]) -> DataFrame:
+    """The events ``rule`` takes (``where`` TRUE) on its stream keys not in ``skip`` that fold
+    into no window (:func:`jobs.windows.clocked`'s columns): late, whatever the late policy,
+    as the evaluator's ``on_event`` decides (the newest window they fall in is closed for good
+    at their partition's clock)."""
     r = rule.rule
     assert r.window is not None  # noqa: S101
     ev = clocked(decoded, stream_of(plan, rule), skip=skip)
     ev = taken(ev, rule)
     last = F.col("__ts_ms") - F.pmod(F.col("__ts_ms"), F.lit(r.window.step))
-    late = ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
+    return ev.where(last + int(r.window.size or 0) + r.allowed_lateness <= F.col("__clock"))
+
+
+def late_rows(late: DataFrame, rule: CompiledRule, place: int) -> DataFrame:
+    """``late_policy: side``: the events of ``late`` (:func:`late_events`) as the evaluator's
+    late copies (output rows, topic ``events.late``, in its ``on_event``; ``place``: the rule's
+    in the evaluator's per-event order)."""
     head = orjson.dumps({"rule_id": rule.id})[:-1].decode() + ',"event":'
     return late.select(
         F.lit("side").alias("kind"),
@@ -623,7 +628,9 @@ def native_output(
         step = LifecycleStep(rule, found.jumps.get(rule.id, {}))
         stepped = windows.repartition(partitions, "__sk", "__g").mapInArrow(step, _STEP_DDL)
         rows = placed_at_events(stepped, decoded, plan, rule, order)
+        late = late_events(decoded, plan, rule, mine)
+        rows = rows.unionByName(late_count(late, rule.id, order[rule.id]))
         if rule.rule.late_policy == "side":
-            rows = rows.unionByName(late_rows(decoded, plan, rule, mine, order[rule.id]))
+            rows = rows.unionByName(late_rows(late, rule, order[rule.id]))
         out = rows if out is None else out.unionByName(rows)
     return out

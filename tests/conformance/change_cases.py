@@ -34,6 +34,7 @@ def crafted() -> Iterator[dict[str, Any]]:
             yield s("s-1", m, status)  # ok -> maint at 10 (fires), -> ok at 14 (extends to 19)
         if m == 20:
             yield s("s-1", 11, "broken")  # late: older than 14, skipped though it differs
+            yield s("s-1", 12.5, None)  # late too, with no status: counted late all the same
             yield s("s-1", 20, None)  # no status: touches nothing
             yield s("s-1", 20, "ok")  # the same as the last on-time one: nothing
         if m == 30:

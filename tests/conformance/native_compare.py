@@ -73,6 +73,8 @@ def compare_backtests(
     assert (spark_report.events, spark_report.skipped, spark_report.alerts, spark_report.late) == (
         faust_report.events, faust_report.skipped, faust_report.alerts, faust_report.late,
     )  # fmt: skip
+    late = (spark_report.late_events, faust_report.late_events)  # the events a rule found too late
+    assert late[0] == late[1], f"late events: {late[0]} on Spark, {late[1]} on the Faust engine"
     assert (spark_report.refused, sorted(spark_report.problems)) == (
         faust_report.refused, sorted(faust_report.problems),
     )  # fmt: skip

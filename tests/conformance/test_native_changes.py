@@ -54,6 +54,9 @@ def test_crafted_events_on_one_partition(
     assert seen(alerts, "ch-http", "10.0.0.4") == [("firing", t(6.5), None), ("resolved", t(6.5), t(13.5))]
     (kind,) = [a for a in alerts if a.rule_id == "ch-kind" and a.status == "firing"]
     assert (kind.values["previous"], kind.values["kind"]) == ("pacer", "gadget")
+    # late, counted once per rule: s-1's 11 and 12.5 (no status) and s-2's 3 for ch-status; for
+    # ch-kind (one group) the readings older than a pacer's, with or without a kind
+    assert found.report.late_events == 3 + 5
 
 
 def test_what_stays_on_the_stream_path_says_why() -> None:

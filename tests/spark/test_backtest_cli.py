@@ -25,24 +25,36 @@ def backtest(tmp_path: Path, name: str, *args: str) -> list[str]:
     return out.read_text().splitlines()
 
 
+def late_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The summary's late-events line of the last command, without its engine's label."""
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "late event" in x]
+    return line.split(": ", 1)[1]
+
+
 def per_device(lines: list[str]) -> list[str]:
     return sorted(line for line in lines if orjson.loads(line)["rule"] != "fleet-hot-pair")
 
 
 def test_file_and_topic_backtests_on_spark_print_the_faust_engines_lines(
-    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    spark: SparkSession, broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     events = [orjson.dumps(e) for e in crafted()]
     path = tmp_path / "crafted.jsonl"
     path.write_bytes(b"\n".join([*events, b"{broken"]) + b"\n")
     faust = backtest(tmp_path, "faust", "--input", str(path))
+    late = late_line(capsys)  # the summary's count of late events: the same on every engine and plan
+    assert late.startswith("5 late events not used by a rule")
     on_spark = backtest(tmp_path, "spark", "--input", str(path), "--engine", "spark")
     assert len(faust) >= 4 and sorted(on_spark) == sorted(faust)
+    assert late_line(capsys) == late
     monkeypatch.setenv("APP_SPARK_DECODE", "jvm")  # the records decoded in Spark SQL: the same lines
     assert backtest(tmp_path, "spark-jvm", "--input", str(path), "--engine", "spark") == on_spark
+    assert late_line(capsys) == late
     monkeypatch.delenv("APP_SPARK_DECODE")
     monkeypatch.setenv("APP_SPARK_BACKTEST_PLANS", "native")  # the native plans: the same lines
     assert backtest(tmp_path, "spark-native", "--input", str(path), "--engine", "spark") == on_spark
+    assert late_line(capsys) == late
     monkeypatch.delenv("APP_SPARK_BACKTEST_PLANS")
 
     produce(broker.bootstrap, "events.sensors", [(orjson.loads(e)["device_id"].encode(), e) for e in events])
@@ -231,7 +243,7 @@ def test_gz_and_bz2_input_on_spark_and_a_damaged_or_missing_file(
         )
         summary = capsys.readouterr().err.splitlines()
         seen[name] = (out.read_text(), [line for line in summary if line.startswith("backtest (spark):")])
-    assert len(seen["c.jsonl"][0].splitlines()) >= 4 and "1 invalid lines skipped" in seen["c.jsonl"][1][0]
+    assert len(seen["c.jsonl"][0].splitlines()) >= 4 and "1 invalid lines skipped" in seen["c.jsonl"][1][-1]
     assert seen["c.jsonl.gz"] == seen["c.jsonl.bz2"] == seen["c.jsonl"]
 
     packed = gzip.compress(data * 20)
