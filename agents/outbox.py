@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import faust
 import orjson
+from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import TopicPartition
 
 from agents.metrics import ALERTS_OUT, LATE, ROUTED
-from agents.state_store import TableStore
+from agents.state_store import RECORD_OVERHEAD_BYTES, TableStore
 from app.events import dlq_record
 from app.eventtime import REFUSED
 from app.kafka.clients import CachedPartitioner
@@ -25,6 +26,11 @@ logger = logging.getLogger(__name__)
 #: Most record batches of one partition the :class:`Outbox` queues in the producer before
 #: it waits for them to be sent (up to 1 MiB each: ``producer_max_batch_size``).
 MAX_QUEUED_BATCHES = 8
+#: the most bytes of one record batch of a state changelog (:attr:`Outbox.batch_bytes`): a
+#: commit's changed states of one partition, with the record of the last offsets they count,
+#: go out as one batch up to this size, which Kafka appends whole or not at all. The worker
+#: creates its changelog topics with a ``max.message.bytes`` this large (``agents.wiring``)
+STATE_BATCH_BYTES = 16 * 1024 * 1024
 
 
 class Outbox:
@@ -54,6 +60,11 @@ class Outbox:
         self.partitioner = partitioner
         self.failed: BaseException | None = None
         self._crashing: asyncio.Future[Any] | None = None
+        #: per topic (the state changelogs), the most bytes of one of :meth:`place`'s record
+        #: batches; other topics' batches are the producer's (``producer_max_batch_size``)
+        self.batch_bytes: dict[str, int] = {}
+        #: the (topic, partition) whose commit took several batches, warned of once each
+        self._split: set[tuple[str, int]] = set()
 
     async def send_all(
         self,
@@ -97,16 +108,32 @@ class Outbox:
         in a batch before any is sent: ``records`` is read in one go, with no other task
         running in between (a generator of states sees none change). Under exactly-once each
         record goes into the transaction of its own partition number: a state's changelog
-        partition is that of the input partition whose events own it."""
+        partition is that of the input partition whose events own it.
+
+        A topic in :attr:`batch_bytes` (a state changelog) gets one batch per partition up to
+        that size, so a commit's states of one partition and the record of the offsets they
+        count land together or not at all (``agents.state_store.ordered``): a crash between two
+        batches left some states written beside the old offsets, and the restart counted their
+        events again. A partition whose states exceed it takes several, with a warning."""
         building: dict[tuple[str, int], list[Any]] = {}  # per partition, its record batches in order
         producers: dict[int, Any] = {}
+        sizes = self.batch_bytes
         for topic, partition, key, value in records:
             batches = building.get((topic, partition))
             if batches is None:
                 batches = building[(topic, partition)] = []
                 if partition not in producers:
                     producers[partition] = self.producer_for(partition)
-            self._append(producers[partition], batches, key, value)
+            self._append(producers[partition], batches, key, value, sizes.get(topic))
+        for (topic, partition), batches in building.items():
+            if len(batches) > 1 and topic in sizes and (topic, partition) not in self._split:
+                self._split.add((topic, partition))
+                logger.warning(
+                    "the states of %s partition %d took %d record batches of %d bytes at most in one "
+                    "commit: a crash between them would count some events twice (at least once; "
+                    "docs/worker.md); logged once per partition", topic, partition, len(batches),
+                    sizes[topic],
+                )  # fmt: skip
         return Placement(building, producers)
 
     async def send_placement(self, placement: Placement) -> None:
@@ -135,11 +162,13 @@ class Outbox:
                 await self._send_batch(producer, batch, topic, partition)
 
     @staticmethod
-    def _append(producer: Any, batches: list[Any], key: bytes, value: bytes | None) -> None:
+    def _append(
+        producer: Any, batches: list[Any], key: bytes, value: bytes | None, size: int | None = None
+    ) -> None:
         """Append a record to the last of one partition's ``batches``, opening a batch when
-        there is none or the last is full."""
+        there is none or the last is full: the producer's, or of at most ``size`` bytes."""
         if not batches or batches[-1].append(timestamp=None, key=key, value=value) is None:
-            batch = producer.create_batch()
+            batch = producer.create_batch() if size is None else sized_batch(producer, size)
             batch.append(timestamp=None, key=key, value=value)  # a new batch takes any record
             batches.append(batch)
 
@@ -197,6 +226,39 @@ class Outbox:
         if out.late_count:  # every late policy: drop counts them too (docs/rules.md)
             LATE.labels(source).inc(out.late_count)
         return records
+
+
+def state_batch_bytes(limits: Mapping[str, int]) -> dict[str, int]:
+    """Per state changelog, the most bytes of a batch of its states (:attr:`Outbox.batch_bytes`):
+    :data:`STATE_BATCH_BYTES`, or less where the topic's ``max.message.bytes`` (``limits``)
+    takes less, with a warning naming the command that raises it (a topic created by a release
+    before 2026-12-01 has the cluster's default, 1 MiB)."""
+    out: dict[str, int] = {}
+    wanted = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
+    for topic, limit in limits.items():
+        out[topic] = min(STATE_BATCH_BYTES, limit - RECORD_OVERHEAD_BYTES)
+        if limit < wanted:
+            logger.warning(
+                "state changelog %s takes record batches of %d bytes at most (its max.message.bytes): "
+                "a commit's states of one partition beyond that go in several batches, and a crash "
+                "between them counts some events twice (at least once). Raise it: kafka-configs.sh "
+                "--alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d",
+                topic, limit, topic, wanted,
+            )  # fmt: skip
+    return out
+
+
+def sized_batch(producer: Any, size: int) -> BatchBuilder:
+    """An empty record batch of at most ``size`` bytes for aiokafka ``producer``, as its
+    ``create_batch`` makes one of its ``max_batch_size`` (its compression, transactional when
+    the producer is)."""
+    queue = producer._message_accumulator  # noqa: SLF001 - aiokafka's, as create_batch reads it
+    txn = queue._txn_manager  # noqa: SLF001
+    return BatchBuilder(
+        size,
+        queue._compression_type,  # noqa: SLF001
+        is_transactional=txn is not None and txn.transactional_id is not None,
+    )
 
 
 class Placement(NamedTuple):

@@ -82,7 +82,7 @@ from agents.metrics import (
     REREAD,
     RULES,
 )
-from agents.outbox import Outbox, commit_hooks
+from agents.outbox import STATE_BATCH_BYTES, Outbox, commit_hooks, state_batch_bytes
 from agents.registry import follow_tables
 from agents.runtime import RELOAD_INTERVAL_S, Runtime, initial_rules, maybe_reload
 from agents.state_server import attach as attach_state_server
@@ -91,7 +91,7 @@ from agents.topics import check_partitions, extra_topics, regroup_topic
 from agents.transport import QuietWorker, RulesApp
 from app.errors import ConfigError, IngestDecodeError
 from app.events import Event, dlq_record, schema_for
-from app.kafka.admin import ensure_topics
+from app.kafka.admin import ensure_topics, max_message_bytes
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import CachedPartitioner
 from app.rules.evaluator import DictStore, Output, stream_name
@@ -573,8 +573,11 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     # Faust's own topics too (the changelogs, its group leader's), before Faust declares them as
     # the worker starts: at a first start its consumer joined the group before some existed,
     # logged "not found in cluster metadata" and left them unassigned
+    # a changelog takes a commit's states of one partition in one record batch (Outbox.place)
+    batch_room = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
     faust_topics = (
-        *(TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions)
+        *(TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions,
+                    max_message_bytes=batch_room)
           for store in stores.values()),
         TopicSpec(leader_topic(app), key="none: the group leader's partition", partitions=1),
     )  # fmt: skip
@@ -582,6 +585,8 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
                               specs=extra_topics(ruleset, settings) + faust_topics))  # fmt: skip
     asyncio.run(check_partitions(settings))
     outbox = Outbox(app, partitioner)
+    changelogs = [store.topic for store in stores.values()]
+    outbox.batch_bytes = state_batch_bytes(asyncio.run(max_message_bytes(settings, changelogs)))
     app.bootstrap_servers = settings.bootstrap_servers
     app.kafka_auth = settings.kafka_auth
     if settings.exactly_once:

@@ -32,15 +32,20 @@ SYSTEM_TOPIC_PREFIXES: tuple[str, ...] = ("tables.", f"{ALERTS}.", "__")
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """A topic, what its record key is, and whether it is compacted."""
+    """A topic, what its record key is, whether it is compacted, and the largest record batch
+    it takes (None: the cluster's default, 1 MiB)."""
 
     name: str
     key: str
     compacted: bool = False
     partitions: int | None = None  # None: the configured default
+    max_message_bytes: int | None = None
 
     def config(self) -> dict[str, str]:
-        return {"cleanup.policy": "compact"} if self.compacted else {}
+        config = {"cleanup.policy": "compact"} if self.compacted else {}
+        if self.max_message_bytes is not None:
+            config["max.message.bytes"] = str(self.max_message_bytes)
+        return config
 
 
 TOPICS: tuple[TopicSpec, ...] = (

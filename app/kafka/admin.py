@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from app.errors import BrokerError
@@ -65,6 +66,31 @@ async def ensure_topics(
         return created
     finally:
         await admin.close()
+
+
+async def max_message_bytes(bootstrap: Target, topics: list[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Each of ``topics``' largest record batch, its ``max.message.bytes`` as the cluster
+    has it: the topic's own, or the cluster's default (a topic created by an earlier release
+    keeps what it was created with)."""
+    admin = AIOKafkaAdminClient(**connection(bootstrap), request_timeout_ms=10_000)
+    try:
+        with broker_errors(f"describe topics on {bootstrap_of(bootstrap)}"):
+            await asyncio.wait_for(admin.start(), timeout_s)
+            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics]
+            responses = await asyncio.wait_for(admin.describe_configs(resources), timeout_s)
+    finally:
+        await admin.close()
+    found: dict[str, int] = {}
+    for response in responses:
+        for code, message, _, name, entries, *_ in response.resources:
+            if code:
+                why = f"{for_code(code).__name__} {message or ''}".rstrip()
+                msg = f"cannot read the configuration of topic {name}: {why}"
+                raise BrokerError(msg)
+            for entry in entries:
+                if entry[0] == "max.message.bytes":
+                    found[name] = int(entry[1])
+    return found
 
 
 async def _listed(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:

@@ -5,6 +5,7 @@ could not deliver stops the worker and fails the commit."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
@@ -14,9 +15,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
-from agents.outbox import MAX_QUEUED_BATCHES, Outbox, commit_hooks
-from agents.state_store import TableStore
-from app.kafka.admin import ensure_topics
+from agents.outbox import MAX_QUEUED_BATCHES, STATE_BATCH_BYTES, Outbox, commit_hooks, state_batch_bytes
+from agents.state_store import RECORD_OVERHEAD_BYTES, TableStore
+from app.kafka.admin import ensure_topics, max_message_bytes
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import CachedPartitioner
 from app.rules.evaluator import LATE_TOPIC, Output
@@ -375,3 +376,63 @@ def test_the_states_go_out_after_the_outputs_of_the_batches_they_count_are_deliv
     producer = asyncio.run(run())
     assert steps == ["taken (1 batches sent)", "flush (1 batches sent)", "flush (2 batches sent)"]
     assert [(t, keys) for t, _, keys in producer.batches] == [("alerts", [b"k"]), (TOPIC, [b'"r\\u001fd1"'])]
+
+
+@pytest.mark.slow
+def test_a_commits_states_of_one_partition_go_in_one_record_batch_beyond_the_producers(
+    broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real broker: 3 MiB of states of one changelog partition, three times the producer's
+    largest batch, go out as one record batch, which Kafka appends whole or not at all, and
+    come back in order. On a changelog created before (the cluster's 1 MiB), they take several
+    batches, and the worker says how to raise it: a crash between two batches left some states
+    written beside the old offsets, and the restart counted their events again."""
+    made, old = "out.changelog-big", "out.changelog-old"
+    value = b"s" * 3000
+    records = [(topic, 1, f"rule\x1fkey-{i}".encode(), value) for topic in (made, old) for i in range(1000)]
+
+    async def run() -> tuple[dict[str, int], dict[str, list[int]], dict[tuple[str, int], list[bytes]]]:
+        specs = (TopicSpec(made, "key", compacted=True, partitions=2,
+                           max_message_bytes=STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES),
+                 TopicSpec(old, "key", compacted=True, partitions=2))  # fmt: skip
+        await ensure_topics(broker.bootstrap, 1, specs=specs)
+        limits = state_batch_bytes(await max_message_bytes(broker.bootstrap, [made, old]))
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, max_batch_size=1024 * 1024)
+        await producer.start()
+        try:
+            box = Outbox(_App(producer), CachedPartitioner())  # type: ignore[arg-type]
+            box.batch_bytes = limits
+            placement = box.place(records)
+            batches = {
+                topic: [len(b) for (t, _), b in placement.batches.items() if t == topic]
+                for topic in (made, old)
+            }
+            await box.send_placement(placement)
+            await asyncio.wait_for(producer.flush(), 30)
+            box.check()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            made, old, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        got: dict[tuple[str, int], list[bytes]] = {}
+        try:
+            async with asyncio.timeout(60):
+                while sum(map(len, got.values())) < len(records):
+                    for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                        got.setdefault((tp.topic, tp.partition), []).extend(m.key for m in msgs)
+        finally:
+            await consumer.stop()
+        return limits, batches, got
+
+    limits, batches, got = asyncio.run(run())
+    assert limits[made] == STATE_BATCH_BYTES
+    assert batches == {made: [1], old: [3]}
+    keys = [f"rule\x1fkey-{i}".encode() for i in range(1000)]
+    assert got == {(made, 1): keys, (old, 1): keys}
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith(f"state changelog {old} takes record batches of 1048588 bytes") for m in said), (
+        said
+    )
+    assert any(m.startswith(f"the states of {old} partition 1 took 3 record batches") for m in said), said
