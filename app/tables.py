@@ -18,7 +18,7 @@ import csv
 import difflib
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
@@ -257,64 +257,81 @@ def read_table_file(table: str, path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The valid rows of a registry file, and its problems: CSV with a header
-    (:func:`read_csv_rows`; cells converted by column type, an empty cell is NULL), or YAML
-    (a list of rows, or ``{rows: [...]}``).
+class FileRow(NamedTuple):
+    """A valid row of a table file (:func:`checked_table_file`): typed, whether its
+    :data:`DELETED` column is true, and the line it starts on."""
 
-    A table file is a snapshot: every key once, every row a valid row of the table
-    (:func:`check_row`: numbers finite and within their column's bound, coordinates), at least
-    one row (an empty table needs no file); a row whose :data:`DELETED` column is true is left
-    out, as the registry loader deletes its key. Each problem is ``FILE:LINE: ...`` (YAML:
-    ``FILE:LINE:COL: ...``), naming its column; an invalid row is left out, and so is a repeated
-    key's later row (a CSV file whose header is not valid has no rows). YAML that does not
-    parse, or is not a list of rows, raises ValueError; UnicodeDecodeError and OSError are
-    raised as reading the file raises them."""
+    row: dict[str, Any]
+    deleted: bool
+    line: int
+
+
+def checked_table_file(table: str, path: Path) -> tuple[list[FileRow], list[str]]:
+    """Every valid row of a table file, in file order, and its problems: the one reader of a
+    registry file, for the registry loader (``ingest registry``), a backtest's ``--table`` and
+    the console's map. CSV with a header (:func:`read_csv_rows`; an empty cell is NULL), or
+    YAML (a list of rows, or ``{rows: [...]}``, or ``{<table>: [...]}``).
+
+    Every key once, every row a valid row of the table (:func:`check_row`). Each problem is
+    ``FILE:LINE: ...`` (YAML: ``FILE:LINE:COL: ...``), naming its column; an invalid row is
+    left out, and so is a repeated key's later row (a CSV file whose header is not valid has
+    no rows). YAML that does not parse, or is not a list of rows, raises ValueError;
+    UnicodeDecodeError and OSError are raised as reading the file raises them."""
     schema = TABLES[table]
     problems: list[str] = []
-    checked: list[tuple[int, str, CheckedRow]] = []  # (line, where its key is, the checked row)
+    # each row as (its line, a function placing a column of it: FILE:LINE or FILE:LINE:COL, its cells)
+    found: list[tuple[int, Callable[[str | None], str], object]] = []
     if path.suffix.lower() == ".csv":
         rows, structure = read_csv_rows(path, [schema.key, *schema.columns, DELETED], schema.key)
         problems += [f"{path}:{p.line}: {p.message}" for p in structure]
-        for line, cells in rows:
-            at = f"{path}:{line}"
-            result = check_row(schema, cells)
-            problems += [f"{at}: {p.message}" for p in result.problems]
-            checked.append((line, at, result))
+        found = [(line, partial(_csv_place, f"{path}:{line}"), cells) for line, cells in rows]
     else:
         data, positions = _read_yaml(path)
         prefix: tuple[str, ...] = ()
-        if isinstance(data, dict):
-            data, prefix = data.get("rows"), ("rows",)
+        if isinstance(data, dict) and len(data) == 1 and next(iter(data)) in ("rows", table):
+            prefix = (str(next(iter(data))),)
+            data = data[prefix[0]]
         if not isinstance(data, list):
-            msg = f"{path}: expected a list of rows (or rows: [...])"
+            msg = f"{path}: expected a list of rows, or 'rows:' or '{table}:' holding one"
             raise ValueError(msg)
         for i, raw in enumerate(data):
-            place = partial(_yaml_place, path, positions, (*prefix, i))
-            result = check_row(schema, raw)
-            problems += [f"{place(p.column)}: {p.message}" for p in result.problems]
-            checked.append((position_of(positions, (*prefix, i))[0], place(schema.key), result))
-    first: dict[str, int] = {}
-    kept: list[dict[str, Any]] = []
-    for line, at, (row, deleted, _) in checked:
-        if row is None:
-            continue
-        key = row[schema.key]
-        if key in first:
-            problems.append(f"{at}: {repeated_key(schema.key, key, first[key])}")
-            continue
-        first[key] = line
-        if not deleted:
-            kept.append(row)
-    if not problems and not first:
+            at: tuple[str | int, ...] = (*prefix, i)
+            found.append((position_of(positions, at)[0], partial(_yaml_place, path, positions, at), raw))
+    first: dict[str, int] = {}  # each key's first line, valid row or not
+    valid: list[FileRow] = []
+    for line, place, raw in found:
+        key = _cells(raw).get(schema.key) if isinstance(raw, Mapping) else None
+        if isinstance(key, str) and key:
+            if key in first:  # the row's other problems wait until the key is given once
+                problems.append(f"{place(schema.key)}: {repeated_key(schema.key, key, first[key])}")
+                continue
+            first[key] = line
+        row, deleted, wrong = check_row(schema, raw)
+        problems += [f"{place(p.column)}: {p.message}" for p in wrong]
+        if row is not None:
+            valid.append(FileRow(row, deleted, line))
+    return valid, problems
+
+
+def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a table file as a snapshot (:func:`checked_table_file`), and its problems:
+    a row whose :data:`DELETED` column is true is left out, as the registry loader deletes
+    its key, and a file must have at least one row (an empty table needs no file)."""
+    valid, problems = checked_table_file(table, path)
+    if not problems and not valid:
         msg = f"{path}: no rows (a table file lists the table's rows; an empty table needs no file)"
         problems.append(msg)
-    return kept, problems
+    return [r.row for r in valid if not r.deleted], problems
 
 
 def repeated_key(key: str, value: str, line: int) -> str:
     """A key a table file gives on two rows: ``device_id 'm1' is already on line 2; ...``."""
     return f"{key} {value!r} is already on line {line}; a table file lists each key once"
+
+
+def _csv_place(at: str, _column: str | None) -> str:
+    """``FILE:LINE`` of a CSV row, whatever the column (the message names it)."""
+    return at
 
 
 def _yaml_place(path: Path, positions: Positions, row: tuple[str | int, ...], column: str | None) -> str:

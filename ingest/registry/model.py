@@ -21,20 +21,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import orjson
-
-from app.tables import DELETED, RowProblem, TableSchema, check_row
+from app.tables import DELETED, TableSchema
 from app.tables import TABLES as SCHEMAS
 
 logger = logging.getLogger(__name__)
-
-
-class RowError(Exception):
-    """Every problem of one row (each message names its column)."""
-
-    def __init__(self, problems: list[RowProblem]) -> None:
-        super().__init__("; ".join(p.message for p in problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -56,13 +46,6 @@ class TableSpec:
     def columns(self) -> list[str]:
         """Every column a file may have, key first, ``deleted`` last."""
         return [self.key, *self.schema.columns, DELETED]
-
-    def parse_row(self, raw: object) -> tuple[str, bytes | None]:
-        """``(key, value)`` of one file row (value None: a tombstone); RowError otherwise."""
-        row, deleted, problems = check_row(self.schema, raw)
-        if row is None:
-            raise RowError(problems)
-        return row[self.key], None if deleted else orjson.dumps(row)
 
 
 TABLES: dict[str, TableSpec] = {

@@ -56,7 +56,7 @@ def test_a_file_without_rows_is_refused(tmp_path: Path, text: str) -> None:
 def test_a_non_finite_yaml_number_is_refused(tmp_path: Path) -> None:
     path, problems = _problems(tmp_path, "- {device_id: m1, max_temp: .inf}\n", "devices.yaml")
     assert problems == [
-        f"{path}:1: column 'max_temp' must be a finite number, got float inf "
+        f"{path}:1:29: column 'max_temp' must be a finite number, got float inf "
         "(as in events, NaN and infinities are refused)"
     ]
 
@@ -110,8 +110,7 @@ def test_the_loader_and_a_table_file_name_a_csv_problem_alike(tmp_path: Path, ca
     assert table_file_rows("devices", path)[1] == problems
 
 
-#: typed YAML values, in the same words: the loader names the row's line, a table file the value's
-#: line and column
+#: typed YAML values, in the same words and at the same place (the value's line and column)
 YAML_PROBLEMS = {
     "a string column": ("- {device_id: m1, site: 5}", "1:25", "column 'site' must be a string, got int 5"),
     "a number column": (
@@ -133,16 +132,16 @@ YAML_PROBLEMS = {
 def test_the_loader_and_a_table_file_name_a_yaml_problem_alike(tmp_path: Path, case: str) -> None:
     text, place, expected = YAML_PROBLEMS[case]
     path, problems = _problems(tmp_path, text + "\n", "devices.yaml")
-    assert problems == [f"{path}:1: {expected}"]
-    assert table_file_rows("devices", path)[1] == [f"{path}:{place}: {expected}"]
+    assert problems == [f"{path}:{place}: {expected}"]
+    assert table_file_rows("devices", path)[1] == problems
 
 
 def test_a_mistyped_value_is_listed_with_the_rows_other_problems(tmp_path: Path) -> None:
     """The loader checked the types after its own checks, and only when they found nothing."""
     path, problems = _problems(tmp_path, "- {device_id: m1, site: 5, lat: 999, lon: 1}\n", "devices.yaml")
     assert problems == [
-        f"{path}:1: column 'site' must be a string, got int 5",
-        f"{path}:1: column 'lat' must be within -90..90 (degrees), got float 999.0",
+        f"{path}:1:25: column 'site' must be a string, got int 5",
+        f"{path}:1:33: column 'lat' must be within -90..90 (degrees), got float 999.0",
     ]
 
 
@@ -177,3 +176,28 @@ def test_a_yaml_file_gives_a_backtest_the_rows_the_loader_publishes(tmp_path: Pa
     published = orjson.loads(record.value or b"")
     assert published == {"device_id": "m1", "site": "lab"}
     assert table_file_rows("devices", path) == ([published], [])
+
+
+@pytest.mark.parametrize("wrapper", ["rows", "devices"])
+def test_a_yaml_file_wrapped_either_way_serves_the_loader_and_a_backtest(
+    tmp_path: Path, wrapper: str
+) -> None:
+    """One file serves ``ingest registry`` and ``backtest --table``: the loader took only
+    ``devices:``, a backtest only ``rows:``, and each refused the other's."""
+    path = tmp_path / "devices.yaml"
+    path.write_text(f"{wrapper}:\n  - device_id: m1\n    site: lab\n")
+    (record,) = load_rows(path, TABLES["devices"])
+    assert (record.key, record.line) == ("m1", 2)
+    assert table_file_rows("devices", path) == ([{"device_id": "m1", "site": "lab"}], [])
+
+
+def test_a_key_given_twice_is_named_even_when_its_first_row_is_invalid(tmp_path: Path) -> None:
+    """Else fixing the first row's value brought a new error, the repeated key, on the next run."""
+    path = tmp_path / "devices.csv"
+    path.write_text("device_id,max_temp\nm1,hot\nm1,50\n")
+    expected = [
+        f"{path}:2: column 'max_temp' must be a number, got 'hot'",
+        f"{path}:3: device_id 'm1' is already on line 2; a table file lists each key once",
+    ]
+    assert _problems(tmp_path, path.read_text())[1] == expected
+    assert table_file_rows("devices", path) == ([], expected)
