@@ -31,6 +31,8 @@ MAX_QUEUED_BATCHES = 8
 #: go out as one batch up to this size, which Kafka appends whole or not at all. The worker
 #: creates its changelog topics with a ``max.message.bytes`` this large (``agents.wiring``)
 STATE_BATCH_BYTES = 16 * 1024 * 1024
+#: the ``max.message.bytes`` a state changelog needs for such a batch (with Kafka's own fields)
+STATE_TOPIC_MAX_MESSAGE_BYTES = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
 
 
 class Outbox:
@@ -234,16 +236,15 @@ def state_batch_bytes(limits: Mapping[str, int]) -> dict[str, int]:
     takes less, with a warning naming the command that raises it (a topic created by a release
     before 2026-12-01 has the cluster's default, 1 MiB)."""
     out: dict[str, int] = {}
-    wanted = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
     for topic, limit in limits.items():
         out[topic] = min(STATE_BATCH_BYTES, limit - RECORD_OVERHEAD_BYTES)
-        if limit < wanted:
+        if limit < STATE_TOPIC_MAX_MESSAGE_BYTES:
             logger.warning(
                 "state changelog %s takes record batches of %d bytes at most (its max.message.bytes): "
                 "a commit's states of one partition beyond that go in several batches, and a crash "
                 "between them counts some events twice (at least once). Raise it: kafka-configs.sh "
                 "--alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d",
-                topic, limit, topic, wanted,
+                topic, limit, topic, STATE_TOPIC_MAX_MESSAGE_BYTES,
             )  # fmt: skip
     return out
 

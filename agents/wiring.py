@@ -82,7 +82,7 @@ from agents.metrics import (
     REREAD,
     RULES,
 )
-from agents.outbox import STATE_BATCH_BYTES, Outbox, commit_hooks, state_batch_bytes
+from agents.outbox import STATE_TOPIC_MAX_MESSAGE_BYTES, Outbox, commit_hooks, state_batch_bytes
 from agents.registry import follow_tables
 from agents.runtime import RELOAD_INTERVAL_S, Runtime, initial_rules, maybe_reload
 from agents.state_server import attach as attach_state_server
@@ -574,10 +574,9 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
     # the worker starts: at a first start its consumer joined the group before some existed,
     # logged "not found in cluster metadata" and left them unassigned
     # a changelog takes a commit's states of one partition in one record batch (Outbox.place)
-    batch_room = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
     faust_topics = (
         *(TopicSpec(store.topic, key="rule id and group", compacted=True, partitions=settings.partitions,
-                    max_message_bytes=batch_room)
+                    max_message_bytes=STATE_TOPIC_MAX_MESSAGE_BYTES)
           for store in stores.values()),
         TopicSpec(leader_topic(app), key="none: the group leader's partition", partitions=1),
     )  # fmt: skip

@@ -54,6 +54,10 @@ class TableSchema:
         bounds = tuple(self.bounds.items())
         return Schema(source=self.name, key=self.key, fields=self.columns, timed=False, bounds=bounds)
 
+    def file_columns(self) -> list[str]:
+        """Every column a table file may have: the key first, :data:`DELETED` last."""
+        return [self.key, *self.columns, DELETED]
+
     def validate(self, obj: object) -> dict[str, Any]:
         """A row with its key, typed; IngestDecodeError for a key that is not a non-empty
         string, an unknown column, a mistyped value, a value outside its column's bound or a
@@ -282,7 +286,7 @@ def checked_table_file(table: str, path: Path) -> tuple[list[FileRow], list[str]
     # each row as (its line, a function placing a column of it: FILE:LINE or FILE:LINE:COL, its cells)
     found: list[tuple[int, Callable[[str | None], str], object]] = []
     if path.suffix.lower() == ".csv":
-        rows, structure = read_csv_rows(path, [schema.key, *schema.columns, DELETED], schema.key)
+        rows, structure = read_csv_rows(path, schema.file_columns(), schema.key)
         problems += [f"{path}:{p.line}: {p.message}" for p in structure]
         found = [(line, partial(_csv_place, f"{path}:{line}"), cells) for line, cells in rows]
     else:
@@ -303,7 +307,7 @@ def checked_table_file(table: str, path: Path) -> tuple[list[FileRow], list[str]
         key = _cells(raw).get(schema.key) if isinstance(raw, Mapping) else None
         if isinstance(key, str) and key:
             if key in first:  # the row's other problems wait until the key is given once
-                problems.append(f"{place(schema.key)}: {repeated_key(schema.key, key, first[key])}")
+                problems.append(f"{place(schema.key)}: {_repeated_key(schema.key, key, first[key])}")
                 continue
             first[key] = line
         row, deleted, wrong = check_row(schema, raw)
@@ -324,7 +328,7 @@ def table_file_rows(table: str, path: Path) -> tuple[list[dict[str, Any]], list[
     return [r.row for r in valid if not r.deleted], problems
 
 
-def repeated_key(key: str, value: str, line: int) -> str:
+def _repeated_key(key: str, value: str, line: int) -> str:
     """A key a table file gives on two rows: ``device_id 'm1' is already on line 2; ...``."""
     return f"{key} {value!r} is already on line {line}; a table file lists each key once"
 
@@ -387,8 +391,7 @@ def check_row(schema: TableSchema, raw: object) -> CheckedRow:
     for column, value in cells.items():
         ftype = "string" if column == schema.key else schema.columns.get(column)
         if ftype is None:
-            names = [schema.key, *schema.columns, DELETED]
-            problems.append(RowProblem(column, unknown_column(column, names)))
+            problems.append(RowProblem(column, unknown_column(column, schema.file_columns())))
             continue
         try:
             row[column] = _cell(column, ftype, value, schema.bounds.get(column))

@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.tables import DELETED, TableSchema
 from app.tables import TABLES as SCHEMAS
+from app.tables import TableSchema
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,6 @@ class TableSpec:
     @property
     def key(self) -> str:
         return self.schema.key
-
-    def columns(self) -> list[str]:
-        """Every column a file may have, key first, ``deleted`` last."""
-        return [self.key, *self.schema.columns, DELETED]
 
 
 TABLES: dict[str, TableSpec] = {

@@ -15,8 +15,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
-from agents.outbox import MAX_QUEUED_BATCHES, STATE_BATCH_BYTES, Outbox, commit_hooks, state_batch_bytes
-from agents.state_store import RECORD_OVERHEAD_BYTES, TableStore
+from agents.outbox import (
+    MAX_QUEUED_BATCHES,
+    STATE_BATCH_BYTES,
+    STATE_TOPIC_MAX_MESSAGE_BYTES,
+    Outbox,
+    commit_hooks,
+    state_batch_bytes,
+)
+from agents.state_store import TableStore
 from app.kafka.admin import ensure_topics, max_message_bytes
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import CachedPartitioner
@@ -393,7 +400,7 @@ def test_a_commits_states_of_one_partition_go_in_one_record_batch_beyond_the_pro
 
     async def run() -> tuple[dict[str, int], dict[str, list[int]], dict[tuple[str, int], list[bytes]]]:
         specs = (TopicSpec(made, "key", compacted=True, partitions=2,
-                           max_message_bytes=STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES),
+                           max_message_bytes=STATE_TOPIC_MAX_MESSAGE_BYTES),
                  TopicSpec(old, "key", compacted=True, partitions=2))  # fmt: skip
         await ensure_topics(broker.bootstrap, 1, specs=specs)
         limits = state_batch_bytes(await max_message_bytes(broker.bootstrap, [made, old]))

@@ -16,8 +16,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from agents.outbox import STATE_BATCH_BYTES
-from agents.state_store import RECORD_OVERHEAD_BYTES
+from agents.outbox import STATE_TOPIC_MAX_MESSAGE_BYTES
 from agents.wiring import build_app, leader_topic
 from app.kafka.admin import max_message_bytes
 from app.kafka.clients import partition_counts
@@ -75,7 +74,7 @@ def test_faust_topics_exist_before_the_worker_starts(settings: Settings) -> None
     assert asyncio.run(partition_counts(settings, names)) == dict.fromkeys(names, settings.partitions)
     assert asyncio.run(compaction()) == dict.fromkeys(names, "compact")
     # a commit's states of one partition fit one record batch (agents.outbox.Outbox.place)
-    room = STATE_BATCH_BYTES + RECORD_OVERHEAD_BYTES
+    room = STATE_TOPIC_MAX_MESSAGE_BYTES
     assert asyncio.run(max_message_bytes(settings.bootstrap_servers, names)) == dict.fromkeys(names, room)
     leader = leader_topic(app)
     assert asyncio.run(partition_counts(settings, [leader])) == {leader: 1}

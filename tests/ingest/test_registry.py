@@ -59,7 +59,7 @@ def test_every_problem_is_reported_with_its_line(tmp_path: Path) -> None:
         f"{path}:3:10: column 'lat' must be within -90..90 (degrees), got float 95.0",
         f"{path}:5:5: column 'depot_lon' is missing: 'depot_lat' and 'depot_lon' go together, "
         "give both or neither",
-        f"{path}:8:13: unknown column 'colour'; expected one of: " + ", ".join(DEVICES.columns()),
+        f"{path}:8:13: unknown column 'colour'; expected one of: " + ", ".join(DEVICES.schema.file_columns()),
         f"{path}:10:15: column 'max_temp' must be a number, got 'hot'",
         f"{path}:11:16: device_id 'a' is already on line 2; a table file lists each key once",
     ]

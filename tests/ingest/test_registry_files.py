@@ -122,7 +122,7 @@ YAML_PROBLEMS = {
     "an unknown column": (
         "- {device_id: m1, colour: red}",
         "1:27",
-        "unknown column 'colour'; expected one of: " + ", ".join(DEVICES.columns()),
+        "unknown column 'colour'; expected one of: " + ", ".join(DEVICES.schema.file_columns()),
     ),
     "not a mapping": ("- m1", "1:3", "a row must be a mapping of column: value, got str"),
 }
