@@ -53,6 +53,12 @@ GRACE_S = 10.0
 STALE_S = 15.0
 #: the regroup side: the longest a forward waits, whatever the progress says
 REGROUP_HOLD_S = 30.0
+#: the regroup side: how long a source partition's "caught up" is trusted once heard. Past it, with
+#: forwards to let go, the partition's end is read from the broker and compared with the offset
+#: its marker said it had reached (:meth:`RegroupMerge.unconfirmed`). A working worker tells a
+#: partition whose position moved within about 1.5 s (``agents.wiring.PROGRESS_REFRESH_S``, and
+#: its 0.5 s timer), so this is rarely needed but for one that stalled
+CONFIRM_S = 2.0
 #: backpressure (:class:`Pacer`): past this share of a regroup partition's most waiting forwards
 #: (``APP_REGROUP_MAX_WAITING``) forwarded by one worker and still waiting, it pauses its source
 #: partitions that are ahead, until fewer than :data:`RESUME_SHARE` of it wait
@@ -229,6 +235,21 @@ class Forwarded(NamedTuple):
     msg: dict[str, Any]
 
 
+class Heard(NamedTuple):
+    """What the regroup side holds of a source partition's progress (:class:`RegroupMerge`)."""
+
+    #: whether its last marker said it may still bring records (or a check found it had)
+    behind: bool
+    #: the least record time it may still bring, as its marker showed
+    shown: int
+    #: when its time last moved on, or it came to be behind (monotonic)
+    since: float
+    #: when its last marker came, or a read of its end confirmed it (monotonic)
+    heard: float
+    #: the source offset it had reached, as its marker said (None: a marker of an earlier release)
+    reached: int | None
+
+
 class RegroupMerge:
     """One regroup partition's forwards, merged across the source partitions they came from.
 
@@ -249,7 +270,18 @@ class RegroupMerge:
     :data:`GRACE_S` after this merge began, one it has heard nothing of. A partition that is
     caught up holds nothing back (nor, at least once, does a worker that owns every source
     partition, once caught up: ``agents.wiring.progress_markers``); nor does one stuck at a time
-    (its worker stopped, hangs, or cannot fetch). A forward waits at most :data:`REGROUP_HOLD_S`, and
+    (its worker stopped, hangs, or cannot fetch).
+
+    A "caught up" is true when it is told, and goes stale: a worker stopped while its partition
+    was idle told it last, and a burst may be waiting there when it wakes, earlier than the
+    others' forwards. So each marker also says the source offset its partition had reached
+    (``"n"``), and a caught-up partition not heard of for :data:`CONFIRM_S` is confirmed
+    before forwards leave past it (:meth:`unconfirmed`, then :meth:`confirm` with its end read
+    from the broker): its end beyond that offset makes it lagging from then on, until its
+    worker tells it again or its time goes stale. Idle, none of this costs anything: no marker
+    is sent, no end is read.
+
+    A forward waits at most :data:`REGROUP_HOLD_S`, and
     at most ``max_held`` wait (``APP_REGROUP_MAX_WAITING``), the oldest leaving first. Forwards
     without a merge order or source offset (an older worker's) go as they came.
 
@@ -257,15 +289,14 @@ class RegroupMerge:
 
     def __init__(
         self, sources: int, now: float, *, grace_s: float = GRACE_S, stale_s: float = STALE_S,
-        hold_s: float = REGROUP_HOLD_S, max_held: int = MAX_HELD,
+        hold_s: float = REGROUP_HOLD_S, max_held: int = MAX_HELD, confirm_s: float = CONFIRM_S,
     ) -> None:  # fmt: skip
         self.sources = sources
         self.started = now
-        self.grace_s, self.stale_s = grace_s, stale_s
+        self.grace_s, self.stale_s, self.confirm_s = grace_s, stale_s, confirm_s
         self.merge = TimeMerge(hold_s, max_held, strict=True)
-        #: per source partition: whether its last marker said it is behind, the time it showed,
-        #: and when that last moved on (or its partition last came to be behind)
-        self.progress: dict[int, tuple[bool, int, float]] = {}
+        #: per source partition, what its markers said (:class:`Heard`)
+        self.progress: dict[int, Heard] = {}
         #: per regrouped stream and source partition, the last source offset taken in
         self._sent: dict[tuple[str, int], int] = {}
         #: forwards dropped as copies of ones taken in before (see :meth:`add`)
@@ -302,11 +333,11 @@ class RegroupMerge:
                 self._flush(runs, source, now)  # its forwards came before, at their own times
                 self.merge.show(source, shown)
                 before = self.progress.get(source)
-                if before is None or not before[0] or shown > before[1] or behind == PAUSED:
+                if before is None or not before.behind or shown > before.shown or behind == PAUSED:
                     since = now  # its time moved on, or stands still on purpose
                 else:
-                    since = before[2]
-                self.progress[source] = (bool(behind), shown, since)
+                    since = before.since
+                self.progress[source] = Heard(bool(behind), shown, since, now, msg.get("n"))
                 continue
             order, sent = msg.get("o"), msg.get("f")
             if order is None or sent is None:
@@ -335,9 +366,48 @@ class RegroupMerge:
             if seen is None:
                 if now - self.started < self.grace_s:
                     out.append(source)
-            elif seen[0] and now - seen[2] < self.stale_s:
+            elif seen.behind and now - seen.since < self.stale_s:
                 out.append(source)
         return out
+
+    def unconfirmed(self, now: float, skip: Collection[int] = ()) -> dict[int, int]:
+        """With forwards waiting: the source partitions told caught up whose word is too old to
+        let them go past (heard of :data:`CONFIRM_S` ago or more), each with the offset it had
+        reached. Not those in ``skip`` (the caller's, when it is their sole ordered owner).
+
+        The caller's own partitions are checked too: a worker woken after a stop may read the
+        others' forwards after its own source round has forwarded the burst that came
+        meanwhile, but before it has read those forwards back."""
+        if not self.merge.waiting:
+            return {}
+        return {
+            source: seen.reached
+            for source, seen in self.progress.items()
+            if not seen.behind and seen.reached is not None and source not in skip
+            and now - seen.heard >= self.confirm_s
+        }  # fmt: skip
+
+    def confirm(self, ends: Mapping[int, int], now: float) -> set[int]:
+        """The ends of source partitions read at ``now`` (:meth:`unconfirmed`): one whose end is
+        beyond the offset its caught-up marker said it had reached, and beyond its forwards
+        taken in here, has records its worker has not told of (stopped, or hung), and lags from
+        now: forwards later than its time wait for its next marker, or until its time goes
+        stale (:data:`STALE_S`). The others are confirmed until :data:`CONFIRM_S` from now.
+        Returns those that lag."""
+        lagging = set()
+        for source, end in ends.items():
+            seen = self.progress.get(source)
+            if seen is None or seen.behind or seen.reached is None:
+                continue
+            # its forwards taken in since its marker went that far too (a round within the
+            # refresh of the last marker sends none)
+            sent = max((offset + 1 for (_, s), offset in self._sent.items() if s == source), default=0)
+            if end <= max(seen.reached, sent):
+                self.progress[source] = seen._replace(heard=now)
+            else:
+                self.progress[source] = seen._replace(behind=True, since=now, heard=now)
+                lagging.add(source)
+        return lagging
 
     def bound(self, now: float, own: Mapping[int, tuple[bool, int]] | None = None) -> int | None:
         """The least time a lagging source partition has shown: every forward later than it

@@ -47,6 +47,13 @@ MERGE_PAUSED = Gauge(
     "regroup partition for a lagging source partition (agents.merge, APP_REGROUP_MAX_WAITING)",
     ["topic"],
 )
+MERGE_UNCONFIRMED = Counter(
+    "worker_merge_unconfirmed_total",
+    "Source partitions another worker last told caught up whose end the regroup side found beyond "
+    "the offset it had told (its worker stopped or hung with records waiting): the forwards "
+    "after its time wait for it (agents.merge.RegroupMerge.confirm)",
+    ["topic"],
+)
 REFORWARDED = Counter(
     "worker_regroup_replayed_total",
     "Events a regrouped stream dropped because it had evaluated or taken them in already: "

@@ -164,6 +164,8 @@ class BatchConsumer(Consumer):
     _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
     _batch_acked: dict[TP, int]
+    #: the client that reads partitions' ends for the regroup side (:meth:`ends`)
+    _ends_client: aiokafka.AIOKafkaConsumer | None = None
     #: held by a handler call (with its offset bookkeeping), by a commit while it takes the
     #: offsets and the changed states, and by the worker's timers that change states
     #: (:meth:`RulesApp.exclusive`): so a commit's states, outputs and offsets cover the same
@@ -343,6 +345,52 @@ class BatchConsumer(Consumer):
                 waits = merge is not None and merge.first_offset(tp) is not None
                 out[tp.partition] = (waits or not self._caught_up(tp), merge.floor(tp) if merge else None)
         return out
+
+    def positions(self, topic: str) -> dict[int, int]:
+        """Per partition of ``topic`` this worker owns, its fetch position (the offset it will
+        fetch next), where it has one: the offset its progress markers say it reached."""
+        out: dict[int, int] = {}
+        for tp in self.assignment():
+            if tp.topic != topic:
+                continue
+            with contextlib.suppress(Exception):  # no consumer or no assignment yet: unknown
+                state = self._fetch_state(tp)
+                if state is not None and state.has_valid_position:
+                    out[tp.partition] = state.position
+        return out
+
+    async def ends(self, topic: str, partitions: Collection[int], timeout_s: float) -> dict[int, int] | None:
+        """The end of each of ``topic``'s ``partitions`` (any, owned or not), read from the broker
+        now: the last stable offset, as this worker reads committed records. None when the read
+        failed or took longer than ``timeout_s``.
+
+        Read on a client of its own (started at the first read, stopped with the consumer): on
+        the consumer's connection the request queued behind its long-poll fetch, and the
+        worker's timers waited 1.4 s for it."""
+        tps = [TopicPartition(topic, partition) for partition in partitions]
+        try:
+            if self._ends_client is None:
+                self._ends_client = await self._start_ends_client(timeout_s)
+            got = await asyncio.wait_for(self._ends_client.end_offsets(tps), timeout_s)
+        except Exception as exc:  # the broker away or slow: the caller goes on without them
+            logger.debug("%s: the ends of partitions %s not read: %r", topic, sorted(partitions), exc)
+            return None
+        return {tp.partition: end for tp, end in got.items()}
+
+    async def _start_ends_client(self, timeout_s: float) -> aiokafka.AIOKafkaConsumer:
+        """A consumer in no group, on the worker's cluster, that only reads ends (:meth:`ends`);
+        closed again when it cannot start within ``timeout_s``."""
+        app = cast("RulesApp", self.app)
+        client = aiokafka.AIOKafkaConsumer(
+            **connection(Endpoint(app.bootstrap_servers, app.kafka_auth)),
+            enable_auto_commit=False, isolation_level="read_committed",
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(client.start(), timeout_s)
+        except BaseException:
+            await stop_consumer(client)
+            raise
+        return client
 
     def pace(self, topic: str, partitions: Collection[int]) -> set[int]:
         """Pause the fetch of ``topic``'s ``partitions`` this worker owns, and resume those this
@@ -726,6 +774,9 @@ class BatchConsumer(Consumer):
         transactions = self._transactions()
         if transactions is not None:
             await transactions.close()
+        client, self._ends_client = self._ends_client, None
+        if client is not None:
+            await stop_consumer(client)
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         """Seek every partition to its committed offset; one with none, or 0, to its start.
@@ -960,6 +1011,14 @@ class RulesApp(faust.App):
     def progress(self, topic: str) -> dict[int, tuple[bool, int | None]]:
         """See :meth:`BatchConsumer.progress`."""
         return cast("BatchConsumer", self.consumer).progress(topic)
+
+    def positions(self, topic: str) -> dict[int, int]:
+        """See :meth:`BatchConsumer.positions`."""
+        return cast("BatchConsumer", self.consumer).positions(topic)
+
+    async def ends(self, topic: str, partitions: Collection[int], timeout_s: float) -> dict[int, int] | None:
+        """See :meth:`BatchConsumer.ends`."""
+        return await cast("BatchConsumer", self.consumer).ends(topic, partitions, timeout_s)
 
     def flow_stopped(self) -> bool:
         """Whether a rebalance is under way (the consumer's flow stopped): no batch is handed

@@ -77,6 +77,7 @@ from agents.metrics import (
     DLQ_EVENTS,
     EVENTS,
     MERGE_FORCED,
+    MERGE_UNCONFIRMED,
     MERGE_WAITING,
     REFORWARDED,
     REREAD,
@@ -150,6 +151,7 @@ def _register_source(
     lag_c, replayed_c = CONSUME_LAG.labels(source), REFORWARDED.labels(source)
     reread_c = REREAD.labels(source)
     waiting_g, forced_c = MERGE_WAITING.labels(regroup), MERGE_FORCED.labels(regroup)
+    unconfirmed_c = MERGE_UNCONFIRMED.labels(topic_name)
     direct_name = stream_name(source, None)
     #: per source partition, the last forward's record and event times (:data:`Forward`)
     marks: dict[int, tuple[int, int]] = {}
@@ -215,13 +217,43 @@ def _register_source(
             pace(time.monotonic())
         timer.observe(time.perf_counter() - started)
 
-    def progress(now: float) -> dict[int, list[Placed]]:
+    def progress(now: float, *, settle: bool = False) -> dict[int, list[Placed]]:
         """The progress markers of the source partitions this worker owns (:func:`progress_markers`)."""
         one = not outbox.exactly_once  # one producer: its forwards keep the merged order
         return progress_markers(
             regroup, rt.settings.partitions, app.progress(topic_name), marks, told, now,
-            one_producer=one, paused=app.paced(topic_name),
+            one_producer=one, paused=app.paced(topic_name), positions=app.positions(topic_name),
+            settle=settle,
         )  # fmt: skip
+
+    async def confirm(now: float) -> None:
+        """Read the end of the source partitions told caught up too long ago, with forwards
+        waiting past them (:meth:`RegroupMerge.unconfirmed`; this worker's own too, unless it is
+        their sole ordered owner), once for every regroup partition here. A read that fails
+        trusts their markers, as if their ends had not moved."""
+        if not any(merge.waiting for merge in waiting.values()):
+            return
+        # its sole ordered owner forwards in the merged order: nothing of it to check
+        sole = (
+            {tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name} if told.sole else ()
+        )
+        due: dict[int, int] = {}
+        for merge in waiting.values():
+            due.update(merge.unconfirmed(now, sole))
+        if not due:
+            return
+        ends = await app.ends(topic_name, due, CONFIRM_TIMEOUT_S)
+        if ends is None:
+            warn_unread(topic_name, due)
+            ends = due
+        lagging: set[int] = set()
+        for merge in waiting.values():
+            lagging |= merge.confirm(ends, now)
+        if lagging:
+            unconfirmed_c.inc(len(lagging))
+            logger.info("%s: partitions %s were told caught up, and have records their worker has not "
+                        "told of (stopped?): regrouped events after their time wait for them",
+                        topic_name, sorted(lagging))  # fmt: skip
 
     def pace(now: float) -> None:
         """Backpressure (:class:`Pacer`): pause the fetch of the source partitions whose forwards
@@ -253,6 +285,7 @@ def _register_source(
         passing = merge.add([(record.offset, orjson.loads(record.value)) for record in records], now)
         if merge.copies > copies:
             replayed_c.inc(merge.copies - copies)
+        await confirm(now)
         await run_regrouped(partition, passing + take(merge, now))
 
     def take(merge: RegroupMerge, now: float) -> list[dict[str, Any]]:
@@ -285,14 +318,22 @@ def _register_source(
         """Evaluate the waiting forwards whose time has come with no batch to bring them: a
         lagging source partition's progress went stale, the grace ended, or one waited too long.
         Then pace the source partitions, and tell the progress of those paused (no round of
-        theirs does; the regroup side would take them for stale)."""
+        theirs does; the regroup side would take them for stale), and of those that moved since
+        they were last told, caught up (a round within :data:`PROGRESS_REFRESH_S` of the last
+        marker sends none, and the regroup side checks a "caught up" against its end)."""
         now = time.monotonic()
+        await confirm(now)
         for partition, merge in list(waiting.items()):
             if merge.waiting:
                 await run_regrouped(partition, take(merge, now))
         pace(now)
-        if app.paced(topic_name):
-            await forward(outbox, [], progress(now))
+        paced = bool(app.paced(topic_name))
+        streams = rt.engine.streams.get(source, ())
+        regrouped = any(s.name != direct_name and s.evaluator.rules for s in streams)
+        if paced or regrouped:
+            markers = progress(now, settle=not paced)
+            if markers:
+                await forward(outbox, [], markers)
 
     app.round_agent(topic_name)(evaluate)
     app.batch_agent(regroup)(evaluate_regrouped)
@@ -306,14 +347,32 @@ Forward = tuple[tuple[int, int, int, int], tuple[str, bytes, bytes]]
 Placed = tuple[str, int, bytes, bytes]
 #: a source partition that is not behind tells the regroup side so again this often at most
 PROGRESS_REFRESH_S = 1.0
+#: the longest the regroup side waits for the broker to tell a source partition's end
+#: (:meth:`RegroupMerge.confirm`); past it, the markers are trusted as they are
+CONFIRM_TIMEOUT_S = 2.0
+#: the last time each topic's ends could not be read (:func:`warn_unread`)
+_unread_warned: dict[str, float] = {}
+
+
+def warn_unread(topic: str, partitions: Collection[int]) -> None:
+    """The ends of ``topic``'s partitions told caught up could not be read: warn, at most once a
+    minute, that their markers are trusted as they are."""
+    now = time.monotonic()
+    if now - _unread_warned.get(topic, -60.0) >= 60.0:
+        _unread_warned[topic] = now
+        logger.warning(
+            "%s: the ends of partitions %s could not be read within %.0f s: their last 'caught up' "
+            "is trusted as it is", topic, sorted(partitions), CONFIRM_TIMEOUT_S,
+        )  # fmt: skip
 
 
 @dataclass
 class Told:
-    """What a source's progress markers said last: per source partition, whether it was behind
-    and when (monotonic); and whether this worker is the ordered sole owner of the source."""
+    """What a source's progress markers said last: per source partition, whether it was behind,
+    when (monotonic) and the offset it had reached (None: unknown); and whether this worker is
+    the ordered sole owner of the source."""
 
-    last: dict[int, tuple[bool, float]] = field(default_factory=dict)
+    last: dict[int, tuple[bool, float, int | None]] = field(default_factory=dict)
     #: this worker owns every partition of the source, at least once (one producer), and all
     #: were caught up once since: what it forwards from then on comes in the merged order
     sole: bool = False
@@ -322,7 +381,7 @@ class Told:
 def progress_markers(
     regroup: str, partitions: int, progress: Mapping[int, tuple[bool, int | None]],
     marks: Mapping[int, tuple[int, int]], told: Told, now: float, *, one_producer: bool,
-    paused: Collection[int] = (),
+    paused: Collection[int] = (), positions: Mapping[int, int] | None = None, settle: bool = False,
 ) -> dict[int, list[Placed]]:  # fmt: skip
     """Per source partition this worker owns, its progress marker for every regroup partition:
     ``{"m": [partition, time, behind]}``. ``progress``: whether it may still bring records, and
@@ -340,7 +399,16 @@ def progress_markers(
     at p50 in the latency bench; a single worker now sends none of those.
 
     A partition in ``paused`` (its fetch paused, :class:`agents.merge.Pacer`) is told as
-    :data:`agents.merge.PAUSED`, so the regroup side does not take it for stale."""
+    :data:`agents.merge.PAUSED`, so the regroup side does not take it for stale.
+
+    Each marker says the offset its partition had reached (``"n"``, from ``positions``), which
+    the regroup side checks a stale "caught up" against (:meth:`RegroupMerge.confirm`).
+    ``settle`` (the worker's timer, no round): only the partitions not behind whose offset moved
+    since they were last told, once the refresh is due. So the last marker of a partition that
+    has gone idle says where it stopped, and an idle worker sends nothing. A partition no round
+    has told of is not told by the timer either: a worker that never forwarded sends nothing
+    (its producer would hold the marker, and its stop wait for it, with the cluster gone)."""
+    positions = positions or {}
     if not one_producer or len(progress) < partitions:
         told.sole = False
     elif not told.sole and not any(late for late, _ in progress.values()):
@@ -349,11 +417,19 @@ def progress_markers(
     for source, (behind, floor) in progress.items():
         late = behind and not told.sole
         last = told.last.get(source)
-        if not late and last is not None and not last[0] and now - last[1] < PROGRESS_REFRESH_S:
+        reached = positions.get(source)
+        due = last is None or now - last[1] >= PROGRESS_REFRESH_S
+        if settle:  # told before, caught up, moved on since
+            if late or last is None or not due or last[2] in (None, reached) or reached is None:
+                continue
+        elif not late and not due and last is not None and not last[0]:
             continue
-        told.last[source] = (late, now)
+        told.last[source] = (late, now, reached)
         shown = shown_time(marks, source, floor)
-        value = orjson.dumps({"m": [source, shown, PAUSED if late and source in paused else late]})
+        marker: dict[str, Any] = {"m": [source, shown, PAUSED if late and source in paused else late]}
+        if reached is not None:
+            marker["n"] = reached
+        value = orjson.dumps(marker)
         key = str(source).encode()
         out[source] = [(regroup, r, key, value) for r in range(partitions)]
     return out

@@ -15,7 +15,7 @@ from faust.types import TP
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from agents import transport
-from agents.merge import PACER_ROUNDS, PAUSED, Pacer, RegroupMerge, TimeMerge
+from agents.merge import PACER_ROUNDS, PAUSED, STALE_S, Pacer, RegroupMerge, TimeMerge
 from agents.transport import BatchConsumer
 from agents.wiring import Told, first_forwards, first_records, forward, progress_markers
 from app.errors import ConfigError
@@ -239,8 +239,9 @@ def fwd(source: int, offset: int, time: int, n: int | None = None) -> dict[str, 
     }
 
 
-def mark(source: int, time: int, behind: bool | int) -> dict[str, Any]:
-    return {"m": [source, time, behind]}
+def mark(source: int, time: int, behind: bool | int, reached: int | None = None) -> dict[str, Any]:
+    """A progress marker; ``reached``: the source offset it says its partition had reached."""
+    return {"m": [source, time, behind]} | ({} if reached is None else {"n": reached})
 
 
 def numbered(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
@@ -420,6 +421,51 @@ def test_a_paused_partition_stays_lagging_while_its_markers_say_so() -> None:
     assert [m["f"] for m in merge.take(100, now=9.5)] == [[0, 0]]
 
 
+def test_a_stale_caught_up_is_checked_against_its_end_before_forwards_go_past_it() -> None:
+    """Partition 1's worker told it caught up at offset 40, then stopped while a burst came to
+    it. Partition 0's forwards came on. Before, the regroup side let them go on that old word,
+    and the burst, earlier, came after them (late for the regrouped windows). Now a "caught up"
+    heard 2 s ago or more is checked against the partition's end before forwards go past it."""
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)
+    merge.add(numbered([mark(0, 10, False, reached=7), mark(1, 10, False, reached=40)]), now=0.0)
+    assert merge.unconfirmed(now=5.0) == {}  # nothing waits: nothing to check, nothing read
+    merge.add([(2, fwd(0, 7, 20))], now=1.0)
+    assert merge.unconfirmed(now=1.0) == {}  # heard within 2 s: trusted
+    assert merge.unconfirmed(now=2.5) == {0: 7, 1: 40}
+    assert merge.unconfirmed(now=2.5, skip={0}) == {1: 40}  # its sole ordered owner's: in order
+    # partition 1's end has moved on with no word of it: it lags, the forward waits for it
+    assert merge.confirm({0: 8, 1: 52}, now=2.5) == {1}  # 0's forward of 7 went that far
+    assert merge.lagging(now=2.5) == [1] and merge.take(100, now=2.5) == []
+    assert merge.unconfirmed(now=6.0) == {0: 7}  # 1 lags, not caught up: nothing to read of it
+    # its worker wakes: the burst, then its marker, and the forwards leave in time order
+    merge.add(numbered([fwd(1, 40, 12), fwd(1, 41, 15), mark(1, 15, False, reached=52)]), now=6.0)
+    assert [m["f"] for m in merge.take(100, now=6.0)] == [[1, 40], [1, 41], [0, 7]]
+    # a lagging partition that never tells again goes stale as any other
+    merge.add([(9, fwd(0, 8, 30))], now=10.0)
+    assert merge.confirm({1: 60}, now=10.0) == {1}
+    assert merge.take(100, now=10.0 + STALE_S - 0.1) == []
+    assert [m["f"] for m in merge.take(100, now=10.0 + STALE_S)] == [[0, 8]]
+
+
+def test_a_caught_up_whose_end_has_not_moved_is_confirmed_until_it_goes_stale_again() -> None:
+    merge = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)
+    merge.add(
+        numbered([mark(0, 10, False, reached=7), mark(1, 10, False, reached=40), fwd(0, 7, 20)]), now=0.0
+    )
+    assert merge.unconfirmed(now=3.0) == {0: 7, 1: 40}
+    # partition 0 went on to 9 and said nothing: its forward of 7 tells it went that far, not further
+    assert merge.confirm({0: 9, 1: 40}, now=3.0) == {0}
+    assert merge.unconfirmed(now=4.9, skip={0}) == {}  # 1 confirmed at 3.0
+    assert [m["f"] for m in merge.take(100, now=3.0)] == []  # partition 0 itself lags now
+    merge.add([(3, mark(0, 20, False, reached=9))], now=3.1)  # its worker's timer tells it
+    assert [m["f"] for m in merge.take(100, now=3.1)] == [[0, 7]]
+    # a marker of an earlier release says no offset: trusted as it is, as before
+    old = RegroupMerge(2, now=0.0, grace_s=0.0)
+    old.add(numbered([mark(0, 10, False), mark(1, 10, False), fwd(0, 7, 20)]), now=0.0)
+    assert old.unconfirmed(now=60.0) == {}
+    assert [m["f"] for m in old.take(100, now=60.0)] == [[0, 7]]
+
+
 def test_the_pacer_pauses_the_partitions_ahead_until_few_of_their_forwards_wait() -> None:
     """Partition 1 lags (its worker slow, or dead until the group moves its partitions); the
     forwards of partitions 0 and 2 later than its time wait for it, here or in Kafka. From 40 %
@@ -493,6 +539,39 @@ def test_progress_markers_every_round_while_behind_and_on_a_change_or_a_refresh_
     assert sorted(markers({0: (False, None), 1: (False, None)}, now=0.6)) == [0]
     assert markers({0: (False, None), 1: (False, None)}, now=0.9) == {}
     assert sorted(markers({0: (False, None), 1: (False, None)}, now=1.7)) == [0, 1]
+
+
+def test_markers_say_the_offset_reached_and_the_timer_tells_a_partition_that_went_idle_once() -> None:
+    """A round within the refresh of the last marker sends none, so a partition's last marker
+    before it goes idle may say an offset it has since passed: the worker's timer (``settle``)
+    tells it once, and an idle worker sends nothing at all."""
+    told = Told()
+
+    def markers(
+        progress: dict[int, bool], positions: dict[int, int], now: float, settle: bool
+    ) -> dict[int, Any]:
+        out = progress_markers("r", 2, {p: (b, 5) for p, b in progress.items()}, {}, told, now,
+                               one_producer=False, positions=positions, settle=settle)  # fmt: skip
+        return {p: orjson.loads(ms[0][3]) for p, ms in out.items()}
+
+    assert markers({0: False, 1: True}, {0: 7, 1: 3}, now=0.0, settle=False) == {
+        0: {"m": [0, 5, False], "n": 7},
+        1: {"m": [1, 5, True], "n": 3},
+    }
+    assert markers({0: False, 1: False}, {0: 9, 1: 4}, now=0.4, settle=False) == {
+        1: {"m": [1, 5, False], "n": 4}
+    }
+    # 0 moved on to 9 within the refresh, then went idle: the timer tells it once it is due
+    assert markers({0: False, 1: False}, {0: 9, 1: 4}, now=0.6, settle=True) == {}
+    assert markers({0: False, 1: False}, {0: 9, 1: 4}, now=1.1, settle=True) == {
+        0: {"m": [0, 5, False], "n": 9}
+    }
+    for now in (2.0, 5.0, 60.0):  # idle: nothing, however long
+        assert markers({0: False, 1: False}, {0: 9, 1: 4}, now=now, settle=True) == {}
+    # behind: its rounds tell it, not the timer; unknown position: nothing to say
+    assert markers({0: True, 1: False}, {0: 12}, now=61.0, settle=True) == {}
+    # a partition no round has told of: not the timer either (a worker that never forwarded)
+    assert markers({0: False, 1: False, 2: False}, {0: 9, 1: 4, 2: 8}, now=62.0, settle=True) == {}
 
 
 def test_a_paused_partitions_markers_say_so_at_every_call() -> None:

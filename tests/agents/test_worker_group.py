@@ -5,6 +5,7 @@ ids are the backtest's."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
 from app.placement import partition_for
 from app.rules.loader import load_rules
+from app.rules.statekey import group_text
 from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
@@ -222,3 +224,108 @@ def test_a_worker_killed_in_a_regrouped_catch_up_costs_no_alert(broker: KafkaBro
     want = {a.alert_id for a in expected}
     assert not want - ids, f"{len(want - ids)} of the backtest's {len(want)} alerts missing"
     assert ids == want
+
+
+STALLED_RULES = """rules:
+  - id: probe
+    source: logs
+    group_by: [host]
+    where: path = '/probe'
+  - id: per-ip-minute
+    source: logs
+    group_by: [client_ip]
+    window: {type: tumbling, size: 1m}
+    aggregate: {n: count(*)}
+    having: n >= 2
+"""
+
+
+def hosts_on(partition: int, count: int) -> list[str]:
+    """``count`` host names the logs topic keys onto ``partition`` (of :data:`PARTITIONS`)."""
+    names = (f"web-{i}" for i in range(1000))
+    return [h for h in names if partition_for(h.encode(), PARTITIONS) == partition][:count]
+
+
+def ip_regrouped_on(partition: int) -> str:
+    """A client IP whose group the regroup topic keys onto ``partition``."""
+    ips = (f"10.0.1.{i}" for i in range(256))
+    return next(ip for ip in ips if partition_for(group_text([ip]).encode(), PARTITIONS) == partition)
+
+
+def log_line(host: str, ts: str, ip: str, path: str = "/") -> bytes:
+    return orjson.dumps(
+        {"host": host, "ts": f"2026-03-01T{ts}Z", "client_ip": ip, "status": 200, "path": path}
+    )
+
+
+def test_a_worker_stopped_while_its_partition_was_idle_has_the_regroup_side_wait_for_its_burst(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two workers, one source partition each, both caught up and idle. One is stopped (SIGSTOP,
+    shorter than the session timeout); a burst comes to its partition, then later events to the
+    other's. The stopped worker's last marker said caught up: before, the regroup side let the
+    later events go on that word, closed their windows, and took the burst, once its worker woke,
+    for late events (no alert for its minute). Now a "caught up" heard 2 s ago is checked against
+    the partition's end (agents.merge.RegroupMerge.confirm), and the later events wait for the
+    burst. Two client IPs: one regrouped onto the running worker's partition (the other's
+    marker is checked), one onto the stopped worker's own (its own fetch state is)."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "stalled.yaml").write_text(STALLED_RULES)
+    env = worker_env(broker, tmp_path, rules_dir)
+    hosts = {p: hosts_on(p, 2) for p in range(PARTITIONS)}
+    sent: list[bytes] = []
+
+    def send_lines(lines: list[bytes]) -> None:
+        sent.extend(lines)
+        produce(broker.bootstrap, "events.logs", [(orjson.loads(v)["host"].encode(), v) for v in lines])
+
+    def probed(host: str, timeout_s: float) -> bool:
+        """Whether the probe rule fired for ``host`` within ``timeout_s``: its partition's owner runs."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alerts = consume_json(broker.bootstrap, "alerts", timeout_s=1)
+            if any(a["rule_id"] == "probe" and a["labels"].get("host") == host for a in alerts):
+                return True
+        return False
+
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    with (
+        role(["agents", "worker", "-l", "info"], env, logs[0]),
+        role(["agents", "worker", "-l", "info"], env, logs[1]) as stopped,
+    ):
+        wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
+        warm = "10.0.0.9"
+        send_lines([log_line(hosts[p][0], "00:00:00", warm, "/probe") for p in range(PARTITIONS)])
+        assert all(probed(hosts[p][0], 60) for p in range(PARTITIONS)), "both partitions evaluated"
+        # which partition the second worker owns: stopped, it does not evaluate its own
+        os.killpg(stopped.pid, signal.SIGSTOP)
+        try:
+            send_lines([log_line(hosts[0][1], "00:00:05", warm, "/probe")])
+            idle = 1 if probed(hosts[0][1], 3) else 0
+        finally:
+            os.killpg(stopped.pid, signal.SIGCONT)
+        busy = 1 - idle
+        assert probed(hosts[0][1], 30), "the probe evaluated"
+        time.sleep(3)  # both idle, their last markers older than the 2 s a "caught up" is trusted
+        ips = [ip_regrouped_on(busy), ip_regrouped_on(idle)]
+        os.killpg(stopped.pid, signal.SIGSTOP)  # 4 s: well within the group's session timeout
+        try:
+            send_lines([log_line(hosts[idle][0], ts, ip) for ts in ("00:01:10", "00:01:20") for ip in ips])
+            time.sleep(0.5)
+            send_lines([log_line(hosts[busy][0], "00:03:00", ip) for ip in ips])
+            time.sleep(3)  # the running worker reads the later events, and checks the stopped one's end
+        finally:
+            os.killpg(stopped.pid, signal.SIGCONT)
+        alerts = settled_alerts(broker.bootstrap, quiet_s=8, timeout_s=120)
+        logged = "".join(log.read_text(errors="replace") for log in logs)
+    report = BacktestReport()
+    expected = backtest(load_rules([rules_dir]), read_events(sent, "in", report), io.StringIO(), report,
+                        partitions=PARTITIONS)  # fmt: skip
+    minute = {a.alert_id for a in expected if a.rule_id == "per-ip-minute" and a.labels["client_ip"] in ips}
+    assert len(minute) >= 2, "the burst's minute fires for both IPs in the backtest"
+    got = {str(a["alert_id"]) for a in alerts}
+    missing = sorted((a.labels["client_ip"], a.status) for a in expected if a.alert_id in minute - got)
+    assert not missing, f"the burst's alerts missing (busy partition {busy}'s IP first of {ips}): {missing}"
+    assert got == {a.alert_id for a in expected}
+    assert "told caught up, and have records their worker has not told of" in logged
