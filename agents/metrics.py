@@ -47,6 +47,13 @@ MERGE_PAUSED = Gauge(
     "regroup partition for a lagging source partition (agents.merge, APP_REGROUP_MAX_WAITING)",
     ["topic"],
 )
+TABLE_ROWS_REFUSED = Counter(
+    "worker_table_rows_refused_total",
+    "Records of a registry table's topic the worker refused (not JSON, a row the registry loader "
+    "would refuse, or a record key that is not the row's key): the table keeps its earlier row "
+    "for that key, and the log names the record's offset and the problem",
+    ["table"],
+)
 MERGE_UNCONFIRMED = Counter(
     "worker_merge_unconfirmed_total",
     "Source partitions another worker last told caught up whose end the regroup side found beyond "

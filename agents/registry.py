@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 
+from agents.metrics import TABLE_ROWS_REFUSED
 from agents.runtime import Runtime
 from app.errors import IngestDecodeError
 from app.kafka.clients import high_watermarks, make_consumer
 from app.runtime.settings import Settings
-from app.tables import TABLES
+from app.tables import TABLES, refused_row
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ async def follow_tables(settings: Settings, rt: Runtime) -> None:
                     try:
                         rt.tables.apply(by_topic[tp.topic], (r.key or b"").decode(), r.value)
                     except (IngestDecodeError, ValueError) as exc:
-                        logger.warning("ignored bad row in %s at offset %d: %s", tp.topic, r.offset, exc)
+                        TABLE_ROWS_REFUSED.labels(by_topic[tp.topic]).inc()
+                        logger.warning(refused_row(tp.topic, tp.partition, r.offset, exc))
             for tp in list(pending):  # the position: it passes transaction markers, never returned
                 if await consumer.position(tp) >= marks[tp]:
                     pending.discard(tp)

@@ -262,7 +262,7 @@ class Schema:
             raise IngestDecodeError(msg)
         key = obj.get(self.key)
         if not isinstance(key, str) or not key:
-            msg = f"field '{self.key}' (the key) must be a non-empty string"
+            msg = f"{'field' if timed else 'column'} '{self.key}' (the key) must be a non-empty string"
             raise IngestDecodeError(msg, self.key)
         if len(key) > MAX_KEY_LEN and timed:
             msg = f"field '{self.key}' (the key) is longer than {MAX_KEY_LEN} characters"
@@ -302,7 +302,7 @@ class Schema:
             ):
                 out[name] = value
             else:
-                out[name] = check_value(name, ftype, value)
+                out[name] = check_value(name, ftype, value, "field" if timed else "column")
         if self.bounds:  # after the loop: a bounded field is a double (or None) by now
             for name, bound in self.bounds:
                 value = out.get(name)

@@ -60,14 +60,25 @@ class TableSchema:
 
     def validate(self, obj: object) -> dict[str, Any]:
         """A row with its key, typed; IngestDecodeError for a key that is not a non-empty
-        string, an unknown column, a mistyped value, a value outside its column's bound or a
-        NaN or infinite number. Checked as an event is (:meth:`Schema.validate
+        string or is longer than :data:`~app.events.MAX_KEY_LEN`, an unknown column, a
+        mistyped value, a value outside its column's bound, a NaN or infinite number, one of
+        ``pairs`` without the other or a ``positive`` column at or below 0: what the registry
+        loader refuses in a file (:func:`check_row`), so a row another producer wrote on the
+        table's topic is refused alike. Checked as an event is (:meth:`Schema.validate
         <app.events.Schema.validate>`), without ``ts``; JSON has no NaN, so only rows from
         elsewhere (YAML, CSV, code) can hold one."""
         row = self._rows.validate(obj).fields
         for column, value in row.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise IngestDecodeError(_non_finite(column, value), column)
+        key = row[self.key]
+        if len(key) > MAX_KEY_LEN:
+            msg = f"column '{self.key}' (the key) is longer than {MAX_KEY_LEN} characters"
+            raise IngestDecodeError(msg, self.key)
+        given = {column: value for column, value in row.items() if value is not None}
+        problems = _pair_and_sign_problems(self, given, row)
+        if problems:
+            raise IngestDecodeError("; ".join(p.message for p in problems), problems[0].column)
         return row
 
 
@@ -134,19 +145,35 @@ class Tables:
         return sorted(self.rows.get(table, {}))
 
     def apply(self, table: str, key: str, value: bytes | None) -> None:
-        """Apply one record of a table topic: a row, or a tombstone (None)."""
+        """Apply one record of a table topic: a row, or a tombstone (None). IngestDecodeError
+        (or ValueError, not JSON) for a row :meth:`TableSchema.validate` refuses, or one whose
+        record key is not its key column's value: compaction keeps the last record per record
+        key, and the tombstone of that key would leave the row in place."""
         self.version += 1
         if value is None:
             self.rows[table].pop(key, None)
             return
-        row = TABLES[table].validate(orjson.loads(value))
-        self.rows[table][row[TABLES[table].key]] = row
+        schema = TABLES[table]
+        row = schema.validate(orjson.loads(value))
+        if row[schema.key] != key:
+            own = row[schema.key]
+            msg = f"the record's key {key[:80]!r} is not the row's column '{schema.key}' ({own[:80]!r})"
+            raise IngestDecodeError(msg, schema.key)
+        self.rows[table][key] = row
 
     def load_rows(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
         self.version += 1
         for r in rows:
             row = TABLES[table].validate(dict(r))
             self.rows[table][row[TABLES[table].key]] = row
+
+
+def refused_row(topic: str, partition: int, offset: int, exc: Exception) -> str:
+    """The log line of a table topic's record :meth:`Tables.apply` refused, in the worker's and
+    the Spark engine's registry followers alike."""
+    reason = exc.reason if isinstance(exc, IngestDecodeError) else f"not a JSON row: {exc}"
+    where = f"{topic} (partition {partition}, offset {offset})"
+    return f"refused a row of {where}, the table keeps its earlier one: {reason}"
 
 
 #: The column of a table file that marks a row deleted: with a true value (``true``,

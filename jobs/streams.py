@@ -56,7 +56,7 @@ from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
 from app.rules.retire import RulesRan, sweep
 from app.rules.statekey import SEPARATOR, group_text
-from app.tables import Tables
+from app.tables import Tables, refused_row
 from app.topics import ALERTS, DLQ
 from jobs.placement import placed, unplaced
 
@@ -284,7 +284,7 @@ class RegistryFollower:
                     try:
                         self.tables.apply(by_topic[tp[0]], (r.key or b"").decode(), r.value)
                     except (IngestDecodeError, ValueError) as exc:  # as the worker does: the task goes on
-                        logger.warning("ignored bad row in %s at offset %d: %s", tp[0], r.offset, exc)
+                        logger.warning(refused_row(tp[0], tp[1], r.offset, exc))
             self.positions[tp] = max(start, snap.latest[tp])
         self.polled = time.monotonic()
         return self.tables

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import orjson
 import pytest
 
 from app.errors import IngestDecodeError
 from app.events import SENSORS
-from app.tables import DEVICES, Tables, read_table_file
+from app.tables import DEVICES, Tables, read_table_file, refused_row
 
 
 def _csv(tmp_path: Path, text: str | bytes, name: str = "devices.csv") -> Path:
@@ -81,6 +82,44 @@ def test_a_table_record_off_the_globe_is_refused_naming_the_column() -> None:
     assert err.value.field == "lat"
     assert tables.get("devices", "m1") == {"device_id": "m1", "lat": 48.1, "lon": 11.5}
     assert DEVICES.bounds["lat"] is DEVICES.bounds["depot_lat"] is dict(SENSORS.bounds)["lat"]
+
+
+LONG = "x" * 257
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("m1", b'{"device_id":"m1","max_temp":"hot"}', "column 'max_temp' must be a number, got str \"hot\""),
+        ("m1", b'{"device_id":"","site":"lab"}', "column 'device_id' (the key) must be a non-empty string"),
+        ("m1", b'{"device_id":"m1","lat":48.1}',
+         "column 'lon' is missing: 'lat' and 'lon' go together, give both or neither"),
+        ("m1", b'{"device_id":"m1","geofence_km":0.0}',
+         "column 'geofence_km' must be above 0 (km), got float 0.0"),
+        (LONG, b'{"device_id":"' + LONG.encode() + b'"}',
+         "column 'device_id' (the key) is longer than 256 characters"),
+        ("m2", b'{"device_id":"m1","site":"lab"}',
+         "the record's key 'm2' is not the row's column 'device_id' ('m1')"),
+        ("m1", b'{"device_id":"m1","colour":"red"}', "unknown column 'colour' for table devices"),
+    ],
+)  # fmt: skip
+def test_a_table_record_is_refused_as_the_loader_refuses_its_row(key: str, value: bytes, reason: str) -> None:
+    """A row another producer wrote on ``tables.devices``, as the worker and the Spark engine
+    apply it: refused in the loader's words (a lone coordinate, a fence of 0 km and a key over
+    256 characters were taken, and the wrong types said "field"), or for a record key that is
+    not the row's (its tombstone would leave the row in place). The row it had is kept."""
+    tables = Tables()
+    before = None if key == LONG else {"device_id": key, "site": "before"}
+    if before is not None:
+        tables.apply("devices", key, orjson.dumps(before))
+    with pytest.raises(IngestDecodeError) as err:
+        tables.apply("devices", key, value)
+    assert err.value.reason == reason
+    assert tables.get("devices", key) == before
+    line = refused_row("tables.devices", 0, 7, err.value)
+    kept = "the table keeps its earlier one"
+    assert line == f"refused a row of tables.devices (partition 0, offset 7), {kept}: {reason}"
+    assert "not a JSON row" in refused_row("tables.devices", 0, 8, ValueError("unexpected character"))
 
 
 def test_a_repeated_key_names_both_lines(tmp_path: Path) -> None:

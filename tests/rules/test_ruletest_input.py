@@ -195,7 +195,7 @@ def test_a_bad_row_or_input_line_names_its_file_case_and_field(write, tmp_path: 
     (result,) = run_tests([f]).results
     assert result.error and result.name == "-"
     assert result.detail.splitlines() == [
-        f"{f}:3:39: 'tables': devices 1: field 'max_temp' must be a number, got str \"hot\"",
+        f"{f}:3:39: 'tables': devices 1: column 'max_temp' must be a number, got str \"hot\"",
         f"{f}:6:17: case 1 'late': 'input_file': {tmp_path / 'in.jsonl'}:2: not valid JSON: "
         "unexpected end of data",
         f"{f}:6:17: case 1 'late': 'input_file': {tmp_path / 'in.jsonl'}:3: field 'ts' has no UTC offset "
