@@ -328,9 +328,7 @@ def _register_source(
                 await run_regrouped(partition, take(merge, now))
         pace(now)
         paced = bool(app.paced(topic_name))
-        streams = rt.engine.streams.get(source, ())
-        regrouped = any(s.name != direct_name and s.evaluator.rules for s in streams)
-        if paced or regrouped:
+        if paced or regroups(rt, topic_name):
             markers = progress(now, settle=not paced)
             if markers:
                 await forward(outbox, [], markers)
