@@ -32,6 +32,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.protocol.commit import OffsetFetchRequest
 
 from app.errors import BrokerError
 from app.kafka.auth import KafkaAuth
@@ -104,45 +105,91 @@ async def broker_answers(
 
 #: Kafka's internal topic of committed offsets, whose partitions the group coordinator loads
 OFFSETS_TOPIC = "__consumer_offsets"
-#: answers in a row (0.1 s apart) that make the list of groups steady
-STEADY_ANSWERS = 3
+#: the stem of the group ids :func:`group_coordinator_ready` describes, one per partition of
+#: the offsets topic (no group of that name is ever created)
+READINESS_GROUP = "streamalert-readiness"
+#: FindCoordinator's key type for a consumer group (1 is a transactional id)
+GROUP_COORDINATOR = 0
+
+
+def offsets_partition(group: str, partitions: int) -> int:
+    """The partition of the offsets topic whose coordinator holds ``group``: Kafka's
+    ``Utils.abs(groupId.hashCode()) % partitions``, with Java's ``String.hashCode`` over the
+    id's UTF-16 code units."""
+    units = group.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    signed = h - (1 << 32) if h & 0x80000000 else h
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
+
+
+def readiness_groups(partitions: int) -> list[str]:
+    """One group id per partition of the offsets topic, in partition order."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < partitions:
+        group = f"{READINESS_GROUP}-{i}"
+        found.setdefault(offsets_partition(group, partitions), group)
+        i += 1
+    return [found[p] for p in range(partitions)]
 
 
 async def group_coordinator_ready(
     bootstrap: str, auth: KafkaAuth, timeout_s: float, stop: threading.Event | None = None
 ) -> bool:
     """Ask for a consumer group's coordinator, then until every partition of the offsets
-    topic has a leader, then for the groups until they answer ``STEADY_ANSWERS`` times in a
-    row (True), or ``timeout_s`` passes, or ``stop`` is set (a Ctrl-C while ``make run``
-    starts its broker: False at the next try, a tenth of a second apart).
+    topic has a leader, then until each of those partitions is loaded (a group that lives on
+    it answers an offset fetch without an error) and the list of groups answers (True), or
+    ``timeout_s`` passes, or ``stop`` is set (a Ctrl-C while ``make run`` starts its broker:
+    False at the next try, a tenth of a second apart).
 
     A new cluster creates its offsets topic (``__consumer_offsets``) at the first question for
     a coordinator, and answers "coordinator not available" until its partitions have leaders,
-    then "load in progress" while it loads them (the list of groups waits for all of them):
-    asked by the roles themselves, an ERROR line in their logs at every fresh start. One
-    answer is not enough: the list answered once before the partitions still to be led were
-    scheduled for loading, and the next question met "load in progress"."""
-    admin = AIOKafkaAdminClient(**connection(Endpoint(bootstrap, auth)), request_timeout_ms=5000)
+    then "not coordinator" or "load in progress" for a partition until its coordinator has
+    loaded it; the list of groups fails while any partition loads. Asked by the roles
+    themselves, that was an ERROR line in their logs at every fresh start.
+
+    A partition's leader is in the broker's metadata before its coordinator is scheduled to
+    load it. So neither the leaders nor a run of answers from the list of groups proves the
+    load done: three answers 0.1 s apart (the check before this one) once passed, under CI
+    load, before the last partitions were scheduled, and the next list met "load in
+    progress". Fetching the offsets of one group per partition asks each partition's
+    coordinator itself, which answers "load in progress" until its load is done."""
+    options = connection(Endpoint(bootstrap, auth))
+    admin = AIOKafkaAdminClient(**options, request_timeout_ms=5000)
+    client = AIOKafkaClient(**options, request_timeout_ms=5000)  # the offset fetches' own requests
     deadline = time.monotonic() + timeout_s
+    partitions = 0
 
     async def coordinator() -> bool:
-        await admin.find_coordinator("streamalert-readiness")
+        await admin.find_coordinator(READINESS_GROUP)
         return True
 
     async def led() -> bool:
+        nonlocal partitions
         (topic,) = await admin.describe_topics([OFFSETS_TOPIC])
         parts = topic.get("partitions") or []
+        partitions = len(parts)
         return not topic.get("error_code") and bool(parts) and all(p["leader"] >= 0 for p in parts)
 
-    async def steady() -> bool:  # an error on the way: the next try counts from the start
-        for _ in range(STEADY_ANSWERS):
-            await admin.list_consumer_groups()
-            await asyncio.sleep(0.1)
+    async def loaded() -> bool:  # every partition's coordinator answers for a group of its own
+        if not client.cluster.brokers():
+            await client.bootstrap()
+        for group in readiness_groups(partitions):
+            node = await client.coordinator_lookup(GROUP_COORDINATOR, group)
+            answer = await client.send(node, OffsetFetchRequest(group, None))
+            if answer.error_code:  # "not coordinator" or "load in progress": not loaded yet
+                return False
+        return True
+
+    async def listed() -> bool:
+        await admin.list_consumer_groups()
         return True
 
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        for ask in (coordinator, led, steady):
+        for ask in (coordinator, led, loaded, listed):
             while True:
                 done = False
                 with contextlib.suppress(*CLIENT_ERRORS):
@@ -157,6 +204,7 @@ async def group_coordinator_ready(
         return False
     finally:
         await admin.close()
+        await client.close()
 
 
 async def back_off(stop: asyncio.Event, delay: float, cap_s: float) -> float:

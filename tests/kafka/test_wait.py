@@ -24,6 +24,8 @@ from app.kafka.wait import (
     RepeatLimiter,
     broker_answers,
     group_coordinator_ready,
+    offsets_partition,
+    readiness_groups,
     transient,
     until_answered,
     wait_for_broker,
@@ -141,6 +143,114 @@ def test_a_stop_ends_the_wait_for_the_group_coordinator(
     ready = asyncio.run(group_coordinator_ready("h:1", KafkaAuth(), timeout_s, stop))
     assert not ready
     assert NoCoordinatorYet.asked == 1 if stopped else NoCoordinatorYet.asked > 1
+
+
+@pytest.mark.parametrize(
+    ("group", "partitions", "partition"),
+    [  # Java's "...".hashCode(), from jshell: -67795172, -67795168, 2113
+        ("streamalert-readiness-0", 8, 4),
+        ("streamalert-readiness-4", 8, 0),
+        ("Ab", 50, 13),
+        ("", 8, 0),
+    ],
+)
+def test_a_group_lives_on_the_offsets_partition_kafka_gives_it(
+    group: str, partitions: int, partition: int
+) -> None:
+    assert offsets_partition(group, partitions) == partition
+
+
+def test_the_readiness_groups_cover_every_offsets_partition_once() -> None:
+    for partitions in (1, 8, 50):
+        groups = readiness_groups(partitions)
+        assert [offsets_partition(g, partitions) for g in groups] == list(range(partitions))
+
+
+class LedOffsetsTopic:
+    """An admin client of a broker whose offsets topic has 8 partitions, all led."""
+
+    listed = 0
+
+    def __init__(self, **_kwargs: object) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def find_coordinator(self, _group: str) -> int:
+        return 1
+
+    async def describe_topics(self, _topics: list[str]) -> list[dict[str, object]]:
+        return [{"error_code": 0, "partitions": [{"partition": p, "leader": 1} for p in range(8)]}]
+
+    async def list_consumer_groups(self) -> list[object]:
+        LedOffsetsTopic.listed += 1
+        return []
+
+
+class LoadingCoordinators:
+    """A client whose group coordinators load one offsets partition at a time: a group's
+    offset fetch answers "not coordinator" (16), then "load in progress" (14), then none."""
+
+    answers: dict[str, list[int]] = {}
+    fetched: list[tuple[str, int]] = []
+
+    class Cluster:
+        def brokers(self) -> set[int]:
+            return {1}
+
+    cluster = Cluster()
+
+    def __init__(self, **_kwargs: object) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def coordinator_lookup(self, _type: int, _group: str) -> int:
+        return 1
+
+    async def send(self, _node: int, request: object) -> object:
+        group = request._consumer_group  # type: ignore[attr-defined]
+        left = LoadingCoordinators.answers[group]
+        code = left.pop(0) if left else 0
+        LoadingCoordinators.fetched.append((group, code))
+        return type("Answer", (), {"error_code": code})()
+
+
+def test_readiness_waits_until_every_offsets_partition_is_loaded_not_only_led(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The leaders of the offsets topic are in the broker's metadata before its coordinator
+    loads them: readiness asks each partition's coordinator, and waits for the slowest."""
+    monkeypatch.setattr("app.kafka.wait.AIOKafkaAdminClient", LedOffsetsTopic)
+    monkeypatch.setattr("app.kafka.wait.AIOKafkaClient", LoadingCoordinators)
+    groups = readiness_groups(8)
+    LoadingCoordinators.answers = {g: [] for g in groups}
+    LoadingCoordinators.answers[groups[5]] = [16, 16, 14, 14]
+    LoadingCoordinators.fetched = []
+    LedOffsetsTopic.listed = 0
+    assert asyncio.run(group_coordinator_ready("h:1", KafkaAuth(), 10.0))
+    asked = {g for g, _ in LoadingCoordinators.fetched}
+    assert asked == set(groups)
+    last = {g: code for g, code in LoadingCoordinators.fetched}
+    assert all(code == 0 for code in last.values())
+    assert [code for g, code in LoadingCoordinators.fetched if g == groups[5]] == [16, 16, 14, 14, 0]
+    assert LedOffsetsTopic.listed == 1  # the groups listed once all partitions were loaded
+
+
+def test_readiness_gives_up_when_a_partition_never_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.kafka.wait.AIOKafkaAdminClient", LedOffsetsTopic)
+    monkeypatch.setattr("app.kafka.wait.AIOKafkaClient", LoadingCoordinators)
+    groups = readiness_groups(8)
+    LoadingCoordinators.answers = {g: [] for g in groups}
+    LoadingCoordinators.answers[groups[2]] = [14] * 1000
+    LedOffsetsTopic.listed = 0
+    assert not asyncio.run(group_coordinator_ready("h:1", KafkaAuth(), 0.5))
+    assert LedOffsetsTopic.listed == 0
 
 
 def test_a_request_that_times_out_at_start_is_asked_again_with_one_warning(
