@@ -166,19 +166,10 @@ def test_the_readiness_groups_cover_every_offsets_partition_once() -> None:
         assert [offsets_partition(g, partitions) for g in groups] == list(range(partitions))
 
 
-class LedOffsetsTopic:
+class LedOffsetsTopic(NoCoordinatorYet):
     """An admin client of a broker whose offsets topic has 8 partitions, all led."""
 
     listed = 0
-
-    def __init__(self, **_kwargs: object) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
     async def find_coordinator(self, _group: str) -> int:
         return 1
