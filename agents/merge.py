@@ -279,7 +279,9 @@ class RegroupMerge:
     before forwards leave past it (:meth:`unconfirmed`, then :meth:`confirm` with its end read
     from the broker): its end beyond that offset makes it lagging from then on, until its
     worker tells it again or its time goes stale. Idle, none of this costs anything: no marker
-    is sent, no end is read.
+    is sent, no end is read. A partition never heard of past the grace (its worker has run no
+    round since it started) is checked the same way, against the offset its worker starts from
+    (:meth:`unheard`).
 
     A forward waits at most :data:`REGROUP_HOLD_S`, and
     at most ``max_held`` wait (``APP_REGROUP_MAX_WAITING``), the oldest leaving first. Forwards
@@ -301,6 +303,8 @@ class RegroupMerge:
         self._sent: dict[tuple[str, int], int] = {}
         #: forwards dropped as copies of ones taken in before (see :meth:`add`)
         self.copies = 0
+        #: per source partition never heard of, when a read last found it had nothing unread
+        self._unheard_checked: dict[int, float] = {}
 
     @property
     def waiting(self) -> int:
@@ -387,14 +391,44 @@ class RegroupMerge:
             and now - seen.heard >= self.confirm_s
         }  # fmt: skip
 
-    def confirm(self, ends: Mapping[int, int], now: float) -> set[int]:
+    def unheard(self, now: float, skip: Collection[int] = ()) -> list[int]:
+        """With forwards waiting, past the grace: the source partitions never heard of (their
+        worker has run no round since it started: all its partitions idle), unchecked for
+        :data:`CONFIRM_S`. Not those in ``skip``. Such a partition holds nothing back, so a
+        burst that came to it while its worker stalled would be late behind the others'
+        forwards; :meth:`confirm` checks its end against where its worker starts from."""
+        if not self.merge.waiting or now - self.started < self.grace_s:
+            return []
+        return [
+            source for source in range(self.sources)
+            if source not in self.progress and source not in skip
+            and now - self._unheard_checked.get(source, -self.confirm_s) >= self.confirm_s
+        ]  # fmt: skip
+
+    def confirm(
+        self, ends: Mapping[int, int], now: float, starts: Mapping[int, int] | None = None
+    ) -> set[int]:
         """The ends of source partitions read at ``now`` (:meth:`unconfirmed`): one whose end is
         beyond the offset its caught-up marker said it had reached, and beyond its forwards
         taken in here, has records its worker has not told of (stopped, or hung), and lags from
         now: forwards later than its time wait for its next marker, or until its time goes
         stale (:data:`STALE_S`). The others are confirmed until :data:`CONFIRM_S` from now.
-        Returns those that lag."""
+        Returns those that lag.
+
+        ``starts``: for source partitions never heard of (:meth:`unheard`), the offset their
+        worker starts from (its group's committed offset, or the partition's start): an end
+        beyond it is records their worker has not evaluated, so they lag from now, with no time
+        shown yet (every forward waits for their first marker, or :data:`STALE_S`)."""
         lagging = set()
+        for source, start in (starts or {}).items():
+            end = ends.get(source)
+            if source in self.progress or end is None:
+                continue
+            if end <= start:
+                self._unheard_checked[source] = now
+            else:
+                self.progress[source] = Heard(True, -(2**63), now, now, None)
+                lagging.add(source)
         for source, end in ends.items():
             seen = self.progress.get(source)
             if seen is None or seen.behind or seen.reached is None:

@@ -57,8 +57,9 @@ TABLE_ROWS_REFUSED = Counter(
 MERGE_UNCONFIRMED = Counter(
     "worker_merge_unconfirmed_total",
     "Source partitions another worker last told caught up whose end the regroup side found beyond "
-    "the offset it had told (its worker stopped or hung with records waiting): the forwards "
-    "after its time wait for it (agents.merge.RegroupMerge.confirm)",
+    "the offset it had told, or never told of whose end was beyond where the group starts them "
+    "(their worker stopped or hung with records waiting): the forwards after their time wait for "
+    "them (agents.merge.RegroupMerge.confirm)",
     ["topic"],
 )
 REFORWARDED = Counter(

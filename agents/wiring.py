@@ -229,8 +229,9 @@ def _register_source(
     async def confirm(now: float) -> None:
         """Read the end of the source partitions told caught up too long ago, with forwards
         waiting past them (:meth:`RegroupMerge.unconfirmed`; this worker's own too, unless it is
-        their sole ordered owner), once for every regroup partition here. A read that fails
-        trusts their markers, as if their ends had not moved."""
+        their sole ordered owner), once for every regroup partition here; for those never told
+        of (:meth:`RegroupMerge.unheard`), where the group starts them from too. A read that
+        fails trusts their markers, as if their ends had not moved."""
         if not any(merge.waiting for merge in waiting.values()):
             return
         # its sole ordered owner forwards in the merged order: nothing of it to check
@@ -238,22 +239,32 @@ def _register_source(
             {tp.partition for tp in app.consumer.assignment() if tp.topic == topic_name} if told.sole else ()
         )
         due: dict[int, int] = {}
+        unheard: set[int] = set()
         for merge in waiting.values():
             due.update(merge.unconfirmed(now, sole))
-        if not due:
+            unheard.update(merge.unheard(now, sole))
+        if not due and not unheard:
             return
-        ends = await app.ends(topic_name, due, CONFIRM_TIMEOUT_S)
-        if ends is None:
-            warn_unread(topic_name, due)
-            ends = due
+        ends = await app.ends(topic_name, due.keys() | unheard, CONFIRM_TIMEOUT_S)
+        read = await app.starts(topic_name, unheard, CONFIRM_TIMEOUT_S) if unheard and ends else {}
+        if ends is None or read is None:
+            warn_unread(topic_name, due.keys() | unheard)
+        if ends is None:  # as if their ends had not moved
+            ends = {**due, **dict.fromkeys(unheard, 0)}
+        starts = {**{source: ends[source] for source in unheard}, **(read or {})}  # unread: trusted
         lagging: set[int] = set()
         for merge in waiting.values():
-            lagging |= merge.confirm(ends, now)
+            lagging |= merge.confirm(ends, now, starts)
         if lagging:
             unconfirmed_c.inc(len(lagging))
+        if told_lagging := lagging - unheard:
             logger.info("%s: partitions %s were told caught up, and have records their worker has not "
                         "told of (stopped?): regrouped events after their time wait for them",
-                        topic_name, sorted(lagging))  # fmt: skip
+                        topic_name, sorted(told_lagging))  # fmt: skip
+        if unheard_lagging := lagging & unheard:
+            logger.info("%s: partitions %s were never told of, and have records their worker has not "
+                        "evaluated (stopped?): regrouped events wait for them",
+                        topic_name, sorted(unheard_lagging))  # fmt: skip
 
     def pace(now: float) -> None:
         """Backpressure (:class:`Pacer`): pause the fetch of the source partitions whose forwards

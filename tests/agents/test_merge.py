@@ -466,6 +466,44 @@ def test_a_caught_up_whose_end_has_not_moved_is_confirmed_until_it_goes_stale_ag
     assert [m["f"] for m in old.take(100, now=60.0)] == [[0, 7]]
 
 
+def test_a_partition_never_told_of_is_checked_against_where_its_worker_starts() -> None:
+    """Partition 1's worker has run no round since it started (all its partitions idle), so no
+    marker of it ever came, and past the grace it held nothing back. It stopped while a burst
+    came to it: its end beyond the group's committed offset says so, and the forwards of
+    partition 0 wait for its first marker."""
+    merge = RegroupMerge(2, now=0.0, grace_s=10.0, confirm_s=2.0)
+    merge.add(numbered([mark(0, 10, False, reached=7), fwd(0, 7, 20)]), now=0.0)
+    assert merge.unheard(now=5.0) == []  # within the grace it lags anyway
+    assert merge.lagging(now=5.0) == [1]
+    assert merge.unheard(now=11.0) == [1] and merge.unheard(now=11.0, skip={1}) == []
+    # idle since its worker started: its end is where the group starts it, checked for 2 s
+    assert merge.confirm({1: 40}, now=11.0, starts={1: 40}) == set()
+    assert merge.unheard(now=12.9) == [] and merge.unheard(now=13.0) == [1]
+    assert [m["f"] for m in merge.take(100, now=11.0)] == [[0, 7]]
+    merge.add([(2, fwd(0, 8, 30))], now=13.0)
+    # a burst came, its worker stopped: it lags from now with no time shown, every forward waits
+    assert merge.confirm({1: 43}, now=13.0, starts={1: 40}) == {1}
+    assert merge.lagging(now=13.0) == [1] and merge.take(100, now=13.0) == []
+    assert merge.unheard(now=20.0) == []  # heard of (as lagging) now
+    merge.add(
+        numbered([fwd(1, 40, 12), fwd(1, 41, 15), fwd(1, 42, 25), mark(1, 25, False, reached=43)]), now=16.0
+    )
+    assert [m["f"] for m in merge.take(100, now=16.0)] == [[1, 40], [1, 41], [1, 42], [0, 8]]
+
+
+def test_a_never_told_partition_that_never_tells_goes_stale_and_one_unread_is_trusted() -> None:
+    merge = RegroupMerge(3, now=0.0, grace_s=0.0, confirm_s=2.0)
+    merge.add(numbered([mark(0, 10, False, reached=7), fwd(0, 7, 20)]), now=0.0)
+    assert merge.unheard(now=0.0) == [1, 2]
+    # 2's start not read (the caller trusts it: its start given as its end)
+    assert merge.confirm({1: 5, 2: 9}, now=0.0, starts={1: 3, 2: 9}) == {1}
+    assert merge.take(100, now=STALE_S - 0.1) == []
+    assert [m["f"] for m in merge.take(100, now=STALE_S)] == [[0, 7]]
+    assert merge.unheard(now=STALE_S) == []  # nothing waits: nothing to check
+    merge.add([(2, fwd(0, 8, 30))], now=STALE_S)
+    assert merge.unheard(now=STALE_S) == [2]
+
+
 def test_the_pacer_pauses_the_partitions_ahead_until_few_of_their_forwards_wait() -> None:
     """Partition 1 lags (its worker slow, or dead until the group moves its partitions); the
     forwards of partitions 0 and 2 later than its time wait for it, here or in Kafka. From 40 %

@@ -332,3 +332,90 @@ def test_a_worker_stopped_while_its_partition_was_idle_has_the_regroup_side_wait
     assert not missing, f"the burst's alerts missing (busy partition {busy}'s IP first of {ips}): {missing}"
     assert got == {a.alert_id for a in expected}
     assert "told caught up, and have records their worker has not told of" in logged
+
+
+def owned(log: Path, topic: str) -> set[int] | None:
+    """The partitions of ``topic`` the worker logging to ``log`` was last assigned (Faust's
+    "Setting newly assigned partitions" table at INFO); None before its first assignment."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    _, found, table = text.rpartition("Setting newly assigned partitions")
+    if not found:
+        return None
+    for line in table.split("for group")[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] == topic:
+            spans = cells[1].strip("{}")
+            out: set[int] = set()
+            for span in filter(None, (s.strip() for s in spans.split(","))):
+                first, _, last = span.partition("-")
+                out.update(range(int(first), int(last or first) + 1))
+            return out
+    return set()
+
+
+def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_its_burst(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two workers, one source partition each; the second's partition has had no record since
+    it started, so it never sent a progress marker, and past the regroup side's grace its
+    partition held nothing back. It is stopped (SIGSTOP, shorter than the session timeout); a
+    burst comes to its partition, then a later event to the other's, all of one client IP
+    regrouped onto the running worker. Before, the later event went at once and closed the
+    burst's minute, and the burst, once its worker woke, was late (no alert for its minute).
+    Now the regroup side checks a partition never told of against where the group starts it
+    (its committed offset, or its start): records beyond it make it wait for that worker
+    (agents.merge.RegroupMerge.unheard)."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "stalled.yaml").write_text(STALLED_RULES)
+    env = worker_env(broker, tmp_path, rules_dir)
+    sent: list[bytes] = []
+
+    def send_lines(lines: list[bytes]) -> None:
+        sent.extend(lines)
+        produce(broker.bootstrap, "events.logs", [(orjson.loads(v)["host"].encode(), v) for v in lines])
+
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    with (
+        role(["agents", "worker", "-l", "info"], env, logs[0]),
+        role(["agents", "worker", "-l", "info"], env, logs[1]) as second,
+    ):
+        wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
+
+        def split() -> bool:
+            first, other = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
+            return (
+                first is not None and other is not None and len(first) == len(other) == 1 and first != other
+            )
+
+        wait_for(split, timeout_s=60, what="one source partition per worker")
+        (busy,), (idle,) = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
+        host_busy, host_idle = hosts_on(busy, 1)[0], hosts_on(idle, 1)[0]
+        ip = ip_regrouped_on(busy)  # regrouped onto the running worker: the second has no record
+        send_lines([log_line(host_busy, "00:00:00", ip, "/probe")])
+
+        def probed() -> bool:
+            return any(a["rule_id"] == "probe" for a in consume_json(broker.bootstrap, "alerts", timeout_s=1))
+
+        wait_for(probed, timeout_s=60, what="the first worker's probe")
+        time.sleep(12)  # past the regroup side's 10 s grace for a partition never told of
+        os.killpg(second.pid, signal.SIGSTOP)  # 4 s: well within the group's session timeout
+        try:
+            send_lines([log_line(host_idle, ts, ip) for ts in ("00:01:10", "00:01:20")])
+            time.sleep(0.5)
+            send_lines([log_line(host_busy, "00:03:00", ip)])
+            time.sleep(3.5)  # the first worker reads the later event, and checks the other's partition
+        finally:
+            os.killpg(second.pid, signal.SIGCONT)
+        alerts = settled_alerts(broker.bootstrap, quiet_s=5, timeout_s=120)
+        logged = "".join(log.read_text(errors="replace") for log in logs)
+    report = BacktestReport()
+    expected = backtest(load_rules([rules_dir]), read_events(sent, "in", report), io.StringIO(), report,
+                        partitions=PARTITIONS)  # fmt: skip
+    minute = {a.alert_id for a in expected if a.rule_id == "per-ip-minute"}
+    assert minute, "the burst's minute fires in the backtest"
+    got = {str(a["alert_id"]) for a in alerts}
+    assert not minute - got, f"the burst's alerts missing: {sorted(minute - got)}"
+    assert got == {a.alert_id for a in expected}
+    assert "Crashed reason" not in logged  # Faust's livelock check (agents.transport.WorkerConsumerThread)
+    assert "were never told of, and have records their worker has not evaluated" in logged
