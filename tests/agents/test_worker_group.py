@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -258,6 +258,30 @@ def log_line(host: str, ts: str, ip: str, path: str = "/") -> bytes:
     )
 
 
+def burst_while_stopped(
+    worker: subprocess.Popen[bytes], send: Callable[[list[bytes]], None], burst: list[bytes],
+    later: list[bytes],
+) -> None:  # fmt: skip
+    """Stop ``worker`` for 4 s, well within the group's session timeout; meanwhile ``burst``
+    goes to its partition, then ``later`` events to the other worker's, which reads them and
+    checks the stopped one's partition."""
+    os.killpg(worker.pid, signal.SIGSTOP)
+    try:
+        send(burst)
+        time.sleep(0.5)
+        send(later)
+        time.sleep(3.5)
+    finally:
+        os.killpg(worker.pid, signal.SIGCONT)
+
+
+def backtested(rules_dir: Path, sent: list[bytes]) -> list[Alert]:
+    """The backtest's alerts of the log lines ``sent``, on the test topics' partitions."""
+    report = BacktestReport()
+    return backtest(load_rules([rules_dir]), read_events(sent, "in", report), io.StringIO(), report,
+                    partitions=PARTITIONS)  # fmt: skip
+
+
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_a_worker_stopped_while_its_partition_was_idle_has_the_regroup_side_wait_for_its_burst(
     broker: KafkaBroker, tmp_path: Path, guarantee: str
@@ -312,19 +336,12 @@ def test_a_worker_stopped_while_its_partition_was_idle_has_the_regroup_side_wait
         assert probed(hosts[0][1], 30), "the probe evaluated"
         time.sleep(3)  # both idle, their last markers older than the 2 s a "caught up" is trusted
         ips = [ip_regrouped_on(busy), ip_regrouped_on(idle)]
-        os.killpg(stopped.pid, signal.SIGSTOP)  # 4 s: well within the group's session timeout
-        try:
-            send_lines([log_line(hosts[idle][0], ts, ip) for ts in ("00:01:10", "00:01:20") for ip in ips])
-            time.sleep(0.5)
-            send_lines([log_line(hosts[busy][0], "00:03:00", ip) for ip in ips])
-            time.sleep(3)  # the running worker reads the later events, and checks the stopped one's end
-        finally:
-            os.killpg(stopped.pid, signal.SIGCONT)
+        burst = [log_line(hosts[idle][0], ts, ip) for ts in ("00:01:10", "00:01:20") for ip in ips]
+        later = [log_line(hosts[busy][0], "00:03:00", ip) for ip in ips]
+        burst_while_stopped(stopped, send_lines, burst, later)
         alerts = settled_alerts(broker.bootstrap, quiet_s=5, timeout_s=120)
         logged = "".join(log.read_text(errors="replace") for log in logs)
-    report = BacktestReport()
-    expected = backtest(load_rules([rules_dir]), read_events(sent, "in", report), io.StringIO(), report,
-                        partitions=PARTITIONS)  # fmt: skip
+    expected = backtested(rules_dir, sent)
     minute = {a.alert_id for a in expected if a.rule_id == "per-ip-minute" and a.labels["client_ip"] in ips}
     assert len(minute) >= 2, "the burst's minute fires for both IPs in the backtest"
     got = {str(a["alert_id"]) for a in alerts}
@@ -399,19 +416,11 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
 
         wait_for(probed, timeout_s=60, what="the first worker's probe")
         time.sleep(12)  # past the regroup side's 10 s grace for a partition never told of
-        os.killpg(second.pid, signal.SIGSTOP)  # 4 s: well within the group's session timeout
-        try:
-            send_lines([log_line(host_idle, ts, ip) for ts in ("00:01:10", "00:01:20")])
-            time.sleep(0.5)
-            send_lines([log_line(host_busy, "00:03:00", ip)])
-            time.sleep(3.5)  # the first worker reads the later event, and checks the other's partition
-        finally:
-            os.killpg(second.pid, signal.SIGCONT)
+        burst = [log_line(host_idle, ts, ip) for ts in ("00:01:10", "00:01:20")]
+        burst_while_stopped(second, send_lines, burst, [log_line(host_busy, "00:03:00", ip)])
         alerts = settled_alerts(broker.bootstrap, quiet_s=5, timeout_s=120)
         logged = "".join(log.read_text(errors="replace") for log in logs)
-    report = BacktestReport()
-    expected = backtest(load_rules([rules_dir]), read_events(sent, "in", report), io.StringIO(), report,
-                        partitions=PARTITIONS)  # fmt: skip
+    expected = backtested(rules_dir, sent)
     minute = {a.alert_id for a in expected if a.rule_id == "per-ip-minute"}
     assert minute, "the burst's minute fires in the backtest"
     got = {str(a["alert_id"]) for a in alerts}
