@@ -251,7 +251,7 @@ def _register_source(
             warn_unread(topic_name, due.keys() | unheard)
         if ends is None:  # as if their ends had not moved
             ends = {**due, **dict.fromkeys(unheard, 0)}
-        starts = {**{source: ends[source] for source in unheard}, **(read or {})}  # unread: trusted
+        starts = {**{s: ends[s] for s in unheard if s in ends}, **(read or {})}  # unread: trusted
         lagging: set[int] = set()
         for merge in waiting.values():
             lagging |= merge.confirm(ends, now, starts)
