@@ -105,8 +105,8 @@ async def broker_answers(
 
 #: Kafka's internal topic of committed offsets, whose partitions the group coordinator loads
 OFFSETS_TOPIC = "__consumer_offsets"
-#: the stem of the group ids :func:`group_coordinator_ready` describes, one per partition of
-#: the offsets topic (no group of that name is ever created)
+#: the stem of the group ids whose offsets :func:`group_coordinator_ready` fetches, one per
+#: partition of the offsets topic (no group of that name is ever created)
 READINESS_GROUP = "streamalert-readiness"
 #: FindCoordinator's key type for a consumer group (1 is a transactional id)
 GROUP_COORDINATOR = 0
