@@ -82,6 +82,7 @@ from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, TrackingProducer, connection, stop_consumer
+from app.runtime.settings import quiet_libraries
 
 logger = logging.getLogger(__name__)
 
@@ -1005,6 +1006,10 @@ class QuietWorker(faust.Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spinner = None
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        quiet_libraries(level)
 
     async def on_stop(self) -> None:
         asyncio.get_running_loop().call_later(STOP_REPORT_S, _report_stop)

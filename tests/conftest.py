@@ -10,6 +10,7 @@ from app.runtime import native
 native.activate()  # the suite runs on the compiled hot path when a current build exists
 
 import asyncio  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -22,7 +23,7 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError, GroupLoadInProgre
 
 from app.kafka.admin import ensure_topics  # noqa: E402
 from app.kafka.broker import KafkaBroker  # noqa: E402
-from app.runtime.settings import PROJECT_ROOT, Settings  # noqa: E402
+from app.runtime.settings import CHATTY_LOGGERS, ONCE_LOGGERS, PROJECT_ROOT, Settings  # noqa: E402
 
 DATASETS = (PROJECT_ROOT / "../shared/datasets").resolve()
 NAB_MACHINE_TEMP = DATASETS / "nab/data/realKnownCause/machine_temperature_system_failure.csv"
@@ -129,3 +130,14 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def library_logging() -> Iterator[None]:
+    """Restores what ``quiet_libraries`` changes (levels, filters), for the tests after."""
+    chosen = [logging.getLogger(name) for name in (*CHATTY_LOGGERS, *ONCE_LOGGERS)]
+    before = [(lg, lg.level, list(lg.filters)) for lg in chosen]
+    yield
+    for lg, level, filters in before:
+        lg.setLevel(level)
+        lg.filters[:] = filters

@@ -148,8 +148,8 @@ class DedupStage:
             send_resolved=ctx.receiver.send_resolved,
         )  # fmt: skip
         logger.info(
-            "not notifying %s of group %s: %d alert(s) held back as already sent (the notification "
-            "log): %s", ctx.receiver.name, ctx.group_key, held, why,
+            "not notifying %s of group %s: %d alert(s) held back by the notification log: %s",
+            ctx.receiver.name, ctx.group_key, held, why,
         )  # fmt: skip
 
 

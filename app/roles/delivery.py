@@ -156,13 +156,18 @@ class OutboxSender:
             return
         finally:
             INFLIGHT.dec()
-            DELIVERY_SECONDS.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            DELIVERY_SECONDS.observe(took)
         done = self.clock()
         self.db.finish(row.message.msg_id, "delivered", done, publish=[log_record(row, "delivered", done)])
         self.on_published()
         DELIVERIES.labels("delivered").inc()
         ALERTS_SENT.labels("delivered").inc(len(row.message.alert_ids))
-        logger.debug("delivered %s to %s", row.message.msg_id, self.receiver)
+        logger.info(
+            "delivered %s to %s: group %s, %d alert(s), attempt %d, %.0f ms",
+            row.message.msg_id, self.receiver, row.message.group_key, len(row.message.alert_ids),
+            row.attempts + 1, took * 1000,
+        )  # fmt: skip
 
     def _failed(self, row: OutboxRow, err: NotifierError) -> None:
         now = self.clock()

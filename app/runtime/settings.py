@@ -352,9 +352,57 @@ def _environment(env: Mapping[str, str]) -> str:
     return name
 
 
+#: libraries whose INFO lines may say what they must not: httpx's "HTTP Request: POST <url>"
+#: per request is the whole URL of a webhook whose secret is in its path (Slack's, Teams',
+#: Discord's). The project logs each delivery itself, with the receiver's name
+#: (``app.roles.delivery``). Their warnings and errors still show
+CHATTY_LOGGERS = ("httpx", "httpcore")
+#: loggers whose INFO lines are said once per process: aiokafka's "Authenticated as <user> via
+#: <mechanism>" at every connection (a dozen per role at a start, more at each reconnection);
+#: the first one names the role's principal
+ONCE_LOGGERS = ("aiokafka.conn",)
+#: the most distinct lines :class:`FirstTimeOnly` remembers (past it, it forgets them all)
+ONCE_MAX = 1000
+
+
+class FirstTimeOnly(logging.Filter):
+    """Lets an INFO line or below through the first time its text is said; warnings and
+    errors always."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        text = record.getMessage()
+        if text in self._said:
+            return False
+        if len(self._said) >= ONCE_MAX:
+            self._said.clear()
+        self._said.add(text)
+        return True
+
+
+def quiet_libraries(level: int | str) -> None:
+    """Raise :data:`CHATTY_LOGGERS` to WARNING, and say the INFO lines of :data:`ONCE_LOGGERS`
+    once, unless the process logs at DEBUG."""
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if isinstance(numeric, int) and numeric <= logging.DEBUG:
+        return
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for name in ONCE_LOGGERS:
+        chosen = logging.getLogger(name)
+        if not any(isinstance(f, FirstTimeOnly) for f in chosen.filters):
+            chosen.addFilter(FirstTimeOnly())
+
+
 def setup_logging(level: str = "INFO") -> None:
     """Configure the root logger once per process, one line per record."""
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
     )
+    quiet_libraries(level)

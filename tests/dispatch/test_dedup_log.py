@@ -32,7 +32,9 @@ def test_held_back_alerts_are_logged_with_the_count_and_reason_once_per_interval
         assert flush(T0 + 10) == [] and flush(T0 + 20) == [] and flush(T0 + 400) == []
     lines = [r.getMessage() for r in caplog.records if "held back" in r.getMessage()]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("not notifying ops of group g1: 1 alert(s) held back as already sent")
+    assert lines[0].startswith(
+        "not notifying ops of group g1: 1 alert(s) held back by the notification log: "
+    )
     assert "notification 1 at 2023-11-14T22:13:20Z" in lines[0]
     assert "repeat_interval 14400s, at 2023-11-15T02:13:20Z" in lines[0]
     assert "2 alert(s) held back" in lines[1]  # the one at +20 and the one at +400

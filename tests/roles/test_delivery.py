@@ -18,18 +18,18 @@ from pydantic import SecretStr
 
 from app.dispatch.messages import OutboxMessage
 from app.kafka.broker import KafkaBroker
-from app.notify import RetryPolicy
+from app.notify import RetryPolicy, WebhookNotifier
 from app.roles import dispatch as dispatch_role
 from app.roles import receiver
 from app.roles.delivery import OutboxSender, Publisher
-from app.runtime.settings import Settings
+from app.runtime.settings import Settings, quiet_libraries
 from app.storage.dispatch_db import DispatchDB
 from app.topics import ALERTS
 from tests.conftest import make_settings
 from tests.dispatch.harness import write_routes
 from tests.dispatch.helpers import SECRET
 from tests.kafka_helpers import committed, produce
-from tests.notify.servers import make_alert
+from tests.notify.servers import ScriptedServer, make_alert
 
 
 def metric(name: str, **labels: str) -> float:
@@ -266,3 +266,41 @@ def test_a_refused_record_holds_back_only_what_follows_it(tmp_path: Path) -> Non
     assert producer.sent == [b"one", b"two", b"four", b"three", b"four"] and not db.to_publish()
     assert not publisher.failing
     db.close()
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_delivery_is_logged_once_without_its_urls_secret(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, library_logging: None, quiet: bool
+) -> None:
+    """A Slack-style webhook URL carries its secret in its path. Each role's logging
+    (``setup_logging``, the worker's ``on_setup_root_logger``) quiets httpx, whose INFO line
+    per request is the whole URL; the delivery's own line names the receiver, the group and
+    the attempt. Without the quieting (``quiet=False``), httpx's line shows the secret."""
+    db = DispatchDB(tmp_path / "d.sqlite3")
+    db.commit([], {}, [OutboxMessage("msg_1", "ops", "g1", time.time(), b"{}", ("a1", "a2"))])
+    if quiet:
+        quiet_libraries("INFO")
+
+    async def main() -> None:
+        async with ScriptedServer() as server:
+            url = f"http://127.0.0.1:{server.port}/services/T0/B0/s3cr3t-token"
+            async with WebhookNotifier(url, SECRET, allow_private=("127.0.0.1",)) as notifier:
+                sender = OutboxSender(db, "ops", notifier, fast_policy(), max_age_s=60)
+                stop = asyncio.Event()
+                task = asyncio.create_task(sender.run(stop))
+                for _ in range(100):
+                    if db.counts() == {"delivered": 1}:
+                        break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.wait_for(task, 3)
+            assert len(server.seen) == 1
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(asyncio.wait_for(main(), 20))
+    db.close()
+    lines = [r.getMessage() for r in caplog.records]
+    (done,) = [line for line in lines if line.startswith("delivered msg_1")]
+    assert done.startswith("delivered msg_1 to ops: group g1, 2 alert(s), attempt 1, ")
+    leaked = [line for line in lines if "s3cr3t-token" in line]
+    assert not leaked if quiet else leaked
