@@ -27,4 +27,7 @@ def test_roles_file_state_port_and_first_user(tmp_path: Path) -> None:
     assert "admin" in load_users(tmp_path / "console-users.json")
     assert any("console-admin-password.txt" in line for line in lines)
     again = prepare(tmp_path, roles)  # a second run keeps the users and says where they are
-    assert any("sign in with a user of" in line for line in again)
+    note, users = tmp_path / "console-admin-password.txt", tmp_path / "console-users.json"
+    assert f"  console     sign in with a user of {users} (admin's first password is in {note})" in again
+    note.unlink()  # the operator removed it
+    assert any(line.endswith("(add one: python -m app users add NAME)") for line in prepare(tmp_path, roles))
