@@ -134,9 +134,13 @@ def child_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def library_logging() -> Iterator[None]:
-    """Restores what ``quiet_libraries`` changes (levels, filters), for the tests after."""
+    """The loggers ``quiet_libraries`` changes as a process starts them (an earlier test in
+    this process may have set up a role's logging); as they were, after."""
     chosen = [logging.getLogger(name) for name in (*CHATTY_LOGGERS, *ONCE_LOGGERS)]
     before = [(lg, lg.level, list(lg.filters)) for lg in chosen]
+    for lg in chosen:
+        lg.setLevel(logging.NOTSET)
+        lg.filters[:] = []
     yield
     for lg, level, filters in before:
         lg.setLevel(level)

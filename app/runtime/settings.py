@@ -387,15 +387,18 @@ class FirstTimeOnly(logging.Filter):
 
 def quiet_libraries(level: int | str) -> None:
     """Raise :data:`CHATTY_LOGGERS` to WARNING, and say the INFO lines of :data:`ONCE_LOGGERS`
-    once, unless the process logs at DEBUG."""
+    once; at DEBUG, let them say everything (as before any call)."""
     numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
-    if isinstance(numeric, int) and numeric <= logging.DEBUG:
-        return
+    debug = isinstance(numeric, int) and numeric <= logging.DEBUG
     for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else logging.WARNING)
     for name in ONCE_LOGGERS:
         chosen = logging.getLogger(name)
-        if not any(isinstance(f, FirstTimeOnly) for f in chosen.filters):
+        once = [f for f in chosen.filters if isinstance(f, FirstTimeOnly)]
+        if debug:
+            for f in once:
+                chosen.removeFilter(f)
+        elif not once:
             chosen.addFilter(FirstTimeOnly())
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from agents.merge import CONFIRM_S
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
-from app.kafka.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker, free_port
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.rules.statekey import group_text
@@ -275,6 +278,21 @@ def burst_while_stopped(
         os.killpg(worker.pid, signal.SIGCONT)
 
 
+def waiting_forwards(ports: list[int]) -> float:
+    """The forwards waiting on the regroup side of the workers whose metrics are on ``ports``
+    (``worker_merge_waiting_records``); a worker that does not answer counts none."""
+    total = 0.0
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            total += sum(s.value for s in family.samples if s.name == "worker_merge_waiting_records")
+    return total
+
+
 def backtested(rules_dir: Path, sent: list[bytes]) -> list[Alert]:
     """The backtest's alerts of the log lines ``sent``, on the test topics' partitions."""
     report = BacktestReport()
@@ -386,6 +404,7 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
     rules_dir.mkdir()
     (rules_dir / "stalled.yaml").write_text(STALLED_RULES)
     env = worker_env(broker, tmp_path, rules_dir)
+    ports = [free_port(), free_port()]
     sent: list[bytes] = []
 
     def send_lines(lines: list[bytes]) -> None:
@@ -394,8 +413,10 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
 
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
     with (
-        role(["agents", "worker", "-l", "info"], env, logs[0]),
-        role(["agents", "worker", "-l", "info"], env, logs[1]) as second,
+        role(["agents", "worker", "-l", "info"], {**env, "APP_METRICS_PORT": str(ports[0])}, logs[0]),
+        role(
+            ["agents", "worker", "-l", "info"], {**env, "APP_METRICS_PORT": str(ports[1])}, logs[1]
+        ) as second,
     ):
         wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
 
@@ -415,12 +436,15 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
             return any(a["rule_id"] == "probe" for a in consume_json(broker.bootstrap, "alerts", timeout_s=1))
 
         wait_for(probed, timeout_s=60, what="the first worker's probe")
-        # past the regroup side's 10 s grace for a partition never told of. The probe's forward
-        # waits out that grace, and at its end a check finds the idle partition idle and trusts
-        # that for 2 s (CONFIRM_S): a burst within them would pass unchecked (docs/rules.md).
-        # The grace counts from the regroup side's first batch, up to ~2 s after the probe's
-        # alert (a seek re-reads it): a gate stopped the worker 0.4 s after such a check
-        time.sleep(17)
+        # The probe's forward waits out the regroup side's 10 s grace for a partition never told
+        # of; as it leaves, a check finds the idle partition idle and is trusted for 2 s
+        # (CONFIRM_S): a burst within them would pass unchecked (docs/rules.md). So the burst
+        # comes 3 s after the forward left. A fixed wait from the probe's alert was not enough:
+        # the grace counts from the regroup side's first batch, which a seek can put seconds
+        # later (a gate stopped the worker 0.4 s after such a check)
+        wait_for(lambda: waiting_forwards(ports) > 0, timeout_s=30, what="the probe's forward waiting")
+        wait_for(lambda: waiting_forwards(ports) == 0, timeout_s=60, what="the probe's forward let go")
+        time.sleep(CONFIRM_S + 1)
         burst = [log_line(host_idle, ts, ip) for ts in ("00:01:10", "00:01:20")]
         burst_while_stopped(second, send_lines, burst, [log_line(host_busy, "00:03:00", ip)])
         alerts = settled_alerts(broker.bootstrap, quiet_s=5, timeout_s=120)

@@ -40,3 +40,9 @@ def test_at_debug_every_line_is_said(caplog: pytest.LogCaptureFixture) -> None:
     lines = said(caplog, "DEBUG")
     assert len(lines) == 7
     assert lines[-1] == "INFO HTTP Request: POST https://hooks.example/T0/B0/s3cr3t"
+
+
+@pytest.mark.usefixtures("library_logging")
+def test_a_process_set_up_again_at_debug_says_every_line(caplog: pytest.LogCaptureFixture) -> None:
+    quiet_libraries("INFO")
+    assert len(said(caplog, "DEBUG")) == 7
