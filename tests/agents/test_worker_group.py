@@ -388,8 +388,9 @@ def owned(log: Path, topic: str) -> set[int] | None:
     return set()
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_its_burst(
-    broker: KafkaBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path, guarantee: str
 ) -> None:
     """Two workers, one source partition each; the second's partition has had no record since
     it started, so it never sent a progress marker, and past the regroup side's grace its
@@ -403,7 +404,7 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "stalled.yaml").write_text(STALLED_RULES)
-    env = worker_env(broker, tmp_path, rules_dir)
+    env = {**worker_env(broker, tmp_path, rules_dir), "APP_PROCESSING_GUARANTEE": guarantee}
     ports = [free_port(), free_port()]
     sent: list[bytes] = []
 
