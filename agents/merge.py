@@ -244,7 +244,8 @@ class Heard(NamedTuple):
     shown: int
     #: when its time last moved on, or it came to be behind (monotonic)
     since: float
-    #: when its last marker came, or a read of its end confirmed it (monotonic)
+    #: when its last marker was written (the record's timestamp, on this clock's monotonic
+    #: axis: see :meth:`RegroupMerge.add`), or a read of its end confirmed it
     heard: float
     #: the source offset it had reached, as its marker said (None: a marker of an earlier release)
     reached: int | None
@@ -316,10 +317,22 @@ class RegroupMerge:
         too many)."""
         return self.merge.forced
 
-    def add(self, records: Iterable[tuple[int, dict[str, Any]]], now: float) -> list[dict[str, Any]]:
+    def add(
+        self, records: Iterable[tuple[int, dict[str, Any]]], now: float,
+        written_ms: Mapping[int, int | None] | None = None, wall_ms: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """A batch of the regroup partition, ``(offset, message)`` in offset order, arrives at
         ``now``: the markers are taken and the forwards wait. Returns the messages that go as
         they came (no merge order).
+
+        ``written_ms``: per offset, the record's Kafka timestamp (when its worker wrote it, on
+        that worker's clock), and ``wall_ms`` this clock's time now. A marker counts as heard
+        when it was written, not when it is read: a regroup partition read again after its
+        owner died holds the dead worker's last markers, and a "caught up" read there as new
+        was trusted for :data:`CONFIRM_S` while the whole backlog behind it left, past a
+        source partition whose worker had died too (its records came later, too late for the
+        rules' lateness: ``bench/chaos_workers.py --seed 3 --only kill``, docs/worker.md). Such
+        a marker is confirmed against the partition's end at once (:meth:`unconfirmed`).
 
         A forward at or before the last source offset of its stream and source partition
         taken in is a copy (a source partition read again from its committed offset, by its
@@ -341,7 +354,10 @@ class RegroupMerge:
                     since = now  # its time moved on, or stands still on purpose
                 else:
                     since = before.since
-                self.progress[source] = Heard(bool(behind), shown, since, now, msg.get("n"))
+                heard = now
+                if written_ms is not None and wall_ms is not None and (at := written_ms.get(offset)):
+                    heard -= max(0.0, (wall_ms - at) / 1000)  # a clock ahead of this one: as if now
+                self.progress[source] = Heard(bool(behind), shown, since, heard, msg.get("n"))
                 continue
             order, sent = msg.get("o"), msg.get("f")
             if order is None or sent is None:

@@ -293,7 +293,10 @@ def _register_source(
                 rt.settings.partitions, now, max_held=rt.settings.regroup_max_waiting
             )
         copies = merge.copies
-        passing = merge.add([(record.offset, orjson.loads(record.value)) for record in records], now)
+        passing = merge.add(
+            [(record.offset, orjson.loads(record.value)) for record in records], now,
+            {record.offset: record.timestamp for record in records}, time.time_ns() // 1_000_000,
+        )  # fmt: skip
         if merge.copies > copies:
             replayed_c.inc(merge.copies - copies)
         await confirm(now)

@@ -466,6 +466,27 @@ def test_a_caught_up_whose_end_has_not_moved_is_confirmed_until_it_goes_stale_ag
     assert [m["f"] for m in old.take(100, now=60.0)] == [[0, 7]]
 
 
+def test_a_caught_up_read_again_after_its_workers_death_is_checked_at_once() -> None:
+    """A regroup partition read again by its new owner holds its dead owner's markers: one of
+    partition 1 says caught up at offset 40, written 20 s ago, and its worker died too. Read as
+    new, it was trusted for 2 s, while the backlog of partition 0's forwards behind it left,
+    and partition 1's records came after them, too late (bench/chaos_workers.py, seed 3). Now
+    a marker counts as heard when it was written: it is checked against the end at once, and
+    partition 1 lags. A marker from a clock ahead of this one counts as written now."""
+    merge = RegroupMerge(2, now=100.0, grace_s=0.0, confirm_s=2.0)
+    wall = 1_000_000
+    batch = [mark(1, 10, False, reached=40), fwd(0, 7, 20), fwd(0, 8, 25), mark(0, 26, False, reached=9)]
+    written = {0: wall - 20_000, 1: wall - 200, 2: wall - 150, 3: wall - 100}
+    merge.add(numbered(batch), now=100.0, written_ms=written, wall_ms=wall)
+    assert merge.unconfirmed(now=100.0) == {1: 40}  # 20 s old; partition 0's is 0.1 s old
+    assert merge.confirm({0: 9, 1: 70}, now=100.0) == {1}
+    assert merge.take(100, now=100.0) == []  # they wait for partition 1's new owner
+    ahead = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)
+    ahead.add([(0, mark(1, 10, False, reached=40)), (1, fwd(0, 7, 20))], now=0.0,
+              written_ms={0: wall + 5_000, 1: wall}, wall_ms=wall)  # fmt: skip
+    assert ahead.unconfirmed(now=1.9) == {} and ahead.unconfirmed(now=2.0) == {1: 40}
+
+
 def test_a_partition_never_told_of_is_checked_against_where_its_worker_starts() -> None:
     """Partition 1's worker has run no round since it started (all its partitions idle), so no
     marker of it ever came, and past the grace it held nothing back. It stopped while a burst
