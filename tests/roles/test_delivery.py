@@ -199,6 +199,18 @@ def test_a_refused_url_disables_the_receiver_and_keeps_its_messages(
     assert outbox(cfg) == {"pending": 1}
 
 
+async def stop_when(
+    db: DispatchDB, counts: dict[str, int], stop: asyncio.Event, task: asyncio.Task[None]
+) -> None:
+    """Wait (at most 5 s) for the outbox to hold ``counts``, then stop the sender's ``task``."""
+    for _ in range(100):
+        if db.counts() == counts:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 3)
+
+
 def test_a_receiver_without_url_waits_then_dead_letters_at_max_age(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -215,12 +227,7 @@ def test_a_receiver_without_url_waits_then_dead_letters_at_max_age(
         assert db.counts() == {"pending": 1}
         clock[0] += 61
         sender.wake.set()
-        for _ in range(50):
-            if db.counts() == {"dead": 1}:
-                break
-            await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.wait_for(task, 3)
+        await stop_when(db, {"dead": 1}, stop, task)
 
     with caplog.at_level(logging.WARNING, logger="app.roles.delivery"):
         asyncio.run(main())
@@ -287,13 +294,7 @@ def test_a_delivery_is_logged_once_without_its_urls_secret(
             async with WebhookNotifier(url, SECRET, allow_private=("127.0.0.1",)) as notifier:
                 sender = OutboxSender(db, "ops", notifier, fast_policy(), max_age_s=60)
                 stop = asyncio.Event()
-                task = asyncio.create_task(sender.run(stop))
-                for _ in range(100):
-                    if db.counts() == {"delivered": 1}:
-                        break
-                    await asyncio.sleep(0.05)
-                stop.set()
-                await asyncio.wait_for(task, 3)
+                await stop_when(db, {"delivered": 1}, stop, asyncio.create_task(sender.run(stop)))
             assert len(server.seen) == 1
 
     with caplog.at_level(logging.INFO):
