@@ -355,7 +355,8 @@ class RegroupMerge:
                 else:
                     since = before.since
                 heard = now
-                if written_ms is not None and wall_ms is not None and (at := written_ms.get(offset)):
+                at = written_ms.get(offset) if written_ms is not None else None
+                if wall_ms is not None and at is not None and at > 0:  # Kafka's -1: none, as if now
                     heard -= max(0.0, (wall_ms - at) / 1000)  # a clock ahead of this one: as if now
                 self.progress[source] = Heard(bool(behind), shown, since, heard, msg.get("n"))
                 continue

@@ -485,6 +485,10 @@ def test_a_caught_up_read_again_after_its_workers_death_is_checked_at_once() -> 
     ahead.add([(0, mark(1, 10, False, reached=40)), (1, fwd(0, 7, 20))], now=0.0,
               written_ms={0: wall + 5_000, 1: wall}, wall_ms=wall)  # fmt: skip
     assert ahead.unconfirmed(now=1.9) == {} and ahead.unconfirmed(now=2.0) == {1: 40}
+    unknown = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)  # Kafka's -1: no timestamp
+    unknown.add([(0, mark(1, 10, False, reached=40)), (1, fwd(0, 7, 20))], now=0.0,
+                written_ms={0: -1, 1: -1}, wall_ms=wall)  # fmt: skip
+    assert unknown.unconfirmed(now=1.9) == {}
 
 
 def test_a_partition_never_told_of_is_checked_against_where_its_worker_starts() -> None:
