@@ -318,15 +318,17 @@ class RegroupMerge:
         return self.merge.forced
 
     def add(
-        self, records: Iterable[tuple[int, dict[str, Any]]], now: float,
-        written_ms: Mapping[int, int | None] | None = None, wall_ms: int | None = None,
-    ) -> list[dict[str, Any]]:  # fmt: skip
-        """A batch of the regroup partition, ``(offset, message)`` in offset order, arrives at
-        ``now``: the markers are taken and the forwards wait. Returns the messages that go as
-        they came (no merge order).
+        self,
+        records: Iterable[tuple[int, dict[str, Any], int | None]],
+        now: float,
+        wall_ms: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """A batch of the regroup partition, ``(offset, message, written_ms)`` in offset order,
+        arrives at ``now``: the markers are taken and the forwards wait. Returns the messages
+        that go as they came (no merge order).
 
-        ``written_ms``: per offset, the record's Kafka timestamp (when its worker wrote it, on
-        that worker's clock), and ``wall_ms`` this clock's time now. A marker counts as heard
+        ``written_ms``: the record's Kafka timestamp (when its worker wrote it, on that
+        worker's clock; None: unknown), and ``wall_ms`` this clock's time now. A marker counts as heard
         when it was written, not when it is read: a regroup partition read again after its
         owner died holds the dead worker's last markers, and a "caught up" read there as new
         was trusted for :data:`CONFIRM_S` while the whole backlog behind it left, past a
@@ -343,7 +345,7 @@ class RegroupMerge:
         (``agents.wiring.first_forwards``)."""
         passing: list[dict[str, Any]] = []
         runs: dict[int, list[Forwarded]] = {}  # per source partition, its forwards since its marker
-        for offset, msg in records:
+        for offset, msg, written in records:
             mark = msg.get("m")
             if mark is not None:
                 source, shown, behind = mark
@@ -355,9 +357,8 @@ class RegroupMerge:
                 else:
                     since = before.since
                 heard = now
-                at = written_ms.get(offset) if written_ms is not None else None
-                if wall_ms is not None and at is not None and at > 0:  # Kafka's -1: none, as if now
-                    heard -= max(0.0, (wall_ms - at) / 1000)  # a clock ahead of this one: as if now
+                if wall_ms is not None and written is not None and written > 0:  # Kafka's -1: none, as if now
+                    heard -= max(0.0, (wall_ms - written) / 1000)  # a clock ahead of this one: as if now
                 self.progress[source] = Heard(bool(behind), shown, since, heard, msg.get("n"))
                 continue
             order, sent = msg.get("o"), msg.get("f")

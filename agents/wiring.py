@@ -294,8 +294,8 @@ def _register_source(
             )
         copies = merge.copies
         passing = merge.add(
-            [(record.offset, orjson.loads(record.value)) for record in records], now,
-            {record.offset: record.timestamp for record in records}, time.time_ns() // 1_000_000,
+            [(record.offset, orjson.loads(record.value), record.timestamp) for record in records], now,
+            time.time_ns() // 1_000_000,
         )  # fmt: skip
         if merge.copies > copies:
             replayed_c.inc(merge.copies - copies)

@@ -244,8 +244,12 @@ def mark(source: int, time: int, behind: bool | int, reached: int | None = None)
     return {"m": [source, time, behind]} | ({} if reached is None else {"n": reached})
 
 
-def numbered(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    return list(enumerate(messages))
+def numbered(
+    messages: list[dict[str, Any]], written_ms: list[int] | None = None, start: int = 0
+) -> list[tuple[int, dict[str, Any], int | None]]:
+    """``messages`` at offsets ``start``, ``start + 1``, ..., each with its record timestamp
+    (``written_ms``; none)."""
+    return [(start + i, m, written_ms[i] if written_ms else None) for i, m in enumerate(messages)]
 
 
 def test_the_regroup_side_merges_two_workers_forwards_by_their_partitions_progress() -> None:
@@ -258,11 +262,11 @@ def test_the_regroup_side_merges_two_workers_forwards_by_their_partitions_progre
     assert merge.take(100, now=0.0) == []
     assert merge.first_offset() == 0  # the commit stops before the first forward still waiting
     later = [fwd(1, 1, 15), fwd(1, 2, 25), mark(1, 26, True)]
-    assert merge.add(list(enumerate(later, start=6)), now=0.1) == []
+    assert merge.add(numbered(later, start=6), now=0.1) == []
     assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 0], [0, 0], [1, 1], [0, 1], [1, 2]]
     assert merge.first_offset() == 2
     # partition 1 is caught up: it holds nothing back any more
-    merge.add([(9, mark(1, 25, False))], now=0.2)
+    merge.add([(9, mark(1, 25, False), None)], now=0.2)
     assert [m["f"] for m in merge.take(100, now=0.2)] == [[0, 2]]
     assert merge.waiting == 0 and merge.first_offset() is None
 
@@ -279,11 +283,11 @@ def test_a_lagging_partition_whose_time_stopped_moving_holds_nothing_back() -> N
     merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=3.0)
     merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10), fwd(0, 1, 20)]), now=0.0)
     assert merge.take(100, now=2.0) == []
-    merge.add([(3, mark(1, 5, True))], now=2.5)  # behind, at the same time
+    merge.add([(3, mark(1, 5, True), None)], now=2.5)  # behind, at the same time
     assert [m["f"] for m in merge.take(100, now=3.5)] == [[0, 0], [0, 1]]
     # one whose time moves on holds back as long as it does
-    merge.add([(4, mark(1, 8, True)), (5, fwd(0, 2, 30))], now=4.0)
-    merge.add([(6, mark(1, 12, True))], now=6.5)
+    merge.add([(4, mark(1, 8, True), None), (5, fwd(0, 2, 30), None)], now=4.0)
+    merge.add([(6, mark(1, 12, True), None)], now=6.5)
     assert merge.take(100, now=8.0) == []
     assert [m["f"] for m in merge.take(100, now=9.6)] == [[0, 2]]
 
@@ -293,7 +297,7 @@ def test_a_forward_waits_at_most_the_hold_and_an_older_workers_goes_as_it_came()
     old = {"s": "ip", "e": {"n": 1}}  # no merge order: an older worker's
     assert merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10), old]), now=0.0) == [old]
     assert merge.take(100, now=1.0) == []
-    merge.add([(3, mark(1, 5, True))], now=29.0)  # partition 1 still lagging, still at 5
+    merge.add([(3, mark(1, 5, True), None)], now=29.0)  # partition 1 still lagging, still at 5
     assert merge.take(100, now=29.0) == []
     assert [m["f"] for m in merge.take(100, now=30.5)] == [[0, 0]]
     assert merge.forced == 1
@@ -305,7 +309,7 @@ def test_a_replayed_partition_does_not_move_its_shown_time_back() -> None:
     merge = RegroupMerge(2, now=0.0, grace_s=0.0)
     merge.add(numbered([mark(0, 50, True), fwd(1, 0, 40), mark(1, 41, True)]), now=0.0)
     assert [m["f"] for m in merge.take(100, now=0.0)] == [[1, 0]]
-    merge.add([(3, mark(0, 20, True)), (4, fwd(1, 1, 45)), (5, mark(1, 46, True))], now=0.1)
+    merge.add([(3, mark(0, 20, True), None), (4, fwd(1, 1, 45), None), (5, mark(1, 46, True), None)], now=0.1)
     assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 1]]
 
 
@@ -319,7 +323,7 @@ def test_a_copy_of_a_forward_taken_in_already_is_dropped_as_it_arrives() -> None
     merge.add(numbered(first), now=0.0)
     assert [m["f"] for m in merge.take(100, now=0.0)] == [[0, 0], [0, 1], [0, 2]]
     again = [fwd(0, 0, 10), fwd(0, 1, 11), fwd(0, 2, 12), fwd(0, 3, 25), mark(0, 26, True)]
-    merge.add(list(enumerate(again, start=7)), now=0.1)
+    merge.add(numbered(again, start=7), now=0.1)
     assert merge.copies == 3
     assert [m["f"] for m in merge.take(100, now=0.1)] == [[1, 0], [1, 1]]
     assert merge.forced == 0 and merge.waiting == 1
@@ -404,9 +408,9 @@ def test_the_least_time_a_lagging_partition_has_shown_bounds_what_leaves() -> No
     merge.add(numbered([mark(0, 30, True), mark(1, 10, True)]), now=0.0)
     assert merge.bound(now=0.0) == -(2**63)  # partition 2 may still be starting: all wait for it
     assert merge.bound(now=6.0) == 10
-    merge.add([(2, mark(1, 40, True))], now=6.1)
+    merge.add([(2, mark(1, 40, True), None)], now=6.1)
     assert merge.bound(now=6.1) == 30
-    merge.add([(3, mark(0, 41, False)), (4, mark(1, 41, False))], now=6.2)
+    merge.add([(3, mark(0, 41, False), None), (4, mark(1, 41, False), None)], now=6.2)
     assert merge.bound(now=6.2) is None  # none lags: nothing waits for time
 
 
@@ -416,7 +420,7 @@ def test_a_paused_partition_stays_lagging_while_its_markers_say_so() -> None:
     merge = RegroupMerge(2, now=0.0, grace_s=0.0, stale_s=3.0)
     merge.add(numbered([mark(1, 5, PAUSED), fwd(0, 0, 10)]), now=0.0)
     for now in (2.0, 4.0, 6.0):
-        merge.add([(int(now), mark(1, 5, PAUSED))], now=now)
+        merge.add([(int(now), mark(1, 5, PAUSED), None)], now=now)
         assert merge.take(100, now=now) == [] and merge.lagging(now) == [1]
     assert [m["f"] for m in merge.take(100, now=9.5)] == [[0, 0]]
 
@@ -429,7 +433,7 @@ def test_a_stale_caught_up_is_checked_against_its_end_before_forwards_go_past_it
     merge = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)
     merge.add(numbered([mark(0, 10, False, reached=7), mark(1, 10, False, reached=40)]), now=0.0)
     assert merge.unconfirmed(now=5.0) == {}  # nothing waits: nothing to check, nothing read
-    merge.add([(2, fwd(0, 7, 20))], now=1.0)
+    merge.add([(2, fwd(0, 7, 20), None)], now=1.0)
     assert merge.unconfirmed(now=1.0) == {}  # heard within 2 s: trusted
     assert merge.unconfirmed(now=2.5) == {0: 7, 1: 40}
     assert merge.unconfirmed(now=2.5, skip={0}) == {1: 40}  # its sole ordered owner's: in order
@@ -441,7 +445,7 @@ def test_a_stale_caught_up_is_checked_against_its_end_before_forwards_go_past_it
     merge.add(numbered([fwd(1, 40, 12), fwd(1, 41, 15), mark(1, 15, False, reached=52)]), now=6.0)
     assert [m["f"] for m in merge.take(100, now=6.0)] == [[1, 40], [1, 41], [0, 7]]
     # a lagging partition that never tells again goes stale as any other
-    merge.add([(9, fwd(0, 8, 30))], now=10.0)
+    merge.add([(9, fwd(0, 8, 30), None)], now=10.0)
     assert merge.confirm({1: 60}, now=10.0) == {1}
     assert merge.take(100, now=10.0 + STALE_S - 0.1) == []
     assert [m["f"] for m in merge.take(100, now=10.0 + STALE_S)] == [[0, 8]]
@@ -457,7 +461,7 @@ def test_a_caught_up_whose_end_has_not_moved_is_confirmed_until_it_goes_stale_ag
     assert merge.confirm({0: 9, 1: 40}, now=3.0) == {0}
     assert merge.unconfirmed(now=4.9, skip={0}) == {}  # 1 confirmed at 3.0
     assert [m["f"] for m in merge.take(100, now=3.0)] == []  # partition 0 itself lags now
-    merge.add([(3, mark(0, 20, False, reached=9))], now=3.1)  # its worker's timer tells it
+    merge.add([(3, mark(0, 20, False, reached=9), None)], now=3.1)  # its worker's timer tells it
     assert [m["f"] for m in merge.take(100, now=3.1)] == [[0, 7]]
     # a marker of an earlier release says no offset: trusted as it is, as before
     old = RegroupMerge(2, now=0.0, grace_s=0.0)
@@ -476,18 +480,15 @@ def test_a_caught_up_read_again_after_its_workers_death_is_checked_at_once() -> 
     merge = RegroupMerge(2, now=100.0, grace_s=0.0, confirm_s=2.0)
     wall = 1_000_000
     batch = [mark(1, 10, False, reached=40), fwd(0, 7, 20), fwd(0, 8, 25), mark(0, 26, False, reached=9)]
-    written = {0: wall - 20_000, 1: wall - 200, 2: wall - 150, 3: wall - 100}
-    merge.add(numbered(batch), now=100.0, written_ms=written, wall_ms=wall)
+    merge.add(numbered(batch, [wall - 20_000, wall - 200, wall - 150, wall - 100]), now=100.0, wall_ms=wall)
     assert merge.unconfirmed(now=100.0) == {1: 40}  # 20 s old; partition 0's is 0.1 s old
     assert merge.confirm({0: 9, 1: 70}, now=100.0) == {1}
     assert merge.take(100, now=100.0) == []  # they wait for partition 1's new owner
     ahead = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)
-    ahead.add([(0, mark(1, 10, False, reached=40)), (1, fwd(0, 7, 20))], now=0.0,
-              written_ms={0: wall + 5_000, 1: wall}, wall_ms=wall)  # fmt: skip
+    ahead.add(numbered([mark(1, 10, False, reached=40), fwd(0, 7, 20)], [wall + 5_000, wall]), 0.0, wall)
     assert ahead.unconfirmed(now=1.9) == {} and ahead.unconfirmed(now=2.0) == {1: 40}
     unknown = RegroupMerge(2, now=0.0, grace_s=0.0, confirm_s=2.0)  # Kafka's -1: no timestamp
-    unknown.add([(0, mark(1, 10, False, reached=40)), (1, fwd(0, 7, 20))], now=0.0,
-                written_ms={0: -1, 1: -1}, wall_ms=wall)  # fmt: skip
+    unknown.add(numbered([mark(1, 10, False, reached=40), fwd(0, 7, 20)], [-1, -1]), 0.0, wall)
     assert unknown.unconfirmed(now=1.9) == {}
 
 
@@ -505,7 +506,7 @@ def test_a_partition_never_told_of_is_checked_against_where_its_worker_starts() 
     assert merge.confirm({1: 40}, now=11.0, starts={1: 40}) == set()
     assert merge.unheard(now=12.9) == [] and merge.unheard(now=13.0) == [1]
     assert [m["f"] for m in merge.take(100, now=11.0)] == [[0, 7]]
-    merge.add([(2, fwd(0, 8, 30))], now=13.0)
+    merge.add([(2, fwd(0, 8, 30), None)], now=13.0)
     # a burst came, its worker stopped: it lags from now with no time shown, every forward waits
     assert merge.confirm({1: 43}, now=13.0, starts={1: 40}) == {1}
     assert merge.lagging(now=13.0) == [1] and merge.take(100, now=13.0) == []
@@ -525,7 +526,7 @@ def test_a_never_told_partition_that_never_tells_goes_stale_and_one_unread_is_tr
     assert merge.take(100, now=STALE_S - 0.1) == []
     assert [m["f"] for m in merge.take(100, now=STALE_S)] == [[0, 7]]
     assert merge.unheard(now=STALE_S) == []  # nothing waits: nothing to check
-    merge.add([(2, fwd(0, 8, 30))], now=STALE_S)
+    merge.add([(2, fwd(0, 8, 30), None)], now=STALE_S)
     assert merge.unheard(now=STALE_S) == [2]
 
 
