@@ -38,7 +38,6 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +46,8 @@ from app.runtime import native  # noqa: E402
 native.activate()  # before any evaluator module loads
 
 import orjson  # noqa: E402
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
+from aiokafka import AIOKafkaProducer  # noqa: E402
+from worker_runs import end_offset, read_all, settle  # noqa: E402
 
 from app.backtest import BacktestReport, backtest, read_events  # noqa: E402
 from app.kafka.admin import ensure_topics  # noqa: E402
@@ -195,22 +195,6 @@ async def fault_loop(
             await asyncio.to_thread(workers.replace, i, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 
 
-async def settled_alerts(bootstrap: str, quiet_s: float, timeout_s: float) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer("alerts", bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    alerts: list[dict[str, Any]] = []
-    try:
-        deadline, since = time.monotonic() + timeout_s, time.monotonic()
-        while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
-            batch = await consumer.getmany(timeout_ms=1000)
-            for records in batch.values():
-                alerts += [orjson.loads(r.value) for r in records]
-                since = time.monotonic()
-    finally:
-        await consumer.stop()
-    return alerts
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=90, help="how long the input and the faults go on")
@@ -244,7 +228,7 @@ def main() -> int:
         said: list[str] = []
         started = time.monotonic()
 
-        async def run() -> list[dict[str, Any]]:
+        async def run() -> None:
             kinds = [] if args.no_faults else args.only or list(KINDS)
             faults = asyncio.create_task(fault_loop(workers, rng, said, started, kinds, args.every))
             await asyncio.sleep(10)
@@ -255,9 +239,10 @@ def main() -> int:
                 pass
             for p in workers.procs:  # a stop cut short by the end: woken
                 os.killpg(p.pid, signal.SIGCONT)
-            return await settled_alerts(broker.bootstrap, quiet_s=25, timeout_s=240)
 
-        got = asyncio.run(run())
+        asyncio.run(run())
+        settle(end_offset(broker.bootstrap, "alerts"), quiet_s=25, timeout_s=240)
+        got = [orjson.loads(v) for v in asyncio.run(read_all(broker.bootstrap, "alerts"))]
         workers.stop_all()
         logs = sorted(home.glob("worker-*.log"))
         crashed = [p.name for p in logs if "Crashed reason" in p.read_text(errors="replace")]

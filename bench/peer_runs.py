@@ -23,11 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from aiokafka import AIOKafkaConsumer
-from worker_runs import ROOT, create_topics, log_tail, worker_process
+from worker_runs import ROOT, create_topics, log_tail, read_all, worker_process
 
 from app.events import parse_ts
-from app.kafka.clients import end_offsets
 from app.topics import ALERTS, LOGS, SENSORS
 
 logger = logging.getLogger(__name__)
@@ -131,35 +129,17 @@ def run_peer(
     return PeerRun(progress["events"], seconds, progress["first"] - began, progress["events"] >= expect)
 
 
-async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record value of ``topic`` from its start to its end as of now."""
-    want = (await end_offsets(bootstrap, [topic]))[topic]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    values: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(values) < want and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
-                values += [r.value for r in records]
-    finally:
-        await consumer.stop()
-    return values
-
-
 def firings(bootstrap: str) -> tuple[Counter[tuple[str, str, int]], Counter[tuple[str, str, int]]]:
     """The firing transitions of the three rules, as (rule, key, time) with their multiplicity:
     the worker's from ``alerts`` (time: ``starts_at``) and the peer's from its output topic."""
     ours: Counter[tuple[str, str, int]] = Counter()
-    for raw in asyncio.run(_read_all(bootstrap, ALERTS)):
+    for raw in asyncio.run(read_all(bootstrap, ALERTS)):
         alert = orjson.loads(raw)
         rule = alert["rule_id"]
         if rule in RULE_KEYS and alert["status"] == "firing":
             ours[(rule, str(alert["labels"].get(RULE_KEYS[rule])), parse_ts(alert["starts_at"]))] += 1
     theirs: Counter[tuple[str, str, int]] = Counter()
-    for raw in asyncio.run(_read_all(bootstrap, OUT_TOPIC)):
+    for raw in asyncio.run(read_all(bootstrap, OUT_TOPIC)):
         fired = orjson.loads(raw)
         theirs[(fired["rule"], str(fired["key"]), int(fired["at"]))] += 1
     return ours, theirs

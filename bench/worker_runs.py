@@ -133,6 +133,24 @@ def end_offset(bootstrap: str, topic: str) -> Callable[[], float]:
     return lambda: float(asyncio.run(end_offsets(bootstrap, [topic]))[topic])
 
 
+async def read_all(bootstrap: str, topic: str) -> list[bytes]:
+    """Every record value of ``topic`` from its start to its end as of now."""
+    want = (await end_offsets(bootstrap, [topic]))[topic]
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(values) < want and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                values += [r.value for r in records]
+    finally:
+        await consumer.stop()
+    return values
+
+
 async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, str]]]) -> None:
     """Create each topic (name: partitions, topic configs) before ``ensure_topics`` would create
     it without configs: the bench's own settings of some of the app's topics."""

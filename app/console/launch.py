@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.console.health import write_roles_file
-from app.console.users import ADMIN_PASSWORD_FILE, ensure_first_user, users_path
+from app.console.users import admin_password_path, ensure_first_user, users_path
 from app.kafka.broker import free_port
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def prepare(data_dir: Path, roles: list[Any]) -> list[str]:
     if note is not None:
         lines.append(f"  console     sign in as admin: the password is in {note} (users: {path})")
     elif any(r.name == "dashboard" for r in roles):
-        first = path.with_name(ADMIN_PASSWORD_FILE)  # a resumed run: the first run's banner is gone
+        first = admin_password_path(path)  # a resumed run: the first run's banner is gone
         where = (
             f"admin's first password is in {first}"
             if first.exists()

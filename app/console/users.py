@@ -136,6 +136,11 @@ def verify(users: Mapping[str, UserRecord], name: str, password: str) -> bool:
     return hmac.compare_digest(_kdf(password, rec.salt, rec.n, rec.r, rec.p), rec.digest)
 
 
+def admin_password_path(path: Path) -> Path:
+    """Where :func:`ensure_first_user` writes admin's first password, beside the users file ``path``."""
+    return path.with_name(ADMIN_PASSWORD_FILE)
+
+
 def ensure_first_user(path: Path) -> Path | None:
     """When ``path`` does not exist: create it with the user ``admin`` and a random password,
     written to ``console-admin-password.txt`` next to it (0600); return that file's path.
@@ -144,7 +149,7 @@ def ensure_first_user(path: Path) -> Path | None:
         return None
     password = secrets.token_urlsafe(12)
     save_user(path, hash_password("admin", password))
-    note = path.with_name(ADMIN_PASSWORD_FILE)
+    note = admin_password_path(path)
     fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(f"user: admin\npassword: {password}\n")

@@ -70,7 +70,8 @@ Probe = Callable[[Target], Awaitable[bool]]
 T = TypeVar("T")
 
 
-def _listening(host_port: str) -> bool:
+def listening(host_port: str) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within 0.5 s."""
     host, _, port = host_port.strip().rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=0.5):
@@ -88,7 +89,7 @@ async def broker_answers(
     Nothing is asked of a cluster none of whose bootstrap addresses accepts a TCP
     connection: the client would log an ERROR for each of them."""
     bootstrap = bootstrap_of(target)
-    if not any(_listening(hp) for hp in bootstrap.split(",") if hp.strip()):
+    if not any(listening(hp) for hp in bootstrap.split(",") if hp.strip()):
         return False
     options = (
         connection(target) if auth is None else {"bootstrap_servers": bootstrap, **auth.client_options()}

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agents.merge import CONFIRM_S
 from app.alerts import Alert
@@ -27,6 +25,7 @@ from app.kafka.broker import KafkaBroker, free_port
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.rules.statekey import group_text
+from bench.worker_runs import metric
 from tests.agents.worker_helpers import PARTITIONS, worker_env
 from tests.kafka_helpers import consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
@@ -281,16 +280,7 @@ def burst_while_stopped(
 def waiting_forwards(ports: list[int]) -> float:
     """The forwards waiting on the regroup side of the workers whose metrics are on ``ports``
     (``worker_merge_waiting_records``); a worker that does not answer counts none."""
-    total = 0.0
-    for port in ports:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-                text = resp.read().decode()
-        except OSError:
-            continue
-        for family in text_string_to_metric_families(text):
-            total += sum(s.value for s in family.samples if s.name == "worker_merge_waiting_records")
-    return total
+    return sum(metric(port, "worker_merge_waiting_records")() for port in ports)
 
 
 def backtested(rules_dir: Path, sent: list[bytes]) -> list[Alert]:

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,6 +22,7 @@ from app.cli.main import main
 from app.errors import ConfigError
 from app.events import format_ts, parse_ts
 from app.kafka.broker import KafkaBroker, free_port
+from app.kafka.wait import listening
 from app.placement import partition_for
 from app.runtime.clockgate import read_spec
 from app.runtime.settings import PROJECT_ROOT, Settings
@@ -292,7 +292,7 @@ class _Mosquitto:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([str(MOSQUITTO), "-c", str(self.conf)], stdout=log, stderr=log)
         deadline = time.monotonic() + 10
-        while not _accepts(self.port):  # its "running" line is information, which it does not log
+        while not listening(f"127.0.0.1:{self.port}"):  # its "running" line is information, not logged
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
             time.sleep(0.05)
         return self.port
@@ -307,14 +307,6 @@ class _Mosquitto:
         said = self.log.read_bytes()
         assert b"Error" not in said, said
         assert b"Saving in-memory database" not in said, said  # it saved at the stop, quietly
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def groups_answer_at_once(bootstrap: str, times: int = 10) -> None:
