@@ -177,6 +177,10 @@ class BatchConsumer(Consumer):
     _clean_revoke: bool = False
     _fetches_in_flight: int = 0
     _no_fetch_in_flight: asyncio.Event | None = None
+    _batches_running: int = 0
+    #: revocations and assignments seen: a fetch that began before the last one is stale
+    _rebalances: int = 0
+    _no_batch_running: asyncio.Event | None = None
     #: why memory holds part of a batch no offset covers (:meth:`_tear`); None: it does not
     _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
@@ -221,23 +225,67 @@ class BatchConsumer(Consumer):
             self._no_fetch_in_flight.set()
         return self._no_fetch_in_flight
 
+    async def _give_back(self, records: Mapping[TP, list[Any]] | None) -> None:
+        """Put each still assigned partition of a fetch that a rebalance overtook back at its
+        first record there, to be fetched again.
+
+        aiokafka counted them as consumed, and the fetch's partitions were chosen before the
+        rebalance: Faust skips the records of a partition not among them, and drops the others
+        once the flow has stopped. A changelog partition's records that the recovery had
+        resumed were so lost, and the recovery waited for them for ever (found in
+        ``tests/agents/test_state_server.py``'s kill -9 case, once the revocation no longer
+        waited for the fetch). Stream partitions go back to their committed offsets after the
+        rebalance all the same."""
+        if not records:
+            return
+        mine = self.assignment()
+        for tp, batch in records.items():
+            if batch and tp in mine:
+                with contextlib.suppress(Exception):  # revoked meanwhile: its next owner reads it
+                    await self._seek(tp, batch[0].offset)
+        logger.info("a fetch that a rebalance overtook: %d record(s) of %d partition(s) given back",
+                    sum(len(b) for b in records.values()), len(records))  # fmt: skip
+
+    def _batch_event(self) -> asyncio.Event:
+        """Set while no fetched batch is being handed to its handlers."""
+        if self._no_batch_running is None:
+            self._no_batch_running = asyncio.Event()
+            self._no_batch_running.set()
+        return self._no_batch_running
+
     async def _wait_next_records(self, timeout: float) -> Any:
         """Fetch; hand batch-agent partitions to their handlers, the rest to Faust's streams.
 
-        The handlers run inside the fetch's in-flight window, so :meth:`perform_seek`
-        waits for a batch under evaluation before it moves the position. A fetch that waits for
-        the flow to resume (Faust stops it as a rebalance begins, before the revocation) is not
-        under way: counted, it held :meth:`on_partitions_revoked` for its whole drain timeout,
-        after which every partition was restored from the changelogs.
+        The fetch and the handlers run inside the in-flight window, so :meth:`perform_seek`
+        waits for a fetch under way before it moves the position. Only the handlers run inside
+        the batch window (:meth:`_batch_event`) that :meth:`on_partitions_revoked` waits for.
+        A fetch under way when a rebalance begins waits, on the consumer thread, for the new
+        assignment (aiokafka's ``fetched_records``), which waits for the revocation: counted,
+        it held the revocation for its whole drain timeout, after which every partition was
+        restored from the changelogs. Its records are given back (:meth:`_give_back`), never
+        handled nor passed on. A fetch that waits for the flow to resume (Faust stops it as a
+        rebalance begins, before the revocation) is not under way either.
         """
         if not self.flow_active:
             await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
         idle = self._idle_event()
         self._fetches_in_flight += 1
         idle.clear()
+        rebalances = self._rebalances
         try:
             records, active = await super()._wait_next_records(timeout)
-            return await self._deliver(records, active), active
+            if rebalances != self._rebalances or not self.flow_active:
+                await self._give_back(records)  # a rebalance began during the fetch
+                return {}, active
+            running = self._batch_event()
+            self._batches_running += 1
+            running.clear()
+            try:
+                return await self._deliver(records, active), active
+            finally:
+                self._batches_running -= 1
+                if not self._batches_running:
+                    running.set()
         finally:
             self._fetches_in_flight -= 1
             if not self._fetches_in_flight:
@@ -626,9 +674,10 @@ class BatchConsumer(Consumer):
         partition's windows, and let the leaving owner write states behind the new
         owner's. When this commit does not happen, :meth:`on_partitions_assigned` restores
         every partition from the changelogs instead."""
+        self._rebalances += 1
         self.stop_flow()  # Faust does so too, after this: no new batch begins meanwhile
         try:
-            await asyncio.wait_for(self._idle_event().wait(), REVOKE_DRAIN_S)
+            await asyncio.wait_for(self._batch_event().wait(), REVOKE_DRAIN_S)
         except TimeoutError:
             logger.warning("a batch still ran %.0f s into the rebalance: every partition will be "
                            "restored from the changelogs", REVOKE_DRAIN_S)  # fmt: skip
@@ -674,6 +723,7 @@ class BatchConsumer(Consumer):
         gets back is restored from the changelog, not resumed from what memory kept of it.
         After a rebalance whose commit did not happen (:meth:`on_partitions_revoked`), the
         partitions kept are restored too, from the changelog's start."""
+        self._rebalances += 1
         numbers = self._batch_numbers(assigned)
         moved = (self._owned ^ numbers) if self._clean_revoke else (self._owned | numbers)
         if not self._clean_revoke and self._transactions() is None:

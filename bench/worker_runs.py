@@ -133,19 +133,25 @@ def end_offset(bootstrap: str, topic: str) -> Callable[[], float]:
     return lambda: float(asyncio.run(end_offsets(bootstrap, [topic]))[topic])
 
 
-async def read_all(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record value of ``topic`` from its start to its end as of now."""
-    want = (await end_offsets(bootstrap, [topic]))[topic]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
-    )
+async def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+    """Every committed record value of ``topic``, from its start to its end as of now. Read
+    committed: under exactly-once an aborted transaction's alerts reached no reader (and its
+    markers take offsets, so the count of values never reaches the end offset)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     await consumer.start()
     values: list[bytes] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(values) < want and time.monotonic() < deadline:
+        await consumer.topics()  # the metadata, for the partitions
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        left = {tp for tp in tps if ends[tp] > 0}
+        while left and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
-                values += [r.value for r in records]
+                values += [r.value for r in records if r.value is not None]
+            left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
     finally:
         await consumer.stop()
     return values

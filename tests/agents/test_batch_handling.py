@@ -36,6 +36,7 @@ def consumer(hooks: list[str]) -> BatchConsumer:
     c._read_offset, c._acked, c._batch_acked = defaultdict(lambda: None), {}, {}
     c._buffered_partitions = set()
     c._committed_offset = defaultdict(lambda: None)
+    c._merges, c._paced, c._pace_logged = {}, {}, {}
     return c
 
 
@@ -215,3 +216,129 @@ def test_offsets_a_rebalance_refused_are_taken_again_by_the_next_commit(
 
     assert asyncio.run(scenario()) == (False, True)
     assert sent == [{SOURCE: 3}, {SOURCE: 3}]
+
+
+class Rebalance:
+    """A fetch under way on the consumer thread that waits for aiokafka's new assignment (as
+    ``fetched_records`` does once a rebalance began), and a revocation whose commit is recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, steps: list[str]) -> None:
+        self.assigned = asyncio.Event()
+        self.steps = steps
+
+        async def faust_fetch(c: Any, timeout: float) -> tuple[dict[TP, list[Any]], set[TP]]:
+            await self.assigned.wait()
+            return {SOURCE: records(3, 4, 5)}, {SOURCE}
+
+        async def faust_revoked(c: Any, revoked: set[TP]) -> None:
+            steps.append("revoked")
+
+        async def commit(c: Any) -> bool:
+            steps.append("committed")
+            return True
+
+        monkeypatch.setattr(transport.Consumer, "_wait_next_records", faust_fetch)
+        monkeypatch.setattr(transport.Consumer, "on_partitions_revoked", faust_revoked)
+
+        async def seek(c: Any, tp: TP, offset: int) -> None:
+            steps.append(f"seek {tp.partition} to {offset}")
+
+        monkeypatch.setattr(BatchConsumer, "_commit_before_revoke", commit)
+        monkeypatch.setattr(BatchConsumer, "_seek", seek)
+        monkeypatch.setattr(BatchConsumer, "assignment", lambda c: {SOURCE})
+
+    @staticmethod
+    def consumer(handlers: dict[str, Any]) -> BatchConsumer:
+        c = consumer([])
+        c.app.batch_handlers = handlers
+        c.can_resume_flow, c.suspend_flow = asyncio.Event(), asyncio.Event()
+        c.can_resume_flow.set()
+        return c
+
+
+def test_a_revocation_does_not_wait_for_a_fetch_that_waits_for_the_new_assignment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fetch waited for the assignment, the assignment for the revocation, and the
+    revocation for the fetch: it gave up after its drain timeout, and every partition of every
+    surviving worker was restored from the changelogs at each rebalance. The revocation now
+    commits at once; the fetch's records, back after the rebalance began, are neither handled
+    nor passed on to Faust, and their partition goes back to the first of them: aiokafka took
+    them as consumed, and a changelog's records dropped so were never restored."""
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+
+    async def handler(tp: TP, batch: list[Any]) -> None:
+        steps.append(f"handled {[r.offset for r in batch]}")
+
+    async def scenario() -> tuple[BatchConsumer, Any]:
+        c = rebalance.consumer({SOURCE.topic: handler})
+        fetch = asyncio.ensure_future(c._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        await asyncio.wait_for(c.on_partitions_revoked({SOURCE}), 1.0)  # far less than REVOKE_DRAIN_S
+        assert not fetch.done()
+        rebalance.assigned.set()
+        return c, await fetch
+
+    c, (rest, _) = asyncio.run(scenario())
+    assert steps == ["committed", "revoked", "seek 1 to 3"]
+    assert c._clean_revoke
+    assert rest == {}
+    assert c._batch_acked == {}
+
+
+def test_a_revocation_waits_for_the_batch_its_handler_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch the handler has begun counts in the states: the revocation's commit comes after
+    it, so the states, the outputs and the offsets it commits cover the same records."""
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+    sent = asyncio.Event()
+
+    async def handler(tp: TP, batch: list[Any]) -> None:
+        steps.append("counted")
+        await sent.wait()
+        steps.append("sent")
+
+    async def scenario() -> BatchConsumer:
+        c = rebalance.consumer({SOURCE.topic: handler})
+        rebalance.assigned.set()
+        fetch = asyncio.ensure_future(c._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        revoke = asyncio.ensure_future(c.on_partitions_revoked({SOURCE}))
+        await asyncio.sleep(0.01)
+        assert steps == ["counted"]  # the revocation waits
+        sent.set()
+        await asyncio.wait_for(revoke, 1.0)
+        await fetch
+        return c
+
+    c = asyncio.run(scenario())
+    assert steps == ["counted", "sent", "committed", "revoked"]
+    assert c._clean_revoke
+
+
+def test_a_fetch_a_rebalance_overtook_gives_its_records_back_even_once_the_flow_resumed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fetch came back after the recovery had resumed the flow, with records of a changelog
+    partition the recovery waits for: Faust would skip them (that partition was not among the
+    fetch's, chosen before the rebalance) after aiokafka took them as consumed, and the recovery
+    waited for them for ever. They go back to be fetched again."""
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+
+    async def handler(tp: TP, batch: list[Any]) -> None:
+        steps.append("handled")
+
+    async def scenario() -> Any:
+        c = rebalance.consumer({SOURCE.topic: handler})
+        fetch = asyncio.ensure_future(c._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        await c.on_partitions_revoked({SOURCE})
+        c.resume_flow()  # the recovery, before the fetch is back
+        rebalance.assigned.set()
+        return await fetch
+
+    rest, _ = asyncio.run(scenario())
+    assert rest == {}
+    assert steps == ["committed", "revoked", "seek 1 to 3"]
