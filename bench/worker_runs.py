@@ -23,7 +23,7 @@ from typing import NamedTuple
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.kafka.clients import end_offsets
+from app.kafka.clients import end_offsets, partitions_of, read_to_end
 
 logger = logging.getLogger(__name__)
 
@@ -133,28 +133,20 @@ def end_offset(bootstrap: str, topic: str) -> Callable[[], float]:
     return lambda: float(asyncio.run(end_offsets(bootstrap, [topic]))[topic])
 
 
-async def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+async def read_all(bootstrap: str, topic: str) -> list[bytes]:
     """Every committed record value of ``topic``, from its start to its end as of now. Read
     committed: under exactly-once an aborted transaction's alerts reached no reader (and its
     markers take offsets, so the count of values never reaches the end offset)."""
+    tps = await partitions_of(bootstrap, [topic])
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     await consumer.start()
-    values: list[bytes] = []
     try:
-        await consumer.topics()  # the metadata, for the partitions
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        left = {tp for tp in tps if ends[tp] > 0}
-        while left and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
-                values += [r.value for r in records if r.value is not None]
-            left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+        ends = await consumer.end_offsets(tps)  # the last stable offsets: see read_to_end
+        return [r.value async for r in read_to_end(consumer, ends) if r.value is not None]
     finally:
         await consumer.stop()
-    return values
 
 
 async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, str]]]) -> None:
