@@ -238,7 +238,10 @@ class BatchConsumer(Consumer):
         rebalance all the same."""
         if not records:
             return
-        mine = self.assignment()
+        try:
+            mine = self.assignment()
+        except Exception:  # no consumer any more (the worker stops): nothing to give back to
+            return
         for tp, batch in records.items():
             if batch and tp in mine:
                 with contextlib.suppress(Exception):  # revoked meanwhile: its next owner reads it

@@ -342,3 +342,29 @@ def test_a_fetch_a_rebalance_overtook_gives_its_records_back_even_once_the_flow_
     rest, _ = asyncio.run(scenario())
     assert rest == {}
     assert steps == ["committed", "revoked", "seek 1 to 3"]
+
+
+def test_a_fetch_back_after_the_consumer_is_gone_gives_nothing_back_and_raises_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop stops the flow and then the consumer: a fetch back after that has nowhere to give
+    its records back to, and must not fail the fetch loop's last turn."""
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+
+    def gone(c: Any) -> set[TP]:
+        raise RuntimeError("the consumer is stopped")
+
+    monkeypatch.setattr(BatchConsumer, "assignment", gone)
+
+    async def scenario() -> Any:
+        c = rebalance.consumer({SOURCE.topic: lambda tp, batch: None})
+        fetch = asyncio.ensure_future(c._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        c.stop_flow()  # the stop
+        rebalance.assigned.set()
+        return await fetch
+
+    rest, _ = asyncio.run(scenario())
+    assert rest == {}
+    assert steps == []
