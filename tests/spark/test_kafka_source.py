@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from app.kafka.broker import KafkaBroker, free_port
@@ -24,10 +25,10 @@ from tests.conftest import child_env
 from tests.procs import role
 from tests.spark.conftest import (
     FORMATS,
-    await_query,
     collect_batches,
     produce_to,
     produce_txn,
+    run_restarting_once,
     transaction,
 )
 from tests.spark.helpers import RULES
@@ -77,15 +78,20 @@ def read(spark: SparkSession, fmt: str, opts: dict[str, str]) -> list[Any]:
 
 
 def run_stream(spark: SparkSession, fmt: str, opts: dict[str, str], checkpoint: Path) -> dict[int, list[Any]]:
+    """Run an ``availableNow`` query to its end: the rows of each batch id (a re-run batch
+    replaces itself, so a restart after a worker that missed its start changes nothing)."""
     batches: dict[int, list[Any]] = {}
-    q = (
-        read_kafka(spark, opts, streaming=True, fmt=fmt)
-        .writeStream.foreachBatch(collect_batches(batches))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    await_query(q)
+
+    def start() -> StreamingQuery:
+        return (
+            read_kafka(spark, opts, streaming=True, fmt=fmt)
+            .writeStream.foreachBatch(collect_batches(batches))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    run_restarting_once(start)
     return batches
 
 
