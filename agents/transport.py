@@ -63,8 +63,8 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from functools import partial
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from functools import cached_property, partial
 from typing import Any, cast
 
 import aiokafka
@@ -169,18 +169,39 @@ FINISH_BATCH_S = 10.0
 PACE_LOG_S = 10.0
 
 
+class InFlight:
+    """How many of one kind of work are under way, and a wait for none to be."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        """One more under way for the ``with`` block."""
+        self.count += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if not self.count:
+                self._idle.set()
+
+    async def none(self) -> None:
+        """Return once none is under way (at once when none is)."""
+        await self._idle.wait()
+
+
 class BatchConsumer(Consumer):
     _held: frozenset[TP] = frozenset()
     #: the partition numbers of the batch-agent topics assigned at the last rebalance
     _owned: frozenset[int] | set[int] = frozenset()
     #: whether the last revocation committed everything processed (memory = changelog = offsets)
     _clean_revoke: bool = False
-    _fetches_in_flight: int = 0
-    _no_fetch_in_flight: asyncio.Event | None = None
-    _batches_running: int = 0
     #: revocations and assignments seen: a fetch that began before the last one is stale
     _rebalances: int = 0
-    _no_batch_running: asyncio.Event | None = None
     #: why memory holds part of a batch no offset covers (:meth:`_tear`); None: it does not
     _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
@@ -219,11 +240,17 @@ class BatchConsumer(Consumer):
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return WorkerConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    def _idle_event(self) -> asyncio.Event:
-        if self._no_fetch_in_flight is None:
-            self._no_fetch_in_flight = asyncio.Event()
-            self._no_fetch_in_flight.set()
-        return self._no_fetch_in_flight
+    @cached_property
+    def _fetches(self) -> InFlight:
+        """The fetches under way, each with the handlers of its batch (:meth:`perform_seek`
+        waits for none)."""
+        return InFlight()
+
+    @cached_property
+    def _batches(self) -> InFlight:
+        """The fetched batches being handed to their handlers (:meth:`on_partitions_revoked`
+        waits for none)."""
+        return InFlight()
 
     async def _give_back(self, records: Mapping[TP, list[Any]] | None) -> None:
         """Put each still assigned partition of a fetch that a rebalance overtook back at its
@@ -242,26 +269,22 @@ class BatchConsumer(Consumer):
             mine = self.assignment()
         except Exception:  # no consumer any more (the worker stops): nothing to give back to
             return
+        given = partitions = 0
         for tp, batch in records.items():
             if batch and tp in mine:
                 with contextlib.suppress(Exception):  # revoked meanwhile: its next owner reads it
                     await self._seek(tp, batch[0].offset)
-        logger.info("a fetch that a rebalance overtook: %d record(s) of %d partition(s) given back",
-                    sum(len(b) for b in records.values()), len(records))  # fmt: skip
-
-    def _batch_event(self) -> asyncio.Event:
-        """Set while no fetched batch is being handed to its handlers."""
-        if self._no_batch_running is None:
-            self._no_batch_running = asyncio.Event()
-            self._no_batch_running.set()
-        return self._no_batch_running
+                    given, partitions = given + len(batch), partitions + 1
+        if partitions:
+            logger.info("a fetch that a rebalance overtook: %d record(s) of %d partition(s) given back",
+                        given, partitions)  # fmt: skip
 
     async def _wait_next_records(self, timeout: float) -> Any:
         """Fetch; hand batch-agent partitions to their handlers, the rest to Faust's streams.
 
         The fetch and the handlers run inside the in-flight window, so :meth:`perform_seek`
         waits for a fetch under way before it moves the position. Only the handlers run inside
-        the batch window (:meth:`_batch_event`) that :meth:`on_partitions_revoked` waits for.
+        the batch window (:attr:`_batches`) that :meth:`on_partitions_revoked` waits for.
         A fetch under way when a rebalance begins waits, on the consumer thread, for the new
         assignment (aiokafka's ``fetched_records``), which waits for the revocation: counted,
         it held the revocation for its whole drain timeout, after which every partition was
@@ -271,28 +294,14 @@ class BatchConsumer(Consumer):
         """
         if not self.flow_active:
             await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
-        idle = self._idle_event()
-        self._fetches_in_flight += 1
-        idle.clear()
         rebalances = self._rebalances
-        try:
+        with self._fetches.one():
             records, active = await super()._wait_next_records(timeout)
             if rebalances != self._rebalances or not self.flow_active:
                 await self._give_back(records)  # a rebalance began during the fetch
                 return {}, active
-            running = self._batch_event()
-            self._batches_running += 1
-            running.clear()
-            try:
+            with self._batches.one():
                 return await self._deliver(records, active), active
-            finally:
-                self._batches_running -= 1
-                if not self._batches_running:
-                    running.set()
-        finally:
-            self._fetches_in_flight -= 1
-            if not self._fetches_in_flight:
-                idle.set()
 
     async def _deliver_batches(
         self, records: Mapping[TP, list[Any]], active: set[TP] | None, handlers: Mapping[str, BatchHandler]
@@ -680,7 +689,7 @@ class BatchConsumer(Consumer):
         self._rebalances += 1
         self.stop_flow()  # Faust does so too, after this: no new batch begins meanwhile
         try:
-            await asyncio.wait_for(self._batch_event().wait(), REVOKE_DRAIN_S)
+            await asyncio.wait_for(self._batches.none(), REVOKE_DRAIN_S)
         except TimeoutError:
             logger.warning("a batch still ran %.0f s into the rebalance: every partition will be "
                            "restored from the changelogs", REVOKE_DRAIN_S)  # fmt: skip
@@ -922,7 +931,7 @@ class BatchConsumer(Consumer):
         streams = frozenset(tp for tp in self.assignment() if not self._is_changelog_tp(tp))
         self.pause_partitions(streams)
         self._held = self._held | streams
-        await self._idle_event().wait()
+        await self._fetches.none()
         self._drop_waiting()  # the seek goes back to the committed offsets, before them
         await super().perform_seek()
 

@@ -368,3 +368,38 @@ def test_a_fetch_back_after_the_consumer_is_gone_gives_nothing_back_and_raises_n
     rest, _ = asyncio.run(scenario())
     assert rest == {}
     assert steps == []
+
+
+def test_a_fetch_a_rebalance_overtook_says_only_what_it_gave_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its line counts the records put back, of the partitions still assigned: one that left
+    with the rebalance is read by its next owner from the committed offset, and is not claimed."""
+    other = TP(SOURCE.topic, 2)
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+
+    async def fetched(c: Any, timeout: float) -> tuple[dict[TP, list[Any]], set[TP]]:
+        await rebalance.assigned.wait()
+        return {SOURCE: records(3, 4, 5), other: records(7, 8)}, {SOURCE, other}
+
+    monkeypatch.setattr(transport.Consumer, "_wait_next_records", fetched)
+
+    async def overtaken(mine: set[TP]) -> Any:
+        monkeypatch.setattr(BatchConsumer, "assignment", lambda c: mine)
+        rebalance.assigned.clear()
+        c = rebalance.consumer({SOURCE.topic: lambda tp, batch: None})
+        fetch = asyncio.ensure_future(c._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        await c.on_partitions_revoked({SOURCE, other})
+        rebalance.assigned.set()
+        return await fetch
+
+    async def both() -> list[Any]:
+        return [(await overtaken({SOURCE}))[0], (await overtaken(set()))[0]]
+
+    with caplog.at_level("INFO", logger=transport.__name__):
+        assert asyncio.run(both()) == [{}, {}]
+    said = [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
+    assert said == ["a fetch that a rebalance overtook: 3 record(s) of 1 partition(s) given back"]
+    assert [s for s in steps if s.startswith("seek")] == ["seek 1 to 3"]
