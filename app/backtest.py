@@ -282,24 +282,12 @@ async def read_topics(bootstrap: Target, topics: list[str]) -> list[tuple[int, s
     Read to the end (:func:`~app.kafka.clients.read_to_end`): a fetch that brought nothing
     for a second once ended the read there, and the backtest ran on a part of the topic as if
     it were all of it."""
-    from aiokafka import AIOKafkaConsumer
-
-    from app.kafka.clients import assign_kept, connection, read_to_end, stop_consumer
+    from app.kafka.clients import topic_records
 
     out: list[tuple[int, str, int, int, bytes]] = []
-    # committed records only, to the consumer's own end offsets: the last stable ones
-    consumer = AIOKafkaConsumer(
-        **connection(bootstrap), enable_auto_commit=False, isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )  # fmt: skip
-    await consumer.start()
-    try:
-        ends = await assign_kept(consumer, bootstrap, topics, {})  # every partition from its start
-        async for r in read_to_end(consumer, ends):
-            if r.value is not None:
-                out.append((r.timestamp, r.topic, r.partition, r.offset, r.value))
-    finally:
-        await stop_consumer(consumer)
+    async for r in topic_records(bootstrap, topics):  # committed records only
+        if r.value is not None:
+            out.append((r.timestamp, r.topic, r.partition, r.offset, r.value))
     out.sort(key=lambda r: r[:4])  # (topic, partition, offset) is unique: a total order
     return out
 

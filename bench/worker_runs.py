@@ -23,7 +23,7 @@ from typing import NamedTuple
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.kafka.clients import end_offsets, partitions_of, read_to_end
+from app.kafka.clients import end_offsets, topic_records
 
 logger = logging.getLogger(__name__)
 
@@ -137,16 +137,7 @@ async def read_all(bootstrap: str, topic: str) -> list[bytes]:
     """Every committed record value of ``topic``, from its start to its end as of now. Read
     committed: under exactly-once an aborted transaction's alerts reached no reader (and its
     markers take offsets, so the count of values never reaches the end offset)."""
-    tps = await partitions_of(bootstrap, [topic])
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)  # the last stable offsets: see read_to_end
-        return [r.value async for r in read_to_end(consumer, ends) if r.value is not None]
-    finally:
-        await consumer.stop()
+    return [r.value async for r in topic_records(bootstrap, [topic]) if r.value is not None]
 
 
 async def create_topics(bootstrap: str, topics: dict[str, tuple[int, dict[str, str]]]) -> None:

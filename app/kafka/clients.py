@@ -324,3 +324,24 @@ async def read_to_end(
             where = ", ".join(f"{tp.topic}:{tp.partition} at {seen[tp]} of {end}" for tp, end in left.items())
             msg = f"no record came for {stall_s:g} s before the end of {where}"
             raise BrokerError(msg)
+
+
+async def topic_records(
+    bootstrap: Target, topics: list[str], *, isolation_level: str = "read_committed", stall_s: float = STALL_S
+) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topics`` from its start to its end as of now, per partition in offset
+    order (:func:`read_to_end`, through a consumer of its own that no group knows). Read
+    committed by default: an aborted transaction's records reach no reader, and the end is
+    the last stable offset; ``read_uncommitted`` reads to the high watermark, aborted records
+    too."""
+    consumer = AIOKafkaConsumer(
+        **connection(bootstrap), enable_auto_commit=False, isolation_level=isolation_level,
+        auto_offset_reset="earliest",
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        ends = await assign_kept(consumer, bootstrap, topics, {})  # every partition from its start
+        async for r in read_to_end(consumer, ends, stall_s=stall_s):
+            yield r
+    finally:
+        await stop_consumer(consumer)

@@ -28,6 +28,7 @@ from agents.transport import committed_ends
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
+from app.kafka.clients import topic_records
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
@@ -92,16 +93,6 @@ def replay_and_backtest(tmp_path: Path) -> tuple[list[tuple[bytes, bytes]], Path
     return records, rules, expected
 
 
-async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[TopicPartition, int]:
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-    await consumer.start()
-    try:
-        return dict(await consumer.end_offsets(tps))
-    finally:
-        await consumer.stop()
-
-
 async def _freeze_in_transaction(bootstrap: str, topic: str, pid: int, timeout_s: float) -> bool:
     """Stop (SIGSTOP) the worker's process group at a moment some partition of ``topic`` has an
     open transaction holding records: its last stable offset (what read_committed sees) below its
@@ -138,27 +129,11 @@ async def _freeze_in_transaction(bootstrap: str, topic: str, pid: int, timeout_s
         await everything.stop()
 
 
-def read_all(bootstrap: str, topic: str, isolation_level: str, timeout_s: float = 30.0) -> list[Any]:
+def read_all(bootstrap: str, topic: str, isolation_level: str) -> list[Any]:
     """Every record of ``topic`` that a reader with ``isolation_level`` gets, to the end of each partition."""
 
     async def run() -> list[Any]:
-        ends = await _ends(bootstrap, topic, isolation_level)
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-        await consumer.start()
-        out: list[Any] = []
-        try:
-            consumer.assign(list(ends))
-            await consumer.seek_to_beginning(*ends)
-            deadline = time.monotonic() + timeout_s
-            left = {tp for tp, end in ends.items() if end > 0}
-            while left:
-                assert time.monotonic() < deadline, f"{topic} not read to its end within {timeout_s:.0f} s"
-                for records in (await consumer.getmany(timeout_ms=200, max_records=5000)).values():
-                    out.extend(records)
-                left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
-        finally:
-            await consumer.stop()
-        return out
+        return [r async for r in topic_records(bootstrap, [topic], isolation_level=isolation_level)]
 
     return asyncio.run(run())
 

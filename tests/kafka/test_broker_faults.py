@@ -20,14 +20,13 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.admin import ensure_topics
 from app.kafka.broker import KafkaBroker, free_port
-from app.kafka.clients import high_watermarks
+from app.kafka.clients import high_watermarks, topic_records
 from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
 from app.runtime.supervisor import Role, Supervisor
@@ -74,25 +73,9 @@ async def _unprocessed(bootstrap: str, topic: str) -> int:
     return sum(end - max(done.get(tp, 0), 0) for tp, end in marks.items())
 
 
-async def _read_to_end(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-    """Every record of ``topic`` up to its high watermark now, per partition in offset order."""
-    marks = {tp: end for tp, end in (await high_watermarks(bootstrap, [topic])).items() if end}
-    out: list[dict[str, Any]] = []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(list(marks))
-        await consumer.seek_to_beginning(*marks)
-        deadline = time.monotonic() + timeout_s
-        while marks and time.monotonic() < deadline:
-            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
-                out.extend(orjson.loads(r.value) for r in records if r.offset < marks.get(tp, 0))
-                if records and records[-1].offset + 1 >= marks.get(tp, 0):
-                    marks.pop(tp, None)
-    finally:
-        await consumer.stop()
-    assert not marks, f"{topic} not read to its end within {timeout_s:.0f}s: {marks}"
-    return out
+async def _read_to_end(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every record of ``topic`` up to its end now, per partition in offset order."""
+    return [orjson.loads(r.value) async for r in topic_records(bootstrap, [topic]) if r.value is not None]
 
 
 def first_seen(items: list[tuple[str, str]]) -> dict[str, list[str]]:
