@@ -105,12 +105,14 @@ from app.topics import DLQ, SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
 
 logger = logging.getLogger(__name__)
 
-# Group membership timings: a failed worker's partitions move after SESSION_TIMEOUT_S;
-# a rebalance waits up to REBALANCE_TIMEOUT_S for every member to rejoin (Faust's
-# default is 60 s; a member's rejoin here takes well under a second).
+# Group membership timings: a failed worker's partitions move after its session timeout
+# (APP_WORKER_SESSION_TIMEOUT, 10 s by default); a rebalance waits up to REBALANCE_TIMEOUT_S
+# for every member to rejoin (Faust's default is 60 s; a member's rejoin here takes well under
+# a second).
 REBALANCE_TIMEOUT_S = 10.0
-SESSION_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
+#: Faust's own default of ``broker_request_timeout``, which it wants above the session timeout
+REQUEST_TIMEOUT_S = 90.0
 #: wall time after which an event held for its time on an otherwise quiet partition starts a
 #: new period there (docs/event-time.md: the end of a gap, when no later event will confirm it)
 QUIET_RELEASE_MS = 3000
@@ -641,8 +643,10 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         producer_max_batch_size=1024 * 1024,  # a commit writes the changed state in one go
         broker_commit_interval=1.0,
         broker_rebalance_timeout=REBALANCE_TIMEOUT_S,
-        broker_session_timeout=SESSION_TIMEOUT_S,
+        broker_session_timeout=settings.worker_session_ms / 1000,
+        broker_request_timeout=max(REQUEST_TIMEOUT_S, settings.worker_session_ms / 1000 + 30),
         broker_heartbeat_interval=HEARTBEAT_S,
+        consumer_group_instance_id=settings.worker_instance_id or None,  # static membership, when set
     )
     stores: dict[str, TableStore] = {}
     for source in SOURCE_TOPICS:

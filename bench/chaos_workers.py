@@ -6,7 +6,8 @@ A producer sends time-ordered access-log lines at a steady rate while a seeded s
 faults hits a random worker every few seconds:
 
 - ``kill``: SIGKILL, and a new worker starts at once (the group gives the dead one's
-  partitions over after its session timeout, 10 s);
+  partitions over after its session timeout, 10 s; with ``--static`` the new one takes the
+  dead one's member id, and its place, at once);
 - ``stop``: SIGSTOP for 2 to 6 s (within the session timeout: no rebalance), then SIGCONT;
 - ``restart``: SIGTERM (a clean stop, its offsets committed), and a new worker.
 
@@ -114,18 +115,24 @@ def lines(n: int, rate: float, seed: int) -> list[bytes]:
 class Workers:
     """The worker processes, each logging to a file of its own."""
 
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env, self.logs, self.count = env, logs, 0
+    def __init__(self, env: dict[str, str], logs: Path, static: bool = False) -> None:
+        self.env, self.logs, self.count, self.static = env, logs, 0, static
         self.procs: list[subprocess.Popen[bytes]] = []
+        #: each process's slot; with ``static`` a slot's worker has the same member id in
+        #: the group across its replacements (``APP_WORKER_INSTANCE_ID``)
+        self.slots: list[int] = []
 
-    def start(self) -> None:
+    def start(self, slot: int | None = None) -> None:
         self.count += 1
+        slot = len(self.procs) if slot is None else slot
+        env = {**self.env, "APP_WORKER_INSTANCE_ID": f"chaos-{slot}"} if self.static else self.env
         with (self.logs / f"worker-{self.count}.log").open("wb") as out:
             cmd = [sys.executable, "-m", "agents", "worker", "-l", "info"]
             proc = subprocess.Popen(
-                cmd, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.procs.append(proc)
+        self.slots.append(slot)
 
     def signal(self, i: int, sig: int) -> None:
         os.killpg(self.procs[i].pid, sig)
@@ -138,10 +145,10 @@ class Workers:
             self.signal(i, signal.SIGKILL)
             self.procs[i].wait(5)
         del self.procs[i]
-        self.start()
+        self.start(self.slots.pop(i))
 
     def stop_all(self) -> None:
-        procs, self.procs = self.procs, []
+        procs, self.procs, self.slots = self.procs, [], []
         for p in procs:
             try:
                 os.killpg(p.pid, signal.SIGCONT)
@@ -207,6 +214,8 @@ def main() -> int:
                     help="seconds between two faults, drawn between MIN and MAX (default 6 14)")  # fmt: skip
     ap.add_argument("--exactly-once", action="store_true",
                     help="workers run exactly_once: an id sent twice fails the run")  # fmt: skip
+    ap.add_argument("--static", action="store_true",
+                    help="static membership: a slot keeps its member id across replacements")  # fmt: skip
     ap.add_argument("--keep", default=f"{tempfile.gettempdir()}/chaos-workers", help="where logs are kept")
     args = ap.parse_args()
     guarantee = "exactly_once" if args.exactly_once else "at_least_once"
@@ -226,7 +235,7 @@ def main() -> int:
         env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "APP_DATA_DIR": str(home / "data"),
                "APP_PARTITIONS": str(PARTITIONS), "APP_RULES_DIR": str(rules),
                "APP_PROCESSING_GUARANTEE": guarantee}  # fmt: skip
-        workers = Workers(env, home)
+        workers = Workers(env, home, static=args.static)
         stack.callback(workers.stop_all)
         for _ in range(WORKERS):
             workers.start()
@@ -262,7 +271,8 @@ def main() -> int:
     twice = len(got) - len(ids)  # at least once, a killed worker's last round may be sent again
     print(orjson.dumps({
         "seed": args.seed, "lines": len(records), "faults": said, "expected": len(expected), "got": len(ids),
-        "guarantee": guarantee, "records": len(got), "sent_again": twice, "crashed": crashed,
+        "guarantee": guarantee, "static": args.static, "records": len(got), "sent_again": twice,
+        "crashed": crashed,
         "missing": dict(Counter(expected[i] for i in missing)), "extra": dict(Counter(ids[i] for i in extra)),
         "logs": str(kept),
     }).decode())  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,6 +29,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WEBHOOK_SECRET = "whsec_ZGVtby1zZWNyZXQtY2hhbmdlLW1lLWluLXByb2R1Y3Rpb24="  # noqa: S105 - public demo value
 DEMO_COMMAND_SECRET = "demo-command-secret-change-me-in-production"  # noqa: S105 - public demo value
 
+#: a value of APP_WORKER_INSTANCE_ID (Kafka's own limit on a group member's name is wider;
+#: this keeps it to what a log line, a file name and a pod name all take)
+INSTANCE_ID = re.compile(r"[A-Za-z0-9._-]{1,249}")
 #: the values of APP_PROCESSING_GUARANTEE
 PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 
@@ -77,6 +81,23 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "commits each second's alerts, DLQ and routed records, rule state and input offsets in one "
         "Kafka transaction per input partition (readers of `alerts` read committed records only); it "
         "needs the idempotent producer. See docs/exactly-once.md for the cost and the default.",
+    ),
+    "APP_WORKER_INSTANCE_ID": (
+        "",
+        "This rule worker's static member id in its Kafka consumer group (letters, digits, `.`, "
+        "`_`, `-`; at most 249), unique per worker and kept across its restarts (a StatefulSet's "
+        "pod name). Set, a restarted worker takes its predecessor's partitions at once and the "
+        "other workers go on: no rebalance; a stopped one keeps its partitions for the session "
+        "timeout (APP_WORKER_SESSION_TIMEOUT). Unset: dynamic membership. `make run` sets it. "
+        "See docs/worker.md.",
+    ),
+    "APP_WORKER_SESSION_TIMEOUT": (
+        "10s",
+        "How long the rule worker's consumer group waits for a silent worker before it gives its "
+        "partitions to the others (a duration, 6s to 30m: the broker's default bounds). With "
+        "APP_WORKER_INSTANCE_ID, make it longer than a worker's restart takes (a pod's, with its "
+        "image pull), so that the restart costs no rebalance; a dead worker that no one restarts "
+        "then leaves its partitions unread that long.",
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
     "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml` or `*.yml`, in any case)."),
@@ -207,6 +228,24 @@ def _duration_ms(env: Mapping[str, str], name: str) -> int:
         raise ConfigError(msg) from None
 
 
+#: the broker's default bounds of a group member's session (group.min/max.session.timeout.ms)
+SESSION_BOUNDS_MS = (6_000, 1_800_000)
+
+
+def _session_ms(env: Mapping[str, str]) -> int:
+    name, (low, high) = "APP_WORKER_SESSION_TIMEOUT", SESSION_BOUNDS_MS
+    raw = _get(env, name).strip()
+    try:
+        ms = parse_duration(raw)
+    except ValueError as exc:
+        msg = f"{name}={raw!r}: {exc}"
+        raise ConfigError(msg) from None
+    if not low <= ms <= high:
+        msg = f"{name}={raw!r}: expected 6s to 30m (the broker's bounds of a member's session)"
+        raise ConfigError(msg)
+    return ms
+
+
 def _path(env: Mapping[str, str], name: str) -> Path:
     p = Path(_get(env, name))
     return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
@@ -226,6 +265,10 @@ class Settings(BaseModel):
     idempotence: str
     regroup_max_waiting: int = 50_000
     processing_guarantee: str
+    #: APP_WORKER_INSTANCE_ID; "" is dynamic membership
+    worker_instance_id: str = ""
+    #: APP_WORKER_SESSION_TIMEOUT in milliseconds
+    worker_session_ms: int = 10_000
     data_dir: Path
     rules_dir: Path
     routes_file: Path
@@ -300,6 +343,13 @@ class Settings(BaseModel):
                 "a regroup partition holds a round's forwards before its markers"
             )
             raise ConfigError(msg)
+        instance = _get(env, "APP_WORKER_INSTANCE_ID").strip()
+        if instance and not INSTANCE_ID.fullmatch(instance):
+            msg = (
+                f"APP_WORKER_INSTANCE_ID={instance!r}: expected letters, digits, '.', '_' or '-', "
+                "at most 249 characters"
+            )
+            raise ConfigError(msg)
         return cls(
             bootstrap_servers=_get(env, "KAFKA_BOOTSTRAP_SERVERS").strip(),
             partitions=_int(env, "APP_PARTITIONS", minimum=1),
@@ -309,6 +359,8 @@ class Settings(BaseModel):
             regroup_max_waiting=waiting,
             idempotence=idem,
             processing_guarantee=guarantee,
+            worker_instance_id=instance,
+            worker_session_ms=_session_ms(env),
             data_dir=_path(env, "APP_DATA_DIR"),
             rules_dir=_path(env, "APP_RULES_DIR"),
             routes_file=_path(env, "APP_ROUTES_FILE"),

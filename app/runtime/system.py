@@ -38,10 +38,13 @@ import asyncio
 import base64
 import contextlib
 import getpass
+import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -267,7 +270,14 @@ def build_roles(
             stage=1,
         )
     )
-    roles.append(Role("worker", _py("agents", "worker", "--loglevel", settings.log_level.lower()), stage=2))
+    roles.append(
+        Role(
+            "worker",
+            _py("agents", "worker", "--loglevel", settings.log_level.lower()),
+            env={"APP_WORKER_INSTANCE_ID": worker_member_id(settings)},
+            stage=2,
+        )
+    )
     # the Spark engine runs the rules marked engine: spark|both; with none it idles without a JVM
     roles.append(_spark_role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds")))
     # every event topic to Parquet (APP_ARCHIVE_PATH, default $APP_DATA_DIR/archive): jobs/archive.py
@@ -325,6 +335,19 @@ def build_roles(
         metrics = {"APP_METRICS_PORT": str(free_port())} if role.metrics else {}
         role.env = {**base_env, **kafka_env, **role.env, **metrics}
     return roles
+
+
+def worker_member_id(settings: Settings) -> str:
+    """The rule worker's static member id in its consumer group under ``make run``: the
+    operator's ``APP_WORKER_INSTANCE_ID``, or one made of this host and the data directory,
+    the same at every start of the same system and distinct between two systems on one
+    cluster. The supervisor's restart of a crashed worker then takes its partitions back at
+    once, instead of waiting for the dead one's session to end (docs/worker.md)."""
+    if settings.worker_instance_id:
+        return settings.worker_instance_id
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:200] or "host"
+    place = hashlib.sha256(str(settings.data_dir.resolve()).encode()).hexdigest()[:12]
+    return f"{host}-{place}-worker"
 
 
 def _spark_role(name: str, argv: list[str]) -> Role:
