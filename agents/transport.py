@@ -77,9 +77,11 @@ from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
 from faust.types import TP, ConsumerT, TransportT
 
+from agents.membership import members_of, twin, twin_message
 from agents.merge import TimeMerge
 from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
+from app.errors import ConfigError
 from app.kafka.auth import KafkaAuth
 from app.kafka.clients import Endpoint, Target, TrackingProducer, connection, stop_consumer
 from app.runtime.settings import quiet_libraries
@@ -202,6 +204,8 @@ class BatchConsumer(Consumer):
     _clean_revoke: bool = False
     #: revocations and assignments seen: a fetch that began before the last one is stale
     _rebalances: int = 0
+    #: this worker's member id in the group at its last assignment ("": none yet)
+    _joined_as: str = ""
     #: why memory holds part of a batch no offset covers (:meth:`_tear`); None: it does not
     _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
@@ -688,6 +692,10 @@ class BatchConsumer(Consumer):
         every partition from the changelogs instead."""
         self._rebalances += 1
         self.stop_flow()  # Faust does so too, after this: no new batch begins meanwhile
+        if await self._place_taken():
+            # never return: aiokafka would join again as soon as this does, and take the place
+            # back from the newer worker, which would stop in turn; the stop ends the consumer
+            await asyncio.Event().wait()
         try:
             await asyncio.wait_for(self._batches.none(), REVOKE_DRAIN_S)
         except TimeoutError:
@@ -699,6 +707,41 @@ class BatchConsumer(Consumer):
             self._batch_acked.pop(tp, None)
         self._drop_waiting()  # the next owner, or this worker after the seek, reads them again
         await super().on_partitions_revoked(revoked)
+
+    def _member_id(self) -> str:
+        """This worker's member id in the group now ("" before a join, and after the broker
+        said it was no longer a member)."""
+        try:
+            return str(self._thread._ensure_consumer()._coordinator.member_id)  # noqa: SLF001
+        except Exception:  # no consumer or no coordinator yet
+            return ""
+
+    async def _place_taken(self, timeout_s: float = 5.0) -> bool:
+        """Whether another worker with this one's ``APP_WORKER_INSTANCE_ID`` took its place in
+        the group (:mod:`agents.membership`); if so, the worker crashes, saying why. Asked only
+        of a static member that lost its member id since its last assignment: a rebalance
+        that others began keeps it."""
+        if not self._joined_as or self._member_id() == self._joined_as:
+            return False
+        instance = self.app.conf.consumer_group_instance_id
+        if not instance:
+            return False
+        group = self.app.conf.id
+        try:
+            if self._offsets_admin is None:
+                self._offsets_admin = await self._start_offsets_admin(timeout_s)
+            asked = self._offsets_admin.describe_consumer_groups([group])
+            described = await asyncio.wait_for(asked, timeout_s)
+        except Exception as exc:  # the broker away or slow: join again, as aiokafka would
+            logger.warning("the group's members not read (%r): joining again as %s", exc, instance)
+            return False
+        other = twin(instance, self._joined_as, members_of(described, group))
+        if other is None:  # the session ran out (a long pause): the place is free again
+            return False
+        msg = twin_message(instance, other)
+        logger.error(msg)
+        await self.app.crash(ConfigError(msg))
+        return True
 
     async def _commit_before_revoke(self) -> bool:
         """Write the changed states and commit the offsets of the handled batches; whether
@@ -736,6 +779,7 @@ class BatchConsumer(Consumer):
         After a rebalance whose commit did not happen (:meth:`on_partitions_revoked`), the
         partitions kept are restored too, from the changelog's start."""
         self._rebalances += 1
+        self._joined_as = self._member_id()
         numbers = self._batch_numbers(assigned)
         moved = (self._owned ^ numbers) if self._clean_revoke else (self._owned | numbers)
         if not self._clean_revoke and self._transactions() is None:

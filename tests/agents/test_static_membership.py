@@ -8,6 +8,7 @@ import asyncio
 import io
 import os
 import signal
+import time
 from pathlib import Path
 
 import orjson
@@ -119,3 +120,35 @@ def test_a_killed_worker_started_again_with_its_id_takes_its_place_and_the_other
                 got, want = alerts(broker.bootstrap), {a.alert_id: a.rule_id for a in expected}
                 differ = sorted((want.get(i) or got[i], i in want) for i in got.keys() ^ want.keys())
                 assert not differ, f"(rule, in the backtest) of the ids that differ: {differ}"
+
+
+def test_a_worker_whose_id_another_took_stops_saying_why_and_one_whose_session_ran_out_joins_again(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two live workers with one id took the place from each other about once a second, with no
+    error anywhere: now the one replaced stops, naming the setting, and the newer goes on. A
+    worker the group dropped because its session ran out (stopped 10 s; a 6 s session) finds
+    its place free, and joins again."""
+    env = role_env(broker, tmp_path, APP_WORKER_INSTANCE_ID="one-id", APP_WORKER_SESSION_TIMEOUT="6s")
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+
+    def said(log: Path, text: str) -> int:
+        return log.read_text(errors="replace").count(text)
+
+    with role(["agents", "worker", "-l", "info"], env, first) as older:
+        wait_for(lambda: said(first, "Worker ready"), 120, what="the first worker ready")
+        os.killpg(older.pid, signal.SIGSTOP)
+        try:
+            time.sleep(10)
+        finally:
+            os.killpg(older.pid, signal.SIGCONT)
+        wait_for(lambda: said(first, "Joined group") >= 2, 60, what="the first worker joined again")
+        assert said(first, "took this worker's place") == 0 and older.poll() is None
+        with role(["agents", "worker", "-l", "info"], env, second) as newer:
+            wait_for(lambda: said(second, "Worker ready"), 120, what="the second worker ready")
+            assert older.wait(60) != 0
+            log = first.read_text(errors="replace")
+            assert "APP_WORKER_INSTANCE_ID='one-id': another worker joined the group with this id" in log
+            time.sleep(3)  # a worker that joined again would take the place back within a second
+            assert newer.poll() is None
+            assert said(second, "not recognized") == 0, second.read_text(errors="replace")[-3000:]
