@@ -48,11 +48,15 @@ MAX_HELD = 50_000
 GRACE_S = 10.0
 #: the regroup side: a source partition whose time has not moved on for this long holds
 #: nothing back (its worker hangs, or its fetch does: a working one that is behind sends a
-#: later time each round). Longer than the group's session timeout (10 s): a worker killed in
-#: a catch-up has its partitions taken over, and the waiting forwards read again, before
+#: later time each round). Longer than the group's session timeout (10 s by default): a worker
+#: killed in a catch-up has its partitions taken over, and the waiting forwards read again,
+#: before anything leaves out of order. A longer session lengthens it (:func:`regroup_waits`)
 STALE_S = 15.0
-#: the regroup side: the longest a forward waits, whatever the progress says
+#: the regroup side: the longest a forward waits, whatever the progress says (also lengthened
+#: by a longer session)
 REGROUP_HOLD_S = 30.0
+#: the worker group's default session (``APP_WORKER_SESSION_TIMEOUT``), which the two above exceed
+DEFAULT_SESSION_S = 10.0
 #: the regroup side: how long a source partition's "caught up" is trusted once heard. Past it, with
 #: forwards to let go, the partition's end is read from the broker and compared with the offset
 #: its marker said it had reached (:meth:`RegroupMerge.unconfirmed`). A working worker tells a
@@ -249,6 +253,19 @@ class Heard(NamedTuple):
     heard: float
     #: the source offset it had reached, as its marker said (None: a marker of an earlier release)
     reached: int | None
+
+
+def regroup_waits(session_s: float) -> dict[str, float]:
+    """The regroup side's ``stale_s`` and ``hold_s`` for a worker group whose session is
+    ``session_s``: each as much longer than its default as the session is longer than 10 s.
+
+    A dead worker's partitions wait for its session to end (or, a static member, for its
+    replacement): the forwards of the other partitions wait for them that long too, instead of
+    leaving after 15 s, ahead of events that would then come late. The price, only with a longer
+    session: while a worker is away, regrouped rules wait for it (backpressure bounds the
+    memory, :class:`Pacer`)."""
+    longer = max(0.0, session_s - DEFAULT_SESSION_S)
+    return {"stale_s": STALE_S + longer, "hold_s": REGROUP_HOLD_S + longer}
 
 
 class RegroupMerge:

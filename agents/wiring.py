@@ -70,7 +70,7 @@ import orjson
 from faust.types import TP
 from prometheus_client import Counter
 
-from agents.merge import PAUSED, Pacer, RegroupMerge
+from agents.merge import PAUSED, Pacer, RegroupMerge, regroup_waits
 from agents.metrics import (
     BATCH_SECONDS,
     CONSUME_LAG,
@@ -292,8 +292,9 @@ def _register_source(
         merge = waiting.get(partition)
         if merge is None:
             merge = waiting[partition] = RegroupMerge(
-                rt.settings.partitions, now, max_held=rt.settings.regroup_max_waiting
-            )
+                rt.settings.partitions, now, max_held=rt.settings.regroup_max_waiting,
+                **regroup_waits(rt.settings.worker_session_ms / 1000),
+            )  # fmt: skip
         copies = merge.copies
         passing = merge.add(
             [(record.offset, orjson.loads(record.value), record.timestamp) for record in records], now,

@@ -97,7 +97,7 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "partitions to the others (a duration, 6s to 30m: the broker's default bounds). With "
         "APP_WORKER_INSTANCE_ID, make it longer than a worker's restart takes (a pod's, with its "
         "image pull), so that the restart costs no rebalance; a dead worker that no one restarts "
-        "then leaves its partitions unread that long.",
+        "then leaves its partitions unread that long, and regrouped rules wait for it as long.",
     ),
     "APP_DATA_DIR": (".data", "Where durable local state lives: alert store, Faust data, checkpoints."),
     "APP_RULES_DIR": ("rules", "Directory of rule files (`*.yaml` or `*.yml`, in any case)."),

@@ -15,7 +15,16 @@ from faust.types import TP
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from agents import transport
-from agents.merge import PACER_ROUNDS, PAUSED, STALE_S, Pacer, RegroupMerge, TimeMerge
+from agents.merge import (
+    PACER_ROUNDS,
+    PAUSED,
+    REGROUP_HOLD_S,
+    STALE_S,
+    Pacer,
+    RegroupMerge,
+    TimeMerge,
+    regroup_waits,
+)
 from agents.transport import BatchConsumer
 from agents.wiring import Told, first_forwards, first_records, forward, progress_markers
 from app.errors import ConfigError
@@ -681,3 +690,19 @@ def test_the_least_time_a_partition_may_still_bring() -> None:
     assert merge.floor(P0) == 30  # its first waiting record's
     merge.take(5, lagging=(), now=0.0)
     assert merge.floor(P0) == 30  # none waits: the newest fetched
+
+
+def test_a_longer_session_makes_the_forwards_wait_as_much_longer_for_a_partition_whose_time_stood() -> None:
+    """A dead worker's partition is taken over (or its static replacement joins) only when its
+    session ends: with a 60 s session the forwards still wait for it after 15 s, and leave,
+    out of its way, 50 s later than by default. A session of 10 s or shorter changes nothing."""
+    assert regroup_waits(10.0) == regroup_waits(6.0) == {"stale_s": STALE_S, "hold_s": REGROUP_HOLD_S}
+    assert regroup_waits(60.0) == {"stale_s": STALE_S + 50, "hold_s": REGROUP_HOLD_S + 50}
+
+    def first_left(session_s: float) -> float:
+        merge = RegroupMerge(2, now=0.0, grace_s=0.0, **regroup_waits(session_s))
+        merge.add(numbered([mark(1, 5, True), fwd(0, 0, 10)]), now=0.0)  # 1 behind, then silent
+        return next(t for t in range(200) if merge.take(100, now=float(t)))
+
+    assert first_left(10.0) == STALE_S
+    assert first_left(60.0) == STALE_S + 50
