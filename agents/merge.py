@@ -34,7 +34,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 #: how long a fetched record waits for a lagging partition, in seconds; checked as each fetch
 #: returns, and Faust's fetch loop returns at least once a second, so a wait ends within 2 s
@@ -255,7 +255,12 @@ class Heard(NamedTuple):
     reached: int | None
 
 
-def regroup_waits(session_s: float) -> dict[str, float]:
+class RegroupWaits(TypedDict):
+    stale_s: float
+    hold_s: float
+
+
+def regroup_waits(session_s: float) -> RegroupWaits:
     """The regroup side's ``stale_s`` and ``hold_s`` for a worker group whose session is
     ``session_s``: each as much longer than its default as the session is longer than 10 s.
 
@@ -265,7 +270,7 @@ def regroup_waits(session_s: float) -> dict[str, float]:
     session: while a worker is away, regrouped rules wait for it (backpressure bounds the
     memory, :class:`Pacer`)."""
     longer = max(0.0, session_s - DEFAULT_SESSION_S)
-    return {"stale_s": STALE_S + longer, "hold_s": REGROUP_HOLD_S + longer}
+    return RegroupWaits(stale_s=STALE_S + longer, hold_s=REGROUP_HOLD_S + longer)
 
 
 class RegroupMerge:
