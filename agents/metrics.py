@@ -94,3 +94,13 @@ BATCH_SECONDS = Histogram(
     "worker_batch_seconds", "Time to decode and evaluate one batch of events with every rule", ["source"],
     buckets=(1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.5),
 )  # fmt: skip
+REBALANCES = Counter(
+    "worker_rebalances_total",
+    "Rebalances of the worker group that revoked this worker's partitions, after its first join "
+    "(a static member's restart causes none: docs/worker.md)",
+)
+REBALANCE_SECONDS = Histogram(
+    "worker_rebalance_seconds",
+    "From a revocation of this worker's partitions to their new assignment: a time it evaluates nothing",
+    buckets=(0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0),
+)

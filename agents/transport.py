@@ -79,7 +79,7 @@ from faust.types import TP, ConsumerT, TransportT
 
 from agents.membership import members_of, twin, twin_message
 from agents.merge import TimeMerge
-from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING
+from agents.metrics import MERGE_FORCED, MERGE_PAUSED, MERGE_WAITING, REBALANCE_SECONDS, REBALANCES
 from agents.transactions import COMMIT_SECONDS, TRANSACTION_TIMEOUT_MS, PartitionTransactions
 from app.errors import ConfigError
 from app.kafka.auth import KafkaAuth
@@ -206,6 +206,8 @@ class BatchConsumer(Consumer):
     _rebalances: int = 0
     #: this worker's member id in the group at its last assignment ("": none yet)
     _joined_as: str = ""
+    #: when the revocation of a rebalance after the first join began (monotonic), until the assignment
+    _revoked_at: float | None = None
     #: why memory holds part of a batch no offset covers (:meth:`_tear`); None: it does not
     _torn: str | None = None
     #: per batch-agent partition: the offset after the last batch its handler finished
@@ -692,6 +694,9 @@ class BatchConsumer(Consumer):
         every partition from the changelogs instead."""
         self._rebalances += 1
         self.stop_flow()  # Faust does so too, after this: no new batch begins meanwhile
+        if self._joined_as and self._revoked_at is None:  # not the first join's empty revocation
+            REBALANCES.inc()
+            self._revoked_at = time.monotonic()
         if await self._place_taken():
             # never return: aiokafka would join again as soon as this does, and take the place
             # back from the newer worker, which would stop in turn; the stop ends the consumer
@@ -780,6 +785,9 @@ class BatchConsumer(Consumer):
         partitions kept are restored too, from the changelog's start."""
         self._rebalances += 1
         self._joined_as = self._member_id()
+        if self._revoked_at is not None:
+            REBALANCE_SECONDS.observe(time.monotonic() - self._revoked_at)
+            self._revoked_at = None
         numbers = self._batch_numbers(assigned)
         moved = (self._owned ^ numbers) if self._clean_revoke else (self._owned | numbers)
         if not self._clean_revoke and self._transactions() is None:

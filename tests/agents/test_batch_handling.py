@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from faust.types import TP
+from prometheus_client import REGISTRY
 
 from agents import transport
 from agents.transport import BatchConsumer
@@ -403,3 +404,42 @@ def test_a_fetch_a_rebalance_overtook_says_only_what_it_gave_back(
     said = [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
     assert said == ["a fetch that a rebalance overtook: 3 record(s) of 1 partition(s) given back"]
     assert [s for s in steps if s.startswith("seek")] == ["seek 1 to 3"]
+
+
+def test_a_rebalance_after_the_first_join_is_counted_with_the_time_the_worker_evaluated_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``worker_rebalances_total`` and ``worker_rebalance_seconds``: the first join's empty
+    revocation is not a rebalance; a later revocation is, until the assignment that ends it."""
+    steps: list[str] = []
+    rebalance = Rebalance(monkeypatch, steps)
+    monkeypatch.setattr(BatchConsumer, "_member_id", lambda c: "worker-1-member")
+
+    async def faust_assigned(c: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        steps.append("assigned")
+
+    monkeypatch.setattr(transport.Consumer, "on_partitions_assigned", faust_assigned)
+
+    def seen() -> tuple[float, float, float]:
+        return (
+            REGISTRY.get_sample_value("worker_rebalances_total") or 0.0,
+            REGISTRY.get_sample_value("worker_rebalance_seconds_count") or 0.0,
+            REGISTRY.get_sample_value("worker_rebalance_seconds_sum") or 0.0,
+        )
+
+    async def scenario() -> list[tuple[float, float, float]]:
+        c = rebalance.consumer({SOURCE.topic: lambda tp, batch: None})
+        counts = [seen()]
+        await c.on_partitions_revoked(set())  # the first join
+        await c.on_partitions_assigned({SOURCE})
+        counts.append(seen())
+        await c.on_partitions_revoked({SOURCE})
+        await asyncio.sleep(0.2)  # the group waits for its members
+        await c.on_partitions_assigned({SOURCE})
+        counts.append(seen())
+        return counts
+
+    start, joined, after = asyncio.run(scenario())
+    assert joined == start
+    assert (after[0] - start[0], after[1] - start[1]) == (1.0, 1.0)
+    assert after[2] - start[2] >= 0.2
