@@ -20,7 +20,8 @@ alerts are read committed, and an id twice fails the run too.
 
     .venv/bin/python bench/chaos_workers.py [--seconds 90] [--rate 150] [--seed 1]
 
-Prints each fault as it happens, then one JSON line. Exit 0 when the sets are equal, 1 when
+Prints each fault as it happens, then one JSON line, with what the group's rebalances cost
+(from the worker logs: :func:`rebalances`). Exit 0 when the sets are equal, 1 when
 not. Bounded: every worker is stopped (then killed) at the end, and the broker with them.
 """
 
@@ -31,15 +32,19 @@ import asyncio
 import io
 import os
 import random
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,6 +168,43 @@ class Workers:
                 p.wait(5)
 
 
+#: the timestamp of a Faust log line: ``[2026-12-01 16:05:05,899] [pid] [INFO] ...``
+LOG_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def rebalances(logs: list[Path]) -> dict[str, Any]:
+    """What the group's rebalances cost, from the workers' logs: each rebalance after a worker's
+    first join, from ``Revoking previously assigned`` to ``Setting newly assigned partitions``
+    (the worker evaluates nothing in between), and each worker's first Faust line (its start)
+    to its first assignment."""
+    paused: list[float] = []
+    joining: list[float] = []
+    for log in logs:
+        first = revoked = None
+        joined = False
+        for line in log.read_text(errors="replace").splitlines():
+            m = LOG_TIME.match(line)
+            if m is None:
+                continue
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC).timestamp()
+            first = at if first is None else first
+            if "Revoking previously assigned" in line:
+                revoked = at
+            elif "Setting newly assigned" in line and revoked is not None:
+                if joined:
+                    paused.append(at - revoked)
+                else:
+                    joining.append(at - first)
+                joined, revoked = True, None
+    return {
+        "rebalances": len(paused),
+        "rebalance_s_median": round(statistics.median(paused), 2) if paused else None,
+        "rebalance_s_total": round(sum(paused), 1),
+        "start_to_assigned_s_median": round(statistics.median(joining), 2) if joining else None,
+        "start_to_assigned_s_max": round(max(joining), 2) if joining else None,
+    }
+
+
 async def produce(bootstrap: str, records: list[bytes], rate: float, faults: asyncio.Task[None]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
@@ -272,7 +314,7 @@ def main() -> int:
     print(orjson.dumps({
         "seed": args.seed, "lines": len(records), "faults": said, "expected": len(expected), "got": len(ids),
         "guarantee": guarantee, "static": args.static, "records": len(got), "sent_again": twice,
-        "crashed": crashed,
+        "crashed": crashed, **rebalances(sorted(kept.glob("worker-*.log"))),
         "missing": dict(Counter(expected[i] for i in missing)), "extra": dict(Counter(ids[i] for i in extra)),
         "logs": str(kept),
     }).decode())  # fmt: skip
