@@ -24,7 +24,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from agents.topics import regroup_topic
-from agents.transport import committed_ends
 from app.alerts import Alert
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
@@ -34,7 +33,7 @@ from app.rules.loader import load_rules
 from app.runtime.settings import PROJECT_ROOT
 from app.topics import ALERTS, SENSORS
 from bench.worker_runs import committed_offsets as group_offsets
-from tests.agents.worker_helpers import WORKER_GROUP, committed_offsets, nab_lines, role_env
+from tests.agents.worker_helpers import WORKER_GROUP, committed_offsets, consumed, nab_lines, role_env
 from tests.procs import role, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -184,14 +183,6 @@ def forwards(records: list[Any]) -> list[Any]:
 
 async def committed_total(bootstrap: str, topic: str) -> int:
     return sum(n for tp, n in (await group_offsets(bootstrap, WORKER_GROUP)).items() if tp.topic == topic)
-
-
-def consumed(bootstrap: str, topics: list[str]) -> bool:
-    """The worker group committed offsets past every committed record of ``topics``."""
-    done = committed_offsets(bootstrap)
-    tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-    ends = asyncio.run(committed_ends(bootstrap, tps))
-    return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
 
 def test_a_kill_9_mid_replay_leaves_every_alert_committed_once(broker: KafkaBroker, tmp_path: Path) -> None:

@@ -13,17 +13,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka.structs import TopicPartition
 
 from agents.topics import regroup_topic
-from agents.transport import committed_ends
 from app.backtest import BacktestReport, backtest, read_events
 from app.kafka.broker import KafkaBroker
 from app.kafka.clients import topic_records
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.topics import ALERTS, SENSORS
-from tests.agents.worker_helpers import committed_offsets, nab_lines, role_env
+from tests.agents.worker_helpers import consumed, nab_lines, role_env
 from tests.kafka_helpers import produce
 from tests.procs import role, wait_for
 
@@ -49,17 +47,11 @@ RULES = """rules:
     having: n >= 6
 """
 ASSIGNED = "Setting newly assigned partitions"
+#: the topics the group reads the input from: the source and its regroup topic
+INPUTS = [SENSORS, regroup_topic("sensors")]
 #: the worker's session: longer than its restart takes on a loaded host, as the setting's
 #: documentation asks of a static member (the default 10 s would do on a quiet one)
 SESSION = "40s"
-
-
-def consumed(bootstrap: str) -> bool:
-    """The group committed offsets past every record of the source and regroup topics."""
-    done = committed_offsets(bootstrap)
-    tps = [TopicPartition(t, p) for t in (SENSORS, regroup_topic("sensors")) for p in range(PARTITIONS)]
-    ends = asyncio.run(committed_ends(bootstrap, tps))
-    return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
 
 def alerts(bootstrap: str) -> dict[str, str]:
@@ -105,14 +97,14 @@ def test_a_killed_worker_started_again_with_its_id_takes_its_place_and_the_other
             wait_for(lambda: ready(other), 120, what="worker 1 ready")
             wait_for(lambda: assignments(first) >= 2, 60, what="worker 0 given its share")
             produce(broker.bootstrap, SENSORS, records[:half])
-            wait_for(lambda: consumed(broker.bootstrap), 120, interval_s=0.5, what="the first half consumed")
+            wait_for(lambda: consumed(broker.bootstrap, INPUTS), 120, interval_s=0.5, what="half consumed")
             before = assignments(other)
             os.killpg(w0.pid, signal.SIGKILL)
             w0.wait(10)
             with role(["agents", "worker", "-l", "info"], env(0), again):
                 wait_for(lambda: ready(again), 120, what="worker 0 again ready")
                 produce(broker.bootstrap, SENSORS, records[half:])
-                wait_for(lambda: consumed(broker.bootstrap), 120, interval_s=0.5, what="the rest consumed")
+                wait_for(lambda: consumed(broker.bootstrap, INPUTS), 120, interval_s=0.5, what="all consumed")
                 log = again.read_text(errors="replace")
                 assert assignments(again) == 1 and "Traceback" not in log, log[-3000:]
                 # its place: the partitions worker 0 had, with no rebalance the other one took part in

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiokafka.structs import TopicPartition
 
+from agents.transport import committed_ends
 from app.kafka.broker import KafkaBroker
 from bench.worker_runs import committed_offsets as group_offsets
 from ingest.adapters.nab import nab_events
@@ -44,6 +45,15 @@ def nab_lines(n: int | None = None, device: str = "machine-temp-1") -> list[byte
 def committed_offsets(bootstrap: str, group: str = WORKER_GROUP) -> dict[TopicPartition, int]:
     """The offsets ``group`` has committed (transactional commits once their transaction commits)."""
     return asyncio.run(group_offsets(bootstrap, group))
+
+
+def consumed(bootstrap: str, topics: list[str], partitions: int = 2) -> bool:
+    """The worker group committed offsets past every committed record of ``topics`` (the
+    fixture's 2 partitions each)."""
+    done = committed_offsets(bootstrap)
+    tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+    ends = asyncio.run(committed_ends(bootstrap, tps))
+    return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
 
 #: the worker's rule-state table's changelog topic (of the sensors source)
