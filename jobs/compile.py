@@ -38,18 +38,21 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from app.errors import ExpressionError, RuleConfigError, RuleProblem
+from app.events import SCHEMAS
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.spark_sql import SparkExpr, keyed_problems, spark_problems, to_spark_sql
 from app.rules.statekey import SEPARATOR, StateKey
 from app.topics import SOURCE_TOPICS
 from jobs.decode import source_struct
-from jobs.streams import StreamSpec, evaluator_streams
+from jobs.streams import StreamSpec, evaluator_streams, split_keys
 
 logger = logging.getLogger(__name__)
 
 DLQ_KEY = "\x00dlq"  # no rule id starts with NUL
 KEY_SEPARATOR = SEPARATOR
 TASK_TYPE = "struct<idx:int,key:string,holds:boolean,conds:array<boolean>>"
+#: the ``idx`` of a tick: an event of a split stream partition for another part than its own
+TICK_IDX = -3
 
 
 @dataclass(frozen=True)
@@ -258,8 +261,35 @@ def _stream_task(spec: StreamSpec, position: int) -> Column:
     )
 
 
-def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
-    """Step 2 and 3: one row per (valid event, rule of its source) and per DLQ record.
+def _split_stream_tasks(spec: StreamSpec, position: int, partitions: int, split: int) -> Column:
+    """The tasks of the ``position``-th stream of a source whose partitions are split in
+    ``split`` parts (``jobs.streams.StreamRouter``): the decoder's stream key, the event's own
+    part, with its conditions; each other part of the partition, a tick (``idx``
+    :data:`TICK_IDX`, ``holds`` FALSE, and in :func:`tasks` the event's key for its fields: the
+    event's time and key only, ``jobs.streams.StreamRunner.run_key``)."""
+    conds = F.array(*(F.expr(sql) for _, sql in spec.native)) if spec.native else F.array()
+    parts = {}
+    for p in range(partitions):
+        keys = split_keys(spec.name, p, split)
+        parts.update(dict.fromkeys(keys, keys))
+    siblings = F.create_map(*(c for k, ks in parts.items() for c in (F.lit(k), F.array(*map(F.lit, ks)))))
+    own = F.col("__streams")[position]
+
+    def task(key: Column) -> Column:
+        mine = key == own
+        return F.struct(
+            F.when(mine, F.lit(-2)).otherwise(F.lit(TICK_IDX)).alias("idx"),
+            key.alias("key"),
+            F.when(mine, F.lit(None).cast("boolean")).otherwise(F.lit(False)).alias("holds"),
+            F.when(mine, conds.cast("array<boolean>")).alias("conds"),
+        )
+
+    return F.coalesce(F.transform(F.element_at(siblings, own), task), F.array().cast(f"array<{TASK_TYPE}>"))
+
+
+def tasks(decoded: DataFrame, plan: SparkPlan, partitions: int = 1, split: int = 1) -> DataFrame:
+    """Step 2 and 3: one row per (valid event, rule of its source) and per DLQ record; with
+    ``split`` above 1, one per part of each stream partition (:func:`_split_stream_tasks`).
 
     Columns: ``__idx``, ``__key``, ``__holds``, ``__conds``, ``__part``, ``__offset``,
     ``__ts_ms``, ``__fields``, ``__dlq``, ``__source``, ``__arrival``.
@@ -282,8 +312,14 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     for source in plan.sources:
         mine = [_task(r) for r in plan.rules if r.source == source]
         streams = [s for s in plan.streams if s.source == source]
-        mine += [_stream_task(s, i) for i, s in enumerate(streams)]
-        choice = choice.when(F.col("__source") == source, F.array(*mine).cast(f"array<{TASK_TYPE}>"))
+        if split == 1:
+            mine += [_stream_task(s, i) for i, s in enumerate(streams)]
+        typed = F.array(*mine).cast(f"array<{TASK_TYPE}>")
+        if split > 1 and streams:
+            typed = F.concat(
+                typed, *(_split_stream_tasks(s, i, partitions, split) for i, s in enumerate(streams))
+            )
+        choice = choice.when(F.col("__source") == source, typed)
     df = df.withColumn("__tasks", choice.otherwise(F.array().cast(f"array<{TASK_TYPE}>")))
     # explode_outer and a filter after it, not explode: for an explode Spark infers the filter
     # ``size(__tasks) > 0`` and pushes it below the projections, where it inlines the tasks'
@@ -291,10 +327,18 @@ def tasks(decoded: DataFrame, plan: SparkPlan) -> DataFrame:
     # (``from_json`` four times for the windowed bench pack instead of once)
     carried = ("__part", "__offset", "__ts_ms", "__fields", "__dlq", "__source", "__arrival")
     rows = df.select(F.explode_outer("__tasks").alias("__t"), *carried)
+    columns: list[Column | str] = list(carried)
+    if split > 1:  # a tick takes its event's key, not its fields (StreamRunner.run_key)
+        key = F.lit(None).cast("string")
+        for source in plan.sources:
+            text = F.get_json_object("__fields", f"$.{SCHEMAS[source].key}")
+            key = F.when(F.col("__source") == source, text).otherwise(key)
+        tick = F.col("__t.idx") == TICK_IDX
+        columns[carried.index("__fields")] = F.when(tick, key).otherwise(F.col("__fields")).alias("__fields")
     return rows.where(F.col("__t").isNotNull()).select(
         F.col("__t.idx").alias("__idx"),
         F.col("__t.key").alias("__key"),
         F.col("__t.holds").alias("__holds"),
         F.col("__t.conds").alias("__conds"),
-        *carried,
+        *columns,
     )

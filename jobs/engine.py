@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -41,14 +42,14 @@ from app.rules.evaluator import LATE_TOPIC
 from app.rules.loader import RuleSet, check_rule_files, load_what_loads, log_rejection
 from app.rules.retire import RulesRan, facts_of, rule_record
 from app.rules.state import stamp
-from app.runtime.settings import Settings
+from app.runtime.settings import ENV_DOCS, Settings
 from app.runtime.statefile import write_json
 from app.topics import SOURCE_OF_TOPIC, SOURCE_TOPICS, TopicSpec
 from jobs import connector
 from jobs.compile import KEYED, STREAM, SparkPlan, plan_rules, tasks
 from jobs.decode import ARRIVAL, Decoder
 from jobs.fastdecode import decode, decode_mode
-from jobs.kafka_source import kafka_format, read_kafka
+from jobs.kafka_source import CONNECTOR, kafka_format, read_kafka
 from jobs.session import DEFAULT_MASTER, launched_jvm, quiet_spark, session_unless_stopped, wait_for_jvm
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import (
@@ -131,24 +132,53 @@ def read_placement(settings: Settings, query: str = QUERY) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class StateLayout:
-    """How a query's checkpoint keeps its state: the keyed path's buckets and the codec of each
-    state group's value (``jobs.state.STATE_SCHEMAS``)."""
+    """How a query's checkpoint keeps its state: the keyed path's buckets, the codec of each
+    state group's value (``jobs.state.STATE_SCHEMAS``) and the parts each stream partition is
+    split in (``jobs.streams.StreamRouter``)."""
 
     buckets: int
     codec: str
+    split: int = 1
 
 
-def state_layout(settings: Settings, query: str = QUERY) -> StateLayout:
+SPLIT_ENV = "APP_SPARK_STREAM_SPLIT"
+#: the most parts a stream partition is split in (each part reads every event's time)
+MAX_SPLIT = 16
+
+
+def stream_split(env: Mapping[str, str] | None = None) -> int:
+    """The parts a new checkpoint's stream partitions are split in, from ``APP_SPARK_STREAM_SPLIT``:
+    a whole number from 1 (the default: not split) to :data:`MAX_SPLIT` (docs/spark.md, "A stream
+    partition split over the cores")."""
+    raw = (os.environ if env is None else env).get(SPLIT_ENV, "").strip() or ENV_DOCS[SPLIT_ENV][0]
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_SPLIT:
+        msg = f"{SPLIT_ENV}={raw!r}: expected a whole number from 1 to {MAX_SPLIT}"
+        raise ConfigError(msg)
+    return value
+
+
+def query_layout(settings: Settings, query: str = QUERY) -> StateLayout:
+    """:func:`state_layout`, a new checkpoint's split from :func:`stream_split`."""
+    return state_layout(settings, query, stream_split())
+
+
+def state_layout(settings: Settings, query: str = QUERY, split: int | None = None) -> StateLayout:
     """How the query's checkpoint keeps its state, which a query must follow.
 
     Spark finds a bucket's state by its group key only: a query that hashed keys into another
     number of buckets than its checkpoint's would not find the state of most keys, and their
     alerts would start over; and it checks a state group's value against the schema it was
-    written with. So the checkpoint records both (``_layout.json``) and a query always uses
-    them: :data:`jobs.state.STATE_BUCKETS` and :data:`jobs.state.STATE_CODEC` for a new
+    written with; and a stream partition split in parts keeps its state in each part's group.
+    So the checkpoint records all three (``_layout.json``) and a query always uses them:
+    :data:`jobs.state.STATE_BUCKETS`, :data:`jobs.state.STATE_CODEC` and ``split`` for a new
     checkpoint; 64 buckets and JSON text for one written before checkpoints recorded a layout
     (one with offsets and no record); JSON text for a record with no codec (written before
-    the codec was recorded)."""
+    the codec was recorded), and no split for one with no split (written before 2026-12-01).
+    ``split``: the configured one (:func:`stream_split`), for a new checkpoint (None: 1)."""
     path = layout_path(settings, query)
     try:
         raw = path.read_bytes()
@@ -157,23 +187,31 @@ def state_layout(settings: Settings, query: str = QUERY) -> StateLayout:
         if offsets.is_dir() and any(offsets.iterdir()):
             layout = StateLayout(LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC)
         else:
-            layout = StateLayout(STATE_BUCKETS, STATE_CODEC)
+            layout = StateLayout(STATE_BUCKETS, STATE_CODEC, split or 1)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"state_buckets": layout.buckets, "state_codec": layout.codec})
+        record = {"state_buckets": layout.buckets, "state_codec": layout.codec, "stream_split": layout.split}
+        write_json(path, record)
         return layout
     try:
         record = json.loads(raw)
         buckets, codec = record["state_buckets"], record.get("state_codec", LEGACY_STATE_CODEC)
+        parts = record.get("stream_split", 1)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         msg = f"{path}: not a checkpoint layout ({exc!r}); delete the checkpoint {path.parent} to start anew"
         raise ConfigError(msg) from exc
-    if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
-        msg = f"{path}: state_buckets must be a positive integer, not {buckets!r}"
-        raise ConfigError(msg)
+    for name, value in (("state_buckets", buckets), ("stream_split", parts)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            msg = f"{path}: {name} must be a positive integer, not {value!r}"
+            raise ConfigError(msg)
     if codec not in STATE_SCHEMAS:
         msg = f"{path}: state_codec must be one of {', '.join(sorted(STATE_SCHEMAS))}, not {codec!r}"
         raise ConfigError(msg)
-    return StateLayout(buckets, codec)
+    if split is not None and parts != split:
+        logger.info(
+            "the checkpoint %s splits each stream partition in %d part(s), which its query keeps "
+            "(%s would give %d for a new one)", path.parent, parts, SPLIT_ENV, split,
+        )  # fmt: skip
+    return StateLayout(buckets, codec, parts)
 
 
 #: at most this many rule versions in the checkpoint's record of the rules it ran
@@ -214,7 +252,9 @@ def rules_ran(settings: Settings, query: str, plan: SparkPlan) -> RulesRan:
     return RulesRan(ran.values())
 
 
-def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions) -> DataFrame:
+def records(
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions, split: int = 1
+) -> DataFrame:
     """The streaming DataFrame of the plan's source records (``topic``, ``partition``,
     ``offset``, ``value``, and ``arrival``: Kafka's timestamp in milliseconds, the order in
     which a stream merges its events from several partitions, ``jobs.state``), read from
@@ -224,7 +264,9 @@ def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: Engi
     records of the others in the JVM (before any decode): a checkpoint whose query read a
     topic fails a query that no longer subscribes to it (Spark takes its partitions for
     deleted ones: "Some data may have been lost"), so a rule set that stopped reading a
-    source (an edit, a reload) could not resume its checkpoint."""
+    source (an edit, a reload) could not resume its checkpoint. With stream partitions split
+    in ``split`` parts, Spark's connector reads each topic partition in as many tasks
+    (``minPartitions``), so the decode is not limited to the topic's partitions either."""
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "subscribe": ",".join(sorted(SOURCE_TOPICS.values())),
@@ -233,15 +275,17 @@ def records(spark: SparkSession, plan: SparkPlan, settings: Settings, opts: Engi
     }
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
+    if split > 1 and kafka_format() == CONNECTOR:
+        options["minPartitions"] = str(settings.partitions * split)
     kafka = read_kafka(spark, options, streaming=True).where(F.col("topic").isin(plan.topics))
     return kafka.select("topic", "partition", "offset", "value", F.unix_millis("timestamp").alias(ARRIVAL))
 
 
-def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings) -> DataFrame:
+def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings, split: int = 1) -> DataFrame:
     """``raw`` records decoded as the worker decodes them (``jobs.decode.DECODED_SCHEMA``),
-    each with the stream keys of the partitions that evaluate it; in the JVM where it can be
-    and ``APP_SPARK_DECODE=jvm`` (``jobs.fastdecode``)."""
-    routes = router(plan.streams, settings.partitions, record_partitions=True)
+    each with the stream keys of the partitions (or their parts, ``split``) that evaluate it;
+    in the JVM where it can be and ``APP_SPARK_DECODE=jvm`` (``jobs.fastdecode``)."""
+    routes = router(plan.streams, settings.partitions, record_partitions=True, split=split)
     decoder = Decoder(topics=SOURCE_OF_TOPIC, router=routes)
     return decode(raw, decoder, native=decode_mode() == "jvm")
 
@@ -253,15 +297,17 @@ def build_stream(
     """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``); ``ran``: the
     rules the checkpoint's query ran (:func:`rules_ran`), ``stale``: the groups a start swept
     (:mod:`jobs.unread`)."""
-    events = decoded(records(spark, plan, settings, opts), plan, settings)
+    layout = query_layout(settings, opts.query)
+    split = layout.split if plan.streams else 1
+    events = decoded(records(spark, plan, settings, opts, split), plan, settings, split)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
         security=settings.kafka_auth.spark_options(), max_skew_ms=settings.max_event_skew_ms, ran=ran,
+        split=split,
     )  # fmt: skip
-    layout = state_layout(settings, opts.query)
     return apply_lifecycle(
-        tasks(events, plan), plan, streaming=True, streams=streams, buckets=layout.buckets,
-        codec=layout.codec, ran=ran, stale=stale,
+        tasks(events, plan, settings.partitions, split), plan, streaming=True, streams=streams,
+        buckets=layout.buckets, codec=layout.codec, ran=ran, stale=stale,
     )  # fmt: skip
 
 
@@ -309,12 +355,14 @@ def start(
             opts.query,
         )
         return query, sink
+    split = state_layout(settings, opts.query).split if plan.streams else 1
     logger.info(
-        "spark query %r started: %d rule(s) on %s, checkpoint %s",
+        "spark query %r started: %d rule(s) on %s, checkpoint %s%s",
         opts.query,
         plan.rule_count,
         ", ".join(plan.topics),
         checkpoint_dir(settings, opts.query),
+        f", each stream partition in {split} parts" if split > 1 else "",
     )
     return query, sink
 
@@ -326,8 +374,10 @@ def end_unread(
     """End the open alerts of the state groups ``plan`` will not read, through ``sink``
     (:func:`jobs.unread.retire_unread`); the swept groups' digests."""
     checkpoint = checkpoint_dir(settings, opts.query)
-    codec = state_layout(settings, opts.query).codec
-    return retire_unread(spark, plan, checkpoint, settings.partitions, codec, ran, sink.publish)
+    layout = query_layout(settings, opts.query)
+    return retire_unread(
+        spark, plan, checkpoint, settings.partitions, layout.codec, ran, sink.publish, layout.split
+    )
 
 
 def spark_rules(ruleset: RuleSet) -> list[tuple[str, str]]:

@@ -118,9 +118,13 @@ def _streams(router: StreamRouter, source: str, typed: Column) -> Column | None:
     or None when a stream's partition hashes a non-string field."""
     kinds = SCHEMAS[source].all_fields()
     keys = []
+    count, split = router.partitions, router.split
     for name, fields in router.streams.get(source, ()):
-        names = F.array(*(F.lit(stream_key(name, p)) for p in range(router.partitions)))
-        if fields is None and router.record_partitions:  # live: the record's own partition
+        # by slot: a partition's, or with a split (jobs.streams.place) partition + count * part
+        names = F.array(
+            *(F.lit(stream_key(name, s % count, s // count, split)) for s in range(count * split))
+        )
+        if fields is None and router.record_partitions and split == 1:  # live: the record's own partition
             keys.append(F.try_element_at(names, F.col("partition") + 1))
             continue
         if fields is None:
@@ -129,7 +133,12 @@ def _streams(router: StreamRouter, source: str, typed: Column) -> Column | None:
             return None
         else:
             text = F.concat_ws(SEPARATOR, *(F.coalesce(typed[f], F.lit("")) for f in fields))
-        keys.append(F.element_at(names, _partition(text, router.partitions) + 1))
+        slot = _partition(text, count * split)
+        if fields is None and router.record_partitions:  # the record's own partition, the text's part
+            slot = F.col("partition") + F.lit(count) * F.floor(slot / count)
+            keys.append(F.try_element_at(names, slot.cast("int") + 1))
+            continue
+        keys.append(F.element_at(names, slot + 1))
     return F.array(*keys) if keys else F.array().cast("array<string>")
 
 

@@ -30,7 +30,14 @@ or ``pct_change()`` (computed by the evaluator per group), ``having``,
 ``clear``, sequence steps, branch arms and aggregate inputs run as the
 evaluator's compiled closures (pure Python, no UDF round trip per row).
 
-Parallelism is that of the Faust worker: one task per stream partition.
+Parallelism: one task per stream partition, as the Faust worker has, or more with a split
+(``APP_SPARK_STREAM_SPLIT``, :class:`StreamRouter`'s ``split``). A split partition's groups are
+shared among its parts (:func:`place`); each part's evaluator takes its own groups' events, and
+every other event of the partition as a *tick* (its time and key, no fields:
+:data:`app.rules.evaluator.TICK`), so the partition clock, the timers it makes due, and the
+time bound's held and refused events are those of the partition's one evaluator, and so are
+the alerts. The price: each event reaches every part of its partition (for its time only in
+all but one).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from app.alerts import Alert
 from app.errors import IngestDecodeError
 from app.events import SCHEMAS, Event, dlq_record
 from app.placement import partition_for
-from app.rules.evaluator import LATE_TOPIC, Engine, EvalStats, Output, StreamEvaluator
+from app.rules.evaluator import LATE_TOPIC, TICK, Engine, EvalStats, Output, StreamEvaluator
 from app.rules.expr import Compiled
 from app.rules.loader import CompiledRule, RuleSet
 from app.rules.logic.base import DictStore, State
@@ -86,16 +93,46 @@ class StreamSpec:
 
 
 @lru_cache(maxsize=4096)
-def stream_key(name: str, partition: int) -> str:
-    """The state group of one stream partition, salted to spread over the cores
-    (:func:`jobs.placement.placed`); made once per stream and partition (the decoder asks
-    for it at every record)."""
-    return placed(f"{STREAM_PREFIX}{name}{_SEP}{partition}", name, partition)
+def stream_key(name: str, partition: int, sub: int = 0, split: int = 1) -> str:
+    """The state group of one stream partition, or with ``split`` above 1 of its ``sub``-th
+    part (:func:`place`), salted to spread over the cores (:func:`jobs.placement.placed`;
+    the parts of one partition on consecutive shuffle partitions); made once per stream and
+    partition (the decoder asks for it at every record)."""
+    if split == 1:
+        return placed(f"{STREAM_PREFIX}{name}{_SEP}{partition}", name, partition)
+    return placed(f"{STREAM_PREFIX}{name}{_SEP}{partition}/{sub}", name, partition * split + sub)
 
 
 def parse_stream_key(key: str) -> tuple[str, int]:
+    """The stream and the partition of a stream key (of a split partition's part too)."""
     name, _, part = unplaced(key)[len(STREAM_PREFIX) :].rpartition(_SEP)
-    return name, int(part)
+    return name, int(part.partition("/")[0])
+
+
+def sub_of(key: str) -> int:
+    """The part of its partition a stream key is (0 for a partition not split)."""
+    return int(unplaced(key).rpartition(_SEP)[2].partition("/")[2] or 0)
+
+
+def place(text: str, partitions: int, split: int) -> tuple[int, int]:
+    """The stream partition of a group's ``text`` (Kafka's partition for it over ``partitions``,
+    as the worker's regroup topic places it) and its part of that partition (one of
+    ``split``): both from one murmur2 hash, its remainder over ``partitions * split``, so the
+    part does not depend on the partition."""
+    if split == 1:
+        return partition_for(text.encode(), partitions), 0
+    slot = partition_for(text.encode(), partitions * split)
+    return slot % partitions, slot // partitions
+
+
+def split_keys(name: str, partition: int, split: int) -> list[str]:
+    """The keys of one stream partition's parts."""
+    return [stream_key(name, partition, sub, split) for sub in range(split)]
+
+
+def stream_keys(name: str, partitions: int, split: int = 1) -> list[str]:
+    """Every state group of a stream: each partition's, or each part's of each."""
+    return [k for p in range(partitions) for k in split_keys(name, p, split)]
 
 
 def is_stream_key(key: str) -> bool:
@@ -138,6 +175,9 @@ class StreamRouter:
     streams: Mapping[str, tuple[tuple[str, tuple[str, ...] | None], ...]]
     partitions: int = 1
     record_partitions: bool = False
+    #: the parts of each stream partition, each evaluating some of its groups (docs/spark.md,
+    #: "A stream partition split over the cores"); a key's part is :func:`place`'s
+    split: int = 1
     #: (source, record partition) -> the stream keys of every record there, for a source whose
     #: streams are all the topic key's in a live query (they depend on nothing else)
     _by_record: dict[tuple[str, int], list[str]] = field(default_factory=dict, compare=False, repr=False)
@@ -145,7 +185,8 @@ class StreamRouter:
     def keys(self, source: str, record_partition: int, ev: Event) -> list[str]:
         """The stream keys of ``ev`` (of ``source``, from ``record_partition``). The list may be
         shared with other events: the caller must not change it."""
-        if self.record_partitions:
+        split = self.split
+        if self.record_partitions and split == 1:
             found = self._by_record.get((source, record_partition))
             if found is not None:
                 return found
@@ -153,34 +194,36 @@ class StreamRouter:
         topic_keys_only = True
         for name, fields in self.streams.get(source, ()):
             if fields is None:
-                part = (
-                    record_partition
-                    if self.record_partitions
-                    else partition_for(ev.key.encode(), self.partitions)
-                )
+                text = ev.key
             else:
                 topic_keys_only = False
                 values = ev.fields
-                value = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
-                part = partition_for(value.encode(), self.partitions)
-            out.append(stream_key(name, part))
-        if self.record_partitions and topic_keys_only:
+                text = group_text(["" if values.get(f) is None else str(values.get(f)) for f in fields])
+            part, sub = place(text, self.partitions, split)
+            if fields is None and self.record_partitions:
+                part = record_partition  # live: the record's own partition
+            out.append(stream_key(name, part, sub, split))
+        if self.record_partitions and topic_keys_only and split == 1:
             self._by_record[(source, record_partition)] = out
         return out
 
 
-def router(specs: Sequence[StreamSpec], partitions: int, *, record_partitions: bool) -> StreamRouter | None:
+def router(
+    specs: Sequence[StreamSpec], partitions: int, *, record_partitions: bool, split: int = 1
+) -> StreamRouter | None:
     by_source: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
     for s in specs:
         by_source.setdefault(s.source, []).append((s.name, s.fields))
     if not by_source:
         return None
-    return StreamRouter({k: tuple(v) for k, v in by_source.items()}, partitions, record_partitions)
+    return StreamRouter({k: tuple(v) for k, v in by_source.items()}, partitions, record_partitions, split)
 
 
 #: per Python worker process: each stream key's evaluator as its last micro-batch here left
 #: it, with the state object that batch returned for the key (:meth:`StreamRunner.run_key`)
 LIVE_EVALUATORS: dict[tuple[str, str], tuple[State, StreamEvaluator]] = {}
+#: a tick's fields (StreamRunner.run_key): the evaluator reads, and never changes, them
+TICK_FIELDS = {TICK: True}
 #: more live evaluators than that: those of other queries are dropped (all, if there are none)
 MAX_LIVE_EVALUATORS = 256
 
@@ -305,9 +348,11 @@ class StreamRunner:
         tables: Tables | None = None, bootstrap: str | None = None, max_skew_ms: int = -1,
         end_of_input: bool = False, security: Mapping[str, str] | None = None,
         native: Mapping[str, frozenset[str]] | None = None,
-        ran: RulesRan | None = None,
+        ran: RulesRan | None = None, split: int = 1,
     ) -> None:  # fmt: skip
         self.max_skew_ms, self.end_of_input = max_skew_ms, end_of_input
+        #: the parts of each stream partition (:class:`StreamRouter`'s ``split``)
+        self.split = split
         #: the rules the query ran, by rule id and state stamp (``jobs.engine.rules_ran``)
         self.ran = ran if ran is not None else RulesRan()
         self.native = dict(native or {})
@@ -349,6 +394,7 @@ class StreamRunner:
         evaluator = StreamEvaluator(
             spec.name, rules, DictStore(), self._tables(spec), self.partitions, self.max_skew_ms
         )
+        evaluator.sub, evaluator.split = sub_of(key), self.split
         return evaluator
 
     def run_key(
@@ -356,7 +402,9 @@ class StreamRunner:
     ) -> tuple[Rows, State | None]:
         """One stream key's rows in (partition, offset) order -> (output rows, new state).
 
-        A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``.
+        A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``; ``holds``
+        is False for an event of another part of a split partition, which the evaluator takes
+        as a tick (:data:`app.rules.evaluator.TICK`), and None for its own.
 
         The evaluator is restored from ``state``, unless ``state`` is the very object this
         worker's evaluator returned for the key at its last micro-batch (:func:`jobs.state.take_live`
@@ -389,13 +437,20 @@ class StreamRunner:
             evaluator.restore(store.items())
         part, offset, spec_source = 0, 0, spec.source
         held = False
-        for fields_json, _holds, ts_ms, part, offset, source, _dlq, conds in rows:
-            fields = orjson.loads(fields_json)
-            # Arrow hands pandas numpy booleans; the evaluator tests `is True`
-            if conds is not None and spec.native:
-                fields[NATIVE_CONDS] = [None if c is None else bool(c) for c in conds]
-            result = evaluator.process(Event(str(fields[SCHEMAS[source].key]), ts_ms, fields), partition)
-            held = held or (self.max_skew_ms >= 0 and partition in evaluator.held_partitions())
+        bounded = self.max_skew_ms >= 0
+        for fields_json, other, ts_ms, part, offset, source, _dlq, conds in rows:
+            if other is False:  # another part's event: its time, and its key (jobs.compile.tasks)
+                found = evaluator.tick(Event(fields_json or "", ts_ms, TICK_FIELDS), partition)
+                if found is None:
+                    continue
+                result = found
+            else:
+                fields = orjson.loads(fields_json)
+                # Arrow hands pandas numpy booleans; the evaluator tests `is True`
+                if conds is not None and spec.native:
+                    fields[NATIVE_CONDS] = [None if c is None else bool(c) for c in conds]
+                result = evaluator.process(Event(str(fields[SCHEMAS[source].key]), ts_ms, fields), partition)
+            held = held or (bounded and partition in evaluator.held_partitions())
             seq = IDX_BASE
             for a in result.alerts:
                 body = a.to_json().decode()

@@ -42,7 +42,7 @@ from app.runtime.statefile import write_json
 from jobs import peers
 from jobs.compile import SparkPlan
 from jobs.state import DLQ_GROUP, STATE_SCHEMAS, decode_states
-from jobs.streams import STREAM_PREFIX, is_stream_key, parse_stream_key, stream_key
+from jobs.streams import STREAM_PREFIX, is_stream_key, parse_stream_key, stream_keys
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def end_open(
 
 def retire_unread(
     spark: SparkSession, plan: SparkPlan, checkpoint: Path, partitions: int, codec: str, ran: RulesRan,
-    publish: Callable[[list[Alert]], None],
+    publish: Callable[[list[Alert]], None], split: int = 1,
 ) -> dict[str, bytes]:  # fmt: skip
     """End the open alerts of the groups ``plan`` will not read (see the module's doc), publish
     them, and record the plan's groups; the swept digests, for the query's state function.
@@ -131,7 +131,7 @@ def retire_unread(
     if unread_after(before, plan) and (checkpoint / "state").is_dir():
         logger.info("reading the state of %s for groups the rules no longer read", checkpoint)
         try:
-            rows = _unread_rows(spark, plan, checkpoint, partitions, codec)
+            rows = _unread_rows(spark, plan, checkpoint, partitions, codec, split)
         except Exception as exc:  # the state data source's error: the query itself may still run
             logger.warning("the state of %s could not be read for unread groups: %r", checkpoint, exc)
             rows = []
@@ -151,11 +151,12 @@ def retire_unread(
 
 
 def _unread_rows(
-    spark: SparkSession, plan: SparkPlan, checkpoint: Path, partitions: int, codec: str
+    spark: SparkSession, plan: SparkPlan, checkpoint: Path, partitions: int, codec: str, split: int = 1
 ) -> list[tuple[str, Any]]:
     """(group, stored value) of every group in the state that ``plan`` will not read: a stream
-    partition of no stream of the plan, and with no keyed rule in it, the keyed buckets."""
-    read = [stream_key(s.name, p) for s in plan.streams for p in range(partitions)]
+    partition (or part, ``split``) of no stream of the plan, and with no keyed rule in it, the
+    keyed buckets."""
+    read = [k for s in plan.streams for k in stream_keys(s.name, partitions, split)]
     group = F.col("key").getField("__bucket")
     stream = group.startswith(STREAM_PREFIX)
     unread = stream & ~group.isin(read)

@@ -71,7 +71,7 @@ from app.tables import TABLES, Tables
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "DictStore", "Engine", "EvalStats", "Output", "StateStore", "StreamEvaluator", "ThresholdLogic",
+    "TICK", "DictStore", "Engine", "EvalStats", "Output", "StateStore", "StreamEvaluator", "ThresholdLogic",
     "build_alert", "group_values", "run_backtest", "state_key",
 ]  # fmt: skip
 
@@ -80,6 +80,14 @@ LATE_TOPIC = "events.late"
 
 #: joined registry rows kept across batches, at most (more: the cache starts again)
 MAX_JOIN_CACHE = 100_000
+
+#: the field that makes an event a *tick* (NUL: no schema field starts with it): an event of the
+#: partition that another evaluator evaluates, given here only for its time. A tick moves the
+#: partition clock, runs the timers that clock makes due, and takes part in the time bound as
+#: its event would, but no rule sees it; so evaluators that each take some of a partition's
+#: groups, and every event of the partition, the others' as ticks, give together the alerts of
+#: one evaluator given all of it (the Spark engine's split stream partitions, docs/spark.md)
+TICK = "\x00tick"
 
 
 def logic_for(rule: CompiledRule) -> Logic | None:
@@ -260,6 +268,11 @@ class StreamEvaluator:
         self.store = store
         self.tables = tables or Tables()
         self.partitions = partitions
+        #: the part of each partition this evaluator takes, of ``split`` (the Spark engine's
+        #: split stream partitions, :data:`TICK`): its registry keys are those Kafka's
+        #: partitioner puts on the partition and :func:`jobs.streams.place` on the part
+        self.sub = 0
+        self.split = 1
         self.stats = EvalStats()
         self.logics: dict[str, Logic | None] = {r.id: logic_for(r) for r in self.rules}
         self.by_id = {r.id: r for r in self.rules}
@@ -319,6 +332,8 @@ class StreamEvaluator:
         refused = out.refused
         before = len(refused)
         admitted = self.bound.admit(events, partition, now_ms, refused, save)
+        if len(refused) > before:  # a refused tick is its own evaluator's to report
+            refused[before:] = [r for r in refused[before:] if TICK not in r[0].fields]
         self.stats.refused += len(refused) - before
         return admitted
 
@@ -457,8 +472,12 @@ class StreamEvaluator:
             logic = self.logics.get(rule.id)
             if logic is None or not logic.expects_registry or rule.rule.expect_from is None:
                 continue
+            split, slot = self.split, partition + self.partitions * self.sub
             for dev in self.tables.keys(rule.rule.expect_from):
-                if partition_for(dev.encode(), self.partitions) != partition:
+                if split == 1:
+                    if partition_for(dev.encode(), self.partitions) != partition:
+                        continue
+                elif partition_for(dev.encode(), self.partitions * split) != slot:
                     continue
                 key = state_key(rule, (dev,))
                 view = VersionedStore(self.store, rule.version, partition, rule.id)
@@ -519,7 +538,8 @@ class StreamEvaluator:
         timers due at the clock run before and after it (as :meth:`process_batch`,
         without the batch's bookkeeping). With a time bound, the event may be held or
         refused, and held ones evaluated with it (:meth:`_admit`)."""
-        self.stats.events += 1
+        if TICK not in ev.fields:
+            self.stats.events += 1
         out = Output()
         if self.max_skew_ms < 0:
             clock = max(self.clocks.get(partition, ev.ts_ms), ev.ts_ms)
@@ -532,9 +552,38 @@ class StreamEvaluator:
         self.stats.alerts += len(out.alerts)
         return out
 
-    def _process_one(self, ev: Event, partition: int, clock: int, out: Output) -> None:
-        """One event through every rule at partition clock ``clock`` (see :meth:`process`)."""
+    def tick(self, ev: Event, partition: int) -> Output | None:
+        """A tick (:data:`TICK`, ``ev``: its key and time) on ``partition``, as :meth:`process`
+        takes it, and None when it made nothing (it moved the clock, if at all, and no timer was
+        due): the common case, without :meth:`process`'s allocations. The time bound's other
+        cases (a held event, or a jump beyond the skew) go through :meth:`process`."""
+        ts, skew = ev.ts_ms, self.max_skew_ms
+        known = self.clocks.get(partition)
+        if skew >= 0 and (known is None or known < 0 or ts > known + skew or partition in self.bound.held):
+            return self.process(ev, partition)
+        clock = ts if known is None or ts > known else known
+        if clock != known:
+            self.clocks[partition] = clock
         self._expect_registry(partition, clock)
+        out: Output | None = None
+        for run in self._runs_of(partition):
+            heap = run.heap
+            if heap and heap[0][0] <= clock and run.logic is not None:
+                if out is None:
+                    out = Output()
+                self._run_timers(heap, run.view, clock, run.rule, run.logic, out)
+        return out
+
+    def _process_one(self, ev: Event, partition: int, clock: int, out: Output) -> None:
+        """One event through every rule at partition clock ``clock`` (see :meth:`process`); a
+        tick (:data:`TICK`) through their timers only."""
+        self._expect_registry(partition, clock)
+        if TICK in ev.fields:
+            for run in self._runs_of(partition):
+                heap = run.heap
+                if heap and heap[0][0] <= clock and run.logic is not None:
+                    self._run_timers(heap, run.view, clock, run.rule, run.logic, out)
+            return
         tables = self._join_cache()
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
         fields = ev.fields

@@ -170,6 +170,12 @@ ENV_DOCS: dict[str, tuple[str, str]] = {
         "partition) or `native` (the kinds Spark SQL reproduces exactly computed in the JVM, over every "
         "core; measured 1.5 times as long on two cores, docs/spark.md).",
     ),
+    "APP_SPARK_STREAM_SPLIT": (
+        "1",
+        "Parts each stream partition of the Spark engine's query is split in (1 to 16; 1: not split), so "
+        "that a stream runs on more cores than its topic has partitions. A new checkpoint records it; an "
+        "existing one keeps its own. Measured no faster on two cores (docs/spark.md).",
+    ),
     "APP_SPARK_LOG_LEVEL": ("WARN", "Log level of the Spark JVM."),
 }
 

@@ -137,11 +137,11 @@ def raw_frame(spark: SparkSession, records: list[str], topics: list[str | None] 
     )
 
 
-def routed_decoder(partitions: int, tmp_path: Path, **kwargs: Any) -> Decoder:
+def routed_decoder(partitions: int, tmp_path: Path, split: int = 1, **kwargs: Any) -> Decoder:
     path = tmp_path / "rules.yaml"
     path.write_text(RULES)
     plan = plan_rules(load_rules([path]), every_rule=True)
-    return Decoder(router=router(plan.streams, partitions, record_partitions=False), **kwargs)
+    return Decoder(router=router(plan.streams, partitions, record_partitions=False, split=split), **kwargs)
 
 
 def same_rows(raw: DataFrame, decoder: Decoder) -> None:
@@ -232,9 +232,11 @@ def test_real_nab_records_decode_in_the_jvm_as_in_the_python_decoder(
     same_rows(raw, decoder)
 
 
+@pytest.mark.parametrize("split", [1, 3])
 def test_stream_keys_place_many_keys_and_groups_as_the_worker_does(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, split: int
 ) -> None:
+    """With a split, the part of each partition too (``jobs.streams.place``)."""
     rng = random.Random(7)  # noqa: S311 - test data
     alphabet = string.ascii_letters + string.digits + " -_.:/,{}[]"
     records = [
@@ -248,20 +250,24 @@ def test_stream_keys_place_many_keys_and_groups_as_the_worker_does(
         for _ in range(600)
     ]
     raw = raw_frame(spark, records)
-    decoder = routed_decoder(7, tmp_path)
+    decoder = routed_decoder(7, tmp_path, split)
     assert recognise(raw, decoder).where(~F.col("__fast")).count() == 0
     same_rows(raw, decoder)
+    keys = {k for r in decode(raw, decoder).collect() for k in r["__streams"] or ()}
+    assert len(keys) > 7 * split  # every part of every partition of two streams took some
 
 
+@pytest.mark.parametrize("split", [1, 2])
 def test_live_records_take_their_own_partition_for_the_topic_key_stream(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, split: int
 ) -> None:
-    """In the streaming query the topic-key stream is the record's partition; a partition
-    beyond the emulated count is left to the Python decoder, which names it all the same."""
+    """In the streaming query the topic-key stream is the record's partition (with a split,
+    the key's part of it); a partition beyond the emulated count is left to the Python
+    decoder, which names it all the same."""
     path = tmp_path / "rules.yaml"
     path.write_text(RULES)
     plan = plan_rules(load_rules([path]), every_rule=True)
-    decoder = Decoder(router=router(plan.streams, 3, record_partitions=True))
+    decoder = Decoder(router=router(plan.streams, 3, record_partitions=True, split=split))
     records = [r for r, _ in CASES] + [GOOD] * 8
     rows = [(None, i % 4, i, r.encode()) for i, r in enumerate(records)]
     raw = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")

@@ -12,7 +12,17 @@ import pytest
 
 from app.errors import ConfigError
 from app.runtime.settings import Settings
-from jobs.engine import StateLayout, checkpoint_dir, layout_path, placement_path, read_placement, state_layout
+from jobs.engine import (
+    MAX_SPLIT,
+    SPLIT_ENV,
+    StateLayout,
+    checkpoint_dir,
+    layout_path,
+    placement_path,
+    read_placement,
+    state_layout,
+    stream_split,
+)
 from jobs.state import (
     LEGACY_STATE_BUCKETS,
     LEGACY_STATE_CODEC,
@@ -31,7 +41,8 @@ def settings(tmp_path: Path) -> Settings:
 
 def test_a_new_checkpoint_gets_the_current_layout_and_records_it(settings: Settings) -> None:
     assert state_layout(settings) == StateLayout(STATE_BUCKETS, STATE_CODEC) == StateLayout(8, "zstd")
-    assert json.loads(layout_path(settings).read_text()) == {"state_buckets": 8, "state_codec": "zstd"}
+    record = {"state_buckets": 8, "state_codec": "zstd", "stream_split": 1}
+    assert json.loads(layout_path(settings).read_text()) == record
     assert state_layout(settings) == StateLayout(STATE_BUCKETS, STATE_CODEC)  # read back
 
 
@@ -40,8 +51,9 @@ def test_a_checkpoint_from_before_the_record_keeps_its_64_buckets_and_json(setti
     offsets.mkdir(parents=True)
     (offsets / "0").write_text("v1\n")  # Spark's offset log: the checkpoint has run
     assert (STATE_BUCKETS, STATE_CODEC) != (LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC)
-    assert state_layout(settings) == StateLayout(64, "json")
-    assert json.loads(layout_path(settings).read_text()) == {"state_buckets": 64, "state_codec": "json"}
+    assert state_layout(settings, split=3) == StateLayout(64, "json", 1)  # nor was it split
+    record = {"state_buckets": 64, "state_codec": "json", "stream_split": 1}
+    assert json.loads(layout_path(settings).read_text()) == record
 
 
 def test_a_record_without_a_codec_keeps_json_text(settings: Settings) -> None:
@@ -55,6 +67,26 @@ def test_a_recorded_layout_is_kept_whatever_the_current_one(settings: Settings) 
     layout_path(settings).parent.mkdir(parents=True)
     layout_path(settings).write_text('{"state_buckets": 16, "state_codec": "json"}')
     assert state_layout(settings) == StateLayout(16, "json")
+    assert state_layout(settings, split=4) == StateLayout(16, "json", 1)  # written before splits
+    layout_path(settings).write_text('{"state_buckets": 8, "state_codec": "zstd", "stream_split": 3}')
+    assert state_layout(settings, split=1) == StateLayout(8, "zstd", 3)
+
+
+def test_a_new_checkpoint_records_the_configured_split(settings: Settings) -> None:
+    assert state_layout(settings, split=4) == StateLayout(STATE_BUCKETS, STATE_CODEC, 4)
+    assert json.loads(layout_path(settings).read_text())["stream_split"] == 4
+    assert state_layout(settings, split=2).split == 4  # the checkpoint's, from then on
+
+
+@pytest.mark.parametrize(("env", "split"), [({}, 1), ({SPLIT_ENV: "3"}, 3), ({SPLIT_ENV: " 16 "}, MAX_SPLIT)])
+def test_the_split_is_the_settings_or_none(env: dict[str, str], split: int) -> None:
+    assert stream_split(env) == split
+
+
+@pytest.mark.parametrize("value", ["0", "17", "two", "1.5", "-1", "auto"])
+def test_a_wrong_split_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{SPLIT_ENV}='{value}': expected a whole number from 1 to 16"):
+        stream_split({SPLIT_ENV: value})
 
 
 @pytest.mark.parametrize(
@@ -62,6 +94,7 @@ def test_a_recorded_layout_is_kept_whatever_the_current_one(settings: Settings) 
     [("{not json", "not a checkpoint layout"), ('{"other": 1}', "not a checkpoint layout"),
      ('{"state_buckets": 0}', "positive integer"), ('{"state_buckets": "8"}', "positive integer"),
      ('{"state_buckets": true}', "positive integer"), ("[8]", "not a checkpoint layout"),
+     ('{"state_buckets": 8, "stream_split": 0}', "stream_split must be a positive integer"),
      ('{"state_buckets": 8, "state_codec": "lz4"}', "state_codec must be one of json, zstd")],
 )  # fmt: skip
 def test_a_broken_record_is_refused_with_the_file_named(settings: Settings, text: str, says: str) -> None:

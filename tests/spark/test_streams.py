@@ -21,7 +21,7 @@ from app.rules.loader import load_rules
 from app.runtime.settings import Settings
 from app.topics import DEVICES_TABLE
 from jobs.compile import plan_rules
-from jobs.engine import ensure_output_topics
+from jobs.engine import ensure_output_topics, state_layout
 from jobs.sink import state_groups
 from jobs.streams import RegistryFollower
 from tests.conformance.kind_cases import DEVICES, RULES, crafted_windows, tables
@@ -40,9 +40,15 @@ def ids_by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]
     return out
 
 
+@pytest.mark.parametrize(("split", "decoder"), [("1", "python"), ("3", "jvm")])
 def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
-    spark: SparkSession, broker: KafkaBroker, settings: Settings
-) -> None:
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    split: str, decoder: str,
+) -> None:  # fmt: skip
+    """Also with each stream partition split in three parts (``APP_SPARK_STREAM_SPLIT``), the
+    records decoded in the JVM where they can be."""
+    monkeypatch.setenv("APP_SPARK_STREAM_SPLIT", split)
+    monkeypatch.setenv("APP_SPARK_DECODE", decoder)
     ruleset = load_rules([RULES])
     sensors = [(b"machine-temp-1", v) for v in nab_lines(3000)]
     crafted = [e for e in crafted_windows() if "device_id" in e]
@@ -53,6 +59,7 @@ def test_stream_path_matches_the_backtest_across_batches_and_a_restart(
     produce(broker.bootstrap, "events.sensors", first)
     before = state_groups()
     run_once(spark, settings, ruleset, per_trigger=400)
+    assert state_layout(settings).split == int(split)
     groups = {k: n - before[k] for k, n in state_groups().items()}
     # each stateful group's state, after its first micro-batch, is live in the worker that got
     # its task or in the one that ran it last (jobs.peers): none restored from the store
