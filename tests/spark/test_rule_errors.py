@@ -43,6 +43,12 @@ def task_row(minute: int, temp: float, device: str = "d1", offset: int = 0) -> t
     return (orjson.dumps(ev.fields).decode(), holds, ev.ts_ms, 0, offset, "sensors", None, None)
 
 
+def stream_row(minute: int, temp: float, device: str = "d1", offset: int = 0) -> tuple[Any, ...]:
+    """A stream-path task row: no ``holds`` (False would make it a tick, ``jobs.streams``)."""
+    row = task_row(minute, temp, device, offset)
+    return (row[0], None, *row[2:])
+
+
 def plan_of(tmp_path: Path, body: str) -> Any:
     (tmp_path / "r.yaml").write_text(body)
     return plan_rules(load_rules([tmp_path / "r.yaml"]))
@@ -74,13 +80,13 @@ def test_a_stream_path_rule_that_raises_is_counted_and_the_others_go_on(tmp_path
     runner = StreamRunner(plan.stream_rules, plan.streams, 1, max_skew_ms=-1)
     (spec,) = plan.streams
     key = stream_key(spec.name, 0)
-    out, state = runner.run_key(key, [task_row(0, 20), task_row(0, 30, "d2", 1)], None)
+    out, state = runner.run_key(key, [stream_row(0, 20), stream_row(0, 30, "d2", 1)], None)
     assert errors(out) == []
     d1 = next(k for k, st in state["s"].items() if st["group"] == ["d1"])
     state["s"][d1]["through"] = "not a time"  # every event of d1 reads it
     restored = orjson.loads(orjson.dumps(state))
     out, after = runner.run_key(
-        key, [task_row(1, 40, offset=2), task_row(1, 31, "d2", 3), task_row(1, 50, offset=4)], restored
+        key, [stream_row(1, 40, offset=2), stream_row(1, 31, "d2", 3), stream_row(1, 50, offset=4)], restored
     )
     # d1's timer as the clock passed its next change point, and d1's two events
     assert errors(out) == [("spread", "3")]
