@@ -9,6 +9,7 @@ import pickle
 from pathlib import Path
 
 import orjson
+import pytest
 
 from app.alerts import alert_id
 from app.rules.loader import load_rules
@@ -17,7 +18,7 @@ from app.rules.state import stamp
 from jobs import peers
 from jobs.compile import SparkPlan, plan_rules
 from jobs.state import GroupRunner, encode_states, evaluate
-from jobs.streams import StreamRunner, stream_key
+from jobs.streams import StreamRunner, place, stream_key, stream_keys
 from jobs.unread import GROUPS_FILE, Groups, end_open, unread_after
 from tests.spark.helpers import SPIKE
 
@@ -45,23 +46,27 @@ def plans(tmp_path: Path) -> tuple[SparkPlan, SparkPlan]:
     return before, plan_rules(load_rules([pack]))
 
 
-def firing_stream_state(plan: SparkPlan) -> tuple[str, dict]:
-    """A stream partition's state in which ``spike`` fires for d1, as its query stored it."""
+def firing_stream_state(plan: SparkPlan, split: int = 1) -> tuple[str, dict]:
+    """A stream partition's state in which ``spike`` fires for d1, as its query stored it (with
+    a split, d1's part's)."""
     spec = plan.streams[0]
-    key = stream_key(spec.name, 0)
+    key = stream_key(spec.name, *place("d1", 1, split), split)
     event = orjson.dumps({"device_id": "d1", "ts": "2026-03-01T00:00:00Z", "temperature": 150.0}).decode()
-    runner = StreamRunner(plan.stream_rules, plan.streams, 1, max_skew_ms=-1)
+    runner = StreamRunner(plan.stream_rules, plan.streams, 1, max_skew_ms=-1, split=split)
     out, state = runner.run_key(key, [(event, None, 1_772_323_200_000, 0, 0, "sensors", None, None)], None)
     assert state is not None and any(orjson.loads(r[3])["status"] == "firing" for r in out if r[0] == "alert")
     return key, state
 
 
-def test_unread_groups_end_their_open_alerts_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", [1, 2])
+def test_unread_groups_end_their_open_alerts_once(tmp_path: Path, split: int) -> None:
+    """Also a part's group of a split stream partition (``APP_SPARK_STREAM_SPLIT``)."""
     before, _ = plans(tmp_path)
     assert {r.rule.id for r in before.rules} == {"cold"} and [r.id for r in before.stream_rules] == ["spike"]
     ran = RulesRan.of(r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules))
     ran = pickle.loads(pickle.dumps(ran))  # noqa: S301 - as the engine holds it: our own object
-    key, state = firing_stream_state(before)
+    key, state = firing_stream_state(before, split)
+    assert key in stream_keys(before.streams[0].name, 1, split)
     cold = {"cold\x1fok": {**FIRING, "version": stamp(before.rules[0].rule.version)}}
     rows = [(key, encode_states({key: state}, "zstd")), ("3", encode_states(cold, "zstd"))]
 
