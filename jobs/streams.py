@@ -404,7 +404,8 @@ class StreamRunner:
 
         A row is ``(fields_json, holds, ts_ms, part, offset, source, dlq, conds)``; ``holds``
         is False for an event of another part of a split partition, which the evaluator takes
-        as a tick (:data:`app.rules.evaluator.TICK`), and None for its own.
+        as a tick (:data:`app.rules.evaluator.TICK`), and None for its own; a runner of
+        partitions not split has no ticks, whatever a row's ``holds`` says.
 
         The evaluator is restored from ``state``, unless ``state`` is the very object this
         worker's evaluator returned for the key at its last micro-batch (:func:`jobs.state.take_live`
@@ -437,9 +438,9 @@ class StreamRunner:
             evaluator.restore(store.items())
         part, offset, spec_source = 0, 0, spec.source
         held = False
-        bounded = self.max_skew_ms >= 0
+        bounded, split = self.max_skew_ms >= 0, self.split > 1
         for fields_json, other, ts_ms, part, offset, source, _dlq, conds in rows:
-            if other is False:  # another part's event: its time, and its key (jobs.compile.tasks)
+            if other is False and split:  # another part's event: its time and key (jobs.compile.tasks)
                 found = evaluator.tick(Event(fields_json or "", ts_ms, TICK_FIELDS), partition)
                 if found is None:
                     continue

@@ -178,3 +178,12 @@ def test_split_keys_name_their_partition_and_part_and_unsplit_ones_stay_as_they_
     assert len(set(keys)) == 6 and not set(keys) & set(stream_keys("sensors", 2))
     assert [sub_of(k) for k in keys] == [0, 1, 2, 0, 1, 2]
     assert keys[3:] == split_keys("sensors", 1, 3)
+
+
+def test_a_runner_of_whole_partitions_takes_no_row_for_a_tick() -> None:
+    """Only a split partition's parts have ticks: unsplit, a row's ``holds`` (the keyed path's
+    column, NULL in every stream row the query makes) changes nothing."""
+    plan = _plan([RULES])
+    rows = _rows(lines_for_test()[:3000], plan, 1)
+    falsy = [(key, (row[0], False, *row[2:])) for key, row in rows]
+    assert not _differences(_summary(_run(plan, falsy, 1, 500)), _summary(_run(plan, rows, 1, 500)))
