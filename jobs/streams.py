@@ -119,9 +119,7 @@ def place(text: str, partitions: int, split: int) -> tuple[int, int]:
     as the worker's regroup topic places it) and its part of that partition (one of
     ``split``): both from one murmur2 hash, its remainder over ``partitions * split``, so the
     part does not depend on the partition."""
-    if split == 1:
-        return partition_for(text.encode(), partitions), 0
-    slot = partition_for(text.encode(), partitions * split)
+    slot = partition_for(text.encode(), partitions * split)  # split 1: Kafka's partition, part 0
     return slot % partitions, slot // partitions
 
 

@@ -472,12 +472,10 @@ class StreamEvaluator:
             logic = self.logics.get(rule.id)
             if logic is None or not logic.expects_registry or rule.rule.expect_from is None:
                 continue
-            split, slot = self.split, partition + self.partitions * self.sub
+            # unsplit (split 1, sub 0), this is Kafka's partition over ``partitions``
+            slots, slot = self.partitions * self.split, partition + self.partitions * self.sub
             for dev in self.tables.keys(rule.rule.expect_from):
-                if split == 1:
-                    if partition_for(dev.encode(), self.partitions) != partition:
-                        continue
-                elif partition_for(dev.encode(), self.partitions * split) != slot:
+                if partition_for(dev.encode(), slots) != slot:
                     continue
                 key = state_key(rule, (dev,))
                 view = VersionedStore(self.store, rule.version, partition, rule.id)
@@ -565,7 +563,11 @@ class StreamEvaluator:
         if clock != known:
             self.clocks[partition] = clock
         self._expect_registry(partition, clock)
-        out: Output | None = None
+        return self._run_due(partition, clock, None)
+
+    def _run_due(self, partition: int, clock: int, out: Output | None) -> Output | None:
+        """Every rule's timers due at ``clock`` on ``partition`` (a tick's whole work), into
+        ``out``, made when a timer is due if None; ``out`` again."""
         for run in self._runs_of(partition):
             heap = run.heap
             if heap and heap[0][0] <= clock and run.logic is not None:
@@ -579,10 +581,7 @@ class StreamEvaluator:
         tick (:data:`TICK`) through their timers only."""
         self._expect_registry(partition, clock)
         if TICK in ev.fields:
-            for run in self._runs_of(partition):
-                heap = run.heap
-                if heap and heap[0][0] <= clock and run.logic is not None:
-                    self._run_timers(heap, run.view, clock, run.rule, run.logic, out)
+            self._run_due(partition, clock, out)
             return
         tables = self._join_cache()
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
