@@ -292,12 +292,11 @@ def decoded(raw: DataFrame, plan: SparkPlan, settings: Settings, split: int = 1)
 
 def build_stream(
     spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions,
-    ran: RulesRan, stale: Mapping[str, bytes] | None = None,
+    ran: RulesRan, layout: StateLayout, stale: Mapping[str, bytes] | None = None,
 ) -> DataFrame:  # fmt: skip
     """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``); ``ran``: the
-    rules the checkpoint's query ran (:func:`rules_ran`), ``stale``: the groups a start swept
-    (:mod:`jobs.unread`)."""
-    layout = query_layout(settings, opts.query)
+    rules the checkpoint's query ran (:func:`rules_ran`), ``layout``: its checkpoint's
+    (:func:`query_layout`), ``stale``: the groups a start swept (:mod:`jobs.unread`)."""
     split = layout.split if plan.streams else 1
     events = decoded(records(spark, plan, settings, opts, split), plan, settings, split)
     streams = StreamRunner(
@@ -333,11 +332,12 @@ def start(
     sink = KafkaSink(settings, BatchMarker(marker_path(settings, opts.query)))
     try:
         ran = rules_ran(settings, opts.query, plan)
+        layout = query_layout(settings, opts.query)
         # the groups this plan will not read end their open alerts now (not the query of no rule
         # that reads past: the rules' query after it does)
-        stale = end_unread(spark, plan, settings, opts, ran, sink) if plan.rule_count else {}
+        stale = end_unread(spark, plan, settings, opts, ran, sink, layout) if plan.rule_count else {}
         writer = (
-            build_stream(spark, plan, settings, opts, ran, stale)
+            build_stream(spark, plan, settings, opts, ran, layout, stale)
             .writeStream.queryName(opts.query)
             .foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint_dir(settings, opts.query)))
@@ -355,7 +355,7 @@ def start(
             opts.query,
         )
         return query, sink
-    split = state_layout(settings, opts.query).split if plan.streams else 1
+    split = layout.split if plan.streams else 1
     logger.info(
         "spark query %r started: %d rule(s) on %s, checkpoint %s%s",
         opts.query,
@@ -369,12 +369,13 @@ def start(
 
 def end_unread(
     spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions, ran: RulesRan,
-    sink: KafkaSink,
+    sink: KafkaSink, layout: StateLayout | None = None,
 ) -> dict[str, bytes]:  # fmt: skip
     """End the open alerts of the state groups ``plan`` will not read, through ``sink``
-    (:func:`jobs.unread.retire_unread`); the swept groups' digests."""
+    (:func:`jobs.unread.retire_unread`); the swept groups' digests. ``layout``: the
+    checkpoint's, if the caller read it already (:func:`query_layout`)."""
     checkpoint = checkpoint_dir(settings, opts.query)
-    layout = query_layout(settings, opts.query)
+    layout = layout or query_layout(settings, opts.query)
     return retire_unread(
         spark, plan, checkpoint, settings.partitions, layout.codec, ran, sink.publish, layout.split
     )
