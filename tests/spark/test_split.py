@@ -3,7 +3,8 @@ evaluator takes its own groups' events and every other event of the partition as
 time only). Without Spark: the stream runner's parts, over the conformance suite's input in
 micro-batches with their state carried, give the output of the partition's one evaluator, line
 for line per fingerprint: windows, lateness, absences (of registry keys too), changes, sequences,
-the time bound's held and refused events, late copies and branches."""
+the time bound's held and refused events, late copies and branches; and across rule edits, the
+alerts the restore's sweep ends."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from app.backtest import BacktestReport, backtest, read_events
 from app.placement import partition_for
 from app.rules.loader import load_rules
+from app.rules.retire import RulesRan
 from app.runtime.settings import Settings
 from jobs.compile import SparkPlan, plan_rules
 from jobs.streams import (
@@ -187,3 +189,69 @@ def test_a_runner_of_whole_partitions_takes_no_row_for_a_tick() -> None:
     rows = _rows(lines_for_test()[:3000], plan, 1)
     falsy = [(key, (row[0], False, *row[2:])) for key, row in rows]
     assert not _differences(_summary(_run(plan, falsy, 1, 500)), _summary(_run(plan, rows, 1, 500)))
+
+
+#: rules an edit removes mid-stream: windows, an absence, a threshold and a change of their
+#: streams (each stream keeps other rules, so its keys go on being read)
+REMOVED = {"hourly-heat", "device-silent", "plain-hot", "not-found-burst", "long-visit", "day-jump"}
+
+
+def _without(text: str, ids: set[str]) -> str:
+    """A rule file's text less the rules of ``ids`` (a rule: the lines from its ``  - ``)."""
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines(keepends=True):
+        if line.startswith("  - "):
+            blocks.append([])
+        blocks[-1].append(line)
+    named = {b[0].split("id:")[1].split(",")[0].strip(): b for b in blocks[1:]}
+    assert ids <= set(named), ids - set(named)
+    return "".join("".join(b) for b in [blocks[0], *(b for i, b in named.items() if i not in ids)])
+
+
+def _reloaded(
+    before: SparkPlan, after: SparkPlan, rows: list[tuple[str, tuple[Any, ...]]], split: int, every: int
+) -> list[Any]:
+    """:func:`_run`'s output over ``rows`` in micro-batches of ``every`` offsets, each run by a
+    new runner of ``after``'s rules and ``before``'s in turn, which restores each key from the
+    state carried: as the query restarts on edited files (``jobs.engine.RuleFollower``), with
+    the record of the rules it ran."""
+    ran = RulesRan.of(r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules))
+    states: dict[str, Any] = {}
+    out: list[Any] = []
+    last = max(r[4] for _, r in rows)
+    for n, start in enumerate(range(0, last + 1, every)):
+        plan = after if n % 2 else before
+        runner = StreamRunner(
+            plan.stream_rules, plan.streams, PARTITIONS, tables=tables(), max_skew_ms=SKEW_MS, split=split,
+            ran=ran,
+        )  # fmt: skip
+        by_key: dict[str, list[tuple[Any, ...]]] = {}
+        for key, row in rows:
+            if start <= row[4] < start + every:
+                by_key.setdefault(key, []).append(row)
+        for key, mine in by_key.items():
+            produced, states[key] = runner.run_key(key, mine, states.get(key))
+            out += produced
+    return out
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_a_rule_edit_ends_the_removed_rules_alerts_in_every_part_as_in_the_partition(
+    tmp_path: Path, split: int
+) -> None:
+    """A restarted query on edited files restores each part from its own group's state and
+    sweeps the states of rules no longer running: each part ends the open alerts of its own
+    groups, at the partition's clock, so the parts end what the partition's one evaluator ends,
+    with the same ids, and the rules left go on as they would. Here the rules are removed and
+    put back in turn, every 300 events (a window, a threshold and a change end open alerts)."""
+    path = tmp_path / "edited.yaml"
+    path.write_text(_without(RULES.read_text(), REMOVED))
+    before, after = _plan([RULES]), _plan([path])
+    assert {s.name for s in before.streams} == {s.name for s in after.streams}
+    lines = lines_for_test()
+    whole = _reloaded(before, after, _rows(lines, before, 1), 1, 300)
+    parts = _reloaded(before, after, _rows(lines, before, split), split, 300)
+    assert not _differences(_summary(parts), _summary(whole))
+    ended = [orjson.loads(r[3]) for r in whole if r[0] == "alert"]
+    retired = Counter(a["rule_id"] for a in ended if "retired" in a["annotations"])
+    assert len(retired) >= 3 and set(retired) <= REMOVED, retired
