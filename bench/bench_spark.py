@@ -25,15 +25,17 @@ stream path, the evaluator's own window logic per topic partition) or
   live in the Python worker that got the task, at the worker that holds it live (a peer,
   ``jobs.peers``), restored from the state store, or new;
 - Spark's floor: the same topic read with no rule, in ``B``-event batches, to Spark's
-  ``noop`` sink: Kafka's records alone, then decoded as the job decodes them. No rule
-  pack can run faster than the decode's rate; the bench prints the pack's share of it;
+  ``noop`` sink: Kafka's records alone, then decoded as the job decodes them, then also
+  through the job's stateful step (the pack's task rows, grouped as the job groups them,
+  through ``applyInPandasWithState``) with a function that does nothing. No rule pack can
+  run faster than that last rate; the bench prints the pack's share of it;
 - the evaluator alone (the windowed pack; the threshold pack takes the keyed path): its
   rules over (up to 100,000 of) the same events in this process, without Spark, CPU µs
   per event (what the stream path runs per stream partition), and the rate two stream
   partitions on two cores could not pass even if Spark cost nothing;
-- the ceiling: the decode's rate and the evaluator's, one after the other (a micro-batch's
-  stages run in turn), what the pack could reach if Spark cost nothing beyond its read and
-  decode.
+- the ceiling: the stateful floor's rate and the evaluator's, one after the other (a
+  micro-batch's stages run in turn), what the pack could reach if the stream runner cost
+  nothing but the evaluator.
 
 Figures are for this host (shared, 2 cores), one driver with local executors,
 not a cluster.
@@ -168,20 +170,48 @@ def finished(query: Any, name: str) -> list[dict[str, Any]]:
     return [p for p in query.recentProgress if p["numInputRows"]]
 
 
-def run_floor(
-    spark: Any, settings: Settings, per_batch: int, name: str, *, decode: bool
-) -> list[dict[str, Any]]:
-    """The same source with no rule: Kafka's records alone, or decoded too, to Spark's
-    ``noop`` sink, in batches of ``per_batch`` events: what Spark costs here before any rule."""
-    from jobs.compile import plan_rules
+def nothing(_group: Any, frames: Any, _state: Any) -> Any:
+    """A stateful function that takes its group's rows as the job's does, and does nothing."""
+    import pandas as pd
+
+    from jobs.state import OUTPUT_COLUMNS
+
+    for _ in frames:
+        pass
+    yield pd.DataFrame.from_records([], columns=OUTPUT_COLUMNS)
+
+
+#: how far :func:`run_floor` goes: Kafka's records, decoded, through the stateful step
+FLOORS = ("read", "decode", "stateful")
+
+
+def run_floor(spark: Any, settings: Settings, per_batch: int, name: str, step: str) -> list[dict[str, Any]]:
+    """The same source with no rule, to Spark's ``noop`` sink, in batches of ``per_batch``
+    events, up to ``step`` of :data:`FLOORS`: Kafka's records alone; decoded; or decoded, made
+    the pack's task rows and grouped by state group through ``applyInPandasWithState``, as the
+    job does (``jobs.state.apply_lifecycle``), into :func:`nothing`. What Spark costs here
+    before any rule."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from jobs.compile import plan_rules, tasks
     from jobs.engine import EngineOptions, decoded, records
+    from jobs.state import OUTPUT_SCHEMA, STATE_BUCKETS, STATE_CODEC, STATE_SCHEMAS, bucket
 
     plan = plan_rules(load_rules([settings.data_dir / "rules.yaml"]))
     opts = EngineOptions(once=True, max_offsets_per_trigger=per_batch, query=name)
-    raw = records(spark, plan, settings, opts)
+    df = records(spark, plan, settings, opts)
+    if step != "read":
+        df = decoded(df, plan, settings)
+    if step == "stateful":
+        group = bucket(F.col("__key"), STATE_BUCKETS)
+        rows = tasks(df, plan, settings.partitions).withColumn("__bucket", group)
+        state = STATE_SCHEMAS[STATE_CODEC]
+        df = rows.groupBy("__bucket").applyInPandasWithState(
+            nothing, OUTPUT_SCHEMA, state, "append", GroupStateTimeout.NoTimeout
+        )
     query = (
-        (decoded(raw, plan, settings) if decode else raw)
-        .writeStream.queryName(name)
+        df.writeStream.queryName(name)
         .format("noop")
         .option("checkpointLocation", str(settings.data_dir / "spark" / name))
         .trigger(availableNow=True)
@@ -257,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 before = state_groups()
                 small = run_query(spark, settings, args.small, "bench-latency")[:30]
                 groups = {k: int(n - before[k]) for k, n in state_groups().items()}
-                read = run_floor(spark, settings, args.batch, "bench-read", decode=False)
-                dec = run_floor(spark, settings, args.batch, "bench-decode", decode=True)
+                read, dec, stateful = (
+                    run_floor(spark, settings, args.batch, f"bench-{step}", step) for step in FLOORS
+                )
             finally:
                 spark.stop()
     finally:
@@ -274,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return sum(p["numInputRows"] for p in warm) / sum(secs(p) for p in warm)
 
     warm = big[1:] or big
-    rate, read_rate, decode_rate = rate_of(big), rate_of(read), rate_of(dec)
+    rate, read_rate = rate_of(big), rate_of(read)
+    decode_rate, stateful_rate = rate_of(dec), rate_of(stateful)
     cold_rate = sum(p["numInputRows"] for p in cold) / sum(secs(p) for p in cold)
     lat = sorted(secs(p) for p in small[1:] or small)
     p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
@@ -291,20 +323,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  micro-batch     p50 {small_p50:.2f} s, p95 {p95:.2f} s at <= {args.small:,} events/batch"
           f" (target p50 <= {LATENCY_TARGET_S:.0f} s at 10,000)")  # fmt: skip
     print(f"                  p50 {big_p50:.2f} s at <= {args.batch:,} events/batch")
-    share = rate / decode_rate
+    share = rate / stateful_rate
     print(f"  spark's floor   {read_rate:>10,.0f} events/s  Kafka read alone; {decode_rate:,.0f} events/s"
-          f" read and decoded (no rule, noop sink, same batches): the pack runs at {share:.0%} of the"
-          " decode's rate")  # fmt: skip
+          f" read and decoded; {stateful_rate:,.0f} events/s decoded and through the stateful step to a"
+          f" function that does nothing (no rule, noop sink, same batches): the pack runs at {share:.0%}"
+          " of that last rate")  # fmt: skip
     # a micro-batch's stages run one after the other: the read and decode on both cores, then
-    # the stream partitions' evaluators on both cores
-    both = None if eval_us is None else 1 / (1 / decode_rate + eval_us / 2e6)
+    # the stream partitions' evaluators on both cores, each behind Spark's stateful step
+    both = None if eval_us is None else 1 / (1 / stateful_rate + eval_us / 2e6)
     if eval_us is not None and both is not None:
         ceiling = 2 / eval_us * 1e6
         print(f"  the evaluator   {eval_us:.1f} µs of CPU per event alone (the pack's rules without Spark,"
               f" best of 3 over {min(len(items), 100_000):,} events): two stream partitions on two"
               f" cores could not pass {ceiling:,.0f} events/s with no Spark work at all")  # fmt: skip
-        print(f"  the ceiling     {both:>10,.0f} events/s  the decode's rate and the evaluator's alone,"
-              f" one after the other as a micro-batch runs them; the pack: {rate / both:.0%}")  # fmt: skip
+        print(f"  the ceiling     {both:>10,.0f} events/s  the stateful floor's rate and the evaluator's"
+              f" alone, one after the other as a micro-batch runs them; the pack: {rate / both:.0%}")
     found = ", ".join(f"{k} {n}" for k, n in groups.items())
     print(f"  state groups    the latency run's stateful group runs, by where their state came from:"
           f" {found} (spark_state_groups_total, docs/spark.md)")  # fmt: skip
@@ -324,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_events": args.small,
         "read_events_per_s": round(read_rate),
         "decode_events_per_s": round(decode_rate),
+        "stateful_floor_events_per_s": round(stateful_rate),
         "evaluator_us_per_event": None if eval_us is None else round(eval_us, 2),
         "ceiling_events_per_s": None if both is None else round(both),
         "events": args.events,
