@@ -336,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the evaluator   {eval_us:.1f} µs of CPU per event alone (the pack's rules without Spark,"
               f" best of 3 over {min(len(items), 100_000):,} events): two stream partitions on two"
               f" cores could not pass {ceiling:,.0f} events/s with no Spark work at all")  # fmt: skip
-        print(f"  the ceiling     {both:>10,.0f} events/s  the stateful floor's rate and the evaluator's"
-              f" alone, one after the other as a micro-batch runs them; the pack: {rate / both:.0%}")
+        print(
+            f"  the ceiling     {both:>10,.0f} events/s  the stateful floor's rate and the evaluator's"
+            f" alone, one after the other as a micro-batch runs them; the pack: {rate / both:.0%}"
+        )
     found = ", ".join(f"{k} {n}" for k, n in groups.items())
     print(f"  state groups    the latency run's stateful group runs, by where their state came from:"
           f" {found} (spark_state_groups_total, docs/spark.md)")  # fmt: skip
