@@ -15,11 +15,31 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from app.console.health import write_roles_file
+from app.console.health import read_roles, write_roles_file
 from app.console.users import admin_password_path, ensure_first_user, users_path
-from app.kafka.broker import free_port
+from app.kafka.broker import claim_port, free_port
 
 logger = logging.getLogger(__name__)
+
+
+def state_port(data_dir: Path, given: str | None) -> str:
+    """The worker's state port: ``given`` (the operator's ``APP_STATE_PORT``), else the last
+    run's (``roles.json``) while it is free, else a free one.
+
+    The port is in the worker's ``canonical_url``, which Faust's assignor writes into the
+    group's assignment, and under ``make run`` the worker is a static member of its group
+    (``app.runtime.system.worker_member_id``). A static member that joins again before its
+    session ends is handed its last assignment, with no rebalance; Faust's assignor then
+    asserts that the assignment's URL is its own, and on a new port that assertion killed
+    the consumer's group routine: the worker of a second ``make run`` started and never
+    read a record (docs/worker.md, "Static membership")."""
+    if given:
+        return given
+    last = next((str(e.get("state") or "") for e in read_roles(data_dir) if e.get("name") == "worker"), "")
+    _, _, tail = last.rpartition(":")
+    if tail.isdigit() and claim_port(int(tail)):
+        return tail
+    return str(free_port())
 
 
 def prepare(data_dir: Path, roles: list[Any]) -> list[str]:
@@ -32,8 +52,7 @@ def prepare(data_dir: Path, roles: list[Any]) -> list[str]:
             "one_shot": bool(r.one_shot),
         }
         if r.name == "worker":
-            port = r.env.get("APP_STATE_PORT") or str(free_port())
-            r.env["APP_STATE_PORT"] = port
+            port = r.env["APP_STATE_PORT"] = state_port(data_dir, r.env.get("APP_STATE_PORT"))
             entry["state"] = f"http://127.0.0.1:{port}"
         entries.append(entry)
     write_roles_file(data_dir, entries)
