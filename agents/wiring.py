@@ -70,6 +70,7 @@ import orjson
 from faust.types import TP
 from prometheus_client import Counter
 
+from agents.assignor import OwnURLAssignor
 from agents.merge import PAUSED, Pacer, RegroupMerge, regroup_waits
 from agents.metrics import (
     BATCH_SECONDS,
@@ -648,6 +649,7 @@ def build_app(settings: Settings | None = None, ruleset: RuleSet | None = None) 
         broker_request_timeout=max(REQUEST_TIMEOUT_S, settings.worker_session_ms / 1000 + 30),
         broker_heartbeat_interval=HEARTBEAT_S,
         consumer_group_instance_id=settings.worker_instance_id or None,  # static membership, when set
+        PartitionAssignor=OwnURLAssignor,
     )
     stores: dict[str, TableStore] = {}
     for source in SOURCE_TOPICS:
