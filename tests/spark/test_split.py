@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +67,26 @@ def _rows(lines: list[bytes], plan: SparkPlan, split: int) -> list[tuple[str, tu
     return out
 
 
-def _run(plan: SparkPlan, rows: list[tuple[str, tuple[Any, ...]]], split: int, batch: int) -> list[Any]:
+def _runner(plan: SparkPlan, split: int, ran: RulesRan | None = None) -> StreamRunner:
+    specs, rules = plan.streams, plan.stream_rules
+    return StreamRunner(rules, specs, PARTITIONS, tables=tables(), max_skew_ms=SKEW_MS, split=split, ran=ran)
+
+
+def _run(
+    plan: SparkPlan, rows: list[tuple[str, tuple[Any, ...]]], split: int, batch: int,
+    runner_of: Callable[[int], StreamRunner] | None = None,
+) -> list[Any]:  # fmt: skip
     """The runner's output rows over ``rows`` in micro-batches of ``batch`` events, each key's
-    state carried from one to the next (a key with no row in a batch is not called, as in Spark)."""
-    runner = StreamRunner(
-        plan.stream_rules, plan.streams, PARTITIONS, tables=tables(), max_skew_ms=SKEW_MS, split=split
-    )
+    state carried from one to the next (a key with no row in a batch is not called, as in Spark).
+    ``runner_of``: the runner of the n-th batch; by default one runner of ``plan`` takes them all."""
+    if runner_of is None:
+        one = _runner(plan, split)
+        runner_of = lambda _n: one  # noqa: E731
     states: dict[str, Any] = {}
     out: list[Any] = []
     offsets = sorted({r[4] for _, r in rows})
-    for start in range(0, len(offsets), batch):
+    for n, start in enumerate(range(0, len(offsets), batch)):
+        runner = runner_of(n)
         lo, hi = offsets[start], offsets[min(start + batch, len(offsets)) - 1]
         by_key: dict[str, list[tuple[Any, ...]]] = {}
         for key, row in rows:
@@ -211,28 +221,12 @@ def _without(text: str, ids: set[str]) -> str:
 def _reloaded(
     before: SparkPlan, after: SparkPlan, rows: list[tuple[str, tuple[Any, ...]]], split: int, every: int
 ) -> list[Any]:
-    """:func:`_run`'s output over ``rows`` in micro-batches of ``every`` offsets, each run by a
+    """:func:`_run`'s output over ``rows`` in micro-batches of ``every`` events, each run by a
     new runner of ``after``'s rules and ``before``'s in turn, which restores each key from the
     state carried: as the query restarts on edited files (``jobs.engine.RuleFollower``), with
     the record of the rules it ran."""
     ran = RulesRan.of(r.facts for r in [x.rule for x in before.rules] + list(before.stream_rules))
-    states: dict[str, Any] = {}
-    out: list[Any] = []
-    last = max(r[4] for _, r in rows)
-    for n, start in enumerate(range(0, last + 1, every)):
-        plan = after if n % 2 else before
-        runner = StreamRunner(
-            plan.stream_rules, plan.streams, PARTITIONS, tables=tables(), max_skew_ms=SKEW_MS, split=split,
-            ran=ran,
-        )  # fmt: skip
-        by_key: dict[str, list[tuple[Any, ...]]] = {}
-        for key, row in rows:
-            if start <= row[4] < start + every:
-                by_key.setdefault(key, []).append(row)
-        for key, mine in by_key.items():
-            produced, states[key] = runner.run_key(key, mine, states.get(key))
-            out += produced
-    return out
+    return _run(before, rows, split, every, lambda n: _runner(after if n % 2 else before, split, ran))
 
 
 @pytest.mark.parametrize("split", [2, 3])
