@@ -74,7 +74,13 @@ from aiokafka.structs import TopicPartition
 from faust.exceptions import ProducerSendError
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer, Producer, Transport
+from faust.transport.drivers.aiokafka import (
+    AIOKafkaConsumerThread,
+    Consumer,
+    ConsumerNotStarted,
+    Producer,
+    Transport,
+)
 from faust.types import TP, ConsumerT, TransportT
 
 from agents.membership import members_of, twin, twin_message
@@ -101,6 +107,8 @@ RoundHandler = Callable[[list[tuple[TP, list[Any]]]], Awaitable[None]]
 #: it short loses nothing: offsets go through the consumer's own commits, and what they did not
 #: cover is read again after a restart (at least once, as after a crash).
 CONSUMER_THREAD_STOP_S = 5.0
+#: how often the worker checks that aiokafka's group routine still runs (:meth:`RulesApp.watch_group`)
+GROUP_CHECK_S = 1.0
 
 
 class WorkerConsumerThread(AIOKafkaConsumerThread):
@@ -713,6 +721,28 @@ class BatchConsumer(Consumer):
         self._drop_waiting()  # the next owner, or this worker after the seek, reads them again
         await super().on_partitions_revoked(revoked)
 
+    def group_failure(self) -> BaseException | None:
+        """Why aiokafka's group routine (its coordinator's task: the joins, the assignments, the
+        heartbeats' watch) died, or the error it waits on for its consumer to take; None while
+        it runs, and before the consumer starts. aiokafka's own ``getmany`` raises these at each
+        fetch (``check_errors``); Faust's fetch reads aiokafka's fetcher directly and never did,
+        so a worker whose routine had died ran on with no partition, reading nothing, and one
+        whose routine met an error it cannot retry (the group refused by its ACLs) waited on it
+        for ever."""
+        try:
+            coordinator = self._thread._ensure_consumer()._coordinator  # noqa: SLF001
+        except ConsumerNotStarted:
+            return None
+        if coordinator is None:  # aiokafka's consumer not started yet
+            return None
+        try:
+            coordinator.check_errors()
+        except asyncio.CancelledError:  # the routine was cancelled: the worker stops
+            return None
+        except Exception as exc:  # whatever stopped it is the answer
+            return exc
+        return None
+
     def _member_id(self) -> str:
         """This worker's member id in the group now ("" before a join, and after the broker
         said it was no longer a member)."""
@@ -1230,6 +1260,27 @@ class RulesApp(faust.App):
         await super().on_start()
         for task in self.early_tasks:
             self.add_future(task())  # cancelled when the app stops, as Faust's tasks are
+        self.add_future(self.watch_group())  # from the start: a first join can fail too
+
+    async def watch_group(self) -> None:
+        """Crash the worker once aiokafka's group routine has stopped
+        (:meth:`BatchConsumer.group_failure`), saying why: such a worker takes no partition
+        again and reads nothing, while its process, its metrics and its heartbeats may look
+        well. Its supervisor (``make run``'s, or the orchestrator's) starts it again, and the
+        new process joins the group afresh. Found when Faust's assignor asserted on a static
+        member's URL (``agents.assignor``); this covers whatever else may stop it."""
+        consumer = cast("BatchConsumer", self.consumer)
+        while True:
+            await asyncio.sleep(GROUP_CHECK_S)
+            if self.should_stop:  # a stop's own end of the routine is no failure
+                return
+            failure = consumer.group_failure()
+            if failure is not None:
+                logger.error("the worker's consumer group routine stopped (%r): it would take no "
+                             "partition again and read nothing; the worker stops, for its "
+                             "supervisor to start it again", failure)  # fmt: skip
+                await self.crash(failure)
+                return
 
     def exclusive(self) -> asyncio.Lock:
         """The commit gate, for a timer that changes rule states and hands their outputs to
