@@ -140,6 +140,10 @@ class StateLayout:
     codec: str
     split: int = 1
 
+    def parts(self, plan: SparkPlan) -> int:
+        """The parts ``plan``'s stream partitions run in: :attr:`split`, or 1 with no stream."""
+        return self.split if plan.streams else 1
+
 
 SPLIT_ENV = "APP_SPARK_STREAM_SPLIT"
 #: the most parts a stream partition is split in (each part reads every event's time)
@@ -297,7 +301,7 @@ def build_stream(
     """The streaming DataFrame of output rows (``jobs.state.OUTPUT_SCHEMA``); ``ran``: the
     rules the checkpoint's query ran (:func:`rules_ran`), ``layout``: its checkpoint's
     (:func:`query_layout`), ``stale``: the groups a start swept (:mod:`jobs.unread`)."""
-    split = layout.split if plan.streams else 1
+    split = layout.parts(plan)
     events = decoded(records(spark, plan, settings, opts, split), plan, settings, split)
     streams = StreamRunner(
         plan.stream_rules, plan.streams, settings.partitions, bootstrap=settings.bootstrap_servers,
@@ -355,7 +359,7 @@ def start(
             opts.query,
         )
         return query, sink
-    split = layout.split if plan.streams else 1
+    split = layout.parts(plan)
     logger.info(
         "spark query %r started: %d rule(s) on %s, checkpoint %s%s",
         opts.query,
