@@ -7,6 +7,7 @@ exists, as Faust's assignor once failed there (agents/assignor.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -73,7 +74,8 @@ def test_a_worker_whose_first_join_dies_in_its_group_routine_stops_and_the_other
     fault = tmp_path / "fault"
     fault.touch()
     env = worker_env(broker, tmp_path, rules_dir)
-    faulty = {**env, "PYTHONPATH": str(inject), "FAULT_FILE": str(fault)}
+    path = os.pathsep.join(filter(None, [str(inject), env.get("PYTHONPATH", "")]))
+    faulty = {**env, "PYTHONPATH": path, "FAULT_FILE": str(fault)}
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
     with role(["agents", "worker", "-l", "info"], env, logs[0]) as first:
         wait_for(lambda: ready(logs[0]), timeout_s=60, what="the first worker ready")
