@@ -23,6 +23,8 @@ QUERY_TIMEOUT_S = 90
 #: ``PythonWorkerFactory``, no setting); on a loaded host the ``kafka_py`` source's worker
 #: can miss it, and the query fails at its start
 WORKER_MISSED_ITS_START = "Python worker failed to connect back"
+#: how many times :func:`run_restarting` starts a query again after that
+WORKER_START_RESTARTS = 2
 #: the Kafka sources of the Spark engine: Spark's connector (the default) and the fallback
 FORMATS = ("kafka", "kafka_py")
 _TXN_IDS = itertools.count()
@@ -55,15 +57,18 @@ def await_query(q: StreamingQuery, timeout_s: float = QUERY_TIMEOUT_S) -> Stream
     return q
 
 
-def run_restarting_once(start: Callable[[], StreamingQuery]) -> StreamingQuery:
+def run_restarting(start: Callable[[], StreamingQuery]) -> StreamingQuery:
     """Start a query and wait for it; when its Python worker missed Spark's 10 s to connect
-    back, start it once more from the same checkpoint, as the supervisor restarts the Spark
-    role. Any other failure, or that one twice, fails the test."""
-    try:
-        return await_query(start())
-    except StreamingQueryException as exc:
-        if WORKER_MISSED_ITS_START not in str(exc):
-            raise
+    back, start it again from the same checkpoint, as the supervisor restarts the Spark role,
+    up to :data:`WORKER_START_RESTARTS` times. Any other failure fails the test, and so does
+    that one past them (a clean-clone run of 2026-12-02 met it twice in a row, under the slow
+    tests' load)."""
+    for _ in range(WORKER_START_RESTARTS):
+        try:
+            return await_query(start())
+        except StreamingQueryException as exc:
+            if WORKER_MISSED_ITS_START not in str(exc):
+                raise
     return await_query(start())
 
 

@@ -28,7 +28,7 @@ from tests.spark.conftest import (
     collect_batches,
     produce_to,
     produce_txn,
-    run_restarting_once,
+    run_restarting,
     transaction,
 )
 from tests.spark.helpers import RULES
@@ -91,7 +91,7 @@ def run_stream(spark: SparkSession, fmt: str, opts: dict[str, str], checkpoint: 
             .start()
         )
 
-    run_restarting_once(start)
+    run_restarting(start)
     return batches
 
 
