@@ -15,8 +15,7 @@ import orjson
 import pytest
 
 from app.kafka.broker import KafkaBroker
-from app.placement import partition_for
-from tests.agents.worker_helpers import PARTITIONS, worker_env
+from tests.agents.worker_helpers import PARTITIONS, keys_on, worker_env, worker_ready
 from tests.kafka_helpers import produce, wait_for_json
 from tests.procs import role, wait_for
 
@@ -48,16 +47,6 @@ group_coordinator.GroupCoordinator._on_join_complete = _failing
 """
 
 
-def ready(log: Path) -> bool:
-    return log.exists() and "Worker ready" in log.read_text(errors="replace")
-
-
-def device_on(partition: int) -> str:
-    return next(
-        d for d in (f"dev-{i}" for i in range(100)) if partition_for(d.encode(), PARTITIONS) == partition
-    )
-
-
 def test_a_worker_whose_first_join_dies_in_its_group_routine_stops_and_the_other_reads_everything(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
@@ -78,7 +67,7 @@ def test_a_worker_whose_first_join_dies_in_its_group_routine_stops_and_the_other
     faulty = {**env, "PYTHONPATH": path, "FAULT_FILE": str(fault)}
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
     with role(["agents", "worker", "-l", "info"], env, logs[0]) as first:
-        wait_for(lambda: ready(logs[0]), timeout_s=60, what="the first worker ready")
+        wait_for(lambda: worker_ready(logs[0]), timeout_s=60, what="the first worker ready")
         with role(["agents", "worker", "-l", "info"], faulty, logs[1]) as second:
             try:
                 code = second.wait(90)
@@ -89,7 +78,7 @@ def test_a_worker_whose_first_join_dies_in_its_group_routine_stops_and_the_other
         assert "Unexpected error in coordinator routine" in second_log  # aiokafka's: the fault
         assert "injected: the join fails in the group routine" in second_log
         assert "the worker's consumer group routine stopped" in second_log
-        devices = [device_on(p) for p in range(PARTITIONS)]
+        devices = [keys_on(p, "dev-")[0] for p in range(PARTITIONS)]
         values = [
             orjson.dumps({"device_id": d, "ts": "2026-03-01T00:00:00Z", "temperature": 31.0}) for d in devices
         ]

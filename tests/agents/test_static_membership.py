@@ -21,7 +21,7 @@ from app.kafka.clients import topic_records
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.topics import ALERTS, SENSORS
-from tests.agents.worker_helpers import consumed, nab_lines, role_env
+from tests.agents.worker_helpers import consumed, nab_lines, role_env, worker_ready
 from tests.kafka_helpers import produce
 from tests.procs import role, wait_for
 
@@ -83,18 +83,15 @@ def test_a_killed_worker_started_again_with_its_id_takes_its_place_and_the_other
         member = {"APP_WORKER_INSTANCE_ID": f"{tmp_path.name}-{slot}", "APP_WORKER_SESSION_TIMEOUT": SESSION}
         return role_env(broker, tmp_path / f"w{slot}", APP_RULES_DIR=str(rules), **member)
 
-    def ready(log: Path) -> bool:
-        return "Worker ready" in log.read_text(errors="replace")
-
     def assignments(log: Path) -> int:
         return log.read_text(errors="replace").count(ASSIGNED)
 
     first, other, again = tmp_path / "first.log", tmp_path / "other.log", tmp_path / "again.log"
     half = len(records) // 2
     with role(["agents", "worker", "-l", "info"], env(0), first) as w0:
-        wait_for(lambda: ready(first), 120, what="worker 0 ready")
+        wait_for(lambda: worker_ready(first), 120, what="worker 0 ready")
         with role(["agents", "worker", "-l", "info"], env(1), other):
-            wait_for(lambda: ready(other), 120, what="worker 1 ready")
+            wait_for(lambda: worker_ready(other), 120, what="worker 1 ready")
             wait_for(lambda: assignments(first) >= 2, 60, what="worker 0 given its share")
             produce(broker.bootstrap, SENSORS, records[:half])
             wait_for(lambda: consumed(broker.bootstrap, INPUTS), 120, interval_s=0.5, what="half consumed")
@@ -102,7 +99,7 @@ def test_a_killed_worker_started_again_with_its_id_takes_its_place_and_the_other
             os.killpg(w0.pid, signal.SIGKILL)
             w0.wait(10)
             with role(["agents", "worker", "-l", "info"], env(0), again):
-                wait_for(lambda: ready(again), 120, what="worker 0 again ready")
+                wait_for(lambda: worker_ready(again), 120, what="worker 0 again ready")
                 produce(broker.bootstrap, SENSORS, records[half:])
                 wait_for(lambda: consumed(broker.bootstrap, INPUTS), 120, interval_s=0.5, what="all consumed")
                 log = again.read_text(errors="replace")

@@ -27,7 +27,7 @@ from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.rules.statekey import group_text
 from bench.worker_runs import metric
-from tests.agents.worker_helpers import PARTITIONS, worker_env
+from tests.agents.worker_helpers import PARTITIONS, keys_on, worker_env, worker_ready
 from tests.kafka_helpers import consume, consume_json, produce, wait_for_json
 from tests.procs import role, stop, wait_for
 from tests.regrouped import regrouped_backlog
@@ -59,10 +59,6 @@ def send(broker: KafkaBroker, values: list[bytes]) -> None:
     produce(broker.bootstrap, "events.sensors", [(orjson.loads(v)["device_id"].encode(), v) for v in values])
 
 
-def ready(log: Path, count: int = 1) -> bool:
-    return log.exists() and log.read_text(errors="replace").count("Worker ready") >= count
-
-
 def test_two_workers_share_partitions_and_hand_over_state(broker: KafkaBroker, tmp_path: Path) -> None:
     # PARTITIONS (2) is the broker fixture's count: one source partition per worker while both run
     assert len({partition_for(d.encode(), PARTITIONS) for d in DEVICES}) == PARTITIONS, "devices must spread"
@@ -79,11 +75,11 @@ def test_two_workers_share_partitions_and_hand_over_state(broker: KafkaBroker, t
     closing = readings(range(65, 66))
     log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
     with role(["agents", "worker", "-l", "info"], env, log1) as w1:
-        wait_for(lambda: ready(log1), timeout_s=45, what="worker 1 ready")
+        wait_for(lambda: worker_ready(log1), timeout_s=45, what="worker 1 ready")
         send(broker, phase_a)
         time.sleep(3)  # processed and committed (commit interval 1 s)
         with role(["agents", "worker", "-l", "info"], env, log2):
-            wait_for(lambda: ready(log2), timeout_s=45, what="worker 2 ready (the group rebalanced)")
+            wait_for(lambda: worker_ready(log2), timeout_s=45, what="worker 2 ready (the group rebalanced)")
             time.sleep(2)
             send(broker, phase_b)
             # worker 1 leaves the group while phase b is being evaluated, before its next commit
@@ -157,7 +153,7 @@ def test_two_workers_catching_up_a_regrouped_backlog_give_the_backtests_alerts(
         role(["agents", "worker", "-l", "info"], env, log1),
         role(["agents", "worker", "-l", "info"], env, log2),
     ):
-        wait_for(lambda: ready(log1) and ready(log2), timeout_s=60, what="both workers ready")
+        wait_for(lambda: worker_ready(log1) and worker_ready(log2), timeout_s=60, what="both workers ready")
         alerts = settled_alerts(broker.bootstrap, quiet_s=8, timeout_s=150)
     got = Counter(a["rule_id"] for a in alerts)
     want = Counter(a.rule_id for a in expected)
@@ -181,7 +177,7 @@ def two_workers_on_a_regrouped_backlog(
         role(["agents", "worker", "-l", "info"], env, logs[0]),
         role(["agents", "worker", "-l", "info"], env, logs[1]) as second,
     ):
-        wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
+        wait_for(lambda: all(worker_ready(log) for log in logs), timeout_s=60, what="both workers ready")
         yield second, expected, logs
 
 
@@ -243,12 +239,6 @@ STALLED_RULES = """rules:
 """
 
 
-def hosts_on(partition: int, count: int) -> list[str]:
-    """``count`` host names the logs topic keys onto ``partition`` (of :data:`PARTITIONS`)."""
-    names = (f"web-{i}" for i in range(1000))
-    return [h for h in names if partition_for(h.encode(), PARTITIONS) == partition][:count]
-
-
 def ip_regrouped_on(partition: int) -> str:
     """A client IP whose group the regroup topic keys onto ``partition``."""
     ips = (f"10.0.1.{i}" for i in range(256))
@@ -303,10 +293,17 @@ def regroup_settled(bootstrap: str, ports: list[int], timeout_s: float = 60) -> 
         time.sleep(0.5)
 
 
-def one_partition_each(logs: list[Path]) -> bool:
-    """Whether the two workers logging to ``logs`` were each last assigned one source partition."""
-    first, other = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
-    return first is not None and other is not None and len(first) == len(other) == 1 and first != other
+def wait_one_partition_each(logs: list[Path]) -> tuple[int, int]:
+    """Wait until the two workers logging to ``logs`` were each last assigned one source
+    partition; those partitions, the first worker's first."""
+
+    def split() -> bool:
+        first, other = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
+        return first is not None and other is not None and len(first) == len(other) == 1 and first != other
+
+    wait_for(split, timeout_s=60, what="one source partition per worker")
+    first, other = (sorted(owned(log, "events.logs") or ()) for log in logs)
+    return first[0], other[0]
 
 
 def backtested(rules_dir: Path, sent: list[bytes]) -> list[Alert]:
@@ -357,10 +354,9 @@ def test_a_worker_stopped_while_its_partition_was_idle_has_the_regroup_side_wait
             ["agents", "worker", "-l", "info"], {**env, "APP_METRICS_PORT": str(ports[1])}, logs[1]
         ) as stopped,
     ):
-        wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
-        wait_for(lambda: one_partition_each(logs), timeout_s=60, what="one source partition per worker")
-        (busy,), (idle,) = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
-        hosts = {p: hosts_on(p, 1) for p in range(PARTITIONS)}
+        wait_for(lambda: all(worker_ready(log) for log in logs), timeout_s=60, what="both workers ready")
+        busy, idle = wait_one_partition_each(logs)
+        hosts = {p: keys_on(p, "web-") for p in range(PARTITIONS)}
         send_lines([log_line(hosts[p][0], "00:00:00", "10.0.0.9", "/probe") for p in range(PARTITIONS)])
         assert all(probed(hosts[p][0], 60) for p in range(PARTITIONS)), "both partitions evaluated"
         regroup_settled(broker.bootstrap, ports)
@@ -430,10 +426,9 @@ def test_a_worker_that_never_had_a_round_stopped_has_the_regroup_side_wait_for_i
             ["agents", "worker", "-l", "info"], {**env, "APP_METRICS_PORT": str(ports[1])}, logs[1]
         ) as second,
     ):
-        wait_for(lambda: all(ready(log) for log in logs), timeout_s=60, what="both workers ready")
-        wait_for(lambda: one_partition_each(logs), timeout_s=60, what="one source partition per worker")
-        (busy,), (idle,) = owned(logs[0], "events.logs"), owned(logs[1], "events.logs")
-        host_busy, host_idle = hosts_on(busy, 1)[0], hosts_on(idle, 1)[0]
+        wait_for(lambda: all(worker_ready(log) for log in logs), timeout_s=60, what="both workers ready")
+        busy, idle = wait_one_partition_each(logs)
+        host_busy, host_idle = keys_on(busy, "web-")[0], keys_on(idle, "web-")[0]
         ip = ip_regrouped_on(busy)  # regrouped onto the running worker: the second has no record
         send_lines([log_line(host_busy, "00:00:00", ip, "/probe")])
 

@@ -14,6 +14,7 @@ from aiokafka.structs import TopicPartition
 
 from agents.transport import committed_ends
 from app.kafka.broker import KafkaBroker
+from app.placement import partition_for
 from bench.worker_runs import committed_offsets as group_offsets
 from ingest.adapters.nab import nab_events
 from tests.conftest import NAB_MACHINE_TEMP, child_env, require_dataset
@@ -61,6 +62,18 @@ TOPIC = "streamalert-rules-rule-state-sensors-changelog"
 
 #: the broker fixture's partition count, which the worker tests run their workers with
 PARTITIONS = 2
+
+
+def keys_on(partition: int, prefix: str, count: int = 1) -> list[str]:
+    """The first ``count`` keys ``<prefix><n>`` that Kafka's partitioner puts on ``partition`` (of
+    :data:`PARTITIONS`)."""
+    names = (f"{prefix}{i}" for i in range(1000))
+    return [k for k in names if partition_for(k.encode(), PARTITIONS) == partition][:count]
+
+
+def worker_ready(log: Path, count: int = 1) -> bool:
+    """Whether the worker logging to ``log`` said "Worker ready" ``count`` times (once per start)."""
+    return log.exists() and log.read_text(errors="replace").count("Worker ready") >= count
 
 
 def fake_table(data: dict[str, Any] | None = None) -> Any:
