@@ -62,6 +62,7 @@ import contextlib
 import inspect
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from functools import cached_property, partial
@@ -109,6 +110,14 @@ RoundHandler = Callable[[list[tuple[TP, list[Any]]]], Awaitable[None]]
 CONSUMER_THREAD_STOP_S = 5.0
 #: how often the worker checks that aiokafka's group routine still runs (:meth:`RulesApp.watch_group`)
 GROUP_CHECK_S = 1.0
+#: Longest a stop waits, in all, on what needs the cluster to answer: the last commit (which
+#: flushes the producer first), the producer's flush and its stop, the transactions' end. With
+#: the cluster gone and records in the producer, each waited for the producer's request
+#: timeout (20 minutes in Faust), so a SIGTERM mid-replay did not stop the worker. Cutting
+#: them short loses nothing: the offsets not committed are read again at the next start, and
+#: their alerts come again with the same ids (at least once; exactly once, the open
+#: transactions abort).
+STOP_CLUSTER_S = 5.0
 
 
 class WorkerConsumerThread(AIOKafkaConsumerThread):
@@ -976,7 +985,8 @@ class BatchConsumer(Consumer):
         await super().on_stop()  # its last commit ends the transactions (no new ones begin)
         transactions = self._transactions()
         if transactions is not None:
-            await transactions.close()
+            app = cast("RulesApp", self.app)
+            await app.within_stop_limit("the transactions' end", transactions.close())
         client, self._ends_client = self._ends_client, None
         if client is not None:
             await stop_consumer(client)
@@ -1143,9 +1153,24 @@ def _report_stop() -> None:
     logger.warning("still stopping after %.0f s; what each task waits on:\n%s", STOP_REPORT_S, awaiting())
 
 
+def _exit_if_cut(app: RulesApp) -> None:
+    """The stop's last resort, :data:`STOP_CLUSTER_S` after its steps that need the cluster
+    were cut short (:meth:`RulesApp.within_stop_limit`): a later step may wait on one of them
+    still (an exactly-once run of ``tests/agents/test_worker.py`` hung so after its last commit
+    was cut), so the process ends here. Nothing is lost, as there."""
+    if app.stop_cut:
+        logger.warning("still stopping %.0f s after steps were cut short on a cluster that does not "
+                       "answer: exiting now; what was not committed is read again at the next start; "
+                       "what each task waits on:\n%s", STOP_CLUSTER_S, awaiting())  # fmt: skip
+        logging.shutdown()
+        os._exit(0)
+
+
 class QuietWorker(faust.Worker):
     """Faust's worker without its terminal spinner (and so without a DEBUG root logger), and
-    saying what it waits on when a stop takes longer than :data:`STOP_REPORT_S`."""
+    saying what it waits on when a stop takes longer than :data:`STOP_REPORT_S`; a stop
+    whose steps were cut short on a cluster that does not answer ends the process
+    :data:`STOP_CLUSTER_S` later (:func:`_exit_if_cut`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1156,7 +1181,9 @@ class QuietWorker(faust.Worker):
         quiet_libraries(level)
 
     async def on_stop(self) -> None:
-        asyncio.get_running_loop().call_later(STOP_REPORT_S, _report_stop)
+        loop = asyncio.get_running_loop()
+        loop.call_later(STOP_REPORT_S, _report_stop)
+        loop.call_later(2 * STOP_CLUSTER_S, _exit_if_cut, cast("RulesApp", self.app))
         await super().on_stop()
 
 
@@ -1172,6 +1199,10 @@ class IdempotentProducer(Producer):
     @property
     def _producer_type(self) -> type[aiokafka.AIOKafkaProducer]:
         return TrackingProducer  # see its docstring: a flush that never returned
+
+    async def on_stop(self) -> None:
+        app = cast("RulesApp", self.app)
+        await app.within_stop_limit("the producer's stop", super().on_stop())
 
 
 class WorkerTransport(Transport):
@@ -1255,6 +1286,8 @@ class RulesApp(faust.App):
         super().__init__(*args, **kwargs)
         self.batch_handlers: dict[str, BatchHandler] = {}
         self.round_handlers: dict[str, RoundHandler] = {}
+        self._stop_deadline: float | None = None  # set by the stop's first step that needs the cluster
+        self.stop_cut = False  # a step of the stop was cut short
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -1281,6 +1314,40 @@ class RulesApp(faust.App):
                              "supervisor to start it again", failure)  # fmt: skip
                 await self.crash(failure)
                 return
+
+    async def within_stop_limit(self, what: str, step: Awaitable[None]) -> None:
+        """Run ``step`` of the worker's stop, cut short once the stop has waited
+        :data:`STOP_CLUSTER_S` in all on such steps (the cluster gone, or not answering)."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + STOP_CLUSTER_S
+        task = asyncio.ensure_future(step)
+        # not wait_for: it waits for the cancelled step to end, and a commit waiting on the
+        # producer's flush did not end on cancel; the step is left to the loop's last cancel
+        await asyncio.wait({task}, timeout=max(0.1, self._stop_deadline - time.monotonic()))
+        if task.done():
+            task.result()
+        else:
+            task.cancel()
+            if self.stop_cut:
+                logger.warning("stopping without %s too", what)
+            else:
+                logger.warning("stopping without %s: the cluster did not answer within %.0f s of the "
+                               "stop; what was not committed is read again at the next start",
+                               what, STOP_CLUSTER_S)  # fmt: skip
+            self.stop_cut = True
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+        """Faust's (the handlers' last records, then the last commit), within the stop's limit
+        when the app stops; as it is at a rebalance."""
+        if not self.should_stop:
+            return await super()._consumer_wait_empty(consumer, logger)
+        await self.within_stop_limit("the last commit", super()._consumer_wait_empty(consumer, logger))
+
+    async def _producer_flush(self, logger: Any) -> None:
+        """Faust's, within the stop's limit when the app stops; as it is at a rebalance."""
+        if not self.should_stop:
+            return await super()._producer_flush(logger)
+        await self.within_stop_limit("the producer's flush", super()._producer_flush(logger))
 
     def exclusive(self) -> asyncio.Lock:
         """The commit gate, for a timer that changes rule states and hands their outputs to
