@@ -1153,24 +1153,21 @@ def _report_stop() -> None:
     logger.warning("still stopping after %.0f s; what each task waits on:\n%s", STOP_REPORT_S, awaiting())
 
 
-def _exit_if_cut(app: RulesApp) -> None:
-    """The stop's last resort, :data:`STOP_CLUSTER_S` after its steps that need the cluster
-    were cut short (:meth:`RulesApp.within_stop_limit`): a later step may wait on one of them
-    still (an exactly-once run of ``tests/agents/test_worker.py`` hung so after its last commit
-    was cut), so the process ends here. Nothing is lost, as there."""
-    if app.stop_cut:
-        logger.warning("still stopping %.0f s after steps were cut short on a cluster that does not "
-                       "answer: exiting now; what was not committed is read again at the next start; "
-                       "what each task waits on:\n%s", STOP_CLUSTER_S, awaiting())  # fmt: skip
-        logging.shutdown()
-        os._exit(0)
+def _exit_after_cut() -> None:
+    """The stop's last resort, :data:`STOP_CLUSTER_S` after its first step cut short
+    (:meth:`RulesApp.within_stop_limit`): a later step may wait on one of them still (exactly
+    once, runs of ``tests/agents/test_worker.py`` hung so after the last commit was cut), so
+    the process ends here. Nothing is lost, as there."""
+    logger.warning("still stopping %.0f s after a step was cut short on a cluster that does not "
+                   "answer: exiting now; what was not committed is read again at the next start; "
+                   "what each task waits on:\n%s", STOP_CLUSTER_S, awaiting())  # fmt: skip
+    logging.shutdown()
+    os._exit(0)
 
 
 class QuietWorker(faust.Worker):
     """Faust's worker without its terminal spinner (and so without a DEBUG root logger), and
-    saying what it waits on when a stop takes longer than :data:`STOP_REPORT_S`; a stop
-    whose steps were cut short on a cluster that does not answer ends the process
-    :data:`STOP_CLUSTER_S` later (:func:`_exit_if_cut`)."""
+    saying what it waits on when a stop takes longer than :data:`STOP_REPORT_S`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1181,9 +1178,7 @@ class QuietWorker(faust.Worker):
         quiet_libraries(level)
 
     async def on_stop(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_later(STOP_REPORT_S, _report_stop)
-        loop.call_later(2 * STOP_CLUSTER_S, _exit_if_cut, cast("RulesApp", self.app))
+        asyncio.get_running_loop().call_later(STOP_REPORT_S, _report_stop)
         await super().on_stop()
 
 
@@ -1334,6 +1329,7 @@ class RulesApp(faust.App):
                 logger.warning("stopping without %s: the cluster did not answer within %.0f s of the "
                                "stop; what was not committed is read again at the next start",
                                what, STOP_CLUSTER_S)  # fmt: skip
+                asyncio.get_running_loop().call_later(STOP_CLUSTER_S, _exit_after_cut)
             self.stop_cut = True
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:

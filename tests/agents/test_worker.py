@@ -185,7 +185,7 @@ def test_a_worker_stopped_mid_replay_once_its_cluster_is_gone_stops_within_secon
             took = time.monotonic() - began
         text = log.read_text(errors="replace")
         assert proc.returncode == 0, text[-3000:]
-        assert took < 20, text[-3000:]
+        assert took < 30, text[-3000:]  # a batch under way gets 10 s, then these steps 5 s, then 5 s
         # the last commit, or the producer's flush when a timer's commit had the outputs in
         # flight; exactly once, the transactions' end
         cut = r"stopping without the (last commit|producer's flush|transactions' end): the cluster did not"
