@@ -1282,7 +1282,7 @@ class RulesApp(faust.App):
         self.batch_handlers: dict[str, BatchHandler] = {}
         self.round_handlers: dict[str, RoundHandler] = {}
         self._stop_deadline: float | None = None  # set by the stop's first step that needs the cluster
-        self.stop_cut = False  # a step of the stop was cut short
+        self._stop_cut = False  # a step of the stop was cut short
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -1323,14 +1323,14 @@ class RulesApp(faust.App):
             task.result()
         else:
             task.cancel()
-            if self.stop_cut:
+            if self._stop_cut:
                 logger.warning("stopping without %s too", what)
             else:
                 logger.warning("stopping without %s: the cluster did not answer within %.0f s of the "
                                "stop; what was not committed is read again at the next start",
                                what, STOP_CLUSTER_S)  # fmt: skip
                 asyncio.get_running_loop().call_later(STOP_CLUSTER_S, _exit_after_cut)
-            self.stop_cut = True
+            self._stop_cut = True
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
         """Faust's (the handlers' last records, then the last commit), within the stop's limit
