@@ -247,27 +247,44 @@ def _end_a_starting_jvm(stop: threading.Event, starting: _Starting) -> None:
     """Once ``stop`` is set while the session still starts: terminate the JVM that pyspark
     launched from this process (a child whose command line is Spark's launcher), waiting for
     pyspark to launch it if the stop came first. pyspark then fails to start, which
-    :func:`session_unless_stopped` takes as the stop it is."""
+    :func:`session_unless_stopped` takes as the stop it is.
+
+    It keeps watching until the start is over. A child caught between pyspark's fork and its
+    exec still runs this process's command line and its signal handlers, which take a SIGTERM
+    as the role's own stop and go on to exec Spark's launcher: such a child is left until it
+    has exec'd (a clean-clone run met it, and the JVM started in full). A child signalled
+    once is signalled again only if it exec'd into another command line since."""
     while not stop.wait(0.1):
         if not starting.waiting:
             return
-    while True:  # a stop right after the start's first line comes before pyspark launched the JVM
+    own = _cmdline(os.getpid())
+    signalled: dict[int, bytes] = {}
+    while True:
         with starting.lock:
             if not starting.waiting:
                 return
-            children = _spark_children()
-            for pid in children:
+            for pid, argv in _spark_children(own).items():
+                if signalled.get(pid) == argv:
+                    continue
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
                     logger.info("stopping Spark's starting JVM, pid %d", pid)
-        if children:
-            return
+                signalled[pid] = argv
         time.sleep(0.05)
 
 
-def _spark_children() -> list[int]:
-    """This process's children that run Spark's launcher or JVM (``/proc``; none elsewhere)."""
-    found = []
+def _cmdline(pid: int) -> bytes | None:
+    """A process's command line as ``/proc`` has it; None once it is gone or not ours to read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _spark_children(own: bytes | None) -> dict[int, bytes]:
+    """This process's children that run Spark's launcher or JVM, with their command lines
+    (``/proc``; none elsewhere). A child whose command line is still ``own`` has not exec'd."""
+    found = {}
     me = os.getpid()
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         if not entry.name.isdigit():
@@ -275,13 +292,15 @@ def _spark_children() -> list[int]:
         try:
             stat = (entry / "stat").read_text()
             ppid = int(stat.rpartition(")")[2].split()[1])
-            if ppid != me:
-                continue
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not ours to read
-        if any(b"spark" in arg.lower() for arg in argv):
-            found.append(int(entry.name))
+        if ppid != me:
+            continue
+        argv = _cmdline(int(entry.name))
+        if argv is None or argv == own:
+            continue
+        if any(b"spark" in arg.lower() for arg in argv.split(b"\0")):
+            found[int(entry.name)] = argv
     return found
 
 

@@ -81,6 +81,43 @@ def test_a_stop_before_the_jvm_is_launched_stops_it_as_soon_as_it_is(tmp_path: P
     assert gone(str(data)) == []
 
 
+#: a stop that finds pyspark's child between its fork and its exec: that child still runs the
+#: role's command line and SIGTERM handler, which would take the signal for the role's own
+#: stop and exec Spark's launcher anyway (a clean-clone run met it: the JVM started in full
+#: and the role's stop waited for it). The pause before the exec makes that window wide.
+STOPPED_BEFORE_THE_EXEC = """
+import logging, signal, threading, time
+import pyspark.java_gateway as gateway
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+signal.signal(signal.SIGTERM, lambda *_: None)  # as the role's supervisor has one
+launch = gateway.Popen
+def slow_exec(command, **kwargs):
+    before = kwargs.get("preexec_fn")
+    def pause():
+        if before:
+            before()
+        time.sleep(1.0)
+    return launch(command, **{**kwargs, "preexec_fn": pause})
+gateway.Popen = slow_exec
+from jobs.session import session_unless_stopped
+stop = threading.Event()
+stop.set()
+print("session:", session_unless_stopped(stop, "local[2]"))
+"""
+
+
+def test_a_stop_that_finds_the_jvm_between_fork_and_exec_stops_it_once_it_is_spark(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    code, out, err = run_script(STOPPED_BEFORE_THE_EXEC, env=child_env(APP_DATA_DIR=str(data)))
+    assert code == 0, err[-3000:]
+    assert "session: None" in out, err[-3000:]
+    assert "stopping Spark's starting JVM" in err, err[-3000:]
+    assert "spark session ready" not in err, err[-3000:]
+    assert gone(str(data)) == []
+
+
 def test_the_kafka_format_without_the_connector_exits_with_the_fetch_command(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
