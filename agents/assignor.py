@@ -9,14 +9,17 @@ assignment back with no rebalance: if it came back on another URL, the assertion
 aiokafka's group routine, which stopped, and the worker ran on with no partition, reading
 nothing (docs/worker.md, "Static membership"). Here the worker takes the partitions, which
 are its own, and its own entry of the URL map moves to its URL; it says so once in its log.
-The other members keep its old URL until the group's next rebalance (their forwarded state
-queries to it fail until then)."""
+Then it joins the group again (:meth:`OwnURLAssignor.ask_the_group_again`). Its metadata now
+differs from the join's (it names the partitions it holds), and the broker rebalances a
+stable group when a member's metadata changed (Kafka's classic group coordinator): the
+leader hands every member the map with the new URL. Before, the other members kept the old
+URL until some later rebalance, and their forwarded state queries to it failed until then."""
 
 from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any
+from typing import Any, cast
 
 from faust.assignor import PartitionAssignor
 from faust.assignor.client_assignment import ClientMetadata
@@ -46,7 +49,7 @@ class OwnURLAssignor(PartitionAssignor):
         logger.warning(
             "the group handed this worker the assignment of its last join, which names it at %s, "
             "not %s (a static member back on another URL before its session ended): its partitions "
-            "are taken; the other workers reach its state at the old URL until the next rebalance",
+            "are taken, and it joins the group again for the others to learn its URL",
             given, mine,
         )  # fmt: skip
         self._handed = given
@@ -58,3 +61,10 @@ class OwnURLAssignor(PartitionAssignor):
         if given in hosts:
             hosts[mine] = hosts.pop(given)
             self.changelog_distribution = hosts
+        self.ask_the_group_again()
+
+    def ask_the_group_again(self) -> None:
+        """Have the worker's consumer join the group again at its group routine's next turn
+        (``agents.transport.BatchConsumer.rejoin_group``): a rebalance, for the other members
+        to be handed this worker's URL."""
+        cast(Any, self.app.consumer).rejoin_group()

@@ -752,6 +752,13 @@ class BatchConsumer(Consumer):
             return exc
         return None
 
+    def rejoin_group(self) -> None:
+        """Have aiokafka's group routine join the group again at its next turn (its
+        coordinator's ``request_rejoin``, which it also asks itself when the topics change).
+        Asked from the assignor's ``on_assignment``, which that routine runs: the flag it sets
+        is read once the join it completes is done (``agents.assignor``)."""
+        self._thread._ensure_consumer()._coordinator.request_rejoin()  # noqa: SLF001
+
     def _member_id(self) -> str:
         """This worker's member id in the group now ("" before a join, and after the broker
         said it was no longer a member)."""

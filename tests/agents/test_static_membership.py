@@ -1,6 +1,7 @@
 """Static membership (``APP_WORKER_INSTANCE_ID``): a worker killed with ``kill -9`` and started
 again with the same id takes its own place in the group. The other worker is never stopped by a
-rebalance, and the alerts are the backtest's."""
+rebalance, and the alerts are the backtest's. Started again on another state URL, it asks for
+the one rebalance that hands the others its new URL: their forwarded state queries reach it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import io
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -16,7 +19,7 @@ import pytest
 
 from agents.topics import regroup_topic
 from app.backtest import BacktestReport, backtest, read_events
-from app.kafka.broker import KafkaBroker
+from app.kafka.broker import KafkaBroker, free_port
 from app.kafka.clients import topic_records
 from app.placement import partition_for
 from app.rules.loader import load_rules
@@ -141,3 +144,65 @@ def test_a_worker_whose_id_another_took_stops_saying_why_and_one_whose_session_r
             time.sleep(3)  # a worker that joined again would take the place back within a second
             assert newer.poll() is None
             assert said(second, "not recognized") == 0, second.read_text(errors="replace")[-3000:]
+
+
+TOKEN = "static-token"
+
+
+def state_of(base: str, device: str) -> tuple[int, str]:
+    """Rule ``hot``'s state of ``device`` asked at the worker at ``base``: the status code and
+    the URL of the worker that answered ("" without one)."""
+    url = f"{base}/state/rules/hot/groups/{device}"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, str(orjson.loads(resp.read()).get("answered_by", ""))
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(orjson.loads(exc.read() or b"{}").get("answered_by", ""))
+    except OSError:  # not listening (yet, or any more)
+        return 0, ""
+
+
+def test_a_worker_started_again_on_another_url_has_the_group_learn_it(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "r.yaml").write_text(RULES)
+    old, other, new = free_port(), free_port(), free_port()
+    url = {port: f"http://127.0.0.1:{port}" for port in (old, other, new)}
+
+    def env(slot: int, port: int) -> dict[str, str]:
+        member = {"APP_WORKER_INSTANCE_ID": f"{tmp_path.name}-{slot}", "APP_WORKER_SESSION_TIMEOUT": SESSION}
+        return role_env(broker, tmp_path / f"w{slot}", APP_RULES_DIR=str(rules), APP_STATE_PORT=str(port),
+                        APP_STATE_TOKEN=TOKEN, **member)  # fmt: skip
+
+    first, second, again = tmp_path / "first.log", tmp_path / "second.log", tmp_path / "again.log"
+    lines = [v for d in DEVICES for v in nab_lines(600, device=d)]  # both devices get a "hot" state
+    with role(["agents", "worker", "-l", "info"], env(0, old), first) as w0:
+        wait_for(lambda: worker_ready(first), 120, what="worker 0 ready")
+        with role(["agents", "worker", "-l", "info"], env(1, other), second):
+            wait_for(lambda: worker_ready(second), 120, what="worker 1 ready")
+            produce(broker.bootstrap, SENSORS, [(orjson.loads(v)["device_id"].encode(), v) for v in lines])
+
+            def owners() -> dict[str, str] | None:
+                got = {d: state_of(url[other], d) for d in DEVICES}
+                if any(code != 200 for code, _ in got.values()):
+                    return None
+                return {d: by for d, (_, by) in got.items()}
+
+            before = wait_for(owners, 120, interval_s=1.0, what="both devices' states answered")
+            assert set(before.values()) == {url[old], url[other]}, before  # one device per worker
+            moved = next(d for d, by in before.items() if by == url[old])
+            os.killpg(w0.pid, signal.SIGKILL)
+            w0.wait(10)
+            with role(["agents", "worker", "-l", "info"], env(0, new), again):
+                wait_for(lambda: worker_ready(again), 120, what="worker 0 again ready")
+                log = again.read_text(errors="replace")
+                assert f"names it at {url[old]}, not {url[new]}" in log, log[-3000:]
+                # the other worker forwards the moved device's query to the new URL, not the old one
+                wait_for(lambda: state_of(url[other], moved) == (200, url[new]), 90, interval_s=1.0,
+                         what=f"{moved}'s state answered at {url[new]} through worker 1")  # fmt: skip
+                assert state_of(url[new], moved) == (200, url[new])
+                log = again.read_text(errors="replace")
+                assert "Traceback" not in log and log.count("names it at") == 1, log[-3000:]
