@@ -24,7 +24,7 @@ from app.kafka.broker import KafkaBroker, free_port
 from app.kafka.clients import high_watermarks
 from app.rules.evaluator import Engine, partition_for
 from app.rules.loader import load_rules
-from tests.agents.worker_helpers import committed_offsets
+from tests.agents.worker_helpers import committed_offsets, state_get
 from tests.conftest import child_env, reset_topics
 from tests.kafka_helpers import produce
 from tests.procs import role, wait_for
@@ -57,15 +57,6 @@ def readings() -> list[bytes]:
             out.append(orjson.dumps({"device_id": d, "kind": f"k-{i % 4}",
                                      "ts": f"2024-01-01T00:{m:02d}:00Z", "temperature": temp}))  # fmt: skip
     return out
-
-
-def get(url: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, orjson.loads(resp.read()), dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, orjson.loads(exc.read() or b"{}"), dict(exc.headers)
 
 
 def expected_states(lines: list[bytes], rules_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -139,7 +130,7 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
     def answers(base: str) -> dict[tuple[str, str], dict[str, Any]] | None:
         got = {}
         for rule, key in expected:
-            code, body, _ = get(f"{base}/state/rules/{rule}/groups/{urllib.request.quote(key)}")
+            code, body, _ = state_get(f"{base}/state/rules/{rule}/groups/{urllib.request.quote(key)}", TOKEN)
             if code != 200:
                 return None
             got[(rule, key)] = body
@@ -187,11 +178,11 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
             site = via_1[("kind-hourly", "k-0")]
             assert site["open_windows"][0]["aggregates"] == {"n": 18, "max_t": 85.0}
 
-            code, summary, _ = get(f"{urls[1]}/state/rules/hot?limit=3")
+            code, summary, _ = state_get(f"{urls[1]}/state/rules/hot?limit=3", TOKEN)
             assert code == 200 and summary["total"] == 4 and len(summary["groups"]) == 3
             assert [g["key"] for g in summary["groups"]] == ["dev-0", "dev-3", "dev-6"]
             assert sorted(summary["workers"]) == sorted(urls)
-            code, cold, _ = get(f"{urls[0]}/state/rules/hot/groups/dev-1")
+            code, cold, _ = state_get(f"{urls[0]}/state/rules/hot/groups/dev-1", TOKEN)
             assert code == 404 and cold["error"] == "no state for this group"
 
             # the takeover is checked from a committed point, so that worker 2's answers are the
@@ -209,7 +200,7 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
 
             def taken_over() -> dict[tuple[str, str], dict[str, Any]] | None:
                 for rule, key in list(expected)[:3]:
-                    code, _, headers = get(f"{urls[1]}/state/rules/{rule}/groups/{key}")
+                    code, _, headers = state_get(f"{urls[1]}/state/rules/{rule}/groups/{key}", TOKEN)
                     if code == 503:
                         busy.append(headers.get("Retry-After"))
                 got = answers(urls[1])
@@ -220,7 +211,10 @@ def test_any_worker_answers_any_key_with_the_backtests_state_and_takes_over_a_ki
             try:
                 after = wait_for(taken_over, 120, interval_s=1.0, what="worker 2 answering every key itself")
             except AssertionError:
-                last = {f"{r}/{k}": get(f"{urls[1]}/state/rules/{r}/groups/{k}")[:2] for r, k in expected}
+                last = {
+                    f"{r}/{k}": state_get(f"{urls[1]}/state/rules/{r}/groups/{k}", TOKEN)[:2]
+                    for r, k in expected
+                }
                 raise AssertionError(f"{last}\n{log2.read_text(errors='replace')[-3000:]}") from None
             # every state, the regrouped window rule's included, is the backtest's from the first
             # answer on: the handover neither lost an event nor counted one twice

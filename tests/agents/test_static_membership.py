@@ -10,8 +10,6 @@ import io
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import orjson
@@ -24,7 +22,7 @@ from app.kafka.clients import topic_records
 from app.placement import partition_for
 from app.rules.loader import load_rules
 from app.topics import ALERTS, SENSORS
-from tests.agents.worker_helpers import consumed, nab_lines, role_env, worker_ready
+from tests.agents.worker_helpers import consumed, nab_lines, role_env, state_get, worker_ready
 from tests.kafka_helpers import produce
 from tests.procs import role, wait_for
 
@@ -152,15 +150,11 @@ TOKEN = "static-token"
 def state_of(base: str, device: str) -> tuple[int, str]:
     """Rule ``hot``'s state of ``device`` asked at the worker at ``base``: the status code and
     the URL of the worker that answered ("" without one)."""
-    url = f"{base}/state/rules/hot/groups/{device}"
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, str(orjson.loads(resp.read()).get("answered_by", ""))
-    except urllib.error.HTTPError as exc:
-        return exc.code, str(orjson.loads(exc.read() or b"{}").get("answered_by", ""))
+        code, body, _ = state_get(f"{base}/state/rules/hot/groups/{device}", TOKEN)
     except OSError:  # not listening (yet, or any more)
         return 0, ""
+    return code, str(body.get("answered_by", ""))
 
 
 def test_a_worker_started_again_on_another_url_has_the_group_learn_it(

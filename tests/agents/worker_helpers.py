@@ -1,9 +1,12 @@
 """Helpers of the rule-worker tests: a role's environment, the real NAB series as records, the
-group's committed offsets, whether /metrics answers, and a stand-in for a Faust table."""
+group's committed offsets, whether /metrics answers, the state API's answers, and a stand-in
+for a Faust table."""
 
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
@@ -101,3 +104,14 @@ def worker_env(broker: KafkaBroker, tmp_path: Path, rules_dir: Path) -> dict[str
 def metrics_answer(port: int) -> bool:
     """Whether a role's /metrics endpoint on ``port`` answers 200."""
     return http_ok(f"http://127.0.0.1:{port}/metrics")
+
+
+def state_get(url: str, token: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A worker's state API (``agents.state_server``) at ``url``, asked with ``token``: the
+    status code, the JSON body and the headers, an error's included."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, orjson.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, orjson.loads(exc.read() or b"{}"), dict(exc.headers)
