@@ -273,8 +273,9 @@ def _page_url(proc: subprocess.Popen[bytes], profile: Path, log: Path) -> str:
         if proc.poll() is not None:
             raise failed(f"exited with {proc.returncode} before offering its page")
         active = profile / "DevToolsActivePort"
-        if port is None and active.exists() and (first := active.read_text().split()[:1]):
-            port = int(first[0])
+        # its port, then its browser target's path: with both lines there, the port is whole
+        if port is None and active.exists() and len(lines := active.read_text().splitlines()) >= 2:
+            port = int(lines[0])
         if port is not None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=2) as resp:
