@@ -142,7 +142,7 @@ def start(spark: SparkSession, settings: Settings, opts: ArchiveOptions) -> Stre
 def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     """The ``archive`` role: run until ``stop`` (or, with ``once``, until caught up)."""
     from jobs import connector
-    from jobs.engine import outcome, shut_down, watch
+    from jobs.engine import WorkerRestarts, outcome, shut_down, watch
     from jobs.kafka_source import kafka_format
     from jobs.session import launched_jvm, session_unless_stopped
 
@@ -156,8 +156,12 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
         return 0
     jvm = launched_jvm()
     query = start(spark, settings, opts)
+    restarts = WorkerRestarts(QUERY)
     try:
         failure = watch(query, stop, meters=(ARCHIVED, BATCH_SECONDS))
+        while restarts.allow(failure, query, stop):  # on the same checkpoint: each offset once
+            query = start(spark, settings, opts)
+            failure = watch(query, stop, meters=(ARCHIVED, BATCH_SECONDS))
     finally:
         shut_down(query, spark, jvm, stop)
     return outcome(failure, stop, QUERY)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -73,6 +74,18 @@ QUERY = "rules"
 EVENTS = Counter("spark_events_total", "Records read by the Spark engine's query (valid or not)")
 BATCH_SECONDS = Gauge("spark_last_batch_seconds", "Trigger time of the last micro-batch")
 RELOADS = Counter("spark_rule_reloads_total", "Rule file changes the Spark query followed", ["outcome"])
+RESTARTS = Counter(
+    "spark_query_restarts_total",
+    "Streaming queries started again in their session after a Python worker missed its start",
+    ["query"],
+)
+#: Spark gives a Python worker it starts outside its daemon (the ``kafka_py`` source's
+#: streaming reader) 10 s to connect back to the JVM, a constant of its ``PythonWorkerFactory``
+#: with no setting; on a loaded host the worker can miss it, and the query fails with this
+WORKER_MISSED_ITS_START = "Python worker failed to connect back"
+#: how many times in a row (no micro-batch completed between them) :class:`WorkerRestarts`
+#: starts a query again after that; past them the role fails, and the supervisor restarts it
+WORKER_RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -508,19 +521,42 @@ def run(settings: Settings, opts: EngineOptions, stop: threading.Event) -> int:
     if failure is not None or stop.is_set():
         shut_down(None, spark, jvm, stop)
         return outcome(failure, stop, opts.query)
+    try:
+        failure = serve(spark, plan, settings, opts, follower, stop)
+    finally:
+        shut_down(None, spark, jvm, stop)
+    return outcome(failure, stop, opts.query)
+
+
+def serve(
+    spark: SparkSession, plan: SparkPlan, settings: Settings, opts: EngineOptions,
+    follower: RuleFollower | None, stop: threading.Event,
+) -> BaseException | None:  # fmt: skip
+    """Run the rules' query of ``plan`` in ``spark`` until ``stop`` (or, with ``once``, until
+    caught up), following the rule files' changes with a ``follower`` (:func:`_reload`), and
+    starting the query again on its checkpoint after a Python worker missed its start
+    (:class:`WorkerRestarts`). Returns how it failed, or None; the query and its sink are
+    stopped, the session is not."""
     query, sink = start(spark, plan, settings, opts)
-    follower.placed = plan.placement()
+    following = None if opts.once else follower
+    if follower is not None:
+        follower.placed = plan.placement()
+    restarts = WorkerRestarts(opts.query)
     try:
         while True:
-            failure = watch(query, stop, None if opts.once else follower)
-            if failure is not None or stop.is_set() or follower.pending is None:
-                break
-            query, sink, failure = _reload(spark, settings, opts, follower, query, sink, stop)
+            failure = watch(query, stop, following)
+            if restarts.allow(failure, query, stop):
+                sink.close()
+                query, sink = start(spark, plan, settings, opts)
+                continue
+            if failure is not None or stop.is_set() or following is None or following.pending is None:
+                return failure
+            query, sink, failure, plan = _reload(spark, settings, opts, following, query, sink, stop, plan)
             if failure is not None:
-                break
+                return failure
     finally:
-        shut_down(query, spark, jvm, stop, sink.close)
-    return outcome(failure, stop, opts.query)
+        _quietly(lambda: stop_between_batches(query))
+        _quietly(sink.close)
 
 
 def _preflight(opts: EngineOptions) -> None:
@@ -574,20 +610,25 @@ def skip_unruled(
     # (no other query runs in this driver meanwhile)
     kept = spark.conf.get(PROGRESS_KEPT, None)
     spark.conf.set(PROGRESS_KEPT, str(SKIP_PROGRESS_KEPT))
+    skipped = 0
+    restarts = WorkerRestarts(opts.query)
     try:
-        query, sink = start(spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True))
-        try:
-            failure = watch(query, stop)
-        finally:
-            _quietly(lambda: stop_between_batches(query))
-            sink.close()
+        while True:
+            query, sink = start(spark, plan_rules(RuleSet()), settings, dataclasses.replace(opts, once=True))
+            try:
+                failure = watch(query, stop)
+            finally:
+                _quietly(functools.partial(stop_between_batches, query))
+                sink.close()
+            skipped += sum(p["numInputRows"] for p in query.recentProgress)
+            if not restarts.allow(failure, query, stop):
+                break
     finally:
         if kept is None:
             spark.conf.unset(PROGRESS_KEPT)
         else:
             spark.conf.set(PROGRESS_KEPT, kept)
     if failure is None and not stop.is_set():
-        skipped = sum(p["numInputRows"] for p in query.recentProgress)
         logger.info(
             "read past %d record(s) that came while the Spark engine had no rule: its rules evaluate "
             "the events that arrive from now on, as a worker with no rules skips them", skipped,
@@ -597,12 +638,13 @@ def skip_unruled(
 
 def _reload(
     spark: SparkSession, settings: Settings, opts: EngineOptions, follower: RuleFollower,
-    query: StreamingQuery, sink: KafkaSink, stop: threading.Event,
-) -> tuple[StreamingQuery, KafkaSink, BaseException | None]:  # fmt: skip
+    query: StreamingQuery, sink: KafkaSink, stop: threading.Event, running: SparkPlan,
+) -> tuple[StreamingQuery, KafkaSink, BaseException | None, SparkPlan]:  # fmt: skip
     """The query again with :attr:`RuleFollower.pending`'s rules, on the same checkpoint (state,
     offsets and the sink's marker go on): the old one stopped between micro-batches first. With
     no rule left, it waits for one, then reads past what came meanwhile (:func:`skip_unruled`:
-    its failure is the third result)."""
+    its failure is the third result). The fourth is the plan the query runs now (``running``
+    when the reload is postponed)."""
     plan = follower.take()
     assert plan is not None  # noqa: S101 - run() calls this for a pending plan only
     try:
@@ -610,7 +652,7 @@ def _reload(
     except Exception as exc:  # the broker's trouble, not the files': tried again at the next tick
         logger.warning("rules reload postponed, the new rules' topics could not be created: %r", exc)
         follower.pending = plan
-        return query, sink, None
+        return query, sink, None, running
     stop_between_batches(query)
     try:
         if not plan.rule_count:  # no group is read while the query waits: their alerts end now
@@ -621,11 +663,11 @@ def _reload(
         logger.warning("no rule has engine: spark or both any more; the query waits for one")
         found = follower.wait_for_rules(stop)
         if found is None:
-            return query, sink, None  # both stopped; shut_down's calls do nothing
+            return query, sink, None, plan  # both stopped; serve's last calls do nothing
         plan = found
         failure = skip_unruled(spark, settings, opts, stop)
         if failure is not None or stop.is_set():
-            return query, sink, failure
+            return query, sink, failure, plan
         asyncio.run(ensure_output_topics(plan, settings))
     query, sink = start(spark, plan, settings, opts)
     follower.placed = plan.placement()
@@ -634,7 +676,7 @@ def _reload(
         "reloaded the spark query's rules: %s",
         ", ".join(f"{rid}@{version}" for rid, version in spark_rules(follower.running)),
     )
-    return query, sink, None
+    return query, sink, None, plan
 
 
 def watch(
@@ -676,6 +718,41 @@ def outcome(failure: BaseException | None, stop: threading.Event, query: str = Q
         logger.error("spark query %r failed: %s", query, failure)
         return 1
     return 0
+
+
+class WorkerRestarts:
+    """Whether a failed query of ``query`` is started again in its session, on its checkpoint
+    (offsets, state and the sink's marker go on, so nothing is lost or produced twice): only
+    after a Python worker missed Spark's 10 s to connect back (:data:`WORKER_MISSED_ITS_START`),
+    a hiccup of a loaded host, and at most :data:`WORKER_RESTARTS` times in a row. A query that
+    completed a micro-batch before it failed so starts the count again. Any other failure, and
+    one during a stop, ends the role as before: the supervisor restarts the whole role."""
+
+    def __init__(self, query: str, limit: int | None = None) -> None:
+        self.query = query
+        self.limit = WORKER_RESTARTS if limit is None else limit
+        #: restarts since the last one after which a micro-batch completed
+        self.in_a_row = 0
+
+    def allow(self, failure: BaseException | None, query: StreamingQuery, stop: threading.Event) -> bool:
+        if failure is None or stop.is_set() or WORKER_MISSED_ITS_START not in str(failure):
+            return False
+        if query.lastProgress is not None:  # it ran a micro-batch since it started
+            self.in_a_row = 0
+        if self.in_a_row >= self.limit:
+            logger.error(
+                "spark query %r: a Python worker missed its start %d times in a row; giving up",
+                self.query, self.in_a_row + 1,
+            )  # fmt: skip
+            return False
+        self.in_a_row += 1
+        RESTARTS.labels(self.query).inc()
+        logger.warning(
+            "spark query %r failed: a Python worker did not connect back to the JVM within Spark's "
+            "10 s (a loaded host); starting it again on its checkpoint (%d of %d in a row)",
+            self.query, self.in_a_row, self.limit,
+        )  # fmt: skip
+        return True
 
 
 def _watch(

@@ -361,7 +361,7 @@ def test_dashboard_shows_real_alerts_then_sigterm_stops_everything_within_10s(tm
             packs = [(PROJECT_ROOT / "rules" / f"{p}.yaml").read_text() for p in ("iot", "anomaly")]
             shipped = {r for text in packs for r in re.findall(r"^  - id: (\S+)", text, re.M)}
             firing = re.findall(r"alertname=([a-z0-9-]+), device_id=machine-temp-1", page)
-            assert firing and set(firing) <= shipped, (firing, shipped)
+            assert firing and set(firing) <= shipped, (firing, shipped, page[-3000:])
             assert shot.stat().st_size > 10_000
         else:
             time.sleep(3)  # no browser here: at least let alerts start flowing

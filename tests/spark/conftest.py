@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,15 +17,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from jobs.engine import WorkerRestarts
 from jobs.session import build_session
 
 QUERY_TIMEOUT_S = 90
-#: Spark gives a fresh Python worker 10 s to connect back to the JVM (a constant of its
-#: ``PythonWorkerFactory``, no setting); on a loaded host the ``kafka_py`` source's worker
-#: can miss it, and the query fails at its start
-WORKER_MISSED_ITS_START = "Python worker failed to connect back"
-#: how many times :func:`run_restarting` starts a query again after that
-WORKER_START_RESTARTS = 2
 #: the Kafka sources of the Spark engine: Spark's connector (the default) and the fallback
 FORMATS = ("kafka", "kafka_py")
 _TXN_IDS = itertools.count()
@@ -59,17 +55,16 @@ def await_query(q: StreamingQuery, timeout_s: float = QUERY_TIMEOUT_S) -> Stream
 
 def run_restarting(start: Callable[[], StreamingQuery]) -> StreamingQuery:
     """Start a query and wait for it; when its Python worker missed Spark's 10 s to connect
-    back, start it again from the same checkpoint, as the supervisor restarts the Spark role,
-    up to :data:`WORKER_START_RESTARTS` times. Any other failure fails the test, and so does
-    that one past them (a clean-clone run of 2026-12-02 met it twice in a row, under the slow
-    tests' load)."""
-    for _ in range(WORKER_START_RESTARTS):
+    back, start it again from the same checkpoint, as the roles do (:class:`WorkerRestarts`).
+    Any other failure fails the test, and so does that one past the restarts."""
+    restarts = WorkerRestarts("test")
+    while True:
+        query = start()
         try:
-            return await_query(start())
+            return await_query(query)
         except StreamingQueryException as exc:
-            if WORKER_MISSED_ITS_START not in str(exc):
+            if not restarts.allow(exc, query, threading.Event()):
                 raise
-    return await_query(start())
 
 
 def collect_batches(store: dict[int, list[Any]]) -> Callable[[DataFrame, int], None]:

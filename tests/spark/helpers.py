@@ -5,6 +5,7 @@ the engine until its input is drained."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -18,9 +19,8 @@ from app.rules.loader import RuleSet, load_rules
 from app.runtime.settings import Settings
 from ingest.adapters.nab import nab_events
 from jobs.compile import plan_rules
-from jobs.engine import EngineOptions, start
+from jobs.engine import EngineOptions, serve
 from tests.conftest import NAB_MACHINE_TEMP, require_dataset
-from tests.spark.conftest import await_query
 
 RULES = Path(__file__).with_name("rules.yaml")  # machine-overheat and machine-cold, engine: both
 #: a rule of the stream path (a sliding window grouped by the topic key), as an item of ``rules:``
@@ -61,11 +61,19 @@ def by_fingerprint(alerts: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-def run_once(spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trigger: int) -> None:
+def run_once(
+    spark: SparkSession, settings: Settings, ruleset: RuleSet, per_trigger: int, timeout_s: float = 120
+) -> None:
+    """The engine's query over what its topics hold (``Trigger.AvailableNow``), as the role
+    runs it (:func:`jobs.engine.serve`: also started again after a Python worker missed its
+    start); a failure, or not caught up within ``timeout_s``, fails the test."""
     opts = EngineOptions(once=True, max_offsets_per_trigger=per_trigger)
-    query, sink = start(spark, plan_rules(ruleset), settings, opts)
+    stop = threading.Event()
+    deadline = threading.Timer(timeout_s, stop.set)
+    deadline.start()
     try:
-        await_query(query, timeout_s=120)
-        assert query.exception() is None
+        failure = serve(spark, plan_rules(ruleset), settings, opts, None, stop)
     finally:
-        sink.close()
+        deadline.cancel()
+    assert not stop.is_set(), f"the engine's query did not catch up within {timeout_s} s"
+    assert failure is None, failure

@@ -1,6 +1,7 @@
 """The streaming Spark engine against the real broker: alert ids equal to the Faust-engine
 backtest across micro-batches and a restart (with either Kafka source), DLQ reasons equal
-to the worker's, and an idempotent sink."""
+to the worker's, an idempotent sink, and a query started again after a Python worker
+missed its start."""
 
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 import jobs.engine
 from app.errors import ConfigError, IngestDecodeError
 from app.events import SENSORS
 from app.kafka.broker import KafkaBroker
 from app.runtime.settings import Settings
-from jobs.engine import StateLayout, checkpoint_dir, layout_path, marker_path, state_layout
+from jobs.engine import (
+    WORKER_MISSED_ITS_START,
+    StateLayout,
+    checkpoint_dir,
+    layout_path,
+    marker_path,
+    state_layout,
+)
 from jobs.sink import BatchMarker, KafkaSink
 from jobs.state import LEGACY_STATE_BUCKETS, LEGACY_STATE_CODEC, OUTPUT_SCHEMA, STATE_BUCKETS, STATE_CODEC
 from tests.kafka_helpers import consume_json, produce
@@ -166,3 +174,32 @@ def test_the_skip_of_what_came_while_spark_had_no_rule_counts_every_micro_batch(
         spark.conf.unset(jobs.engine.PROGRESS_KEPT)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read past")]
     assert len(said) == 1 and said[0].startswith("read past 30 record(s) that came while"), said
+
+
+def test_a_query_whose_python_worker_missed_its_start_goes_on_from_its_checkpoint(
+    spark: SparkSession, broker: KafkaBroker, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark gives a fresh Python worker a fixed 10 s to connect back, which a loaded host can
+    miss: the query fails. The role starts it again in its session, on its checkpoint: the
+    failed micro-batch runs again and every alert id comes once, as without the failure.
+    Before, the failure ended the role (here: the run failed)."""
+    ruleset = both_engines()
+    lines = nab_lines(2409)  # into an overheat episode (05:35-06:55)
+    produce(broker.bootstrap, "events.sensors", [(b"machine-temp-1", v) for v in lines])
+    produce_batch = KafkaSink.__call__
+    calls: list[int] = []
+
+    def missing_once(sink: KafkaSink, df: DataFrame, batch_id: int) -> None:
+        calls.append(batch_id)
+        if calls.count(2) == 1 and batch_id == 2:  # as the JVM reports it, under the query
+            raise RuntimeError(f"org.apache.spark.SparkException: {WORKER_MISSED_ITS_START}")
+        produce_batch(sink, df, batch_id)
+
+    monkeypatch.setattr(KafkaSink, "__call__", missing_once)
+    before = REGISTRY.get_sample_value("spark_query_restarts_total", {"query": "rules"}) or 0
+    run_once(spark, settings, ruleset, per_trigger=700)
+    assert calls == [0, 1, 2, 2, 3], "batch 2 again, after the restart, and no batch twice else"
+    assert REGISTRY.get_sample_value("spark_query_restarts_total", {"query": "rules"}) == before + 1
+    alerts = consume_json(broker.bootstrap, "alerts", timeout_s=3)
+    want = expected(ruleset, lines)
+    assert sum(map(len, want.values())) >= 2 and by_fingerprint(alerts) == want

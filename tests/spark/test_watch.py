@@ -1,6 +1,6 @@
 """How the streaming role ends (no Spark: a fake query): a failure raised by
-``awaitTermination`` during a shutdown ends well, outside one it is an error; and what it
-counts of each micro-batch."""
+``awaitTermination`` during a shutdown ends well, outside one it is an error; what it
+counts of each micro-batch; and which failures start a query again."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from py4j.protocol import Py4JNetworkError
 from pyspark.errors import StreamingQueryException
 
-from jobs.engine import outcome, watch
+from jobs.engine import WORKER_MISSED_ITS_START, WORKER_RESTARTS, WorkerRestarts, outcome, watch
 
 INTERRUPTED = StreamingQueryException(message="org.apache.kafka.common.errors.InterruptException\n\tat ...")
 
@@ -26,7 +26,7 @@ class FakeQuery:
     raises: BaseException | None = None
     failure: BaseException | None = None
     recentProgress: list[dict[str, object]] = field(default_factory=list)
-    lastProgress: None = None
+    lastProgress: dict[str, object] | None = None
 
     @property
     def isActive(self) -> bool:
@@ -88,3 +88,31 @@ def test_each_micro_batch_counts_once_on_the_meters_it_is_given() -> None:
 
 def _progress(batch: int, rows: int, ms: int) -> dict[str, object]:
     return {"batchId": batch, "numInputRows": rows, "durationMs": {"triggerExecution": ms}}
+
+
+#: as Spark reports it: the worker's start, in the JVM, under the query's own failure
+MISSED = StreamingQueryException(
+    message=f"[STREAM_FAILED] Query [id = 1] terminated with exception: {WORKER_MISSED_ITS_START}\n\tat ..."
+)
+
+
+def test_a_python_worker_that_missed_its_start_restarts_the_query_a_few_times_in_a_row() -> None:
+    stop, restarts = threading.Event(), WorkerRestarts("rules")
+    unstarted = FakeQuery()  # failed before its first micro-batch
+    assert [restarts.allow(MISSED, unstarted, stop) for _ in range(WORKER_RESTARTS + 1)] == [
+        *[True] * WORKER_RESTARTS,
+        False,
+    ]
+    assert not restarts.allow(MISSED, unstarted, stop), "still given up: nothing ran meanwhile"
+    ran = FakeQuery(lastProgress=_progress(7, 10, 100))  # a query that ran batches, then failed so
+    assert restarts.allow(MISSED, ran, stop) and restarts.in_a_row == 1
+
+
+def test_no_other_failure_and_no_failure_in_a_stop_restarts_a_query() -> None:
+    stop, restarts = threading.Event(), WorkerRestarts("rules")
+    assert not restarts.allow(None, FakeQuery(), stop)
+    assert not restarts.allow(INTERRUPTED, FakeQuery(), stop)
+    assert not restarts.allow(RuntimeError("Python worker exited unexpectedly (crashed)"), FakeQuery(), stop)
+    stop.set()
+    assert not restarts.allow(MISSED, FakeQuery(), stop), "the role stops: the failure ends it well"
+    assert restarts.in_a_row == 0
