@@ -22,11 +22,10 @@ from app.rules.loader import load_rules
 from app.runtime.settings import Settings
 from app.topics import ALERTS, SENSORS
 from ingest.adapters.nab import nab_events
-from jobs.compile import plan_rules
-from jobs.engine import EngineOptions, start
 from tests.conftest import NAB_MACHINE_TEMP, make_settings, require_dataset
 from tests.kafka_helpers import consume
-from tests.spark.conftest import FORMATS, await_query
+from tests.spark.conftest import FORMATS
+from tests.spark.helpers import run_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -70,13 +69,6 @@ def test_the_spark_engine_reads_and_writes_as_its_own_principal_under_acls(
         asyncio.run(_publish(as_("ingest"), lines))
         for fmt in FORMATS:
             monkeypatch.setenv("APP_SPARK_KAFKA_FORMAT", fmt)
-            query, sink = start(
-                spark, plan_rules(ruleset), as_("spark", f"data-{fmt}"), EngineOptions(once=True)
-            )
-            try:
-                await_query(query, timeout_s=180)
-                assert query.exception() is None
-            finally:
-                sink.close()
+            run_once(spark, as_("spark", f"data-{fmt}"), ruleset, per_trigger=200_000, timeout_s=180)
             written = {orjson.loads(r.value)["alert_id"] for r in consume(admin, ALERTS, timeout_s=3)}
             assert written == want, fmt  # each format writes the same ids (the second, again)
