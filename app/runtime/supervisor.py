@@ -90,6 +90,9 @@ class Role:
     env: dict[str, str] = field(default_factory=dict)
     one_shot: bool = False  # exits 0 when its work is done (replays)
     requires_file: Path | None = None  # not started before this file exists (written by another role)
+    #: not started before this many seconds after the supervisor's start: a role whose work can
+    #: wait leaves the cores to the others' start (the archive's JVM, ``app.runtime.system``)
+    delay_s: float = 0.0
     stage: int = 1  # stop order: lower stages stop first
     url: str | None = None
     metrics: bool = True  # serves /metrics on APP_METRICS_PORT (mosquitto and the dashboard do not)
@@ -156,7 +159,8 @@ class Supervisor:
         self._written: list[dict[str, object]] | None = None
 
     def states(self) -> list[dict[str, object]]:
-        """Each role's process state: ``running``, ``waiting`` (for a file another role writes),
+        """Each role's process state: ``running``, ``waiting`` (for a file another role writes, or
+        for its ``delay_s``),
         ``restarting`` (after a crash, backing off), ``crash-looping`` (crashed more than
         ``MAX_RESTARTS`` times in a row: tried again every ``CRASH_LOOP_S``), ``done`` (a
         one-shot role finished) or ``stopped``; with its pid, exit code, crashes (in a row
@@ -229,8 +233,11 @@ class Supervisor:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        now = time.monotonic()
         for role in self.roles:
-            if role.requires_file is None or role.requires_file.exists():
+            if role.delay_s > 0:
+                role.next_start = now + role.delay_s  # started by poll(), "waiting" until then
+            elif role.requires_file is None or role.requires_file.exists():
                 self._spawn(role)
         self.write_states()
 

@@ -219,6 +219,32 @@ def test_the_state_file_says_what_each_role_is_doing(tmp_path: Path) -> None:
     assert set(states().values()) <= {"stopped", "done"}
 
 
+def test_a_delayed_role_waits_its_delay_then_starts(tmp_path: Path) -> None:
+    """A role with ``delay_s`` (the archive's JVM under make run) is not started with the
+    others: it is ``waiting`` until its delay has passed, then ``poll`` starts it."""
+    state_file = tmp_path / "roles-state.json"
+    roles = [
+        Role("now", py("import time; time.sleep(60)")),
+        Role("later", py("import time; time.sleep(60)"), delay_s=2.0),
+    ]
+    sup = Supervisor(make_settings(tmp_path), roles, tmp_path / "logs", quiet=True, state_file=state_file)
+    started = time.monotonic()
+    sup.start()
+
+    def states() -> dict[str, str]:
+        return {r["name"]: r["state"] for r in orjson.loads(state_file.read_bytes())["roles"]}
+
+    try:
+        sup.poll()
+        assert states() == {"now": "running", "later": "waiting"}
+        wait_for(
+            lambda: (sup.poll(), states()["later"] == "running")[1], timeout_s=20, what="the delayed role"
+        )
+        assert time.monotonic() - started >= 2.0
+    finally:
+        sup.stop()
+
+
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('up', flush=True); time.sleep(600)"

@@ -27,6 +27,7 @@ from app.placement import partition_for
 from app.runtime.clockgate import read_spec
 from app.runtime.settings import PROJECT_ROOT, Settings
 from app.runtime.system import (
+    ARCHIVE_DELAY_S,
     CLOCK_LEAD_S,
     CLOCK_TIMEOUT_S,
     MOSQUITTO,
@@ -121,6 +122,10 @@ def test_every_producer_role_gets_its_progress_file_under_the_data_dir(tmp_path:
     # on a busy machine the Spark drivers and their JVMs yield to the producers and the worker
     assert {name for name, role in roles.items() if role.nice} == {"spark", "archive"}
     assert roles["spark"].nice == roles["archive"].nice == SPARK_NICE > 0
+    # the archive's JVM starts after the others, so the rules' query has the cores for its start
+    assert {name: role.delay_s for name, role in roles.items() if role.delay_s} == {
+        "archive": ARCHIVE_DELAY_S
+    }
 
 
 def _option(argv: list[str], name: str) -> str:
