@@ -158,10 +158,11 @@ def run(settings: Settings, opts: ArchiveOptions, stop: threading.Event) -> int:
     query = start(spark, settings, opts)
     restarts = WorkerRestarts(QUERY)
     try:
-        failure = watch(query, stop, meters=(ARCHIVED, BATCH_SECONDS))
-        while restarts.allow(failure, query, stop):  # on the same checkpoint: each offset once
-            query = start(spark, settings, opts)
+        while True:
             failure = watch(query, stop, meters=(ARCHIVED, BATCH_SECONDS))
+            if not restarts.allow(failure, query, stop):
+                break
+            query = start(spark, settings, opts)  # on the same checkpoint: each offset once
     finally:
         shut_down(query, spark, jvm, stop)
     return outcome(failure, stop, QUERY)

@@ -728,9 +728,9 @@ class WorkerRestarts:
     completed a micro-batch before it failed so starts the count again. Any other failure, and
     one during a stop, ends the role as before: the supervisor restarts the whole role."""
 
-    def __init__(self, query: str, limit: int | None = None) -> None:
+    def __init__(self, query: str) -> None:
         self.query = query
-        self.limit = WORKER_RESTARTS if limit is None else limit
+        self.limit = WORKER_RESTARTS
         #: restarts since the last one after which a micro-batch completed
         self.in_a_row = 0
 

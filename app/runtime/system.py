@@ -286,9 +286,7 @@ def build_roles(
     # the Spark engine runs the rules marked engine: spark|both; with none it idles without a JVM
     roles.append(_spark_role("spark", _py("app", "spark", "--master", "local[2]", "--trigger", "2 seconds")))
     # every event topic to Parquet (APP_ARCHIVE_PATH, default $APP_DATA_DIR/archive): jobs/archive.py
-    archive = _spark_role("archive", _py("app", "archive", "--master", "local[1]"))
-    archive.delay_s = ARCHIVE_DELAY_S
-    roles.append(archive)
+    roles.append(_spark_role("archive", _py("app", "archive", "--master", "local[1]"), ARCHIVE_DELAY_S))
     deliver_env = {"APP_WEBHOOK_URL": webhook_url}
     if not settings.webhook_url:  # our own demo receiver on loopback: allow exactly that address
         deliver_env["APP_WEBHOOK_ALLOW_PRIVATE"] = ",".join(
@@ -357,14 +355,14 @@ def worker_member_id(settings: Settings) -> str:
     return f"{host}-{place}-worker"
 
 
-def _spark_role(name: str, argv: list[str]) -> Role:
+def _spark_role(name: str, argv: list[str], delay_s: float = 0.0) -> Role:
     """A role that runs a Spark driver: its web UI on a port of its own (two drivers would
     race for 4040), it stops its own JVM on SIGTERM (``Role.stops_children``), and it runs at
-    ``SPARK_NICE``."""
+    ``SPARK_NICE``, ``delay_s`` after the supervisor's start."""
     port = free_port()
     return Role(
         name, argv, env={"APP_SPARK_UI_PORT": str(port)}, stage=2, stops_children=True,
-        url=f"http://127.0.0.1:{port} (Spark UI, while its query runs)", nice=SPARK_NICE,
+        url=f"http://127.0.0.1:{port} (Spark UI, while its query runs)", nice=SPARK_NICE, delay_s=delay_s,
     )  # fmt: skip
 
 
