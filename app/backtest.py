@@ -96,6 +96,8 @@ class BacktestReport:
     #: per rule, its evaluations that raised (each logged with its traceback): the event was
     #: skipped for that rule, so its output may lack transitions (:attr:`complete`)
     rule_errors: dict[str, int] = field(default_factory=dict)
+    #: per rule, the transitions written (those of the shown statuses): ``--watch`` compares runs
+    by_rule: dict[str, int] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -150,6 +152,7 @@ class BacktestReport:
         if alert.status in self.statuses:
             out.write(backtest_line(alert).decode() + "\n")
             self.alerts += 1
+            self.by_rule[alert.rule_id] = self.by_rule.get(alert.rule_id, 0) + 1
 
 
 def infer_source(obj: dict[str, Any]) -> str | None:

@@ -20,10 +20,14 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError, RuleConfigError
 from app.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from app.backtest import BacktestReport
+    from app.rules.loader import RuleSet
 
 logger = logging.getLogger(__name__)
 
@@ -174,51 +178,72 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     native = plans_mode() == "native"  # a wrong APP_SPARK_BACKTEST_PLANS too
     owned = SparkSession.getActiveSession() is None  # stop only a session this command started
     spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
-    report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        places = None
-        if archive or topics:
-            if archive:
-                records, name = archive_records(spark, archive, args.time_from, args.time_to), archive
+
+    def once(rules: RuleSet) -> tuple[int, BacktestReport | None]:
+        """One backtest of ``rules`` in this session: its exit code and report (None: not run)."""
+        if rules is not ruleset:  # a watched edit, checked as the first set was
+            try:
+                if not plan_rules(rules, every_rule=True).rule_count:
+                    print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
+                    return 1, None
+            except RuleConfigError as exc:
+                for problem in exc.problems:
+                    print(problem, file=sys.stderr)
+                return 1, None
+        report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+        try:
+            places = None
+            if archive or topics:
+                if archive:
+                    records, name = archive_records(spark, archive, args.time_from, args.time_to), archive
+                else:
+                    security = settings.kafka_auth.spark_options()
+                    records = topic_records(spark, settings.bootstrap_servers, topics, security)
+                    name = ",".join(topics)
+                raw = ordered_records(spark, records)
+                # an invalid record's topic, partition and offset
+                places = functools.partial(record_places, records)
             else:
-                security = settings.kafka_auth.spark_options()
-                records = topic_records(spark, settings.bootstrap_servers, topics, security)
-                name = ",".join(topics)
-            raw = ordered_records(spark, records)
-            places = functools.partial(record_places, records)  # an invalid record's topic, partition, offset
-        else:
-            raw, name = file_records(spark, Path(args.input)), str(args.input)
-        run_backtest(
-            spark,
-            ruleset,
-            raw,
-            name,
-            out,
-            report,
-            source=args.source,
-            time_from=args.time_from,
-            time_to=args.time_to,
-            lines=not (topics or archive),
-            partitions=getattr(args, "partitions", 0) or settings.partitions,
-            tables=tables,
-            max_skew_ms=settings.max_event_skew_ms,
-            native_windows=native,
-            native_thresholds=native,
-            native_absence=native,
-            native_event_alerts=native,
-            places=places,
-        )
-    except Exception as exc:
-        cause = unreadable_file(exc) if not (topics or archive) else None
-        if cause is None:
-            raise
-        print(f"error: --input {args.input}: unreadable: {cause}", file=sys.stderr)  # nothing was written
-        return 2
+                raw, name = file_records(spark, Path(args.input)), str(args.input)
+            run_backtest(
+                spark,
+                rules,
+                raw,
+                name,
+                out,
+                report,
+                source=args.source,
+                time_from=args.time_from,
+                time_to=args.time_to,
+                lines=not (topics or archive),
+                partitions=getattr(args, "partitions", 0) or settings.partitions,
+                tables=tables,
+                max_skew_ms=settings.max_event_skew_ms,
+                native_windows=native,
+                native_thresholds=native,
+                native_absence=native,
+                native_event_alerts=native,
+                places=places,
+            )
+        except Exception as exc:
+            cause = unreadable_file(exc) if not (topics or archive) else None
+            if cause is None:
+                raise
+            print(f"error: --input {args.input}: unreadable: {cause}", file=sys.stderr)  # nothing was written
+            return 2, None
+        finally:
+            if out is not sys.stdout:
+                out.close()
+        report.print_summary("backtest (spark)")
+        return (0 if report.complete else 1), report
+
+    try:
+        if getattr(args, "watch", False):  # the session stays up: a run after the first starts warm
+            from app.cli.watch import watch
+
+            return watch(args.rules, ruleset, once, label="backtest (spark)")
+        return once(ruleset)[0]
     finally:
-        if out is not sys.stdout:
-            out.close()
         if owned:
             spark.stop()
-    report.print_summary("backtest (spark)")
-    return 0 if report.complete else 1

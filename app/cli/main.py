@@ -23,13 +23,17 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import AppError, ConfigError, RuleConfigError
 from app.roles import ROLES, RoleEntry
 from app.runtime.settings import Settings, setup_logging
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from app.backtest import BacktestReport
+    from app.rules.loader import RuleSet
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -152,6 +156,28 @@ def _checked_backtest(cmd: Command) -> Command:
 
 
 def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
+    from app.rules.loader import load_rules
+    from app.runtime.heap import tune_collector
+
+    tune_collector()  # the evaluator runs here, as in the worker
+    try:
+        ruleset = load_rules(args.rules)
+    except RuleConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    if getattr(args, "watch", False):
+        from app.cli.watch import watch
+
+        return watch(args.rules, ruleset, lambda rules: _faust_backtest(args, settings, rules))
+    return _faust_backtest(args, settings, ruleset)[0]
+
+
+def _faust_backtest(
+    args: argparse.Namespace, settings: Settings, ruleset: RuleSet
+) -> tuple[int, BacktestReport | None]:
+    """One Faust-engine backtest of ``ruleset`` as ``args`` say: its exit code, and its report
+    (None when it did not run: no rule for this engine, or an unusable input)."""
     from app.backtest import (
         BacktestReport,
         InputError,
@@ -164,16 +190,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         read_topic_events,
     )
     from app.errors import IngestDecodeError
-    from app.rules.loader import load_rules
-    from app.runtime.heap import tune_collector
 
-    tune_collector()  # the evaluator runs here, as in the worker
-    try:
-        ruleset = load_rules(args.rules)
-    except RuleConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 1
     # the worker's rules: ``faust`` and ``both``. The others are named, never skipped silently,
     # and a set with none of them is refused (no silent "0 alert transitions")
     elsewhere = [r.id for r in ruleset.rules if not r.runs_on("faust")]
@@ -184,7 +201,7 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             "--engine spark runs every rule",
             file=sys.stderr,
         )
-        return 1
+        return 1, None
     if elsewhere:
         print(
             f"backtest: not run on the faust engine (engine: spark): {', '.join(elsewhere)}; "
@@ -206,13 +223,13 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
             events = None
     except (ValueError, IngestDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 2, None
     partitions = args.partitions or settings.partitions
     try:
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     except OSError as exc:  # checked before (_checked_backtest): permissions, a dangling link
         print(f"error: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return 2, None
     try:
         if events is not None:
             backtest(
@@ -242,12 +259,12 @@ def _cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     except InputError as exc:
         report.print_summary()  # what was read before the damage
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 2, None
     finally:
         if out is not sys.stdout:
             out.close()
     report.print_summary()
-    return 0 if report.complete else 1
+    return (0 if report.complete else 1), report
 
 
 def _role(entry: RoleEntry) -> Command:
@@ -391,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_statuses_arg,
         help="statuses to print: comma-separated (pending,firing,resolved,inactive,no_data) or 'all'; "
         "default firing,resolved",
+    )
+    bt.add_argument(
+        "--watch",
+        action="store_true",
+        help="after the run, run again each time a rule file changes, printing each rule's change "
+        "(Ctrl-C stops; with --engine spark the session stays up between runs)",
     )
     bt.set_defaults(func=_cmd_backtest)
     from jobs.cli import register as register_spark_commands  # argparse only; pyspark loads on use
