@@ -94,6 +94,51 @@ def file_records(spark: SparkSession, path: Path) -> DataFrame:
     return _spread(spark, raw)
 
 
+class KeptInput:
+    """A watched backtest's input file (``backtest --engine spark --watch``), kept between its
+    runs in the session: its records, and its decoded rows in Spark's cache.
+
+    A run after an edit of the rules reads the file again only if it changed (its size,
+    modification time or inode), and decodes it again only if the edit changed what the
+    decoder does: its routing (the rules' streams: source, stream, grouping fields), the
+    emulated partition count, ``--source``, the time range or the decode mode. Tuning a
+    condition, a window or a severity changes none of those, so such a run starts from the
+    cached rows: no read, no decode (docs/spark.md, "A backtest that watches its rules").
+    :meth:`release` frees the cache (the command's end)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.decodes = 0  # how many times the rows were decoded (tests, the log)
+        self._stamp: tuple[int, int, int] | None = None
+        self._records: DataFrame | None = None
+        self._decoded: tuple[tuple[Any, ...], DataFrame] | None = None
+
+    def records(self, spark: SparkSession) -> DataFrame:
+        """The file's records (:func:`file_records`): those of the last run while it is unchanged."""
+        st = self.path.stat()
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._records is None or stamp != self._stamp:
+            self.release()
+            self._records, self._stamp = file_records(spark, self.path), stamp
+        return self._records
+
+    def decoded(self, key: tuple[Any, ...], build: Callable[[], DataFrame]) -> DataFrame:
+        """``build()`` cached, or the last run's cached rows if they were built for ``key``."""
+        if self._decoded is not None and self._decoded[0] == key:
+            logger.info("backtest: the input decoded for the last run is read again from the cache")
+            return self._decoded[1]
+        if self._decoded is not None:
+            self._decoded[1].unpersist()
+        self._decoded = (key, build().cache())
+        self.decodes += 1
+        return self._decoded[1]
+
+    def release(self) -> None:
+        if self._decoded is not None:
+            self._decoded[1].unpersist()
+        self._records = self._stamp = self._decoded = None
+
+
 def unreadable_file(exc: BaseException) -> str | None:
     """Why Spark could not read the input file (a damaged ``.gz``: its first job fails with
     ``FAILED_READ_FILE``), as the deepest cause's one line; None for any other error."""
@@ -226,6 +271,7 @@ def run_backtest(
     native_event_alerts: bool = True,
     native_decode: bool | None = None,
     places: Places | None = None,
+    kept: KeptInput | None = None,
 ) -> list[Alert]:
     """Evaluate every rule of ``ruleset`` over ``raw``, whatever its ``engine:`` says (the
     Faust-engine backtest runs the ``faust``/``both`` ones); write transitions to ``out``.
@@ -246,6 +292,8 @@ def run_backtest(
     keeps unchanged are decoded in the JVM (``jobs.fastdecode``); None: as
     ``APP_SPARK_DECODE`` says (default ``python``: every record through the compiled
     Python decoder, which a one-shot command's cold JVM does not beat, docs/spark.md).
+    ``kept``: ``raw`` is that file's records (:meth:`KeptInput.records`), and the decoded rows
+    are kept in its cache for the next run, or taken from it (``backtest --watch``).
     """
     within = TimeRange.of(time_from, time_to)
     plan = plan_rules(ruleset, keyed_path=max_skew_ms < 0, every_rule=True)
@@ -266,21 +314,31 @@ def run_backtest(
     decoder = Decoder(topics=SOURCE_OF_TOPIC, source=source, router=routes, timed_dead_letters=True)
     if native_decode is None:
         native_decode = decode_mode() == "jvm"
-    decoded = decode(raw, decoder, native=native_decode)
     valid = F.col("__dlq").isNull()
-    # every record where app.backtest.TimeRange places it: a dead letter's __ts_ms is its
-    # readable ts or its record's stamp, and one with neither (a file's line) is in every range
-    in_range = F.col("__ts_ms").isNull()
-    if within.lo is not None or within.hi is not None:
-        since = F.lit(True) if within.lo is None else F.col("__ts_ms") >= within.lo
-        until = F.lit(True) if within.hi is None else F.col("__ts_ms") < within.hi
-        decoded = decoded.where(in_range | (since & until))
-    # then a dead letter's time and the stamps go: the plans read __ts_ms as an event's time
-    # (clocks, maxima), and a backtest's order is its offsets' (jobs.state.arrival_order)
-    decoded = decoded.withColumns(
-        {"__ts_ms": F.when(valid, F.col("__ts_ms")), "__arrival": F.lit(None).cast("long")}
-    ).cache()
-    with holding(decoded):  # what several plans read is computed once (jobs.held); released at the end
+
+    def decoded_rows() -> DataFrame:
+        rows = decode(raw, decoder, native=native_decode)
+        # every record where app.backtest.TimeRange places it: a dead letter's __ts_ms is its
+        # readable ts or its record's stamp, and one with neither (a file's line) is in every range
+        in_range = F.col("__ts_ms").isNull()
+        if within.lo is not None or within.hi is not None:
+            since = F.lit(True) if within.lo is None else F.col("__ts_ms") >= within.lo
+            until = F.lit(True) if within.hi is None else F.col("__ts_ms") < within.hi
+            rows = rows.where(in_range | (since & until))
+        # then a dead letter's time and the stamps go: the plans read __ts_ms as an event's time
+        # (clocks, maxima), and a backtest's order is its offsets' (jobs.state.arrival_order)
+        return rows.withColumns(
+            {"__ts_ms": F.when(valid, F.col("__ts_ms")), "__arrival": F.lit(None).cast("long")}
+        )
+
+    if kept is None:
+        decoded, released = decoded_rows().cache(), True
+    else:  # what the decoder's output depends on, besides the file
+        routing = tuple((s.source, s.name, s.fields) for s in plan.streams)
+        key = (routing, partitions, source, native_decode, within.lo, within.hi)
+        decoded, released = kept.decoded(key, decoded_rows), False
+    # what several plans read is computed once (jobs.held); released at the end, or kept
+    with holding(*([decoded] if released else [])):
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)

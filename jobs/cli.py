@@ -131,6 +131,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     from app.rules.loader import load_rules
     from jobs.archive import archive_records
     from jobs.backtest import (
+        KeptInput,
         file_records,
         ordered_records,
         plans_mode,
@@ -178,6 +179,10 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
     native = plans_mode() == "native"  # a wrong APP_SPARK_BACKTEST_PLANS too
     owned = SparkSession.getActiveSession() is None  # stop only a session this command started
     spark = build_session(getattr(args, "master", None) or "local[*]", app_name="streamalert-backtest")
+    watching = bool(getattr(args, "watch", False))
+    # a watched file's records and decoded rows stay in the session between runs (KeptInput);
+    # a topic or an archive is read again at each run: it may have grown
+    kept = KeptInput(Path(args.input)) if watching and not (topics or archive) else None
 
     def once(rules: RuleSet) -> tuple[int, BacktestReport | None]:
         """One backtest of ``rules`` in this session: its exit code and report (None: not run)."""
@@ -190,6 +195,12 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 for problem in exc.problems:
                     print(problem, file=sys.stderr)
                 return 1, None
+        if kept is not None and rules is not ruleset:
+            try:  # checked again, as the Faust engine's watch checks it at each run: it may have gone
+                input_file(kept.path)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2, None
         report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
         try:
@@ -204,6 +215,8 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 raw = ordered_records(spark, records)
                 # an invalid record's topic, partition and offset
                 places = functools.partial(record_places, records)
+            elif kept is not None:
+                raw, name = kept.records(spark), str(args.input)
             else:
                 raw, name = file_records(spark, Path(args.input)), str(args.input)
             run_backtest(
@@ -225,6 +238,7 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
                 native_absence=native,
                 native_event_alerts=native,
                 places=places,
+                kept=kept,
             )
         except Exception as exc:
             cause = unreadable_file(exc) if not (topics or archive) else None
@@ -239,11 +253,13 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         return (0 if report.complete else 1), report
 
     try:
-        if getattr(args, "watch", False):  # the session stays up: a run after the first starts warm
+        if watching:  # the session stays up: a run after the first starts warm
             from app.cli.watch import watch
 
             return watch(args.rules, ruleset, once, label="backtest (spark)")
         return once(ruleset)[0]
     finally:
+        if kept is not None:
+            kept.release()
         if owned:
             spark.stop()

@@ -6,7 +6,9 @@ then, rewrites ``--out`` (or prints to stdout again), and says, per rule, how ma
 transitions it wrote before and now. A save that does not load is reported (file, line,
 column, rule) and changes nothing: the last results stand, and the watch goes on. With
 ``--engine spark`` the Spark session stays up between runs, so a run after the first pays
-neither Spark's start nor a cold JIT (docs/spark.md, "A backtest that watches its rules").
+neither Spark's start nor a cold JIT, nor, for an edit that leaves the decoder as it was, a
+read and decode of a file input (``jobs.backtest.KeptInput``; docs/spark.md, "A backtest
+that watches its rules").
 Ctrl-C stops the watch, and so does SIGTERM (a supervisor's stop); the exit code is the
 last run's.
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,9 +14,7 @@ import pytest
 from app.backtest import BacktestReport
 from app.cli.watch import changes, watch
 from app.rules.loader import RuleSet, load_rules
-from app.runtime.settings import PROJECT_ROOT
-from tests.conftest import child_env
-from tests.watch_helpers import RULE, readings, save, wait_for
+from tests.watch_helpers import RULE, backtest_process, readings, save, wait_for
 
 
 def test_changes_names_each_rule_whose_count_moved() -> None:
@@ -97,44 +94,44 @@ def test_watch_ends_at_once_on_an_input_error_and_goes_on_past_a_refused_set(tmp
     assert result == [0]
 
 
-def terminal() -> None:
-    """In the child, before it runs: Ctrl-C's default, as in a terminal. A shell without job
-    control starts a background command with SIGINT ignored (POSIX), a process inherits that,
-    and Python then leaves it ignored: so it is under ``(make test &)`` from a script."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_the_backtest_command_watches_until_stopped(tmp_path: Path, stop: signal.Signals) -> None:
     rule, events, out, err = (tmp_path / n for n in ("r.yaml", "e.jsonl", "out.jsonl", "err.log"))
     rule.write_text(RULE.format(limit=30))
     events.write_bytes(readings())
     argv = ["--rules", str(rule), "--input", str(events), "--out", str(out), "--watch"]
-    with err.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "backtest", *argv],
-            cwd=PROJECT_ROOT,
-            env=child_env(),
-            stderr=stderr,
-            preexec_fn=terminal,
-        )
+    with backtest_process(argv, err) as proc:
+        wait_for(lambda: "watching the rule files" in err.read_text(), 60)
+        first = out.read_text().splitlines()
+        assert len(first) == 7  # four firing at 31, three resolved at 25
+        save(rule, RULE.format(limit=100))
+        wait_for(lambda: "run 2 took" in err.read_text(), 60)
+        assert out.read_text() == ""  # rewritten with the new rules' results
+        proc.send_signal(stop)
         try:
-            wait_for(lambda: "watching the rule files" in err.read_text(), 60)
-            first = out.read_text().splitlines()
-            assert len(first) == 7  # four firing at 31, three resolved at 25
-            save(rule, RULE.format(limit=100))
-            wait_for(lambda: "run 2 took" in err.read_text(), 60)
-            assert out.read_text() == ""  # rewritten with the new rules' results
-            proc.send_signal(stop)
-            try:
-                code = proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"still running 30 s after {stop.name}:\n{err.read_text()}")
-            assert code == 0, err.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after {stop.name}:\n{err.read_text()}")
+        assert code == 0, err.read_text()
     log = err.read_text()
     assert "too-hot: 7 -> 0 transitions (-7)" in log, log
     assert "stopped watching after 2 runs" in log and "Traceback" not in log
+
+
+def test_a_watched_input_gone_by_a_later_run_is_reported_and_the_watch_goes_on(tmp_path: Path) -> None:
+    rule, events, err = (tmp_path / n for n in ("r.yaml", "e.jsonl", "err.log"))
+    rule.write_text(RULE.format(limit=30))
+    events.write_bytes(readings())
+    argv = ["--rules", str(rule), "--input", str(events), "--out", str(tmp_path / "out.jsonl"), "--watch"]
+    with backtest_process(argv, err) as proc:
+        wait_for(lambda: "watching the rule files" in err.read_text(), 60)
+        events.unlink()
+        save(rule, RULE.format(limit=32))
+        wait_for(lambda: "run 2 did not run" in err.read_text(), 60)
+        save(rule, RULE.format(limit=33))  # still watching: the next edit is tried too
+        wait_for(lambda: "run 3 did not run" in err.read_text(), 60)
+        proc.terminate()
+        assert proc.wait(timeout=30) == 2  # the last run's: its input is gone
+    log = err.read_text()
+    assert log.count(f"error: --input {events}: no such file") == 2, log
+    assert "stopped watching after 3 runs" in log and "Traceback" not in log
