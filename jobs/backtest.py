@@ -332,13 +332,13 @@ def run_backtest(
         )
 
     if kept is None:
-        decoded, released = decoded_rows().cache(), True
+        decoded = decoded_rows().cache()
+        own = [decoded]  # released at the end
     else:  # what the decoder's output depends on, besides the file
         routing = tuple((s.source, s.name, s.fields) for s in plan.streams)
         key = (routing, partitions, source, native_decode, within.lo, within.hi)
-        decoded, released = kept.decoded(key, decoded_rows), False
-    # what several plans read is computed once (jobs.held); released at the end, or kept
-    with holding(*([decoded] if released else [])):
+        decoded, own = kept.decoded(key, decoded_rows), []  # kept for the next run
+    with holding(*own):  # what several plans read is computed once (jobs.held)
         counts = decoded.groupBy(valid.alias("ok")).count().collect()
         report.events = sum(r["count"] for r in counts if r["ok"])
         # per native rule, the stream partitions where the evaluator must run it (jobs.windows)

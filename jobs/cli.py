@@ -164,16 +164,26 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+
+    def refused(rules: RuleSet) -> bool:
+        """Every rule given runs, whatever its engine: says; what Spark cannot run is refused,
+        by rule and reason, before it runs (never a silent "0 alert transitions")."""
+        try:
+            if plan_rules(rules, every_rule=True).rule_count:
+                return False
+            print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
+        except RuleConfigError as exc:
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+        return True
+
     try:
         ruleset = load_rules(args.rules)
-        # every rule given runs, whatever its engine: says; what Spark cannot run is refused
-        # here, by rule and reason, before a JVM starts (never a silent "0 alert transitions")
-        if not plan_rules(ruleset, every_rule=True).rule_count:
-            print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
-            return 1
     except RuleConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
+        return 1
+    if refused(ruleset):  # before a JVM starts
         return 1
     decode_mode()  # a wrong APP_SPARK_DECODE is refused before a JVM starts (ConfigError: exit 2)
     native = plans_mode() == "native"  # a wrong APP_SPARK_BACKTEST_PLANS too
@@ -186,21 +196,15 @@ def cmd_backtest(args: argparse.Namespace, settings: Settings) -> int:
 
     def once(rules: RuleSet) -> tuple[int, BacktestReport | None]:
         """One backtest of ``rules`` in this session: its exit code and report (None: not run)."""
-        if rules is not ruleset:  # a watched edit, checked as the first set was
-            try:
-                if not plan_rules(rules, every_rule=True).rule_count:
-                    print(f"error: no rule in {' '.join(map(str, args.rules))}", file=sys.stderr)
-                    return 1, None
-            except RuleConfigError as exc:
-                for problem in exc.problems:
-                    print(problem, file=sys.stderr)
+        if rules is not ruleset:  # a watched edit: checked as the first set was
+            if refused(rules):
                 return 1, None
-        if kept is not None and rules is not ruleset:
-            try:  # checked again, as the Faust engine's watch checks it at each run: it may have gone
-                input_file(kept.path)
-            except ValueError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2, None
+            if kept is not None:
+                try:  # and the input again, as the Faust engine's watch does: it may have gone
+                    input_file(kept.path)
+                except ValueError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2, None
         report = BacktestReport(statuses=parse_statuses(getattr(args, "statuses", None)))
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
         try:
